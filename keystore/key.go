@@ -1,0 +1,179 @@
+package keystore
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// The shape of a full key, CONTRACT §4: <prefix>_live_<keyId>.<secret>.
+const (
+	// KeyIDLen is the length of generated key ids; Parse accepts MinKeyIDLen..MaxKeyIDLen.
+	KeyIDLen    = 22
+	MinKeyIDLen = 16
+	MaxKeyIDLen = 64
+
+	// SecretBytes is the number of random bytes of a generated secret, which is written
+	// in unpadded base64url (43 characters). Parse accepts MinSecretLen..MaxSecretLen
+	// characters, that is at least 32 bytes.
+	SecretBytes  = 32
+	MinSecretLen = 43
+	MaxSecretLen = 128
+
+	// DefaultPrefix is the key prefix when none is configured.
+	DefaultPrefix = "mon"
+
+	live = "_live_"
+)
+
+// ErrBadPrefix is returned for a key prefix that is not [a-z][a-z0-9]{0,15}.
+var ErrBadPrefix = errors.New("key prefix must match [a-z][a-z0-9]{0,15}")
+
+// ValidPrefix reports whether prefix is a valid key prefix: [a-z][a-z0-9]{0,15}.
+func ValidPrefix(prefix string) bool {
+	if len(prefix) < 1 || len(prefix) > 16 || !isLower(prefix[0]) {
+		return false
+	}
+	for i := 1; i < len(prefix); i++ {
+		if !isLower(prefix[i]) && !isDigit(prefix[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// Format knows the keys of one prefix: it generates, parses and masks them.
+// The zero Format is not usable; build one with NewFormat.
+type Format struct {
+	prefix string
+	head   string // prefix + "_live_", built once so that Parse does not allocate
+}
+
+// NewFormat returns the Format of keys starting with prefix.
+func NewFormat(prefix string) (Format, error) {
+	if !ValidPrefix(prefix) {
+		return Format{}, fmt.Errorf("%w: %q", ErrBadPrefix, prefix)
+	}
+	return Format{prefix: prefix, head: prefix + live}, nil
+}
+
+// Prefix returns the key prefix of f.
+func (f Format) Prefix() string { return f.prefix }
+
+// Parse splits a presented key into its key id and secret, which share presented's
+// memory. It reports ok == false for anything that is not exactly
+// <prefix>_live_<keyId>.<secret> with keyId [A-Za-z0-9]{16,64} and secret a
+// 43..128 character canonical unpadded base64url string. Parse does not allocate.
+func (f Format) Parse(presented string) (keyID, secret string, ok bool) {
+	if f.head == "" || !strings.HasPrefix(presented, f.head) {
+		return "", "", false
+	}
+	rest := presented[len(f.head):]
+	dot := strings.IndexByte(rest, '.')
+	if dot < 0 {
+		return "", "", false
+	}
+	keyID, secret = rest[:dot], rest[dot+1:]
+	if !ValidKeyID(keyID) || !validSecret(secret) {
+		return "", "", false
+	}
+	return keyID, secret, true
+}
+
+// Mask returns the key of keyID as the dashboard lists it: the secret replaced by
+// eight asterisks.
+func (f Format) Mask(keyID string) string {
+	return f.head + keyID + ".********"
+}
+
+// Generate returns a new full key, its key id and its secret, all from crypto/rand.
+func (f Format) Generate() (full, keyID, secret string, err error) {
+	if f.head == "" {
+		return "", "", "", ErrBadPrefix
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	id := make([]byte, 0, KeyIDLen)
+	var buf [64]byte
+	for len(id) < KeyIDLen {
+		if _, err := rand.Read(buf[:]); err != nil {
+			return "", "", "", fmt.Errorf("reading random bytes: %w", err)
+		}
+		for _, b := range buf {
+			// Rejection sampling keeps every character equally likely:
+			// 248 is the largest multiple of 62 not above 256.
+			if b < 248 && len(id) < KeyIDLen {
+				id = append(id, alphabet[b%62])
+			}
+		}
+	}
+	var raw [SecretBytes]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", "", "", fmt.Errorf("reading random bytes: %w", err)
+	}
+	keyID = string(id)
+	secret = base64.RawURLEncoding.EncodeToString(raw[:])
+	return f.head + keyID + "." + secret, keyID, secret, nil
+}
+
+// HashSecret returns the SHA-256 digest of a key's secret, the only form in which a
+// secret is stored.
+func HashSecret(secret string) [sha256.Size]byte {
+	return sha256.Sum256([]byte(secret))
+}
+
+// ValidKeyID reports whether id has the shape of a key id: [A-Za-z0-9]{16,64}.
+func ValidKeyID(id string) bool {
+	if len(id) < MinKeyIDLen || len(id) > MaxKeyIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !isLower(c) && !isUpper(c) && !isDigit(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// validSecret reports whether s is a canonical unpadded base64url string of
+// MinSecretLen..MaxSecretLen characters.
+func validSecret(s string) bool {
+	if len(s) < MinSecretLen || len(s) > MaxSecretLen || len(s)%4 == 1 {
+		return false
+	}
+	var last byte
+	for i := 0; i < len(s); i++ {
+		v, ok := base64URLValue(s[i])
+		if !ok {
+			return false
+		}
+		last = v
+	}
+	// The bits of the last character beyond the final whole byte must be zero,
+	// as strict base64 decoding requires; otherwise two strings encode one secret.
+	spare := (len(s) * 6) % 8
+	return last&(1<<spare-1) == 0
+}
+
+func base64URLValue(c byte) (byte, bool) {
+	switch {
+	case isUpper(c):
+		return c - 'A', true
+	case isLower(c):
+		return c - 'a' + 26, true
+	case isDigit(c):
+		return c - '0' + 52, true
+	case c == '-':
+		return 62, true
+	case c == '_':
+		return 63, true
+	}
+	return 0, false
+}
+
+func isLower(c byte) bool { return c >= 'a' && c <= 'z' }
+func isUpper(c byte) bool { return c >= 'A' && c <= 'Z' }
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }

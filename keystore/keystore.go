@@ -1,0 +1,63 @@
+// Package keystore creates, lists, revokes and verifies keygate's API keys, which live
+// in PostgreSQL. It knows nothing of HTTP or Caddy: the upstream service uses it for the
+// dashboard's key routes and the gateway uses it to check every /v1 request.
+//
+// A full key is <prefix>_live_<keyId>.<secret>. Only SHA-256 of the secret is stored;
+// the full key exists in memory once, when it is created.
+//
+// Verify keeps "rejected" apart from "broken": an unknown, revoked, expired or
+// mismatching key is (Key{}, false, nil), while a database that cannot answer is
+// (Key{}, false, err). The first is a 401, the second a 503.
+package keystore
+
+import "time"
+
+// Role is the role a key is bound to for its whole life.
+type Role string
+
+// The roles a key can have.
+const (
+	RoleAdmin  Role = "Admin"
+	RoleEditor Role = "Editor"
+	RoleViewer Role = "Viewer"
+)
+
+// Valid reports whether r is one of the key roles.
+func (r Role) Valid() bool {
+	return r == RoleAdmin || r == RoleEditor || r == RoleViewer
+}
+
+// Key is what a verified key resolves to.
+type Key struct {
+	// ID is the key's keyId.
+	ID string
+	// OrgID is the UUID of the key's organisation.
+	OrgID string
+	// Role is the key's role.
+	Role Role
+	// RateLimit is the api_rate_limit of the organisation's plan at the moment of the
+	// lookup: 0 no API access, N requests a minute, -1 unlimited.
+	RateLimit int
+}
+
+// Record is a key as the dashboard shows it: never its secret nor its hash.
+type Record struct {
+	ID        string
+	OrgID     string
+	Name      string
+	Role      Role
+	CreatedAt time.Time
+	ExpiresAt *time.Time
+	RevokedAt *time.Time
+}
+
+// NewKey is what a person supplies to create a key.
+type NewKey struct {
+	OrgID string
+	Name  string
+	Role  Role
+	// ExpiresAt is optional: a key without it lives until revoked.
+	ExpiresAt *time.Time
+	// CreatedBy is the id of the user creating the key; optional.
+	CreatedBy string
+}

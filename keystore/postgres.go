@@ -1,0 +1,141 @@
+package keystore
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store is the PostgreSQL-backed key store. It is safe for concurrent use.
+type Store struct {
+	pool   *pgxpool.Pool
+	format Format
+}
+
+// New returns a Store over pool for keys of the given format. The pool's default
+// query mode caches prepared statements per connection, so Verify costs one round
+// trip once a connection has seen its statement.
+func New(pool *pgxpool.Pool, format Format) *Store {
+	return &Store{pool: pool, format: format}
+}
+
+// Format returns the key format of s.
+func (s *Store) Format() Format { return s.format }
+
+// verifySQL finds a live key and its plan's rate limit. Revocation and expiry are
+// decided by the database's clock, on this very request.
+const verifySQL = `SELECT k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
+FROM api_keys k
+JOIN orgs o ON o.id = k.org_id
+JOIN plans p ON p.name = o.plan
+WHERE k.key_id = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`
+
+// dummyHash is compared against when no live key has the presented key id, so that an
+// unknown key costs the same hashing and comparison as a known one.
+var dummyHash = sha256.Sum256([]byte("keygate: no such key"))
+
+// Verify checks a presented full key with one PostgreSQL round trip. It returns
+// ok == false with a nil error for a malformed, unknown, revoked or expired key or a
+// wrong secret, and a non-nil error only when the database could not answer.
+func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error) {
+	keyID, secret, ok := s.format.Parse(presented)
+	if !ok {
+		return Key{}, false, nil
+	}
+	sum := HashSecret(secret)
+
+	var (
+		k      = Key{ID: keyID}
+		role   string
+		stored []byte
+	)
+	err := s.pool.QueryRow(ctx, verifySQL, keyID).Scan(&k.OrgID, &role, &stored, &k.RateLimit)
+	if errors.Is(err, pgx.ErrNoRows) {
+		subtle.ConstantTimeCompare(sum[:], dummyHash[:])
+		return Key{}, false, nil
+	}
+	if err != nil {
+		return Key{}, false, fmt.Errorf("looking up key: %w", err)
+	}
+	if subtle.ConstantTimeCompare(sum[:], stored) != 1 {
+		return Key{}, false, nil
+	}
+	k.Role = Role(role)
+	return k, true, nil
+}
+
+// Create makes a new key and returns its record and the full key, which is never
+// readable again.
+func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
+	if !nk.Role.Valid() {
+		return Record{}, "", fmt.Errorf("invalid role %q", nk.Role)
+	}
+	var createdBy *string
+	if nk.CreatedBy != "" {
+		createdBy = &nk.CreatedBy
+	}
+	// A key id collision is astronomically unlikely (22 base62 characters), but it is
+	// a unique violation, not a reason to fail: draw again.
+	for attempt := 0; ; attempt++ {
+		full, keyID, secret, err := s.format.Generate()
+		if err != nil {
+			return Record{}, "", err
+		}
+		sum := HashSecret(secret)
+		r := Record{ID: keyID, OrgID: nk.OrgID, Name: nk.Name, Role: nk.Role}
+		err = s.pool.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING created_at, expires_at`,
+			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt).Scan(&r.CreatedAt, &r.ExpiresAt)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "api_keys_pkey" && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return Record{}, "", fmt.Errorf("inserting key: %w", err)
+		}
+		return r, full, nil
+	}
+}
+
+// List returns every key of an organisation, revoked and expired ones included,
+// oldest first.
+func (s *Store) List(ctx context.Context, orgID string) ([]Record, error) {
+	rows, err := s.pool.Query(ctx, `SELECT key_id, org_id::text, name, role, created_at, expires_at, revoked_at
+FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
+	if err != nil {
+		return nil, fmt.Errorf("listing keys: %w", err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
+		var r Record
+		var role string
+		err := row.Scan(&r.ID, &r.OrgID, &r.Name, &role, &r.CreatedAt, &r.ExpiresAt, &r.RevokedAt)
+		r.Role = Role(role)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing keys: %w", err)
+	}
+	return recs, nil
+}
+
+// Revoke revokes the key keyID of organisation orgID from now on. Revoking a revoked
+// key succeeds and keeps its first revocation time. found is false when the
+// organisation has no key keyID.
+func (s *Store) Revoke(ctx context.Context, orgID, keyID string) (found bool, err error) {
+	if !ValidKeyID(keyID) {
+		return false, nil
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
+WHERE org_id = $1 AND key_id = $2`, orgID, keyID)
+	if err != nil {
+		return false, fmt.Errorf("revoking key: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

@@ -1,0 +1,256 @@
+package keystore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/schema/schematest"
+)
+
+// newStore returns a Store on a fresh database, and an org on plan.
+func newStore(t *testing.T, plan string) (*keystore.Store, *pgxpool.Pool, string) {
+	t.Helper()
+	pool, _ := schematest.NewPool(t)
+	s := keystore.New(pool, mustFormat(t, "mon"))
+	return s, pool, newOrg(t, pool, plan)
+}
+
+func newOrg(t *testing.T, pool *pgxpool.Pool, plan string) string {
+	t.Helper()
+	var id string
+	if err := pool.QueryRow(context.Background(),
+		`INSERT INTO orgs (name, plan) VALUES ('acme', $1) RETURNING id::text`, plan).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func create(t *testing.T, s *keystore.Store, nk keystore.NewKey) (keystore.Record, string) {
+	t.Helper()
+	rec, full, err := s.Create(context.Background(), nk)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	return rec, full
+}
+
+func wantRefused(t *testing.T, s *keystore.Store, presented string) {
+	t.Helper()
+	k, ok, err := s.Verify(context.Background(), presented)
+	if err != nil || ok {
+		t.Errorf("Verify(%q) = %+v, %v, %v; want refused without error", presented, k, ok, err)
+	}
+}
+
+func TestVerifyOutcomes(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+
+	rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "ci", Role: keystore.RoleEditor})
+	k, ok, err := s.Verify(ctx, full)
+	if err != nil || !ok {
+		t.Fatalf("Verify(valid) = %v, %v", ok, err)
+	}
+	if want := (keystore.Key{ID: rec.ID, OrgID: org, Role: keystore.RoleEditor, RateLimit: 600}); k != want {
+		t.Errorf("Verify(valid) = %+v, want %+v", k, want)
+	}
+
+	keyID, secret, _ := s.Format().Parse(full)
+	t.Run("unknown key id", func(t *testing.T) {
+		wantRefused(t, s, "mon_live_"+strings.Repeat("Q", 22)+"."+secret)
+	})
+	t.Run("wrong secret", func(t *testing.T) {
+		_, _, other, _ := s.Format().Generate()
+		wantRefused(t, s, "mon_live_"+keyID+"."+other)
+	})
+	t.Run("case-flipped secret", func(t *testing.T) {
+		flipped := []byte(secret)
+		for i, c := range flipped {
+			if c >= 'a' && c <= 'z' {
+				flipped[i] = c - 'a' + 'A'
+				break
+			}
+		}
+		wantRefused(t, s, "mon_live_"+keyID+"."+string(flipped))
+	})
+	t.Run("case-flipped key id", func(t *testing.T) {
+		wantRefused(t, s, "mon_live_"+strings.ToLower(keyID)+"."+secret)
+	})
+	t.Run("malformed", func(t *testing.T) {
+		wantRefused(t, s, full+"x")
+		wantRefused(t, s, "Bearer "+full)
+	})
+	t.Run("other prefix", func(t *testing.T) {
+		other := keystore.New(pool, mustFormat(t, "abc"))
+		if _, ok, err := other.Verify(ctx, full); ok || err != nil {
+			t.Errorf("a store for prefix abc accepted a mon key: %v, %v", ok, err)
+		}
+	})
+	t.Run("revoked", func(t *testing.T) {
+		rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "r", Role: keystore.RoleAdmin})
+		if _, ok, _ := s.Verify(ctx, full); !ok {
+			t.Fatal("fresh key refused")
+		}
+		if found, err := s.Revoke(ctx, org, rec.ID); !found || err != nil {
+			t.Fatalf("Revoke = %v, %v", found, err)
+		}
+		wantRefused(t, s, full)
+	})
+	t.Run("expired", func(t *testing.T) {
+		soon := time.Now().Add(time.Second)
+		rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "e", Role: keystore.RoleViewer, ExpiresAt: &soon})
+		if _, ok, _ := s.Verify(ctx, full); !ok {
+			t.Fatal("key refused before its expiry")
+		}
+		// Move the expiry into the past rather than sleeping.
+		if _, err := pool.Exec(ctx, `UPDATE api_keys SET expires_at = now() - interval '1 ms' WHERE key_id = $1`, rec.ID); err != nil {
+			t.Fatal(err)
+		}
+		wantRefused(t, s, full)
+	})
+	t.Run("plan change applies on the next lookup", func(t *testing.T) {
+		if _, err := pool.Exec(ctx, `UPDATE orgs SET plan = 'free' WHERE id = $1`, org); err != nil {
+			t.Fatal(err)
+		}
+		k, ok, err := s.Verify(ctx, full)
+		if err != nil || !ok || k.RateLimit != 0 {
+			t.Errorf("Verify after moving to free = %+v, %v, %v; want rate limit 0", k, ok, err)
+		}
+	})
+}
+
+func TestVerifyTellsADeadDatabaseFromABadKey(t *testing.T) {
+	s, _, org := newStore(t, "pro")
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+
+	// A pool pointed at a port nobody listens on.
+	cfg, err := pgxpool.ParseConfig("postgres://keygate@127.0.0.1:1/keygate?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	ds := keystore.New(dead, s.Format())
+	if _, ok, err := ds.Verify(context.Background(), full); ok || err == nil {
+		t.Errorf("Verify against a dead database = %v, %v; want an error", ok, err)
+	}
+	// A malformed key needs no database and is a plain refusal.
+	if _, ok, err := ds.Verify(context.Background(), "garbage"); ok || err != nil {
+		t.Errorf("Verify(garbage) against a dead database = %v, %v; want refused without error", ok, err)
+	}
+}
+
+func TestVerifyTimesOutOnAStuckDatabase(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+
+	// Hold a lock that the lookup must wait for.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, ok, err := s.Verify(tctx, full)
+	if ok || err == nil {
+		t.Errorf("Verify on a locked table = %v, %v; want an error", ok, err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Verify took %v past its 300ms deadline", d)
+	}
+}
+
+func TestCreateListRevoke(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	other := newOrg(t, pool, "pro")
+
+	exp := time.Now().Add(24 * time.Hour).Truncate(time.Microsecond)
+	a, fullA := create(t, s, keystore.NewKey{OrgID: org, Name: "first", Role: keystore.RoleAdmin, ExpiresAt: &exp})
+	b, _ := create(t, s, keystore.NewKey{OrgID: org, Name: "second", Role: keystore.RoleViewer})
+	foreign, fullForeign := create(t, s, keystore.NewKey{OrgID: other, Name: "theirs", Role: keystore.RoleAdmin})
+
+	if !strings.HasPrefix(fullA, "mon_live_"+a.ID+".") {
+		t.Errorf("full key %q does not carry its id %q", fullA, a.ID)
+	}
+	if a.ExpiresAt == nil || !a.ExpiresAt.Equal(exp) {
+		t.Errorf("ExpiresAt = %v, want %v", a.ExpiresAt, exp)
+	}
+
+	// Only the digest is stored.
+	var stored []byte
+	if err := pool.QueryRow(ctx, `SELECT secret_hash FROM api_keys WHERE key_id = $1`, a.ID).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	_, secretA, _ := s.Format().Parse(fullA)
+	if sum := keystore.HashSecret(secretA); string(stored) != string(sum[:]) {
+		t.Errorf("stored %x, want SHA-256 of the secret", stored)
+	}
+
+	list, err := s.List(ctx, org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].ID != a.ID || list[1].ID != b.ID {
+		t.Fatalf("List = %+v, want keys %s and %s in order", list, a.ID, b.ID)
+	}
+	if list[1].Name != "second" || list[1].Role != keystore.RoleViewer || list[1].ExpiresAt != nil || list[1].RevokedAt != nil {
+		t.Errorf("List entry = %+v", list[1])
+	}
+
+	// Revoking another org's key is "not found" and leaves it working.
+	if found, err := s.Revoke(ctx, org, foreign.ID); found || err != nil {
+		t.Errorf("Revoke(foreign) = %v, %v; want not found", found, err)
+	}
+	if _, ok, _ := s.Verify(ctx, fullForeign); !ok {
+		t.Error("the foreign key stopped working after a refused revoke")
+	}
+	if found, err := s.Revoke(ctx, org, "not-a-key-id"); found || err != nil {
+		t.Errorf("Revoke(malformed id) = %v, %v; want not found", found, err)
+	}
+
+	// Revoking twice succeeds and keeps the first time.
+	if found, err := s.Revoke(ctx, org, b.ID); !found || err != nil {
+		t.Fatalf("Revoke = %v, %v", found, err)
+	}
+	list, _ = s.List(ctx, org)
+	first := list[1].RevokedAt
+	if first == nil {
+		t.Fatal("revoked key lists no revoked_at")
+	}
+	if found, err := s.Revoke(ctx, org, b.ID); !found || err != nil {
+		t.Fatalf("second Revoke = %v, %v", found, err)
+	}
+	list, _ = s.List(ctx, org)
+	if !list[1].RevokedAt.Equal(*first) {
+		t.Errorf("second revoke moved revoked_at from %v to %v", first, list[1].RevokedAt)
+	}
+}
+
+func TestCreateRefusesWhatTheDatabaseForbids(t *testing.T) {
+	s, _, org := newStore(t, "pro")
+	for _, nk := range []keystore.NewKey{
+		{OrgID: org, Name: "x", Role: "Owner"},
+		{OrgID: org, Name: "", Role: keystore.RoleAdmin},
+		{OrgID: org, Name: strings.Repeat("n", 101), Role: keystore.RoleAdmin},
+		{OrgID: "00000000-0000-0000-0000-000000000000", Name: "x", Role: keystore.RoleAdmin},
+	} {
+		if _, _, err := s.Create(context.Background(), nk); err == nil {
+			t.Errorf("Create(%+v) succeeded", nk)
+		}
+	}
+}

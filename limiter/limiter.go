@@ -1,0 +1,100 @@
+// Package limiter counts requests per key in fixed one-minute windows aligned to the UTC
+// minute: the window of instant t is floor(unix(t) / 60). Every call to Allow counts,
+// allowed or not, and the call numbered limit+1 and later in a window are refused.
+//
+// Two backends share that behaviour: Redis, whose count is shared by every process using
+// the same Redis (one budget for several gateway instances), and Local, an in-process
+// counter for a single instance. Both are safe for concurrent use.
+//
+// The package knows nothing of HTTP; callers turn a Result into headers.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Window is the length of a rate limit window.
+const Window = time.Minute
+
+// ErrBadLimit is returned by Allow for a limit that is not positive: "no API access"
+// and "unlimited" are decisions for the caller, not counts.
+var ErrBadLimit = errors.New("limiter: limit must be positive")
+
+// Result is the outcome of one Allow call.
+type Result struct {
+	// Allowed reports whether the request is within the limit.
+	Allowed bool
+	// Limit is the limit the request was counted against.
+	Limit int
+	// Remaining is how many more requests the window allows; never negative.
+	Remaining int
+	// ResetAfter is the whole number of seconds left in the window, rounded up and at
+	// least 1: the value of Retry-After for a refused request.
+	ResetAfter int
+}
+
+// Limiter is what both backends do.
+type Limiter interface {
+	// Allow counts one request of key against limit in the current window. An error
+	// means the count could not be made (Redis unreachable or slow); the Result is then
+	// meaningless and the caller applies its failure policy.
+	Allow(ctx context.Context, key string, limit int) (Result, error)
+}
+
+// Option configures a backend.
+type Option func(*options)
+
+type options struct {
+	now    func() time.Time
+	prefix string
+}
+
+// WithClock makes the limiter read the time from now instead of time.Now; for tests of
+// window edges.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.now = now }
+}
+
+// WithPrefix sets the prefix of the Redis keys holding counts. Default: "keygate:rl:".
+func WithPrefix(prefix string) Option {
+	return func(o *options) { o.prefix = prefix }
+}
+
+func buildOptions(opts []Option) options {
+	o := options{now: time.Now, prefix: "keygate:rl:"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// windowOf returns the index of the window holding t, and the whole seconds left in
+// it, rounded up, at least 1.
+func windowOf(t time.Time) (index int64, resetAfter int) {
+	ms := t.UnixMilli()
+	const windowMs = int64(Window / time.Millisecond)
+	index = floorDiv(ms, windowMs)
+	leftMs := (index+1)*windowMs - ms // 1..60000
+	resetAfter = int((leftMs + 999) / 1000)
+	return index, max(resetAfter, 1)
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// result builds the Result of the count'th request of a window.
+func result(count int64, limit, resetAfter int) Result {
+	return Result{
+		Allowed:    count <= int64(limit),
+		Limit:      limit,
+		Remaining:  int(max(int64(limit)-count, 0)),
+		ResetAfter: resetAfter,
+	}
+}

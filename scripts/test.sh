@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# test.sh is `make test`: it starts a throwaway PostgreSQL and Redis (or uses
+# DATABASE_URL / REDIS_URL when set), runs every Go test against them, runs each fuzz
+# target briefly, and tears the servers down even when a test fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZTIME=${FUZZTIME:-10s}
+stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-test.XXXXXX")
+trap 'scripts/stack.sh down "$stack"' EXIT
+scripts/stack.sh up "$stack" >/dev/null
+# shellcheck disable=SC1091
+source "$stack/env"
+export DATABASE_URL REDIS_URL STACK_DIR="$stack"
+
+go vet ./...
+go test -count=1 -timeout 30m "$@" ./...
+
+# Fuzz targets, briefly: each package's Fuzz functions one at a time.
+for pkg in $(go list ./...); do
+	for fuzz in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
+		echo "fuzzing $pkg $fuzz for $FUZZTIME"
+		go test -run '^$' -fuzz "^${fuzz}\$" -fuzztime "$FUZZTIME" "$pkg"
+	done
+done
