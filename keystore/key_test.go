@@ -104,7 +104,7 @@ func TestParseRefusesEveryMalformedShape(t *testing.T) {
 		{"secret with plus (std base64)", "mon_live_" + goodID + "." + goodSecret[:43] + "+"},
 		{"secret with slash (std base64)", "mon_live_" + goodID + "." + "/" + goodSecret[1:]},
 		{"secret padded", "mon_live_" + goodID + "." + goodSecret[:43] + "="},
-		{"secret impossible length", "mon_live_" + goodID + "." + goodSecret + "A"},           // 45 chars: 45 % 4 == 1
+		{"secret impossible length", "mon_live_" + goodID + "." + goodSecret + "A"},            // 45 chars: 45 % 4 == 1
 		{"secret non-canonical last char", "mon_live_" + goodID + "." + goodSecret[:42] + "B"}, // 43 chars, low bits set
 		{"leading space", " mon_live_" + goodID + "." + goodSecret},
 		{"trailing space", "mon_live_" + goodID + "." + goodSecret + " "},

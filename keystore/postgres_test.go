@@ -39,7 +39,20 @@ func create(t *testing.T, s *keystore.Store, nk keystore.NewKey) (keystore.Recor
 	return rec, full
 }
 
-func wantRefused(t *testing.T, s *keystore.Store, presented string) {
+// verifier is what Store and Batcher both do.
+type verifier interface {
+	Verify(ctx context.Context, presented string) (keystore.Key, bool, error)
+}
+
+// verifiers returns s itself and a Batcher over s.
+func verifiers(s *keystore.Store) map[string]verifier {
+	return map[string]verifier{
+		"store":   s,
+		"batcher": keystore.NewBatcher(s, keystore.BatcherOptions{Lanes: 2}),
+	}
+}
+
+func wantRefused(t *testing.T, s verifier, presented string) {
 	t.Helper()
 	k, ok, err := s.Verify(context.Background(), presented)
 	if err != nil || ok {
@@ -48,10 +61,17 @@ func wantRefused(t *testing.T, s *keystore.Store, presented string) {
 }
 
 func TestVerifyOutcomes(t *testing.T) {
-	ctx := context.Background()
-	s, pool, org := newStore(t, "pro")
+	for _, name := range []string{"store", "batcher"} {
+		t.Run(name, func(t *testing.T) { testVerifyOutcomes(t, name) })
+	}
+}
 
-	rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "ci", Role: keystore.RoleEditor})
+func testVerifyOutcomes(t *testing.T, kind string) {
+	ctx := context.Background()
+	store, pool, org := newStore(t, "pro")
+	s := verifiers(store)[kind]
+
+	rec, full := create(t, store, keystore.NewKey{OrgID: org, Name: "ci", Role: keystore.RoleEditor})
 	k, ok, err := s.Verify(ctx, full)
 	if err != nil || !ok {
 		t.Fatalf("Verify(valid) = %v, %v", ok, err)
@@ -60,12 +80,12 @@ func TestVerifyOutcomes(t *testing.T) {
 		t.Errorf("Verify(valid) = %+v, want %+v", k, want)
 	}
 
-	keyID, secret, _ := s.Format().Parse(full)
+	keyID, secret, _ := store.Format().Parse(full)
 	t.Run("unknown key id", func(t *testing.T) {
 		wantRefused(t, s, "mon_live_"+strings.Repeat("Q", 22)+"."+secret)
 	})
 	t.Run("wrong secret", func(t *testing.T) {
-		_, _, other, _ := s.Format().Generate()
+		_, _, other, _ := store.Format().Generate()
 		wantRefused(t, s, "mon_live_"+keyID+"."+other)
 	})
 	t.Run("case-flipped secret", func(t *testing.T) {
@@ -86,24 +106,24 @@ func TestVerifyOutcomes(t *testing.T) {
 		wantRefused(t, s, "Bearer "+full)
 	})
 	t.Run("other prefix", func(t *testing.T) {
-		other := keystore.New(pool, mustFormat(t, "abc"))
+		other := verifiers(keystore.New(pool, mustFormat(t, "abc")))[kind]
 		if _, ok, err := other.Verify(ctx, full); ok || err != nil {
 			t.Errorf("a store for prefix abc accepted a mon key: %v, %v", ok, err)
 		}
 	})
 	t.Run("revoked", func(t *testing.T) {
-		rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "r", Role: keystore.RoleAdmin})
+		rec, full := create(t, store, keystore.NewKey{OrgID: org, Name: "r", Role: keystore.RoleAdmin})
 		if _, ok, _ := s.Verify(ctx, full); !ok {
 			t.Fatal("fresh key refused")
 		}
-		if found, err := s.Revoke(ctx, org, rec.ID); !found || err != nil {
+		if found, err := store.Revoke(ctx, org, rec.ID); !found || err != nil {
 			t.Fatalf("Revoke = %v, %v", found, err)
 		}
 		wantRefused(t, s, full)
 	})
 	t.Run("expired", func(t *testing.T) {
 		soon := time.Now().Add(time.Second)
-		rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "e", Role: keystore.RoleViewer, ExpiresAt: &soon})
+		rec, full := create(t, store, keystore.NewKey{OrgID: org, Name: "e", Role: keystore.RoleViewer, ExpiresAt: &soon})
 		if _, ok, _ := s.Verify(ctx, full); !ok {
 			t.Fatal("key refused before its expiry")
 		}
@@ -138,13 +158,14 @@ func TestVerifyTellsADeadDatabaseFromABadKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dead.Close()
-	ds := keystore.New(dead, s.Format())
-	if _, ok, err := ds.Verify(context.Background(), full); ok || err == nil {
-		t.Errorf("Verify against a dead database = %v, %v; want an error", ok, err)
-	}
-	// A malformed key needs no database and is a plain refusal.
-	if _, ok, err := ds.Verify(context.Background(), "garbage"); ok || err != nil {
-		t.Errorf("Verify(garbage) against a dead database = %v, %v; want refused without error", ok, err)
+	for name, ds := range verifiers(keystore.New(dead, s.Format())) {
+		if _, ok, err := ds.Verify(context.Background(), full); ok || err == nil {
+			t.Errorf("%s: Verify against a dead database = %v, %v; want an error", name, ok, err)
+		}
+		// A malformed key needs no database and is a plain refusal.
+		if _, ok, err := ds.Verify(context.Background(), "garbage"); ok || err != nil {
+			t.Errorf("%s: Verify(garbage) against a dead database = %v, %v; want refused without error", name, ok, err)
+		}
 	}
 }
 
@@ -162,15 +183,17 @@ func TestVerifyTimesOutOnAStuckDatabase(t *testing.T) {
 	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, ok, err := s.Verify(tctx, full)
-	if ok || err == nil {
-		t.Errorf("Verify on a locked table = %v, %v; want an error", ok, err)
-	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("Verify took %v past its 300ms deadline", d)
+	for name, v := range verifiers(s) {
+		tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		start := time.Now()
+		_, ok, err := v.Verify(tctx, full)
+		cancel()
+		if ok || err == nil {
+			t.Errorf("%s: Verify on a locked table = %v, %v; want an error", name, ok, err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("%s: Verify took %v past its 300ms deadline", name, d)
+		}
 	}
 }
 

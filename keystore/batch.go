@@ -1,0 +1,187 @@
+package keystore
+
+import (
+	"context"
+	"crypto/subtle"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// batchSQL is verifySQL for many key ids at once.
+const batchSQL = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
+FROM api_keys k
+JOIN orgs o ON o.id = k.org_id
+JOIN plans p ON p.name = o.plan
+WHERE k.key_id = ANY($1) AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`
+
+// Batcher verifies keys like Store.Verify, but gathers the lookups of concurrent
+// requests into one query (WHERE key_id = ANY($1)), so that under load PostgreSQL
+// answers one statement for many requests.
+//
+// Freshness is kept: a request only ever joins a batch that has not been sent yet, and a
+// batch is sent as soon as a lane is free (no timer). So every answer comes from a query
+// that started after the request arrived, and a key revoked before a request starts is
+// refused on that request. (A singleflight-style cache of the query in progress would
+// break this: it can hand a request the result of a query that began before it.)
+//
+// With one lane, one batch is in flight at a time; more lanes keep several in flight,
+// each still only taking requests that arrived before it was sent.
+type Batcher struct {
+	store   *Store
+	timeout time.Duration
+
+	queries, lookups atomic.Uint64
+
+	mu      sync.Mutex
+	pending *batch // the batch taking new requests; guarded by mu
+	free    int    // lanes not running a query; guarded by mu
+}
+
+// batch is one query's worth of lookups.
+type batch struct {
+	ids  []string // distinct key ids, in arrival order
+	seen map[string]struct{}
+	done chan struct{} // closed when rows and err are set
+
+	rows map[string]row
+	err  error
+}
+
+type row struct {
+	orgID     string
+	role      Role
+	hash      []byte
+	rateLimit int
+}
+
+// BatcherOptions tunes a Batcher. The zero value is usable.
+type BatcherOptions struct {
+	// Lanes is the number of batch queries that may be in flight at once. Default: 1.
+	Lanes int
+	// Timeout bounds each batch query, which serves many requests and so does not run
+	// under any one request's context. Default: 5s.
+	Timeout time.Duration
+}
+
+// NewBatcher returns a Batcher looking keys up in s.
+func NewBatcher(s *Store, opts BatcherOptions) *Batcher {
+	if opts.Lanes <= 0 {
+		opts.Lanes = 1
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	return &Batcher{store: s, timeout: opts.Timeout, free: opts.Lanes}
+}
+
+// Verify is Store.Verify through a batch; see Store.Verify for its outcomes. If ctx ends
+// before the batch answers, Verify returns ctx's error (a "broken", not a "rejected").
+func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, error) {
+	keyID, secret, ok := b.store.format.Parse(presented)
+	if !ok {
+		return Key{}, false, nil
+	}
+	sum := HashSecret(secret)
+
+	bt := b.join(keyID)
+	select {
+	case <-bt.done:
+	case <-ctx.Done():
+		return Key{}, false, fmt.Errorf("looking up key: %w", ctx.Err())
+	}
+	if bt.err != nil {
+		return Key{}, false, bt.err
+	}
+	r, found := bt.rows[keyID]
+	stored := r.hash
+	if !found {
+		stored = dummyHash[:]
+	}
+	if subtle.ConstantTimeCompare(sum[:], stored) != 1 || !found {
+		return Key{}, false, nil
+	}
+	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit}, true, nil
+}
+
+// join adds keyID to the batch not yet sent, starting one if there is none, and sends it
+// at once if a lane is free. A batch holds at most one id per concurrent request, so it
+// needs no size cap.
+func (b *Batcher) join(keyID string) *batch {
+	b.mu.Lock()
+	bt := b.pending
+	if bt == nil {
+		bt = &batch{seen: make(map[string]struct{}), done: make(chan struct{})}
+		b.pending = bt
+	}
+	if _, dup := bt.seen[keyID]; !dup {
+		bt.seen[keyID] = struct{}{}
+		bt.ids = append(bt.ids, keyID)
+	}
+	if b.free > 0 {
+		b.free--
+		b.pending = nil
+		b.mu.Unlock()
+		go b.run(bt)
+		return bt
+	}
+	b.mu.Unlock()
+	return bt
+}
+
+// run sends bt, then keeps its lane busy with whatever batch gathered meanwhile.
+func (b *Batcher) run(bt *batch) {
+	for bt != nil {
+		bt.rows, bt.err = b.query(bt.ids)
+		close(bt.done)
+
+		b.mu.Lock()
+		bt = b.pending
+		b.pending = nil
+		if bt == nil {
+			b.free++
+		}
+		b.mu.Unlock()
+	}
+}
+
+// BatchStats counts a Batcher's work since it was made.
+type BatchStats struct {
+	// Queries is the number of batch queries sent.
+	Queries uint64
+	// Lookups is the number of key ids they looked up, counting each id once a batch.
+	Lookups uint64
+}
+
+// Stats returns what b has done so far.
+func (b *Batcher) Stats() BatchStats {
+	return BatchStats{Queries: b.queries.Load(), Lookups: b.lookups.Load()}
+}
+
+func (b *Batcher) query(ids []string) (map[string]row, error) {
+	b.queries.Add(1)
+	b.lookups.Add(uint64(len(ids)))
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	rows, err := b.store.pool.Query(ctx, batchSQL, ids)
+	if err != nil {
+		return nil, fmt.Errorf("looking up keys: %w", err)
+	}
+	out := make(map[string]row, len(ids))
+	var (
+		id, org, role string
+		hash          []byte
+		limit         int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit}, func() error {
+		out[id] = row{orgID: org, role: Role(role), hash: hash, rateLimit: limit}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("looking up keys: %w", err)
+	}
+	return out, nil
+}
