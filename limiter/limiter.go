@@ -47,8 +47,9 @@ type Limiter interface {
 type Option func(*options)
 
 type options struct {
-	now    func() time.Time
-	prefix string
+	now             func() time.Time
+	prefix          string
+	pipelineTimeout time.Duration // 0: no pipelining
 }
 
 // WithClock makes the limiter read the time from now instead of time.Now; for tests of
@@ -60,6 +61,15 @@ func WithClock(now func() time.Time) Option {
 // WithPrefix sets the prefix of the Redis keys holding counts. Default: "keygate:rl:".
 func WithPrefix(prefix string) Option {
 	return func(o *options) { o.prefix = prefix }
+}
+
+// WithPipelining makes a Redis limiter gather the counts of concurrent Allow calls into
+// one pipeline, sent as soon as the previous one returns. Each pipeline runs under
+// timeout, since it serves many callers; each caller still stops waiting when its own
+// context ends. It needs a client with a Pipeline method (Client, Ring, ClusterClient,
+// UniversalClient) and is ignored otherwise, and by Local.
+func WithPipelining(timeout time.Duration) Option {
+	return func(o *options) { o.pipelineTimeout = timeout }
 }
 
 func buildOptions(opts []Option) options {

@@ -47,6 +47,8 @@ func backends(t *testing.T, now func() time.Time) map[string]limiter.Limiter {
 	return map[string]limiter.Limiter{
 		"local": limiter.NewLocal(limiter.WithClock(now)),
 		"redis": limiter.NewRedis(redisClient(t), limiter.WithClock(now), limiter.WithPrefix(uniquePrefix(t))),
+		"redis pipelined": limiter.NewRedis(redisClient(t), limiter.WithClock(now), limiter.WithPrefix(uniquePrefix(t)),
+			limiter.WithPipelining(time.Second)),
 	}
 }
 
@@ -179,7 +181,8 @@ func TestTwoRedisLimitersShareOneBudget(t *testing.T) {
 	clock := newClock(at(base, 5*time.Second))
 	// Two clients, as two gateway instances would have.
 	a := limiter.NewRedis(redisClient(t), limiter.WithClock(clock.now), limiter.WithPrefix(prefix))
-	b := limiter.NewRedis(redisClient(t), limiter.WithClock(clock.now), limiter.WithPrefix(prefix))
+	b := limiter.NewRedis(redisClient(t), limiter.WithClock(clock.now), limiter.WithPrefix(prefix),
+		limiter.WithPipelining(time.Second))
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
 	for i := range 100 {
@@ -228,9 +231,27 @@ func TestRedisCountersExpireOnTheirOwn(t *testing.T) {
 func TestRedisErrorsSurface(t *testing.T) {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
 	defer dead.Close()
-	l := limiter.NewRedis(dead)
-	if _, err := l.Allow(context.Background(), "k", 10); err == nil {
-		t.Error("Allow against a dead Redis returned no error")
+	for _, l := range []*limiter.Redis{limiter.NewRedis(dead), limiter.NewRedis(dead, limiter.WithPipelining(time.Second))} {
+		if _, err := l.Allow(context.Background(), "k", 10); err == nil {
+			t.Error("Allow against a dead Redis returned no error")
+		}
+	}
+}
+
+func TestPipelinedCountsSurviveAScriptFlush(t *testing.T) {
+	rdb := redisClient(t)
+	clock := newClock(at(base, 20*time.Second))
+	l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
+		limiter.WithPipelining(time.Second))
+	if r, err := l.Allow(context.Background(), "k", 5); err != nil || r.Remaining != 4 {
+		t.Fatalf("first Allow = %+v, %v", r, err)
+	}
+	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// After the flush EVALSHA fails with NOSCRIPT; the count must still happen, once.
+	if r, err := l.Allow(context.Background(), "k", 5); err != nil || r.Remaining != 3 {
+		t.Errorf("Allow after SCRIPT FLUSH = %+v, %v; want remaining 3", r, err)
 	}
 }
 
@@ -244,16 +265,20 @@ func TestRedisHonoursTheContextDeadline(t *testing.T) {
 	opt.ContextTimeoutEnabled = true
 	c := redis.NewClient(&opt)
 	defer c.Close()
-	l := limiter.NewRedis(c, limiter.WithPrefix(uniquePrefix(t)))
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err := l.Allow(ctx, "k", 10)
-	if err == nil {
-		t.Error("Allow on a paused Redis returned no error")
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("Allow took %v past a 100ms deadline", d)
+	for name, l := range map[string]*limiter.Redis{
+		"plain":     limiter.NewRedis(c, limiter.WithPrefix(uniquePrefix(t))),
+		"pipelined": limiter.NewRedis(c, limiter.WithPrefix(uniquePrefix(t)), limiter.WithPipelining(5*time.Second)),
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		start := time.Now()
+		_, err := l.Allow(ctx, "k", 10)
+		cancel()
+		if err == nil {
+			t.Errorf("%s: Allow on a paused Redis returned no error", name)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s: Allow took %v past a 100ms deadline", name, d)
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 type Redis struct {
 	rdb  redis.Scripter
 	opts options
+	pipe *pipeline // nil without WithPipelining
 }
 
 var _ Limiter = (*Redis)(nil)
@@ -24,7 +25,11 @@ var _ Limiter = (*Redis)(nil)
 // Windows are computed from this process's clock; gateways sharing a Redis should
 // keep their clocks in sync (NTP), as the windows are aligned to the UTC minute.
 func NewRedis(rdb redis.Scripter, opts ...Option) *Redis {
-	return &Redis{rdb: rdb, opts: buildOptions(opts)}
+	l := &Redis{rdb: rdb, opts: buildOptions(opts)}
+	if p, ok := rdb.(pipeliner); ok && l.opts.pipelineTimeout > 0 {
+		l.pipe = &pipeline{rdb: p, timeout: l.opts.pipelineTimeout}
+	}
+	return l
 }
 
 // Allow counts one request of key; see Limiter. Errors from Redis, including the
@@ -35,7 +40,15 @@ func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error
 		return Result{}, ErrBadLimit
 	}
 	w, reset := windowOf(l.opts.now())
-	n, err := incrScript.Run(ctx, l.rdb, []string{l.counterKey(key, w)}, expireAt(w)).Int64()
+	var (
+		n   int64
+		err error
+	)
+	if l.pipe != nil {
+		n, err = l.pipe.count(ctx, l.counterKey(key, w), expireAt(w))
+	} else {
+		n, err = incrScript.Run(ctx, l.rdb, []string{l.counterKey(key, w)}, expireAt(w)).Int64()
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("counting in redis: %w", err)
 	}
