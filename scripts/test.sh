@@ -14,7 +14,10 @@ source "$stack/env"
 export DATABASE_URL REDIS_URL STACK_DIR="$stack"
 
 go vet ./...
-go test -count=1 -timeout 30m "$@" ./...
+# The integration suite stops and restarts the shared PostgreSQL and Redis, so it runs
+# after the other packages rather than beside them.
+go test -count=1 -timeout 20m "$@" $(go list ./... | grep -v '/integration$')
+go test -count=1 -timeout 30m "$@" ./integration
 
 # Fuzz targets, briefly: each package's Fuzz functions one at a time.
 for pkg in $(go list ./...); do
