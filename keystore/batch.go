@@ -166,6 +166,14 @@ func (b *Batcher) query(ids []string) (map[string]row, error) {
 	b.lookups.Add(uint64(len(ids)))
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
+	out, err := b.queryOnce(ctx, ids)
+	if retryable(ctx, err) {
+		out, err = b.queryOnce(ctx, ids)
+	}
+	return out, err
+}
+
+func (b *Batcher) queryOnce(ctx context.Context, ids []string) (map[string]row, error) {
 	rows, err := b.store.pool.Query(ctx, batchSQL, ids)
 	if err != nil {
 		return nil, fmt.Errorf("looking up keys: %w", err)

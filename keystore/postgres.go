@@ -55,7 +55,13 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 		role   string
 		stored []byte
 	)
-	err := s.pool.QueryRow(ctx, verifySQL, keyID).Scan(&k.OrgID, &role, &stored, &k.RateLimit)
+	scan := func() error {
+		return s.pool.QueryRow(ctx, verifySQL, keyID).Scan(&k.OrgID, &role, &stored, &k.RateLimit)
+	}
+	err := scan()
+	if retryable(ctx, err) {
+		err = scan()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		subtle.ConstantTimeCompare(sum[:], dummyHash[:])
 		return Key{}, false, nil
@@ -68,6 +74,14 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 	}
 	k.Role = Role(role)
 	return k, true, nil
+}
+
+// retryable reports whether a failed lookup should be tried once more: the lookup is a
+// read, so trying again is always safe, and after a PostgreSQL restart the pool's idle
+// connections are dead and fail their first query. A lookup whose context has ended, or
+// that found nothing, is not tried again.
+func retryable(ctx context.Context, err error) bool {
+	return err != nil && !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil
 }
 
 // Create makes a new key and returns its record and the full key, which is never

@@ -277,3 +277,30 @@ func TestCreateRefusesWhatTheDatabaseForbids(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifySurvivesConnectionsKilledUnderIt is a PostgreSQL restart as the pool sees it:
+// every idle connection is dead. The next lookup must still answer, not fail.
+func TestVerifySurvivesConnectionsKilledUnderIt(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+	for name, v := range verifiers(s) {
+		if _, ok, err := v.Verify(ctx, full); !ok || err != nil {
+			t.Fatalf("%s: before = %v, %v", name, ok, err)
+		}
+		admin, err := pgxpool.New(ctx, schematest.URL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var killed int
+		err = admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE datname = $1 AND pid <> pg_backend_pid()`, pool.Config().ConnConfig.Database).Scan(&killed)
+		admin.Close()
+		if err != nil || killed == 0 {
+			t.Fatalf("terminating the pool's connections: %d, %v", killed, err)
+		}
+		if _, ok, err := v.Verify(ctx, full); !ok || err != nil {
+			t.Errorf("%s: Verify after its connections were killed = %v, %v; want ok", name, ok, err)
+		}
+	}
+}
