@@ -1,29 +1,34 @@
 # keygate: the two commands are `make run` and `make test`.
-.PHONY: all build caddy upstream test unit run bench clean
+.PHONY: all build test run bench clean
 
 GO ?= go
+
+# Sources of each binary: a binary is rebuilt only when one of them is newer.
+LIB_SRC      := $(shell find keystore limiter -name '*.go' -not -name '*_test.go') go.mod go.sum
+CADDY_SRC    := $(LIB_SRC) $(shell find caddymodule -name '*.go' -not -name '*_test.go') xcaddy.sh
+UPSTREAM_SRC := $(LIB_SRC) $(shell find upstream -name '*.go' -not -name '*_test.go' -o -name '*.sql')
 
 all: build
 
 ## build: bin/upstream and bin/caddy (Caddy with the v1_gateway module, via xcaddy.sh).
-build: upstream caddy
+build: bin/upstream bin/caddy
 
-upstream:
-	$(GO) build -o bin/upstream ./upstream/cmd/upstream
+bin/upstream: $(UPSTREAM_SRC)
+	$(GO) build -o $@ ./upstream/cmd/upstream
 
-caddy:
+bin/caddy: $(CADDY_SRC)
 	./xcaddy.sh
 
 ## test: every test against a throwaway PostgreSQL and Redis (started and stopped here).
-test:
+test: build
 	scripts/test.sh
 
 ## run: the whole stack with a demo org, user and key; prints curl commands to try.
-run:
+run: build
 	scripts/run.sh
 
 ## bench: throughput and latency of the gateway against a plain reverse proxy.
-bench:
+bench: build
 	scripts/bench.sh
 
 clean:

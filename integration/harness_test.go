@@ -41,8 +41,8 @@ func root(t testing.TB) string {
 	return dir
 }
 
-// binaries builds bin/upstream (always: go build is incremental) and bin/caddy (with
-// xcaddy.sh, only when it is missing or older than the module's sources), once per run.
+// binaries runs `make build` once per test run (incremental: it rebuilds bin/upstream
+// and bin/caddy only when their sources changed) and returns the folder holding them.
 // KEYGATE_BIN names a folder of prebuilt binaries instead.
 func binaries(t testing.TB) string {
 	t.Helper()
@@ -53,49 +53,16 @@ func binaries(t testing.TB) string {
 		}
 		top := root(t)
 		binDir = filepath.Join(top, "bin")
-		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, "upstream"), "./upstream/cmd/upstream")
+		cmd := exec.Command("make", "-s", "build")
 		cmd.Dir = top
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("building bin/upstream: %v\n%s", err, out)
-			return
-		}
-		if !caddyIsFresh(top) {
-			cmd := exec.Command("./xcaddy.sh")
-			cmd.Dir = top
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("building bin/caddy: %v\n%s", err, out)
-			}
+			buildErr = fmt.Errorf("make build: %v\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	return binDir
-}
-
-// caddyIsFresh reports whether bin/caddy is newer than every source it is built from.
-func caddyIsFresh(top string) bool {
-	bin, err := os.Stat(filepath.Join(top, "bin", "caddy"))
-	if err != nil {
-		return false
-	}
-	fresh := true
-	for _, dir := range []string{"caddymodule", "keystore", "limiter"} {
-		filepath.WalkDir(filepath.Join(top, dir), func(path string, d os.DirEntry, err error) error {
-			if err == nil && !d.IsDir() && strings.HasSuffix(path, ".go") {
-				if info, err := d.Info(); err == nil && info.ModTime().After(bin.ModTime()) {
-					fresh = false
-				}
-			}
-			return nil
-		})
-	}
-	for _, f := range []string{"go.mod", "go.sum", "xcaddy.sh"} {
-		if info, err := os.Stat(filepath.Join(top, f)); err == nil && info.ModTime().After(bin.ModTime()) {
-			fresh = false
-		}
-	}
-	return fresh
 }
 
 // freePort returns a loopback port nobody listens on right now.

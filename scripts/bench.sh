@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# bench.sh is `make bench`: it starts a throwaway stack and measures, in one run and
+# under the same load (wrk, CONNS connections, DURATION each, after a warm-up):
+#
+#   (a) the upstream alone serving GET /v1/monitors/{id}, identity headers given directly
+#   (b) bin/caddy with a plain reverse_proxy to it (same headers)
+#   (c) the gateway with a real key on a plan with a high but positive limit, so Redis
+#       counts every request
+#   (d) GET /v1/me answered by the gateway
+#   (e) a 50 MB JSON list through the gateway's field filter: Caddy's peak RSS growth
+#
+# (b) and (c) run twice, alternating, and their figures are averaged, since the machine
+# is small and noisy. It prints requests/s, p50 and p99 latency, the ratio (c)/(b) and
+# the targets met or missed, and writes the figures to scripts/bench-results.txt.
+#
+# Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+CONNS=${CONNS:-32}
+THREADS=${THREADS:-2}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-3s}
+OUT=${OUT:-scripts/bench-results.txt}
+need_tools wrk curl
+
+stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-bench.XXXXXX")
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	scripts/stack.sh down "$stack"
+}
+trap cleanup EXIT
+scripts/stack.sh up "$stack" >/dev/null
+source "$stack/env"
+GATEWAY_SECRET=bench-secret-0123456789abcdef
+export DATABASE_URL REDIS_URL GATEWAY_SECRET
+
+bin/upstream migrate >/dev/null
+bin/upstream plan put --name bench --api-rate-limit 1000000000 --max-monitors -1 --min-interval 10 \
+	--locations us-east,us-west,eu-west,eu-central,ap-southeast --check-types http,tcp,dns,icmp >/dev/null
+org=$(bin/upstream org create --name bench --plan bench | json_field id)
+printf 'bench-password\n' | bin/upstream user create --email bench@example.com --password-stdin >/dev/null
+bin/upstream member add --org "$org" --email bench@example.com --role Owner >/dev/null
+
+up="127.0.0.1:$(free_port)"
+gw="127.0.0.1:$(free_port)"
+plain="127.0.0.1:$(free_port)"
+big="127.0.0.1:$(free_port)"
+
+bin/upstream serve --addr "$up" >"$stack/upstream.log" 2>&1 &
+pids+=($!)
+
+# The 50 MB list: 100,000 monitors, each with fields the filter must remove at depth.
+mkdir -p "$stack/www/v1"
+awk 'BEGIN {
+	printf "{\"data\":["
+	for (i = 0; i < 100000; i++) {
+		if (i) printf ","
+		printf "{\"id\":\"00000000-0000-4000-8000-%012d\",\"name\":\"monitor %d\",\"type\":\"http\",", i, i
+		printf "\"target\":\"https://example.com/%d\",\"interval_seconds\":60,\"locations\":[\"us-east\",\"eu-west\"],", i
+		printf "\"paused\":false,\"created_at\":\"2026-11-22T12:00:00Z\",\"updated_at\":\"2026-11-22T12:00:00Z\","
+		printf "\"org_id\":\"11111111-1111-4111-8111-111111111111\",\"config_version\":3,\"paused_reason\":null,"
+		printf "\"config\":{\"headers\":{\"X-Token\":\"secret-%d\"},\"body\":\"%s\"},", i, "padding padding padding padding padding"
+		printf "\"assertions\":[{\"type\":\"status\",\"equals\":200},{\"type\":\"latency\",\"below_ms\":500}],"
+		printf "\"tags\":[{\"k\":\"team\",\"v\":\"core\",\"config\":{\"x\":1}}]}"
+	}
+	printf "],\"next_cursor\":null}"
+}' >"$stack/www/v1/big.json"
+
+cat >"$stack/Caddyfile" <<EOF
+{
+	admin off
+	auto_https off
+	persist_config off
+	order v1_gateway before reverse_proxy
+}
+http://$gw {
+	bind 127.0.0.1
+	handle /v1/* {
+		v1_gateway {
+			database_url   {env.DATABASE_URL}
+			redis_url      {env.REDIS_URL}
+			gateway_secret {env.GATEWAY_SECRET}
+		}
+		reverse_proxy $up
+	}
+	handle {
+		reverse_proxy $up
+	}
+}
+http://$plain {
+	bind 127.0.0.1
+	reverse_proxy $up
+}
+EOF
+cat >"$stack/Caddyfile.big" <<EOF
+{
+	admin off
+	auto_https off
+	persist_config off
+	order v1_gateway before file_server
+}
+http://$big {
+	bind 127.0.0.1
+	root * $stack/www
+	v1_gateway {
+		database_url   {env.DATABASE_URL}
+		redis_url      {env.REDIS_URL}
+		gateway_secret {env.GATEWAY_SECRET}
+	}
+	file_server
+}
+EOF
+bin/caddy run --config "$stack/Caddyfile" --adapter caddyfile >"$stack/caddy.log" 2>&1 &
+pids+=($!)
+wait_http "http://$up/"
+wait_http "http://$gw/"
+wait_http "http://$plain/"
+
+jar="$stack/cookies"
+login bench@example.com bench-password "$jar" "http://$gw"
+key=$(create_key "$org" bench Admin "$jar" "http://$gw")
+key_id=${key#mon_live_}
+key_id=${key_id%%.*}
+monitor=$(curl -sf "http://$gw/v1/monitors" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+	-d '{"name":"bench","type":"http","target":"https://example.com","interval_seconds":60,"config":{"a":1}}' | json_field id)
+[ -n "$monitor" ] || { echo "could not create the bench monitor" >&2; exit 1; }
+
+ident=(-H "X-Gateway-Org-Id: $org" -H "X-Gateway-Key-Id: $key_id" -H "X-Gateway-Key-Role: Admin" -H "X-Gateway-Secret: $GATEWAY_SECRET")
+auth=(-H "Authorization: Bearer $key")
+
+# to_ms turns a wrk latency (850.00us, 1.20ms, 2.00s) into milliseconds.
+to_ms() {
+	awk -v v="$1" 'BEGIN {
+		n = v + 0
+		if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n += 0; else if (v ~ /s$/) n *= 1000
+		printf "%.3f", n
+	}'
+}
+
+# measure NAME URL [curl-style -H args...] runs wrk and prints "rps p50 p99".
+measure() {
+	local url=$1
+	shift
+	local out rps p50 p99
+	out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$@" "$url")
+	if echo "$out" | grep -q 'Non-2xx'; then
+		echo "$out" >&2
+		echo "bench: $url answered errors under load" >&2
+		exit 1
+	fi
+	rps=$(echo "$out" | awk '/^Requests\/sec:/ {print $2}')
+	p50=$(to_ms "$(echo "$out" | awk '$1 == "50%" {print $2}')")
+	p99=$(to_ms "$(echo "$out" | awk '$1 == "99%" {print $2}')")
+	echo "$rps $p50 $p99"
+}
+
+echo "warming up…" >&2
+for u in "http://$up/v1/monitors/$monitor" "http://$plain/v1/monitors/$monitor"; do
+	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${ident[@]}" "$u" >/dev/null
+done
+wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$gw/v1/monitors/$monitor" >/dev/null
+
+echo "measuring (a) upstream alone…" >&2
+read -r a_rps a_p50 a_p99 < <(measure "http://$up/v1/monitors/$monitor" "${ident[@]}")
+b_runs=() c_runs=()
+for round in 1 2; do
+	echo "measuring (b) plain reverse_proxy, round $round…" >&2
+	b_runs+=("$(measure "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
+	echo "measuring (c) gateway, round $round…" >&2
+	c_runs+=("$(measure "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
+done
+echo "measuring (d) /v1/me…" >&2
+read -r d_rps d_p50 d_p99 < <(measure "http://$gw/v1/me" "${auth[@]}")
+
+mean() { printf '%s\n' "$@" | awk -v f="$FIELD" '{s += $f} END {printf "%.2f", s / NR}'; }
+b_rps=$(FIELD=1 mean "${b_runs[@]}") b_p50=$(FIELD=2 mean "${b_runs[@]}") b_p99=$(FIELD=3 mean "${b_runs[@]}")
+c_rps=$(FIELD=1 mean "${c_runs[@]}") c_p50=$(FIELD=2 mean "${c_runs[@]}") c_p99=$(FIELD=3 mean "${c_runs[@]}")
+
+# (e) The 50 MB list, on a Caddy of its own so that its peak RSS is the filter's alone.
+echo "measuring (e) 50 MB list through the filter…" >&2
+bin/caddy run --config "$stack/Caddyfile.big" --adapter caddyfile >"$stack/caddy-big.log" 2>&1 &
+big_pid=$!
+pids+=($big_pid)
+wait_http "http://$big/"
+curl -sf -o /dev/null "${auth[@]}" "http://$big/v1/me"
+rss_before=$(awk '/^VmRSS:/ {print $2}' "/proc/$big_pid/status")
+size_in=$(stat -c %s "$stack/www/v1/big.json")
+size_out=$(curl -sf "${auth[@]}" -o "$stack/big.out" -w '%{size_download}' "http://$big/v1/big.json")
+for _ in 1 2; do curl -sf -o /dev/null "${auth[@]}" "http://$big/v1/big.json"; done
+rss_peak=$(awk '/^VmHWM:/ {print $2}' "/proc/$big_pid/status")
+rss_growth_mb=$(awk -v a="$rss_before" -v b="$rss_peak" 'BEGIN {printf "%.1f", (b - a) / 1024}')
+leaked=$(grep -c -E '"(config|assertions|org_id|config_version|paused_reason)"' "$stack/big.out" || true)
+
+ratio=$(awk -v c="$c_rps" -v b="$b_rps" 'BEGIN {printf "%.3f", c / b}')
+p99_extra=$(awk -v c="$c_p99" -v b="$b_p99" 'BEGIN {printf "%.3f", c - b}')
+verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
+
+report=$(
+	cat <<EOF
+keygate benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} warm-up; (b) and (c) mean of 2 alternating runs
+
+                                   req/s      p50 ms    p99 ms
+(a) upstream alone              $(printf '%9.0f %11.3f %9.3f' "$a_rps" "$a_p50" "$a_p99")
+(b) caddy plain reverse_proxy   $(printf '%9.0f %11.3f %9.3f' "$b_rps" "$b_p50" "$b_p99")
+(c) gateway (PG + Redis each)   $(printf '%9.0f %11.3f %9.3f' "$c_rps" "$c_p50" "$c_p99")
+(d) gateway GET /v1/me          $(printf '%9.0f %11.3f %9.3f' "$d_rps" "$d_p50" "$d_p99")
+
+(e) 50 MB list through the filter: $size_in bytes in, $size_out out, hidden fields left: $leaked;
+    Caddy RSS ${rss_before} kB before, peak ${rss_peak} kB: growth ${rss_growth_mb} MB
+
+targets:
+  (c)/(b) throughput ratio  $ratio   (>= 0.75: $(verdict "$ratio >= 0.75"))
+  p99 (c) - p99 (b)         ${p99_extra} ms   (<= 2 ms: $(verdict "$p99_extra <= 2"))
+  RSS growth, 50 MB list    ${rss_growth_mb} MB  (< 32 MB: $(verdict "$rss_growth_mb < 32 && $leaked == 0"))
+EOF
+)
+echo "$report"
+echo "$report" >"$OUT"
+echo "(written to $OUT)"

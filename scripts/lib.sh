@@ -1,0 +1,64 @@
+# lib.sh: shell functions shared by run.sh and bench.sh. Source it; it expects the
+# caller to have set -euo pipefail and to be in the repository's top folder.
+
+# free_port prints a loopback TCP port nobody is listening on.
+free_port() {
+	local p i
+	for i in $(seq 1 200); do
+		p=$((20000 + RANDOM % 30000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return
+		fi
+	done
+	echo "no free port found" >&2
+	return 1
+}
+
+# wait_http URL [SECONDS] waits until URL answers anything over HTTP.
+wait_http() {
+	local url=$1 secs=${2:-30} i
+	for i in $(seq 1 $((secs * 10))); do
+		if curl -s -o /dev/null --max-time 1 "$url"; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	echo "nothing answered at $url within ${secs}s" >&2
+	return 1
+}
+
+# need_tools installs Debian packages for the commands named, when missing.
+need_tools() {
+	local missing=()
+	for c in "$@"; do
+		command -v "$c" >/dev/null || missing+=("$c")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	local sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	echo "installing ${missing[*]} with apt-get" >&2
+	$sudo apt-get update -qq >&2
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+# login EMAIL PASSWORD JAR BASE logs in through BASE and keeps the session in JAR.
+login() {
+	local body
+	body=$(printf '{"email":"%s","password":"%s"}' "$1" "$2")
+	curl -sf -c "$3" -o /dev/null -H 'Content-Type: application/json' -d "$body" "$4/auth/login"
+}
+
+# create_key ORG NAME ROLE JAR BASE creates a key through the dashboard route and prints
+# the full key.
+create_key() {
+	local out
+	out=$(curl -sf -b "$4" -H 'Content-Type: application/json' \
+		-d "{\"name\":\"$2\",\"role\":\"$3\"}" "$5/orgs/$1/api-keys")
+	json_field key <<<"$out"
+}
+
+# json_field NAME prints the string or number field NAME of the JSON object on stdin.
+json_field() {
+	sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" | head -n1
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# run.sh is `make run`: it builds everything, starts PostgreSQL, Redis, the upstream and
+# the gateway (Caddyfile.example), creates a demo org, user and API key through the
+# operator CLI and the dashboard, prints curl commands to try, and stops everything on
+# Ctrl-C.
+#
+# Environment: GATEWAY_PORT (default 8080), UPSTREAM_PORT (default 9000),
+# DATABASE_URL / REDIS_URL to use servers you already run.
+# RUN_CHECK=1 runs the printed curl commands itself and exits (used by the tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+GATEWAY_PORT=${GATEWAY_PORT:-8080}
+UPSTREAM_PORT=${UPSTREAM_PORT:-9000}
+for p in "$GATEWAY_PORT" "$UPSTREAM_PORT"; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		echo "port $p is in use: set GATEWAY_PORT / UPSTREAM_PORT to free ones" >&2
+		exit 1
+	fi
+done
+need_tools curl
+
+make -s build # incremental; the first xcaddy build takes a few minutes
+
+stack=.stack/run
+mkdir -p .stack
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	scripts/stack.sh down "$stack"
+}
+trap cleanup EXIT
+trap 'exit 0' INT TERM
+scripts/stack.sh down "$stack"
+scripts/stack.sh up "$stack" >/dev/null
+source "$stack/env"
+GATEWAY_SECRET=$(head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40)
+export DATABASE_URL REDIS_URL GATEWAY_SECRET GATEWAY_PORT UPSTREAM_PORT
+export UPSTREAM_ADDR="127.0.0.1:$UPSTREAM_PORT"
+
+bin/upstream migrate >/dev/null
+bin/upstream serve --addr "$UPSTREAM_ADDR" >"$stack/upstream.log" 2>&1 &
+pids+=($!)
+bin/caddy run --config Caddyfile.example --adapter caddyfile >"$stack/caddy.log" 2>&1 &
+pids+=($!)
+base="http://127.0.0.1:$GATEWAY_PORT"
+wait_http "http://$UPSTREAM_ADDR/" || { cat "$stack/upstream.log" >&2; exit 1; }
+wait_http "$base/" || { cat "$stack/caddy.log" >&2; exit 1; }
+
+# The demo organisation, through the operator CLI.
+email=demo@example.com
+password=demo-password-$RANDOM$RANDOM
+org=$(bin/upstream org create --name "Demo" --plan pro | json_field id)
+printf '%s\n' "$password" | bin/upstream user create --email "$email" --password-stdin >/dev/null
+bin/upstream member add --org "$org" --email "$email" --role Owner >/dev/null
+
+# The demo key, as a person creates it: log in, then POST to the dashboard route.
+jar="$stack/cookies"
+login "$email" "$password" "$jar" "$base"
+key=$(create_key "$org" "demo key" Admin "$jar" "$base")
+[ -n "$key" ] || { echo "could not create the demo key" >&2; exit 1; }
+
+cat <<EOF
+
+keygate is running:
+  gateway   $base   (Caddy with v1_gateway, config Caddyfile.example)
+  upstream  http://$UPSTREAM_ADDR
+  logs      $stack/caddy.log, $stack/upstream.log
+
+Demo org $org, owner $email / $password, API key (shown once):
+  export KEY='$key'
+
+Try:
+  curl -s $base/v1/me -H "Authorization: Bearer \$KEY"
+  curl -s $base/v1/monitors -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' \\
+       -d '{"name":"example","type":"http","target":"https://example.com","interval_seconds":60,"config":{"method":"GET"}}'
+  curl -s $base/v1/monitors -H "Authorization: Bearer \$KEY"
+
+Dashboard (session cookie):
+  curl -s -c jar -H 'Content-Type: application/json' -d '{"email":"$email","password":"$password"}' $base/auth/login
+  curl -s -b jar $base/orgs/$org/api-keys
+
+Stop with Ctrl-C: everything started here is stopped and its data removed.
+EOF
+
+if [ "${RUN_CHECK:-}" = 1 ]; then
+	set -x
+	curl -sf "$base/v1/me" -H "Authorization: Bearer $key" | grep -q "\"org_id\":\"$org\""
+	curl -sf "$base/v1/monitors" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+		-d '{"name":"example","type":"http","target":"https://example.com","interval_seconds":60,"config":{"method":"GET"}}' | grep -q '"id"'
+	curl -sf "$base/v1/monitors" -H "Authorization: Bearer $key" | grep -q '"name":"example"'
+	curl -sf -b "$jar" "$base/orgs/$org/api-keys" | grep -q '"masked_key"'
+	set +x
+	echo "run check passed"
+	exit 0
+fi
+wait
