@@ -38,7 +38,8 @@ scripts/stack.sh up "$stack" >/dev/null
 source "$stack/env"
 GATEWAY_SECRET=$(head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40)
 export DATABASE_URL REDIS_URL GATEWAY_SECRET GATEWAY_PORT UPSTREAM_PORT
-export UPSTREAM_ADDR="127.0.0.1:$UPSTREAM_PORT"
+# Caddyfile.example reads these two to place the gateway and find the upstream.
+export GATEWAY_ADDR=":$GATEWAY_PORT" UPSTREAM_ADDR="127.0.0.1:$UPSTREAM_PORT"
 
 bin/upstream migrate >/dev/null
 bin/upstream serve --addr "$UPSTREAM_ADDR" >"$stack/upstream.log" 2>&1 &
