@@ -5,8 +5,13 @@
 #   OUTPUT=/path/caddy ./xcaddy.sh
 #
 # Platform teams building their own Caddy do the same with
-#   xcaddy build v2.11.9 --with github.com/keygate/keygate@<version>
+#   xcaddy build v2.11.9 --with github.com/keygate/keygate/caddymodule@<version>
 # xcaddy is pinned as a Go tool in go.mod, so `go tool xcaddy` needs no install.
+#
+# The plugin is the package caddymodule, inside the module github.com/keygate/keygate:
+# --with names the package (xcaddy imports it), --replace points the whole module at
+# this working tree (a replacement given with --with would apply to the package path,
+# which is not a module).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -15,8 +20,27 @@ cd "$(dirname "$0")"
 CADDY_VERSION=${CADDY_VERSION:-v2.11.9}
 OUTPUT=${OUTPUT:-bin/caddy}
 
+# Importing the plugin package makes `go get` ask whether
+# github.com/keygate/keygate/caddymodule is a module of its own, although the
+# replacement below (this tree) is what gets built. A module proxy that answers with an
+# error rather than "not found" (403 behind some filtering proxies), or a "direct" VCS
+# lookup that cannot reach github.com, stops the build. So the build asks the
+# configured proxies only, and takes any error of theirs as "not found" ('|' and a
+# final 'off'). Everything it downloads (Caddy and its dependencies) is on the proxy.
+proxies=$(go env GOPROXY | tr ',|' '\n\n' | grep -vx -e direct -e off | paste -sd '|' - || true)
+if [ -n "$proxies" ]; then
+	export GOPROXY="$proxies|off"
+fi
+
 mkdir -p "$(dirname "$OUTPUT")"
 # XCADDY_SKIP_CLEANUP=0 removes xcaddy's temporary build folder afterwards.
 XCADDY_SKIP_CLEANUP=0 go tool xcaddy build "$CADDY_VERSION" \
-	--with "github.com/keygate/keygate=$PWD" \
+	--with github.com/keygate/keygate/caddymodule \
+	--replace "github.com/keygate/keygate=$PWD" \
 	--output "$OUTPUT"
+
+# The build must contain the module; fail here rather than at the first config load.
+if ! "$OUTPUT" list-modules | grep -x 'http.handlers.v1_gateway' >/dev/null; then
+	echo "xcaddy.sh: $OUTPUT lacks http.handlers.v1_gateway" >&2
+	exit 1
+fi

@@ -1,0 +1,122 @@
+package caddymodule
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("v1_gateway", parseCaddyfile)
+	// Ordered like an authentication handler, so that a Caddyfile works without a
+	// global `order` option; an explicit `order v1_gateway before reverse_proxy`
+	// still takes precedence.
+	httpcaddyfile.RegisterDirectiveOrder("v1_gateway", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// parseCaddyfile sets up the handler from Caddyfile tokens.
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	g := new(Handler)
+	err := g.UnmarshalCaddyfile(h.Dispenser)
+	return g, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	v1_gateway [<matcher>] {
+//	    database_url     <url>
+//	    redis_url        <url>
+//	    key_prefix       <prefix>
+//	    gateway_secret   <secret>
+//	    strip_fields     <name...>
+//	    limiter_failure  open|closed
+//	    database_timeout <duration>
+//	    redis_timeout    <duration>
+//	}
+//
+// database_url and gateway_secret are required, typically as {env.DATABASE_URL} and
+// {env.GATEWAY_SECRET}. strip_fields takes one or more names and may be repeated; the
+// names of all its lines together replace the default list. Every other option takes
+// exactly one argument and may appear once.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	if d.NextArg() {
+		return d.ArgErr() // options go in the block
+	}
+
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt == "strip_fields" {
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return d.ArgErr()
+			}
+			if h.StripFields == nil {
+				h.StripFields = make([]string, 0, len(names))
+			}
+			h.StripFields = append(h.StripFields, names...)
+			continue
+		}
+
+		var arg string
+		if !d.Args(&arg) {
+			return d.ArgErr()
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		switch opt {
+		case "database_url":
+			if h.DatabaseURL != "" {
+				return d.Err("database_url already specified")
+			}
+			h.DatabaseURL = arg
+		case "redis_url":
+			if h.RedisURL != "" {
+				return d.Err("redis_url already specified")
+			}
+			h.RedisURL = arg
+		case "key_prefix":
+			if h.KeyPrefix != "" {
+				return d.Err("key_prefix already specified")
+			}
+			h.KeyPrefix = arg
+		case "gateway_secret":
+			if h.GatewaySecret != "" {
+				return d.Err("gateway_secret already specified")
+			}
+			h.GatewaySecret = arg
+		case "limiter_failure":
+			if h.LimiterFailure != "" {
+				return d.Err("limiter_failure already specified")
+			}
+			if arg != limiterFailureOpen && arg != limiterFailureClosed {
+				return d.Errf("limiter_failure must be open or closed, not %q", arg)
+			}
+			h.LimiterFailure = arg
+		case "database_timeout", "redis_timeout":
+			dur, err := caddy.ParseDuration(arg)
+			if err != nil {
+				return d.Errf("parsing %s: %v", opt, err)
+			}
+			if dur <= 0 {
+				return d.Errf("%s must be positive", opt)
+			}
+			target := &h.DatabaseTimeout
+			if opt == "redis_timeout" {
+				target = &h.RedisTimeout
+			}
+			if *target != 0 {
+				return d.Errf("%s already specified", opt)
+			}
+			*target = caddy.Duration(dur)
+		default:
+			return d.Errf("unrecognized subdirective %s", opt)
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

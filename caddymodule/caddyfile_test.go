@@ -1,0 +1,332 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+var updateAdapt = flag.Bool("update-adapt", false, "rewrite the expected JSON of testdata/caddyfile_adapt")
+
+func TestUnmarshalCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  Handler
+	}{
+		{
+			name: "every option",
+			input: `v1_gateway {
+				database_url     {env.DATABASE_URL}
+				redis_url        redis://127.0.0.1:6379/0
+				key_prefix       acme
+				gateway_secret   {env.GATEWAY_SECRET}
+				strip_fields     config assertions
+				limiter_failure  closed
+				database_timeout 1500ms
+				redis_timeout    150ms
+			}`,
+			want: Handler{
+				DatabaseURL:     "{env.DATABASE_URL}",
+				RedisURL:        "redis://127.0.0.1:6379/0",
+				KeyPrefix:       "acme",
+				GatewaySecret:   "{env.GATEWAY_SECRET}",
+				StripFields:     []string{"config", "assertions"},
+				LimiterFailure:  "closed",
+				DatabaseTimeout: caddy.Duration(1500 * time.Millisecond),
+				RedisTimeout:    caddy.Duration(150 * time.Millisecond),
+			},
+		},
+		{
+			name: "required options only",
+			input: `v1_gateway {
+				database_url postgres://db/keys
+				gateway_secret s
+			}`,
+			want: Handler{DatabaseURL: "postgres://db/keys", GatewaySecret: "s"},
+		},
+		{
+			name: "strip_fields on several lines add up",
+			input: `v1_gateway {
+				strip_fields config
+				strip_fields assertions org_id
+			}`,
+			want: Handler{StripFields: []string{"config", "assertions", "org_id"}},
+		},
+		{
+			name:  "empty block",
+			input: "v1_gateway {\n}",
+			want:  Handler{},
+		},
+		{
+			name: "durations in days",
+			input: `v1_gateway {
+				database_timeout 1d
+			}`,
+			want: Handler{DatabaseTimeout: caddy.Duration(24 * time.Hour)},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got Handler
+			if err := got.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatalf("UnmarshalCaddyfile: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, input, want string
+		line              int
+	}{
+		{"unknown subdirective", "v1_gateway {\n\tdatabase_url x\n\tdatabse_url y\n}", "unrecognized subdirective databse_url", 3},
+		{"missing argument", "v1_gateway {\n\tdatabase_url\n}", "wrong argument count", 2},
+		{"extra argument", "v1_gateway {\n\tkey_prefix mon acme\n}", "wrong argument count", 2},
+		{"duplicate", "v1_gateway {\n\tgateway_secret a\n\tgateway_secret b\n}", "gateway_secret already specified", 3},
+		{"duplicate database_url", "v1_gateway {\n\tdatabase_url a\n\tdatabase_url b\n}", "database_url already specified", 3},
+		{"duplicate timeout", "v1_gateway {\n\tredis_timeout 1s\n\tredis_timeout 2s\n}", "redis_timeout already specified", 3},
+		{"unknown limiter_failure", "v1_gateway {\n\tlimiter_failure maybe\n}", `limiter_failure must be open or closed, not "maybe"`, 2},
+		{"bad duration", "v1_gateway {\n\n\tdatabase_timeout soon\n}", "parsing database_timeout", 3},
+		{"zero duration", "v1_gateway {\n\tredis_timeout 0s\n}", "redis_timeout must be positive", 2},
+		{"strip_fields without names", "v1_gateway {\n\tstrip_fields\n}", "wrong argument count", 2},
+		{"arguments on the directive", "v1_gateway postgres://x {\n}", "wrong argument count", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h Handler
+			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+			at := ", at Testfile:" + strconv.Itoa(tc.line)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasSuffix(err.Error(), at) {
+				t.Errorf("error %v, want %q…%s", err, tc.want, at)
+			}
+		})
+	}
+}
+
+// TestCaddyfileAdapt adapts every testdata/caddyfile_adapt/*.caddyfiletest, in the
+// format of Caddy's own adapt tests: a Caddyfile, a line of ten dashes, then the JSON
+// it adapts to, or the text of the error it must fail with.
+func TestCaddyfileAdapt(t *testing.T) {
+	files, err := filepath.Glob("testdata/caddyfile_adapt/*.caddyfiletest")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no adapt tests: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			input, expected, ok := strings.Cut(string(data), "----------")
+			if !ok {
+				t.Fatal("no ---------- line")
+			}
+			input, expected = strings.TrimSpace(input)+"\n", strings.TrimSpace(expected)
+			if expected == "" || expected[0] != '{' {
+				_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), nil)
+				if err == nil || !strings.Contains(err.Error(), expected) {
+					t.Errorf("adapt error %v, want %q", err, expected)
+				}
+				return
+			}
+			if *updateAdapt {
+				out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(input), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var pretty bytes.Buffer
+				if err := json.Indent(&pretty, out, "", "\t"); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(file, []byte(input+"----------\n"+pretty.String()+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			caddytest.AssertAdapt(t, input, "caddyfile", expected)
+		})
+	}
+}
+
+// TestExampleCaddyfile checks that Caddyfile.example adapts, that its JSON holds the
+// gateway as the contract shows it, and that the JSON loads back into a Handler equal
+// to the one the Caddyfile describes: the two syntaxes say the same.
+func TestExampleCaddyfile(t *testing.T) {
+	input, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(input, nil)
+	if err != nil {
+		t.Fatalf("adapting Caddyfile.example: %v", err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: line %d: %s: %s", w.Line, w.Directive, w.Message)
+	}
+	raw := findHandler(t, out)
+	var h Handler
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	dec.DisallowUnknownFields()
+	var withName struct {
+		Handler string `json:"handler"`
+		Handler2
+	}
+	if err := dec.Decode(&withName); err != nil {
+		t.Fatalf("decoding %s: %v", raw, err)
+	}
+	h = Handler(withName.Handler2)
+	want := Handler{
+		DatabaseURL:     "{env.DATABASE_URL}",
+		RedisURL:        "{env.REDIS_URL}",
+		KeyPrefix:       "mon",
+		GatewaySecret:   "{env.GATEWAY_SECRET}",
+		StripFields:     defaultStripFields,
+		LimiterFailure:  "open",
+		DatabaseTimeout: caddy.Duration(2 * time.Second),
+		RedisTimeout:    caddy.Duration(200 * time.Millisecond),
+	}
+	if !reflect.DeepEqual(h, want) {
+		t.Errorf("the example's gateway is\n%+v\nwant\n%+v", h, want)
+	}
+	// And back: the JSON of that Handler is the adapted JSON.
+	again, err := json.Marshal(struct {
+		Handler string `json:"handler"`
+		Handler2
+	}{"v1_gateway", Handler2(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !jsonEqual(t, again, raw) {
+		t.Errorf("round trip:\n%s\nvs\n%s", again, raw)
+	}
+}
+
+// Handler2 is Handler without its methods, for embedding next to "handler".
+type Handler2 Handler
+
+// findHandler returns the JSON of the first v1_gateway handler in a config.
+func findHandler(t *testing.T, cfg []byte) json.RawMessage {
+	t.Helper()
+	var found json.RawMessage
+	var walk func(json.RawMessage)
+	walk = func(raw json.RawMessage) {
+		if found != nil {
+			return
+		}
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(raw, &obj) == nil {
+			if string(obj["handler"]) == `"v1_gateway"` {
+				found = raw
+				return
+			}
+			for _, v := range obj {
+				walk(v)
+			}
+			return
+		}
+		var arr []json.RawMessage
+		if json.Unmarshal(raw, &arr) == nil {
+			for _, v := range arr {
+				walk(v)
+			}
+		}
+	}
+	walk(cfg)
+	if found == nil {
+		t.Fatalf("no v1_gateway handler in %s", cfg)
+	}
+	return found
+}
+
+func jsonEqual(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal(a, &x); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &y); err != nil {
+		t.Fatal(err)
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+// TestExampleCaddyfileServes runs Caddyfile.example itself against the test
+// database, Redis and upstream: the operator's config does what the README says.
+func TestExampleCaddyfileServes(t *testing.T) {
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	up := newUpstream(t)
+	listen := freeAddr(t)
+	t.Setenv("GATEWAY_ADDR", "http://"+listen)
+	t.Setenv("UPSTREAM_ADDR", up.addr())
+	t.Setenv("DATABASE_URL", d.url)
+	t.Setenv("REDIS_URL", redisURL(t))
+	t.Setenv("GATEWAY_SECRET", testSecret)
+
+	input, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(input, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example logs to stderr; keep the test output quiet.
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	cfg = []byte(strings.Replace(string(cfg), `"logging":{"logs":{"default":{`,
+		`"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"writer":{"output":"file","filename":`+strconv.Quote(logPath)+`},`, 1))
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading the example: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	gw := &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{Timeout: 10 * time.Second}}
+
+	res, body := gw.get(t, "/v1/me", key)
+	if res.StatusCode != http.StatusOK || res.Header.Get("Ratelimit-Policy") == "" {
+		t.Errorf("GET /v1/me = %d %q %s", res.StatusCode, res.Header, body)
+	}
+	res, body = gw.get(t, "/v1/monitors", key)
+	if res.StatusCode != http.StatusOK || strings.Contains(string(body), `"config"`) {
+		t.Errorf("GET /v1/monitors = %d %s", res.StatusCode, body)
+	}
+	res, body = gw.do(t, "GET", "/v1/me", "", nil, "")
+	wantJSONError(t, res, body, http.StatusUnauthorized, wantUnauthenticated)
+	// A key in the query string does not authenticate, and is not logged.
+	res, body = gw.do(t, "GET", "/v1/me?api_key="+key+"&access_token="+key, "", nil, "")
+	wantJSONError(t, res, body, http.StatusUnauthorized, wantUnauthenticated)
+	// The dashboard route goes straight to the upstream, credentials and all.
+	res, body = gw.do(t, "GET", "/v1x/echo", "", http.Header{"Cookie": {"session=abc"}}, "")
+	if res.StatusCode != http.StatusNotFound || up.requests() != 2 { // /v1/monitors and this one
+		t.Errorf("dashboard route = %d %s; upstream saw %d requests", res.StatusCode, body, up.requests())
+	}
+	// The gateway secret stays out of the log even when the proxy logs headers.
+	if res, err := gw.client.Do(mustRequest(t, gw.base+"/v1/invalid-json", key)); err == nil {
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+	}
+	time.Sleep(100 * time.Millisecond)
+	log, _ := os.ReadFile(logPath)
+	if !strings.Contains(string(log), "aborting with incomplete response") || !strings.Contains(string(log), `"logger":"http.log.access`) ||
+		strings.Contains(string(log), testSecret) || strings.Contains(string(log), key) {
+		t.Errorf("log:\n%s", log)
+	}
+}

@@ -1,0 +1,496 @@
+// Package caddymodule is the Caddy module v1_gateway (http.handlers.v1_gateway): the
+// public /v1 API contract enforced at the edge. For every request it checks the API
+// key against PostgreSQL, the organisation's API access, a per-key rate limit and the
+// key's role, answers GET /v1/me itself, and hands everything else to the next
+// handler (the reverse proxy to the upstream) with the caller's identity asserted in
+// X-Gateway-* headers, filtering the fields named in strip_fields out of every JSON
+// response.
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults of the options.
+const (
+	defaultDatabaseTimeout = 2 * time.Second
+	defaultRedisTimeout    = 200 * time.Millisecond
+	limiterFailureOpen     = "open"
+	limiterFailureClosed   = "closed"
+)
+
+// defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
+var defaultStripFields = []string{"config", "assertions", "config_version", "paused_reason", "org_id", "deleted_at"}
+
+// Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides,
+// in this order, and the first that applies answers:
+//
+//  1. credentials: exactly one `Authorization: Bearer <key>` header with a well-formed
+//     key; anything else is 401;
+//  2. the key, looked up in PostgreSQL on this very request: unknown, revoked, expired
+//     or a wrong secret is the same 401;
+//  3. API access: a plan with api_rate_limit 0 is 403 feature_gated;
+//  4. the per-key rate limit: over budget is 429 rate_limited;
+//  5. the role: a Viewer key writing is 403 forbidden;
+//  6. GET (or HEAD) /v1/me is answered here;
+//  7. everything else goes to the next handler without the client's Authorization,
+//     Cookie and X-Gateway-* headers, with X-Gateway-Org-Id, X-Gateway-Key-Id,
+//     X-Gateway-Key-Role and X-Gateway-Secret added, and its JSON responses lose the
+//     strip_fields members.
+//
+// The module expects to see full paths: use it under `handle /v1/*`, not
+// `handle_path /v1/*` (which strips the prefix, so that /v1/me would not be
+// recognised and the upstream would get paths without /v1).
+//
+// A PostgreSQL that fails or is slower than database_timeout answers 503
+// service_unavailable, never 401 and never lets a request through. A Redis that fails
+// is decided by limiter_failure. An upstream that is down or times out answers 502
+// bad_gateway or 504 gateway_timeout. Every error the module answers is
+// application/json with a string field "error".
+//
+// The module sets the placeholders {http.auth.user.id} (the key id, which Caddy's
+// access log shows as user_id), {http.auth.user.org_id} and {http.auth.user.role}.
+type Handler struct {
+	// DatabaseURL is the postgres:// URL of the database holding the API keys and
+	// plans, queried on every request. Placeholders such as {env.DATABASE_URL} are
+	// replaced when the config is loaded. pgxpool's URL parameters tune the pool,
+	// for example pool_max_conns=32 (pgxpool's default is 4 or the number of CPUs,
+	// whichever is greater). The pool is shared by every handler with the same URL
+	// and survives config reloads. Required.
+	DatabaseURL string `json:"database_url,omitempty"`
+
+	// RedisURL is the redis:// (or rediss://) URL of the Redis counting requests per
+	// key, shared by every gateway instance using it, so that a key has one budget
+	// however many instances serve it. Placeholders are replaced at load. Without it,
+	// counts are kept in this process only, which is right for a single instance.
+	// Default: none (in-process counts)
+	RedisURL string `json:"redis_url,omitempty"`
+
+	// KeyPrefix is the prefix of the API keys, the <key_prefix> of
+	// <key_prefix>_live_<keyId>.<secret>; it must match [a-z][a-z0-9]{0,15}.
+	// Default: mon
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// GatewaySecret is sent to the upstream in X-Gateway-Secret on every proxied
+	// request; the upstream refuses /v1 requests without it. Placeholders such as
+	// {env.GATEWAY_SECRET} are replaced at load; it must not end up empty. Required.
+	GatewaySecret string `json:"gateway_secret,omitempty"`
+
+	// StripFields are the member names removed from every JSON response of the
+	// upstream, at any depth (in objects, in arrays, in objects in arrays …). Names
+	// are matched exactly, after JSON escapes are decoded. Setting it replaces the
+	// default list; name the defaults again to keep them.
+	// Default: config assertions config_version paused_reason org_id deleted_at
+	StripFields []string `json:"strip_fields,omitempty"`
+
+	// LimiterFailure is what happens to a request of a rate-limited key while Redis
+	// cannot count it (unreachable, or slower than redis_timeout): "open" lets it
+	// through without RateLimit headers, "closed" answers 503 service_unavailable.
+	// Default: open
+	LimiterFailure string `json:"limiter_failure,omitempty"`
+
+	// DatabaseTimeout bounds the key lookup of a request, including waiting for and
+	// dialing a connection; a lookup that takes longer answers 503
+	// service_unavailable. Default: 2s
+	DatabaseTimeout caddy.Duration `json:"database_timeout,omitempty"`
+
+	// RedisTimeout bounds the rate-limit count of a request in Redis (dial, pool
+	// wait, write and read, with no retry); a count that takes longer is a limiter
+	// failure, decided by limiter_failure. Default: 200ms
+	RedisTimeout caddy.Duration `json:"redis_timeout,omitempty"`
+
+	// The runtime state, built by Provision.
+	databaseURL string // DatabaseURL with placeholders replaced
+	redisURL    string
+	secret      string
+	format      keystore.Format
+	fields      *fieldSet
+	verifier    Verifier
+	limiter     limiter.Limiter
+	usesRedis   bool
+	failClosed  bool
+	poolKeys    []string    // what to give back to pools in Cleanup
+	logger      *zap.Logger // from ctx.Logger()
+	sampled     *zap.Logger // logger, at most one entry a second per message, for failures that come in floods
+}
+
+// Verifier looks a presented key up: keystore.Store does, and anything that batches
+// lookups may. It keeps "rejected" apart from "broken": a malformed, unknown, revoked
+// or expired key or a wrong secret is (Key{}, false, nil), a lookup that could not be
+// made is an error. The first answers 401, the second 503.
+type Verifier interface {
+	Verify(ctx context.Context, presented string) (keystore.Key, bool, error)
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.v1_gateway",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision applies the defaults, replaces placeholders, and takes its PostgreSQL
+// pool and Redis client (or the in-process limiter) from the pools shared across
+// config reloads. It checks the options first (see Validate), so that a config that
+// will be refused does not dial anything.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.sampled = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
+	}))
+
+	if h.KeyPrefix == "" {
+		h.KeyPrefix = keystore.DefaultPrefix
+	}
+	if h.LimiterFailure == "" {
+		h.LimiterFailure = limiterFailureOpen
+	}
+	if h.DatabaseTimeout == 0 {
+		h.DatabaseTimeout = caddy.Duration(defaultDatabaseTimeout)
+	}
+	if h.RedisTimeout == 0 {
+		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)
+	}
+	if h.StripFields == nil {
+		h.StripFields = slices.Clone(defaultStripFields)
+	}
+
+	// ReplaceKnown, not ReplaceAll: a password with braces in it is not a
+	// placeholder and must survive.
+	repl := caddy.NewReplacer()
+	h.databaseURL = repl.ReplaceKnown(h.DatabaseURL, "")
+	h.redisURL = repl.ReplaceKnown(h.RedisURL, "")
+	h.secret = repl.ReplaceKnown(h.GatewaySecret, "")
+
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	h.format, _ = keystore.NewFormat(h.KeyPrefix) // valid: checked by Validate
+	h.fields = newFieldSet(h.StripFields)
+	h.failClosed = h.LimiterFailure == limiterFailureClosed
+	for _, name := range defaultStripFields {
+		if !slices.Contains(h.StripFields, name) {
+			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
+				zap.String("field", name))
+		}
+	}
+
+	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), h.logger)
+	if err != nil {
+		return err
+	}
+	h.poolKeys = append(h.poolKeys, key)
+	h.verifier = keystore.New(pool, h.format)
+
+	if h.redisURL != "" {
+		client, key, err := loadRedis(h.redisURL, time.Duration(h.RedisTimeout), h.logger)
+		if err != nil {
+			return err
+		}
+		h.poolKeys = append(h.poolKeys, key)
+		h.limiter = limiter.NewRedis(client)
+		h.usesRedis = true
+	} else {
+		lim, key := loadLocalLimiter()
+		h.poolKeys = append(h.poolKeys, key)
+		h.limiter = lim
+	}
+	return nil
+}
+
+// Validate checks the options. Caddy calls it after Provision, which has applied the
+// defaults and replaced the placeholders, so it sees the values that will be used.
+// It is fast and dials nothing.
+func (h *Handler) Validate() error {
+	if h.DatabaseURL == "" {
+		return errors.New("database_url is required")
+	}
+	if strings.TrimSpace(h.databaseURL) == "" {
+		return fmt.Errorf("database_url %q is empty once its placeholders are replaced (is the environment variable set?)", h.DatabaseURL)
+	}
+	if h.RedisURL != "" && strings.TrimSpace(h.redisURL) == "" {
+		return fmt.Errorf("redis_url %q is empty once its placeholders are replaced (is the environment variable set?); remove redis_url to count in-process", h.RedisURL)
+	}
+	if h.GatewaySecret == "" {
+		return errors.New("gateway_secret is required: the upstream refuses /v1 requests without it")
+	}
+	if h.secret == "" {
+		return fmt.Errorf("gateway_secret %q is empty once its placeholders are replaced (is the environment variable set?)", h.GatewaySecret)
+	}
+	if !httpguts.ValidHeaderFieldValue(h.secret) || strings.TrimSpace(h.secret) != h.secret {
+		return errors.New("gateway_secret must be a valid header value: no control characters, no leading or trailing whitespace")
+	}
+	if !keystore.ValidPrefix(h.KeyPrefix) {
+		return fmt.Errorf("key_prefix %q: must match [a-z][a-z0-9]{0,15}", h.KeyPrefix)
+	}
+	if h.LimiterFailure != limiterFailureOpen && h.LimiterFailure != limiterFailureClosed {
+		return fmt.Errorf("limiter_failure %q: must be open or closed", h.LimiterFailure)
+	}
+	if h.DatabaseTimeout < 0 {
+		return fmt.Errorf("database_timeout %s: must be positive", time.Duration(h.DatabaseTimeout))
+	}
+	if h.RedisTimeout < 0 {
+		return fmt.Errorf("redis_timeout %s: must be positive", time.Duration(h.RedisTimeout))
+	}
+	if len(h.StripFields) == 0 {
+		return errors.New("strip_fields: at least one name is required")
+	}
+	for _, name := range h.StripFields {
+		if name == "" {
+			return errors.New("strip_fields: names must not be empty")
+		}
+	}
+	return nil
+}
+
+// Cleanup gives back the pools Provision took; the last handler using one closes
+// it. It tolerates a Provision that stopped half-way.
+func (h *Handler) Cleanup() error {
+	var errs []error
+	for _, key := range h.poolKeys {
+		if _, err := pools.Delete(key); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	h.poolKeys = nil
+	return errors.Join(errs...)
+}
+
+// ServeHTTP decides in the order of CONTRACT §2; see Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// 1. Credentials.
+	presented, ok := bearerKey(r.Header, h.format)
+	if !ok {
+		writeUnauthenticated(w)
+		return nil
+	}
+
+	// 2. The key, on this very request.
+	key, ok, err := h.verify(r.Context(), presented)
+	if err != nil {
+		h.lookupFailed(r, err)
+		writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
+		return nil
+	}
+	if !ok {
+		writeUnauthenticated(w)
+		return nil
+	}
+	setIdentityPlaceholders(r, key)
+
+	// 3. API access.
+	if key.RateLimit == 0 {
+		writeJSON(w, http.StatusForbidden, bodyFeatureGated)
+		return nil
+	}
+
+	// 4. Rate limit: every request that got here with a positive limit counts.
+	var rl limiter.Result
+	counted := false
+	if key.RateLimit > 0 {
+		rl, err = h.allow(r.Context(), key)
+		switch {
+		case err != nil && h.failClosed:
+			h.limiterFailed(key, err)
+			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
+			return nil
+		case err != nil:
+			h.limiterFailed(key, err) // open: through, without RateLimit headers
+		default:
+			counted = true
+			setRateLimitHeaders(w.Header(), rl)
+			if !rl.Allowed {
+				if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
+					c.Write(zap.String("key_id", key.ID), zap.Int("limit", rl.Limit))
+				}
+				writeRateLimited(w, rl)
+				return nil
+			}
+		}
+	}
+
+	// 5. Role. Only Admin and Editor write: a role the gateway does not know (the
+	// database allows none) reads only, rather than writes.
+	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
+		writeJSON(w, http.StatusForbidden, bodyForbidden)
+		return nil
+	}
+
+	// 6. GET /v1/me, answered here.
+	if r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		writeMe(w, key)
+		return nil
+	}
+
+	// 7. Proxy.
+	return h.proxy(w, r, next, key, counted, rl)
+}
+
+// verify looks the key up within database_timeout.
+func (h *Handler) verify(ctx context.Context, presented string) (keystore.Key, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.DatabaseTimeout))
+	defer cancel()
+	return h.verifier.Verify(ctx, presented)
+}
+
+// allow counts the request in the limiter, within redis_timeout for Redis.
+func (h *Handler) allow(ctx context.Context, key keystore.Key) (limiter.Result, error) {
+	if !h.usesRedis {
+		return h.limiter.Allow(ctx, key.ID, key.RateLimit)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.RedisTimeout))
+	defer cancel()
+	return h.limiter.Allow(ctx, key.ID, key.RateLimit)
+}
+
+// proxy is step 7: the request goes on with the gateway's identity headers and its
+// response comes back through a proxyWriter.
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, counted bool, rl limiter.Result) error {
+	hdr := r.Header
+	for name := range hdr {
+		if len(name) >= len("X-Gateway-") && asciiEqualFold(name[:len("X-Gateway-")], "x-gateway-") {
+			delete(hdr, name)
+		}
+	}
+	delete(hdr, "Authorization")
+	delete(hdr, "Cookie")
+	// The upstream answers uncompressed, so that its JSON can be filtered as it
+	// streams (identity rather than no header: without one, Go's transport would ask
+	// for gzip itself); and whole, since a byte range of a JSON document cannot be
+	// filtered.
+	hdr["Accept-Encoding"] = []string{"identity"}
+	delete(hdr, "Range")
+	delete(hdr, "If-Range")
+	hdr["X-Gateway-Org-Id"] = []string{key.OrgID}
+	hdr["X-Gateway-Key-Id"] = []string{key.ID}
+	hdr["X-Gateway-Key-Role"] = []string{string(key.Role)}
+	hdr["X-Gateway-Secret"] = []string{h.secret}
+
+	pw := newProxyWriter(w, h, r, counted, rl)
+	defer pw.release()
+	err := next.ServeHTTP(pw, r)
+	if err != nil {
+		return h.nextFailed(w, pw, r, err)
+	}
+	if err := pw.finish(); err != nil {
+		// The status and part of the body are out: all that is left is to cut the
+		// response short, so that the client sees it is incomplete.
+		if c := h.sampled.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
+			c.Write(zap.String("key_id", key.ID), zap.String("uri", r.RequestURI), zap.Error(err))
+		}
+		panic(http.ErrAbortHandler)
+	}
+	return nil
+}
+
+// nextFailed turns an error returned by the next handler (a dead or slow upstream)
+// into the contract's JSON answer, if nothing has been written yet.
+func (h *Handler) nextFailed(w http.ResponseWriter, pw *proxyWriter, r *http.Request, err error) error {
+	// The reverse proxy's errors carry their status (502 for an upstream it cannot
+	// reach, 504 for one that timed out); any other error is the server's own.
+	status := http.StatusInternalServerError
+	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
+		status = he.StatusCode
+	}
+	if pw.mode != modeUndecided {
+		return err // a response is already under way; Caddy decides
+	}
+	lvl := zapcore.ErrorLevel
+	if status == 499 {
+		lvl = zapcore.DebugLevel // the client went away
+	}
+	if c := h.sampled.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
+		c.Write(zap.Int("status", status), zap.String("uri", r.RequestURI), zap.Error(err))
+	}
+	hdr := w.Header()
+	if pw.counted {
+		setRateLimitHeaders(hdr, pw.rl) // replaces any the upstream's headers added
+	}
+	for _, name := range []string{"Content-Encoding", "Content-Range", "Accept-Ranges", "Etag", "Last-Modified"} {
+		hdr.Del(name)
+	}
+	writeJSON(w, status, statusBody(status))
+	return nil
+}
+
+// writeMe answers GET /v1/me: {"org_id":"…","role":"…"}.
+func writeMe(w http.ResponseWriter, key keystore.Key) {
+	b := make([]byte, 0, 96)
+	b = append(b, `{"org_id":`...)
+	b = appendJSONString(b, key.OrgID)
+	b = append(b, `,"role":`...)
+	b = appendJSONString(b, string(key.Role))
+	b = append(b, '}')
+	writeJSON(w, http.StatusOK, b)
+}
+
+// setIdentityPlaceholders makes the key's identity available to the rest of the
+// config and to Caddy's access log (user_id), never the key itself.
+func setIdentityPlaceholders(r *http.Request, key keystore.Key) {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return
+	}
+	repl.Set("http.auth.user.id", key.ID)
+	repl.Set("http.auth.user.org_id", key.OrgID)
+	repl.Set("http.auth.user.role", string(key.Role))
+}
+
+// lookupFailed logs a key lookup that PostgreSQL could not answer, at most once a
+// second: a dead database fails every request.
+func (h *Handler) lookupFailed(r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away; not PostgreSQL's fault
+	}
+	if c := h.sampled.Check(zapcore.ErrorLevel, "key lookup failed; answering 503"); c != nil {
+		c.Write(zap.Error(err))
+	}
+}
+
+// limiterFailed logs a count that Redis could not make, at most once a second.
+func (h *Handler) limiterFailed(key keystore.Key, err error) {
+	msg := "rate limiter failed; letting the request through (limiter_failure open)"
+	if h.failClosed {
+		msg = "rate limiter failed; answering 503 (limiter_failure closed)"
+	}
+	if c := h.sampled.Check(zapcore.WarnLevel, msg); c != nil {
+		c.Write(zap.String("key_id", key.ID), zap.Error(err))
+	}
+}
+
+// readOnlyMethod reports whether a Viewer key may use method.
+func readOnlyMethod(method string) bool {
+	return method == http.MethodGet || method == http.MethodHead || method == http.MethodOptions
+}
+
+// Interface guards
+var (
+	_ caddy.Module                = (*Handler)(nil)
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler       = (*Handler)(nil)
+	_ Verifier                    = (*keystore.Store)(nil)
+)

@@ -1,0 +1,325 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var testFields = newFieldSet(defaultStripFields)
+
+// filterAll runs in through a filter in chunks of chunk bytes (all at once for 0).
+func filterAll(t testing.TB, in []byte, fields *fieldSet, chunk int) ([]byte, error) {
+	t.Helper()
+	var out bytes.Buffer
+	f := newJSONFilter(&out, fields, false)
+	defer putJSONFilter(f)
+	if chunk <= 0 {
+		chunk = len(in) + 1
+	}
+	for len(in) > 0 {
+		n := min(chunk, len(in))
+		if _, err := f.Write(in[:n]); err != nil {
+			return out.Bytes(), err
+		}
+		in = in[n:]
+	}
+	return out.Bytes(), f.Close()
+}
+
+func TestJSONFilterRemovesFieldsAtAnyDepth(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"flat object", `{"id":1,"config":{"a":1},"name":"x"}`, `{"id":1,"name":"x"}`},
+		{"first member", `{"config":1,"id":2}`, `{"id":2}`},
+		{"last member", `{"id":2,"config":1}`, `{"id":2}`},
+		{"only member", `{"config":1}`, `{}`},
+		{"every member", `{"config":1,"assertions":[],"org_id":"o"}`, `{}`},
+		{"consecutive members", `{"a":1,"config":1,"assertions":2,"b":3}`, `{"a":1,"b":3}`},
+		{"objects in an array in an object",
+			`{"data":[{"id":"m1","config":{"x":[1,{"config":2}]},"assertions":[{"a":1}],"name":"n"},{"org_id":"o","id":"m2"}],"next_cursor":null}`,
+			`{"data":[{"id":"m1","name":"n"},{"id":"m2"}],"next_cursor":null}`},
+		{"top-level array", `[{"config":1},{"deleted_at":null,"paused":false}]`, `[{},{"paused":false}]`},
+		{"deeply nested", `{"a":{"b":{"c":[[{"d":{"config":true,"e":1}}]]}}}`, `{"a":{"b":{"c":[[{"d":{"e":1}}]]}}}`},
+		{"name as a value is kept", `{"name":"config","tags":["config","org_id"]}`, `{"name":"config","tags":["config","org_id"]}`},
+		{"escaped name", `{"\u0063onfig":1,"id":2}`, `{"id":2}`},
+		{"escaped name, escaped slash", `{"org\u005fid":"o","a\/b":1}`, `{"a\/b":1}`},
+		{"name differing in case is kept", `{"Config":1}`, `{"Config":1}`},
+		{"prefix of a name is kept", `{"conf":1,"configs":2}`, `{"conf":1,"configs":2}`},
+		{"string values with escapes and braces", `{"a":"}\"{,","config":"\"}]","b":"\\"}`, `{"a":"}\"{,","b":"\\"}`},
+		{"whitespace kept around kept members",
+			"{\n  \"id\": 1,\n  \"config\": {\n    \"x\": 1\n  },\n  \"name\": \"n\"\n}",
+			"{\n  \"id\": 1,\n  \"name\": \"n\"\n}"},
+		{"whitespace before a removed first member", "{ \"config\" : 1 , \"a\" : 2 }", "{ \"a\" : 2 }"},
+		{"whitespace around a removed last member", "{ \"a\" : 2 , \"config\" : 1 }", "{ \"a\" : 2 }"},
+		{"numbers and literals", `{"a":-1.5e+10,"config":0,"b":[true,false,null,0,12,3.25,1E3]}`, `{"a":-1.5e+10,"b":[true,false,null,0,12,3.25,1E3]}`},
+		{"scalar document", `"config"`, `"config"`},
+		{"empty body", ``, ``},
+		{"several documents (NDJSON)", "{\"config\":1,\"a\":1}\n{\"b\":2,\"org_id\":3}\n", "{\"a\":1}\n{\"b\":2}\n"},
+		{"long names are streamed", `{"` + strings.Repeat("k", 500) + `":1,"config":2}`, `{"` + strings.Repeat("k", 500) + `":1}`},
+		{"non-ASCII names", `{"é":1,"config":2,"日本":3}`, `{"é":1,"日本":3}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, chunk := range []int{0, 1, 2, 3, 7} {
+				got, err := filterAll(t, []byte(tc.in), testFields, chunk)
+				if err != nil {
+					t.Fatalf("chunk %d: error %v", chunk, err)
+				}
+				if string(got) != tc.want {
+					t.Fatalf("chunk %d:\n got %s\nwant %s", chunk, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestJSONFilterRefusesInvalidJSON(t *testing.T) {
+	for _, in := range []string{
+		`{"a":1`, `{"a":1,}`, `[1,]`, `{"a" 1}`, `{a:1}`, `{"a":tru}`, `{"a":01}`, `{"a":1.}`,
+		`{"a":-}`, `{"a":1e}`, `{"a":"\x"}`, `{"a":"\u12"}`, "{\"a\":\"\n\"}", `]`, `{"a":1]`,
+		`[1}`, `{"config":[1,2}`, `{"config":{"a":1]}`, `"abc`, `nul`, `{} x`, "\ufeff{}",
+		`{"config"}`, `{"config":}`, `{,"a":1}`, `{"a":1,,"b":2}`,
+	} {
+		if out, err := filterAll(t, []byte(in), testFields, 0); err == nil {
+			t.Errorf("filter(%q) = %q, nil; want an error", in, out)
+		}
+		if _, err := filterAll(t, []byte(in), testFields, 1); err == nil {
+			t.Errorf("filter(%q) byte by byte: no error", in)
+		}
+	}
+}
+
+func TestJSONFilterDepthLimitIsEncodingJSONs(t *testing.T) {
+	ok := strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth)
+	if _, err := filterAll(t, []byte(ok), testFields, 4096); err != nil {
+		t.Errorf("depth %d: %v", maxDepth, err)
+	}
+	if json.Unmarshal([]byte(ok), new(any)) != nil {
+		t.Errorf("encoding/json refuses depth %d", maxDepth)
+	}
+	deep := "[" + ok + "]"
+	if _, err := filterAll(t, []byte(deep), testFields, 4096); !errors.Is(err, errJSONDepth) {
+		t.Errorf("depth %d: %v, want errJSONDepth", maxDepth+1, err)
+	}
+}
+
+func TestJSONFilterSniffsUntypedBodies(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`  {"config":1,"a":2}`, `  {"a":2}`},
+		{`[{"org_id":1}]`, `[{}]`},
+		{`hello {"config":1}`, `hello {"config":1}`},
+		{`"config"`, `"config"`},
+		{`<html>{"config":1}</html>`, `<html>{"config":1}</html>`},
+	} {
+		var out bytes.Buffer
+		f := newJSONFilter(&out, testFields, true)
+		for i := range len(tc.in) {
+			if _, err := f.Write([]byte(tc.in[i : i+1])); err != nil {
+				t.Fatalf("%q: %v", tc.in, err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatalf("%q: Close: %v", tc.in, err)
+		}
+		putJSONFilter(f)
+		if out.String() != tc.want {
+			t.Errorf("sniffing %q = %q, want %q", tc.in, out.String(), tc.want)
+		}
+	}
+}
+
+// monitorStream writes a JSON list of n monitors carrying every stripped field.
+type monitorStream struct {
+	n, i int
+	buf  []byte
+	pos  int
+	done bool
+}
+
+func (s *monitorStream) Read(p []byte) (int, error) {
+	for s.pos == len(s.buf) {
+		if s.done {
+			return 0, io.EOF
+		}
+		s.buf, s.pos = s.buf[:0], 0
+		switch {
+		case s.i == s.n:
+			s.buf = append(s.buf, `],"next_cursor":null}`...)
+			s.done = true
+			continue
+		case s.i == 0:
+			s.buf = append(s.buf, `{"data":[`...)
+		default:
+			s.buf = append(s.buf, ',')
+		}
+		s.i++
+		s.buf = append(s.buf, `{"id":"`...)
+		s.buf = strconv.AppendInt(s.buf, int64(s.i), 10)
+		s.buf = append(s.buf, `","name":"monitor","type":"http","target":"https://example.com/health","interval_seconds":60,"locations":["us-east","eu-west"],"paused":false,"config":{"headers":{"X":"y"},"method":"GET","body":"{\"config\":1}"},"assertions":[{"type":"status","value":200}],"config_version":3,"paused_reason":null,"org_id":"2c1b9d6e-0d0b-4a8e-9f5e-3c3c3c3c3c3c","deleted_at":null,"created_at":"2024-01-01T00:00:00Z","updated_at":"2024-01-01T00:00:00Z"}`...)
+	}
+	n := copy(p, s.buf[s.pos:])
+	s.pos += n
+	return n, nil
+}
+
+// countingWriter counts bytes and looks for stripped names across chunk boundaries.
+type countingWriter struct {
+	n     int64
+	tail  []byte
+	found bool
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.n += int64(len(p))
+	window := append(c.tail, p[:min(len(p), 32)]...)
+	if bytes.Contains(window, []byte(`"config"`)) || bytes.Contains(p, []byte(`"config"`)) ||
+		bytes.Contains(p, []byte(`"org_id"`)) || bytes.Contains(p, []byte(`"assertions"`)) {
+		c.found = true
+	}
+	c.tail = append(c.tail[:0], p[max(0, len(p)-32):]...)
+	return len(p), nil
+}
+
+func TestJSONFilterStreamsFiftyMegabytesInBoundedMemory(t *testing.T) {
+	src := &monitorStream{n: 120_000} // about 54 MB
+	out := &countingWriter{tail: make([]byte, 0, 64)}
+	f := newJSONFilter(out, testFields, false)
+	defer putJSONFilter(f)
+	buf := make([]byte, 32<<10) // the reverse proxy's copy buffer size
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	in, err := io.CopyBuffer(f, src, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+
+	if in < 50<<20 {
+		t.Fatalf("streamed only %d bytes", in)
+	}
+	if out.found {
+		t.Error("a stripped field came through")
+	}
+	if out.n >= in*6/10 || out.n == 0 {
+		t.Errorf("wrote %d of %d bytes; the stripped fields are about half of each monitor", out.n, in)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Errorf("filtering %d MB allocated %d bytes; want it bounded by the chunk size", in>>20, alloc)
+	}
+	t.Logf("%d bytes in, %d out, %d bytes allocated", in, out.n, after.TotalAlloc-before.TotalAlloc)
+}
+
+func BenchmarkJSONFilter(b *testing.B) {
+	var doc bytes.Buffer
+	if _, err := io.Copy(&doc, &monitorStream{n: 2000}); err != nil {
+		b.Fatal(err)
+	}
+	in := doc.Bytes()
+	f := newJSONFilter(io.Discard, testFields, false)
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		*f = jsonFilter{dst: io.Discard, fields: testFields, out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pend: f.pend[:0]}
+		for p := in; len(p) > 0; {
+			n := min(len(p), 32<<10)
+			if _, err := f.Write(p[:n]); err != nil {
+				b.Fatal(err)
+			}
+			p = p[n:]
+		}
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// decodeStream decodes a stream of JSON values as encoding/json's Decoder does.
+func decodeStream(in []byte) ([]any, error) {
+	d := json.NewDecoder(bytes.NewReader(in))
+	d.UseNumber()
+	var vals []any
+	for {
+		var v any
+		err := d.Decode(&v)
+		if err == io.EOF {
+			return vals, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		vals = append(vals, v)
+	}
+}
+
+// stripReference removes the names in fields from v at any depth, the slow and
+// obvious way.
+func stripReference(v any, fields *fieldSet) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if _, ok := fields.names[k]; ok {
+				delete(v, k)
+				continue
+			}
+			v[k] = stripReference(x, fields)
+		}
+	case []any:
+		for i, x := range v {
+			v[i] = stripReference(x, fields)
+		}
+	}
+	return v
+}
+
+// FuzzJSONFilter checks the filter against encoding/json: it accepts exactly the
+// streams encoding/json's Decoder accepts, and its output decodes to the input with
+// the stripped names deleted, whatever the chunking.
+func FuzzJSONFilter(f *testing.F) {
+	for _, seed := range []string{
+		`{"id":1,"config":{"a":1},"name":"x"}`,
+		`{"data":[{"id":"m1","config":{"x":[1,{"config":2}]},"assertions":[{"a":1}]},{"org_id":"o"}],"next_cursor":null}`,
+		`[{"\u0063onfig":1},{"deleted_at":null}]`,
+		"{\"a\":1}\n{\"org_id\":2}",
+		`{"a":"\ud83d\ude00","config":"\"}"}`,
+		`1"a"[]{}`,
+		`{"a":-0.5e-3,"b":[true,false,null]}`,
+		`{"config":{"config":{"config":1}},"x":{"assertions":[{"y":1}]}}`,
+		"\xff\xfe",
+		`{"` + "\xff" + `config":1}`,
+	} {
+		f.Add([]byte(seed), uint8(0))
+	}
+	fields := newFieldSet(append(defaultStripFields, "x\xffy", "é"))
+	f.Fuzz(func(t *testing.T, in []byte, chunk uint8) {
+		want, decErr := decodeStream(in)
+		out, err := filterAll(t, in, fields, int(chunk))
+		if (decErr == nil) != (err == nil) {
+			t.Fatalf("filter(%q) error %v, encoding/json error %v", in, err, decErr)
+		}
+		if err != nil {
+			return
+		}
+		got, err := decodeStream(out)
+		if err != nil {
+			t.Fatalf("filter(%q) = %q, which does not decode: %v", in, out, err)
+		}
+		for i := range want {
+			want[i] = stripReference(want[i], fields)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("filter(%q) = %q\n decodes to %#v\n want %#v", in, out, got, want)
+		}
+	})
+}

@@ -1,0 +1,129 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/limiter"
+)
+
+// pools holds what must outlive one loaded config: PostgreSQL pools, Redis clients
+// and the in-process limiter. Caddy provisions a new config before it cleans up the
+// old one, so on a reload with unchanged settings the new handlers take a reference
+// to the same pool before the old handlers let go of theirs: nothing is closed, nothing
+// is dialed again, and in-process rate-limit counts carry over. An entry is closed
+// when its last handler is cleaned up.
+//
+// It is package-level because it has to be: it is the one thing that lives across
+// the module instances of successive configs.
+var pools = caddy.NewUsagePool()
+
+// pgEntry is a shared PostgreSQL pool.
+type pgEntry struct{ pool *pgxpool.Pool }
+
+func (e pgEntry) Destruct() error {
+	e.pool.Close()
+	return nil
+}
+
+// redisEntry is a shared Redis client.
+type redisEntry struct{ client *redis.Client }
+
+func (e redisEntry) Destruct() error { return e.client.Close() }
+
+// localEntry is the shared in-process limiter.
+type localEntry struct{ lim *limiter.Local }
+
+func (localEntry) Destruct() error { return nil }
+
+// The keys of pools. Each holds every setting its value was built with, so a
+// changed setting builds a new value instead of reusing one built differently.
+func postgresPoolKey(url string) string { return "postgres\x00" + url }
+
+func redisPoolKey(url string, timeout time.Duration) string {
+	return "redis\x00" + url + "\x00" + timeout.String()
+}
+
+const localLimiterKey = "limiter\x00local"
+
+// loadPostgres returns the shared pool for url, creating it if needed, and the key to
+// give back to pools.Delete. Pool settings (pool_max_conns, …) come from the URL.
+//
+// A PostgreSQL that cannot be reached is not an error here: the gateway starts, logs a
+// warning, and answers 503 until the database is back. A URL that cannot be parsed is.
+func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*pgxpool.Pool, string, error) {
+	key := postgresPoolKey(url)
+	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
+		cfg, err := pgxpool.ParseConfig(url) // its errors hide the password
+		if err != nil {
+			return nil, fmt.Errorf("parsing database_url: %v", err)
+		}
+		// The pool outlives this config, so it is not bound to the config's context.
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			return nil, fmt.Errorf("creating postgres pool: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		defer cancel()
+		if err := pool.Ping(ctx); err != nil {
+			logger.Warn("postgres unreachable at start; key lookups answer 503 until it is back",
+				zap.String("host", cfg.ConnConfig.Host), zap.Uint16("port", cfg.ConnConfig.Port), zap.Error(err))
+		}
+		return pgEntry{pool}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(pgEntry).pool, key, nil
+}
+
+// loadRedis returns the shared Redis client for url, creating it if needed, and its
+// key in pools.
+//
+// timeout bounds every part of a command: the dial, the wait for a pooled
+// connection, the write and the read. Commands are not retried: a dead Redis must
+// cost a request one timeout, not several. As with PostgreSQL, a Redis that is down at
+// start is a warning, not an error.
+func loadRedis(url string, timeout time.Duration, logger *zap.Logger) (*redis.Client, string, error) {
+	key := redisPoolKey(url, timeout)
+	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("parsing redis_url: %v", err)
+		}
+		opts.DialTimeout = timeout
+		opts.ReadTimeout = timeout
+		opts.WriteTimeout = timeout
+		opts.PoolTimeout = timeout
+		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries = -1   // no retries
+		opts.DialerRetries = 1 // one dial attempt per command
+		client := redis.NewClient(opts)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := client.Ping(ctx).Err(); err != nil {
+			logger.Warn("redis unreachable at start; limiter_failure applies until it is back",
+				zap.String("addr", opts.Addr), zap.Error(err))
+		}
+		return redisEntry{client}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(redisEntry).client, key, nil
+}
+
+// loadLocalLimiter returns the in-process limiter shared by every handler without a
+// redis_url, so that a reload does not hand every key a fresh budget.
+func loadLocalLimiter() (*limiter.Local, string) {
+	v, _, _ := pools.LoadOrNew(localLimiterKey, func() (caddy.Destructor, error) {
+		return localEntry{limiter.NewLocal()}, nil
+	})
+	return v.(localEntry).lim, localLimiterKey
+}

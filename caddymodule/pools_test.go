@@ -1,0 +1,270 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+// withParam adds a query parameter to a URL.
+func withParam(u, name, value string) string {
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	return u + sep + name + "=" + value
+}
+
+func randomName(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return "kg_" + hex.EncodeToString(b[:])
+}
+
+// poolEntries returns the keys of pools.
+func poolEntries() map[string]int {
+	out := map[string]int{}
+	pools.Range(func(key, _ any) bool {
+		n, _ := pools.References(key)
+		out[key.(string)] = n
+		return true
+	})
+	return out
+}
+
+// sharedPool returns the pgxpool pools holds under url, or nil.
+func sharedPool(url string) *pgxpool.Pool {
+	var p *pgxpool.Pool
+	pools.Range(func(key, value any) bool {
+		if key == postgresPoolKey(url) {
+			p = value.(pgEntry).pool
+		}
+		return true
+	})
+	return p
+}
+
+// sharedRedis returns the Redis client pools holds under url, or nil.
+func sharedRedis(url string) *redis.Client {
+	var c *redis.Client
+	pools.Range(func(key, value any) bool {
+		if key == redisPoolKey(url, defaultRedisTimeout) {
+			c = value.(redisEntry).client
+		}
+		return true
+	})
+	return c
+}
+
+func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	app := randomName(t)
+	dbURL := withParam(d.url, "application_name", app)
+	rURL := withParam(redisURL(t), "client_name", app)
+	up := newUpstream(t)
+	ctx := context.Background()
+
+	pgConns := func() int {
+		var n int
+		if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rdb := redis.NewClient(mustRedisOptions(t, redisURL(t)))
+	defer rdb.Close()
+	redisConns := func() int {
+		list, err := rdb.ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(list, "name="+app+" ")
+	}
+
+	gc := gatewayConfig{handler: gatewayOptions(dbURL, map[string]any{"redis_url": rURL}), upstream: up.addr()}
+	gw := startGateway(t, gc)
+	listen := strings.TrimPrefix(gw.base, "http://")
+	load := func() {
+		t.Helper()
+		if err := caddy.Load(caddyConfig(listen, gw.logPath, gc), true); err != nil {
+			t.Fatalf("reloading: %v", err)
+		}
+	}
+	busy := func() {
+		t.Helper()
+		// Concurrent requests, so that the pools hold several connections.
+		done := make(chan int, 8)
+		for range cap(done) {
+			go func() {
+				res, _ := gw.get(t, "/v1/monitors", key)
+				done <- res.StatusCode
+			}()
+		}
+		for range cap(done) {
+			if s := <-done; s != http.StatusOK {
+				t.Errorf("status %d", s)
+			}
+		}
+	}
+	busy()
+	pool := sharedPool(dbURL)
+	if pool == nil {
+		t.Fatalf("no shared pool for the database; pools: %v", poolEntries())
+	}
+	client := sharedRedis(rURL)
+	if client == nil {
+		t.Fatalf("no shared Redis client; pools: %v", poolEntries())
+	}
+	pgBefore, redisBefore := pgConns(), redisConns()
+	if pgBefore == 0 || redisBefore == 0 {
+		t.Fatalf("connections before the reloads: postgres %d, redis %d", pgBefore, redisBefore)
+	}
+
+	for range 5 {
+		load()
+		busy()
+	}
+	if got := sharedPool(dbURL); got != pool {
+		t.Error("a reload built a new PostgreSQL pool")
+	}
+	entries := poolEntries()
+	if n := entries[postgresPoolKey(dbURL)]; n != 1 {
+		t.Errorf("postgres pool references after the reloads: %d, want 1", n)
+	}
+	if n := entries[redisPoolKey(rURL, defaultRedisTimeout)]; n != 1 {
+		t.Errorf("redis client references after the reloads: %d, want 1 (%v)", n, entries)
+	}
+	if got := sharedRedis(rURL); got != client {
+		t.Error("a reload built a new Redis client")
+	}
+	// Pools grow with demand, up to their size; one pool per reload would not fit.
+	if pg, r := pgConns(), redisConns(); pg > int(pool.Config().MaxConns) || r > client.Options().PoolSize {
+		t.Errorf("connections after 5 reloads: postgres %d (before %d, pool size %d), redis %d (before %d, pool size %d)",
+			pg, pgBefore, pool.Config().MaxConns, r, redisBefore, client.Options().PoolSize)
+	}
+
+	// A config without the gateway lets go of everything: connections closed.
+	if err := caddy.Load(caddyConfig(listen, gw.logPath, gatewayConfig{upstream: up.addr()}), true); err != nil {
+		t.Fatalf("loading a config without the gateway: %v", err)
+	}
+	entries = poolEntries()
+	if _, ok := entries[postgresPoolKey(dbURL)]; ok {
+		t.Errorf("the postgres pool outlived its last handler: %v", entries)
+	}
+	if _, ok := entries[redisPoolKey(rURL, defaultRedisTimeout)]; ok {
+		t.Errorf("the redis client outlived its last handler: %v", entries)
+	}
+	eventually(t, 5*time.Second, func() bool { return pgConns() == 0 && redisConns() == 0 })
+}
+
+func mustRedisOptions(t testing.TB, url string) *redis.Options {
+	t.Helper()
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func TestChangedSettingsBuildANewPool(t *testing.T) {
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	up := newUpstream(t)
+	first := withParam(d.url, "application_name", randomName(t))
+	second := withParam(d.url, "application_name", randomName(t))
+
+	gw := startGateway(t, gatewayConfig{handler: gatewayOptions(first, nil), upstream: up.addr()})
+	gw.get(t, "/v1/me", key)
+	listen := strings.TrimPrefix(gw.base, "http://")
+	if err := caddy.Load(caddyConfig(listen, gw.logPath, gatewayConfig{handler: gatewayOptions(second, nil), upstream: up.addr()}), true); err != nil {
+		t.Fatal(err)
+	}
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", res.StatusCode, body)
+	}
+	if sharedPool(first) != nil {
+		t.Error("the pool of the old URL is still open")
+	}
+	if sharedPool(second) == nil {
+		t.Error("no pool for the new URL")
+	}
+}
+
+func TestInvalidConfigIsRefusedAtLoad(t *testing.T) {
+	d := newDB(t)
+	up := newUpstream(t)
+	before := len(poolEntries())
+	for _, tc := range []struct {
+		name string
+		opts map[string]any
+		want string
+	}{
+		{"no database_url", map[string]any{"database_url": nil}, "database_url is required"},
+		{"database_url from an unset variable", map[string]any{"database_url": "{env.KG_TEST_UNSET_VARIABLE}"}, "database_url \"{env.KG_TEST_UNSET_VARIABLE}\" is empty"},
+		{"database_url not a URL", map[string]any{"database_url": "postgres://%zz"}, "parsing database_url"},
+		{"no gateway_secret", map[string]any{"gateway_secret": nil}, "gateway_secret is required"},
+		{"gateway_secret from an unset variable", map[string]any{"gateway_secret": "{env.KG_TEST_UNSET_VARIABLE}"}, "gateway_secret \"{env.KG_TEST_UNSET_VARIABLE}\" is empty"},
+		{"gateway_secret with a newline", map[string]any{"gateway_secret": "abc\ndef"}, "gateway_secret must be a valid header value"},
+		{"key_prefix uppercase", map[string]any{"key_prefix": "Mon"}, `key_prefix "Mon": must match [a-z][a-z0-9]{0,15}`},
+		{"key_prefix too long", map[string]any{"key_prefix": "abcdefghijklmnopq"}, "key_prefix"},
+		{"key_prefix with an underscore", map[string]any{"key_prefix": "mon_x"}, "key_prefix"},
+		{"limiter_failure unknown", map[string]any{"limiter_failure": "sometimes"}, `limiter_failure "sometimes": must be open or closed`},
+		{"redis_url not redis", map[string]any{"redis_url": "http://localhost:6379"}, "parsing redis_url"},
+		{"negative database_timeout", map[string]any{"database_timeout": "-1s"}, "database_timeout -1s: must be positive"},
+		{"empty strip_fields name", map[string]any{"strip_fields": []any{"config", ""}}, "strip_fields: names must not be empty"},
+		{"unknown option", map[string]any{"databse_url": "x"}, `unknown field "databse_url"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := caddyConfig(freeAddr(t), t.TempDir()+"/caddy.log", gatewayConfig{handler: gatewayOptions(d.url, tc.opts), upstream: up.addr()})
+			err := caddy.Load(cfg, true)
+			if err == nil {
+				caddy.Stop()
+				t.Fatal("the config loaded")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+	if after := len(poolEntries()); after != before {
+		t.Errorf("refused configs left %d pool entries behind: %v", after-before, poolEntries())
+	}
+}
+
+func TestPlaceholdersAreReplaced(t *testing.T) {
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	up := newUpstream(t)
+	t.Setenv("KG_TEST_DATABASE_URL", d.url)
+	t.Setenv("KG_TEST_REDIS_URL", redisURL(t))
+	t.Setenv("KG_TEST_SECRET", "from-the-environment")
+	gw := startGateway(t, gatewayConfig{
+		handler: map[string]any{
+			"database_url":   "{env.KG_TEST_DATABASE_URL}",
+			"redis_url":      "{env.KG_TEST_REDIS_URL}",
+			"gateway_secret": "{env.KG_TEST_SECRET}",
+		},
+		upstream: up.addr(),
+	})
+	res, body := gw.get(t, "/v1/echo", key)
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), `"X-Gateway-Secret":["from-the-environment"]`) {
+		t.Errorf("%d %s", res.StatusCode, body)
+	}
+	if res.Header.Get("Ratelimit") == "" {
+		t.Error("no RateLimit header: redis_url not used")
+	}
+}

@@ -1,0 +1,296 @@
+package caddymodule
+
+import (
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/keygate/keygate/limiter"
+)
+
+// writerMode is what a proxyWriter does with the body, decided when the response
+// header is written.
+type writerMode uint8
+
+const (
+	modeUndecided   writerMode = iota
+	modePassthrough            // copied unchanged: not JSON, or no body
+	modeFilter                 // JSON: through the filter
+	modeDecode                 // compressed JSON: decoded, then through the filter
+	modeDiscard                // replaced by a body of the module's: the upstream's is dropped
+)
+
+// proxyWriter is the ResponseWriter the next handler (the reverse proxy) writes to in
+// the proxy step. When the response header is written it:
+//
+//   - sets the RateLimit header fields of a counted request (overriding any the
+//     upstream sent),
+//   - makes an ETag weak, since the body may be rewritten,
+//   - for a JSON body (or a body of no Content-Type that starts with { or [):
+//     removes Content-Length and Accept-Ranges, decodes gzip or deflate, and streams
+//     the body through the JSON filter; any other Content-Encoding is answered 502
+//     rather than let unfiltered fields through,
+//   - replaces the body of an error (status >= 400) that is not JSON by
+//     {"error":"<status text>"}, so that every /v1 error is JSON.
+//
+// Anything else passes through unchanged, streamed (Flush and ReadFrom work).
+type proxyWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
+	h       *Handler
+	r       *http.Request
+	counted bool           // the request was counted: rl is set
+	rl      limiter.Result // the count, for the RateLimit headers
+
+	mode   writerMode
+	status int
+	filter *jsonFilter
+	// In modeDecode, the handler writes the compressed body to pipe; a goroutine
+	// decodes it into filter and sends its outcome on done.
+	pipe *io.PipeWriter
+	done chan error
+}
+
+func newProxyWriter(w http.ResponseWriter, h *Handler, r *http.Request, counted bool, rl limiter.Result) *proxyWriter {
+	pw := &proxyWriter{
+		wrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		h:       h,
+		r:       r,
+		counted: counted,
+		rl:      rl,
+	}
+	pw.ResponseWriterWrapper = &pw.wrapper
+	return pw
+}
+
+// WriteHeader decides what to do with the body; see proxyWriter.
+func (pw *proxyWriter) WriteHeader(status int) {
+	if pw.mode != modeUndecided {
+		return
+	}
+	if status >= 100 && status <= 199 && status != http.StatusSwitchingProtocols {
+		pw.ResponseWriter.WriteHeader(status) // informational: not the response yet
+		return
+	}
+	pw.status = status
+	hdr := pw.Header()
+	if pw.counted {
+		setRateLimitHeaders(hdr, pw.rl)
+	} else {
+		// Only the gateway counts: a key without a count (unlimited, or Redis
+		// down) carries no RateLimit fields, whatever the upstream says.
+		delete(hdr, "Ratelimit")
+		delete(hdr, "Ratelimit-Policy")
+	}
+	weakenETag(hdr)
+
+	ct := hdr.Get("Content-Type")
+	isJSON := isJSONType(ct)
+	switch {
+	case status >= 400 && !isJSON:
+		pw.replace(status)
+		return
+	case status == http.StatusSwitchingProtocols,
+		!isJSON && ct != "":
+		pw.passthrough(status)
+		return
+	case pw.r.Method == http.MethodHead || !bodyAllowedForStatus(status):
+		if isJSON {
+			hdr.Del("Content-Length") // the length of the unfiltered body
+		}
+		pw.passthrough(status)
+		return
+	}
+
+	// A JSON body, or a body of no Content-Type that may be JSON: filtered. Its
+	// length changes, so it goes out chunked.
+	hdr.Del("Content-Length")
+	hdr.Del("Accept-Ranges")
+	encoding := strings.ToLower(strings.TrimSpace(hdr.Get("Content-Encoding")))
+	switch encoding {
+	case "", "identity":
+		hdr.Del("Content-Encoding")
+		pw.filter = newJSONFilter(pw.ResponseWriter, pw.h.fields, !isJSON)
+		pw.mode = modeFilter
+		pw.ResponseWriter.WriteHeader(status)
+	case "gzip", "x-gzip", "deflate":
+		hdr.Del("Content-Encoding")
+		pw.filter = newJSONFilter(pw.ResponseWriter, pw.h.fields, !isJSON)
+		pw.mode = modeDecode
+		pw.ResponseWriter.WriteHeader(status)
+		pw.startDecoder(encoding)
+	default:
+		// br, zstd, a list of codings: not decoded here, and never passed on
+		// unfiltered.
+		if c := pw.h.sampled.Check(zapcore.ErrorLevel, "upstream sent JSON in an unsupported content encoding; answering 502"); c != nil {
+			c.Write(zap.String("content_encoding", encoding), zap.String("uri", pw.r.RequestURI))
+		}
+		pw.replace(http.StatusBadGateway)
+	}
+}
+
+func (pw *proxyWriter) passthrough(status int) {
+	pw.mode = modePassthrough
+	pw.ResponseWriter.WriteHeader(status)
+}
+
+// replace answers status with the module's JSON body for it; the upstream's body is
+// discarded.
+func (pw *proxyWriter) replace(status int) {
+	pw.mode = modeDiscard
+	hdr := pw.Header()
+	for _, name := range []string{"Content-Encoding", "Content-Range", "Accept-Ranges", "Etag", "Last-Modified", "Content-Disposition"} {
+		hdr.Del(name)
+	}
+	body := statusBody(status)
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	pw.ResponseWriter.WriteHeader(status)
+	if pw.r.Method != http.MethodHead {
+		_, _ = pw.ResponseWriter.Write(body)
+	}
+}
+
+func (pw *proxyWriter) Write(p []byte) (int, error) {
+	if pw.mode == modeUndecided {
+		pw.WriteHeader(http.StatusOK)
+	}
+	switch pw.mode {
+	case modeFilter:
+		return pw.filter.Write(p)
+	case modeDecode:
+		return pw.pipe.Write(p)
+	case modeDiscard:
+		return len(p), nil
+	}
+	return pw.ResponseWriter.Write(p)
+}
+
+// ReadFrom keeps io.Copy from going around Write to the underlying writer.
+func (pw *proxyWriter) ReadFrom(r io.Reader) (int64, error) {
+	if pw.mode == modeUndecided {
+		pw.WriteHeader(http.StatusOK)
+	}
+	if pw.mode == modePassthrough {
+		return pw.ResponseWriterWrapper.ReadFrom(r)
+	}
+	return io.Copy(writerOnly{pw}, r)
+}
+
+// writerOnly hides ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
+
+// FlushError flushes what the filter has written. In modeDecode the decoding
+// goroutine owns the underlying writer, so flushing is left to the end.
+func (pw *proxyWriter) FlushError() error {
+	if pw.mode == modeUndecided {
+		pw.WriteHeader(http.StatusOK)
+	}
+	if pw.mode == modeDecode || pw.mode == modeDiscard {
+		return nil
+	}
+	//nolint:bodyclose
+	return http.NewResponseController(pw.ResponseWriter).Flush()
+}
+
+// Flush implements http.Flusher for callers that do not use http.ResponseController.
+func (pw *proxyWriter) Flush() { _ = pw.FlushError() }
+
+// startDecoder starts the goroutine decoding a compressed body into the filter.
+func (pw *proxyWriter) startDecoder(encoding string) {
+	pr, pwr := io.Pipe()
+	pw.pipe, pw.done = pwr, make(chan error, 1)
+	go func() {
+		var zr io.ReadCloser
+		var err error
+		if encoding == "deflate" {
+			zr, err = zlib.NewReader(pr) // HTTP's "deflate" is the zlib format
+		} else {
+			zr, err = gzip.NewReader(pr)
+		}
+		if err == nil {
+			_, err = io.Copy(pw.filter, zr)
+			if err == nil {
+				err = pw.filter.Close()
+			}
+			zr.Close()
+		}
+		// Unblock the writer: with the error when decoding failed, so that the proxy
+		// stops copying; with io.EOF-like closing otherwise.
+		pr.CloseWithError(errors.Join(err, errDecodingDone))
+		pw.done <- err
+	}()
+}
+
+var errDecodingDone = errors.New("response body fully decoded")
+
+// finish completes the body after the next handler returned without error: the
+// filter checks that the JSON ended where JSON may end. An error means the client got
+// a truncated body; the caller must abort the response.
+func (pw *proxyWriter) finish() error {
+	switch pw.mode {
+	case modeFilter:
+		return pw.filter.Close()
+	case modeDecode:
+		pw.pipe.Close()
+		err := <-pw.done
+		pw.pipe, pw.done = nil, nil
+		return err
+	}
+	return nil
+}
+
+// release frees the filter and, should the next handler have panicked (the reverse
+// proxy aborts a response that way), stops the decoding goroutine. It must run,
+// deferred, after finish or instead of it.
+func (pw *proxyWriter) release() {
+	if pw.done != nil {
+		pw.pipe.CloseWithError(errAborted)
+		<-pw.done
+		pw.pipe, pw.done = nil, nil
+	}
+	if pw.filter != nil {
+		putJSONFilter(pw.filter)
+		pw.filter = nil
+	}
+}
+
+var errAborted = errors.New("response aborted")
+
+// weakenETag makes a strong ETag weak: the body may be filtered, so it is no longer
+// byte-identical to the upstream's, but it is equivalent for a given upstream body,
+// and If-None-Match (which compares weakly) keeps working.
+func weakenETag(hdr http.Header) {
+	vals := hdr["Etag"]
+	if len(vals) != 1 || strings.HasPrefix(vals[0], "W/") {
+		return
+	}
+	hdr["Etag"] = []string{"W/" + vals[0]}
+}
+
+// bodyAllowedForStatus reports whether a response with the given status may include
+// a body, per RFC 9110 §6.4.1.
+func bodyAllowedForStatus(status int) bool {
+	switch {
+	case status >= 100 && status <= 199:
+		return false
+	case status == http.StatusNoContent, status == http.StatusNotModified:
+		return false
+	}
+	return true
+}
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*proxyWriter)(nil)
+	_ http.Flusher        = (*proxyWriter)(nil)
+	_ io.ReaderFrom       = (*proxyWriter)(nil)
+)

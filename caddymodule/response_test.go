@@ -1,0 +1,205 @@
+package caddymodule
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+func TestJSONResponsesLoseTheStrippedFieldsAtAnyDepth(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+
+	res, body := f.gw.get(t, "/v1/monitors", key)
+	want := `{"data":[` + monitorFiltered + `,` + monitorFiltered + `],"next_cursor":null}`
+	if res.StatusCode != http.StatusOK || string(body) != want {
+		t.Fatalf("GET /v1/monitors = %d\n%s\nwant\n%s", res.StatusCode, body, want)
+	}
+	// The upstream's Content-Length is gone; net/http may set the filtered one for a
+	// body that fits its buffer.
+	if res.ContentLength != -1 && res.ContentLength != int64(len(body)) {
+		t.Errorf("Content-Length %d, body %d bytes", res.ContentLength, len(body))
+	}
+	if etag := res.Header.Get("Etag"); etag != `W/"v1-list"` {
+		t.Errorf("ETag %q, want the upstream's made weak", etag)
+	}
+	checkRateLimitHeaders(t, res, 600, 599)
+
+	res, body = f.gw.get(t, "/v1/monitors/m1", key)
+	if res.StatusCode != http.StatusOK || string(body) != monitorFiltered {
+		t.Errorf("GET /v1/monitors/m1 = %d %s", res.StatusCode, body)
+	}
+	// The weak ETag revalidates.
+	res, body = f.gw.do(t, http.MethodGet, "/v1/monitors/m1", "Bearer "+key, http.Header{"If-None-Match": {`W/"m1-v2"`}}, "")
+	if res.StatusCode != http.StatusNotModified || len(body) != 0 || res.Header.Get("Etag") != `W/"m1-v2"` {
+		t.Errorf("revalidation = %d %q %s", res.StatusCode, res.Header, body)
+	}
+	// HEAD carries no length of the unfiltered body.
+	res, _ = f.gw.do(t, http.MethodHead, "/v1/monitors", "Bearer "+key, nil, "")
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Length") != "" {
+		t.Errorf("HEAD = %d, Content-Length %q", res.StatusCode, res.Header.Get("Content-Length"))
+	}
+	// JSON error bodies are filtered too, and kept otherwise.
+	res, body = f.gw.get(t, "/v1/json-error", key)
+	if res.StatusCode != http.StatusConflict || string(body) != `{"error":"conflict"}` {
+		t.Errorf("JSON error = %d %s", res.StatusCode, body)
+	}
+}
+
+func TestCompressedJSONFromTheUpstreamIsDecodedAndFiltered(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+	for _, coding := range []string{"gzip", "deflate"} {
+		res, body := f.gw.get(t, "/v1/compressed/"+coding, key)
+		if res.StatusCode != http.StatusOK || string(body) != monitorFiltered || res.Header.Get("Content-Encoding") != "" {
+			t.Errorf("%s: %d %q %s", coding, res.StatusCode, res.Header, body)
+		}
+	}
+	// A coding the gateway cannot decode is never passed on unfiltered.
+	res, body := f.gw.get(t, "/v1/compressed/br", key)
+	wantJSONError(t, res, body, http.StatusBadGateway, `{"error":"bad_gateway"}`)
+	if res.Header.Get("Content-Encoding") != "" {
+		t.Errorf("Content-Encoding %q on the gateway's own body", res.Header.Get("Content-Encoding"))
+	}
+}
+
+func TestNonJSONBodiesPassUnchanged(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+	res, body := f.gw.get(t, "/v1/text", key)
+	if res.StatusCode != http.StatusOK || string(body) != `{"config":"not json, ok"`[:24] || res.ContentLength != 24 {
+		t.Errorf("text/plain = %d (length %d) %s", res.StatusCode, res.ContentLength, body)
+	}
+	// No Content-Type, but JSON: filtered all the same.
+	res, body = f.gw.get(t, "/v1/untyped", key)
+	if res.StatusCode != http.StatusOK || string(body) != monitorFiltered {
+		t.Errorf("untyped = %d %s", res.StatusCode, body)
+	}
+}
+
+func TestUpstreamErrorsAreJSON(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+	for i, tc := range []struct {
+		path   string
+		status int
+		body   string
+	}{
+		{"/v1/text-error", 500, `{"error":"internal_server_error"}`},
+		{"/v1/no-such-route", 404, `{"error":"not_found"}`}, // Go's text/plain 404
+	} {
+		res, body := f.gw.get(t, tc.path, key)
+		wantJSONError(t, res, body, tc.status, tc.body)
+		checkRateLimitHeaders(t, res, 600, 599-i)
+		if strings.Contains(string(body), "stack trace") {
+			t.Errorf("%s: the upstream's body came through", tc.path)
+		}
+	}
+}
+
+func TestUpstreamFailuresAnswerJSON(t *testing.T) {
+	db := newDB(t)
+	org := db.org("pro")
+	key, _ := db.key(org, keystore.RoleEditor)
+
+	t.Run("upstream down", func(t *testing.T) {
+		gw := startGateway(t, gatewayConfig{handler: gatewayOptions(db.url, nil), upstream: freeAddr(t)})
+		res, body := gw.get(t, "/v1/monitors", key)
+		wantJSONError(t, res, body, http.StatusBadGateway, `{"error":"bad_gateway"}`)
+		if res.Header.Get("Ratelimit") == "" {
+			t.Error("no RateLimit header on the 502 of a limited key")
+		}
+	})
+	t.Run("upstream too slow", func(t *testing.T) {
+		up := newUpstream(t)
+		gw := startGateway(t, gatewayConfig{handler: gatewayOptions(db.url, nil), upstream: up.addr(), proxyTimeout: "300ms"})
+		start := time.Now()
+		res, body := gw.get(t, "/v1/slow", key)
+		wantJSONError(t, res, body, http.StatusGatewayTimeout, `{"error":"gateway_timeout"}`)
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("answered after %v", d)
+		}
+	})
+}
+
+func TestInvalidJSONFromTheUpstreamIsCutShort(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+	for _, path := range []string{"/v1/invalid-json", "/v1/truncated-json", "/v1/compressed/gzip-corrupt"} {
+		req, _ := http.NewRequest(http.MethodGet, f.gw.base+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := f.gw.client.Do(req)
+		if err != nil {
+			continue // cut short before the header was even sent
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err == nil {
+			t.Errorf("%s: the body ended cleanly: %s", path, body)
+		}
+		if strings.Contains(string(body), "config") || strings.Contains(string(body), "secret") {
+			t.Errorf("%s: %s", path, body)
+		}
+	}
+}
+
+func TestLargeResponsesAreStreamed(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+	req, _ := http.NewRequest(http.MethodGet, f.gw.base+"/v1/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	res, err := f.gw.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	// The upstream holds the end of the body back until we have read the start: a
+	// gateway that buffered the whole response would deadlock here.
+	br := bufio.NewReader(res.Body)
+	start := make([]byte, 64<<10)
+	read := make(chan error, 1)
+	go func() { _, err := io.ReadFull(br, start); read <- err }()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no body before the upstream finished: the response is buffered")
+	}
+	close(f.up.release)
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Data []map[string]any `json:"data"`
+	}
+	all := append(start, rest...)
+	if err := json.Unmarshal(all, &doc); err != nil {
+		t.Fatalf("%v", err)
+	}
+	if len(doc.Data) != 2001 {
+		t.Errorf("%d monitors, want 2001", len(doc.Data))
+	}
+	for _, m := range doc.Data {
+		for _, name := range defaultStripFields {
+			if _, ok := m[name]; ok {
+				t.Fatalf("a monitor carries %s", name)
+			}
+		}
+	}
+}
+
+func TestUpstreamCannotSetRateLimitHeaders(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+	res, _ := f.gw.get(t, "/v1/ratelimit-spoof", key)
+	checkRateLimitHeaders(t, res, 600, 599)
+}
