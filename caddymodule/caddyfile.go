@@ -1,6 +1,8 @@
 package caddymodule
 
 import (
+	"strconv"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -33,6 +35,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    limiter_failure  open|closed
 //	    database_timeout <duration>
 //	    redis_timeout    <duration>
+//	    lookup_lanes     <n>
+//	    disable_lookup_batching
+//	    disable_count_pipelining
 //	}
 //
 // database_url and gateway_secret are required, typically as {env.DATABASE_URL} and
@@ -47,6 +52,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
+		switch opt {
+		case "disable_lookup_batching", "disable_count_pipelining":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			target := &h.DisableLookupBatching
+			if opt == "disable_count_pipelining" {
+				target = &h.DisableCountPipelining
+			}
+			if *target {
+				return d.Errf("%s already specified", opt)
+			}
+			*target = true
+			continue
+		}
 		if opt == "strip_fields" {
 			names := d.RemainingArgs()
 			if len(names) == 0 {
@@ -111,6 +131,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("%s already specified", opt)
 			}
 			*target = caddy.Duration(dur)
+		case "lookup_lanes":
+			if h.LookupLanes != 0 {
+				return d.Err("lookup_lanes already specified")
+			}
+			n, err := strconv.Atoi(arg)
+			if err != nil || n <= 0 {
+				return d.Errf("lookup_lanes must be a positive whole number, not %q", arg)
+			}
+			h.LookupLanes = n
 		default:
 			return d.Errf("unrecognized subdirective %s", opt)
 		}

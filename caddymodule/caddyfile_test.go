@@ -41,16 +41,22 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				limiter_failure  closed
 				database_timeout 1500ms
 				redis_timeout    150ms
+				lookup_lanes     3
+				disable_lookup_batching
+				disable_count_pipelining
 			}`,
 			want: Handler{
-				DatabaseURL:     "{env.DATABASE_URL}",
-				RedisURL:        "redis://127.0.0.1:6379/0",
-				KeyPrefix:       "acme",
-				GatewaySecret:   "{env.GATEWAY_SECRET}",
-				StripFields:     []string{"config", "assertions"},
-				LimiterFailure:  "closed",
-				DatabaseTimeout: caddy.Duration(1500 * time.Millisecond),
-				RedisTimeout:    caddy.Duration(150 * time.Millisecond),
+				DatabaseURL:            "{env.DATABASE_URL}",
+				RedisURL:               "redis://127.0.0.1:6379/0",
+				KeyPrefix:              "acme",
+				GatewaySecret:          "{env.GATEWAY_SECRET}",
+				StripFields:            []string{"config", "assertions"},
+				LimiterFailure:         "closed",
+				DatabaseTimeout:        caddy.Duration(1500 * time.Millisecond),
+				RedisTimeout:           caddy.Duration(150 * time.Millisecond),
+				LookupLanes:            3,
+				DisableLookupBatching:  true,
+				DisableCountPipelining: true,
 			},
 		},
 		{
@@ -110,6 +116,11 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"zero duration", "v1_gateway {\n\tredis_timeout 0s\n}", "redis_timeout must be positive", 2},
 		{"strip_fields without names", "v1_gateway {\n\tstrip_fields\n}", "wrong argument count", 2},
 		{"arguments on the directive", "v1_gateway postgres://x {\n}", "wrong argument count", 1},
+		{"lookup_lanes not a number", "v1_gateway {\n\tlookup_lanes many\n}", `lookup_lanes must be a positive whole number, not "many"`, 2},
+		{"lookup_lanes zero", "v1_gateway {\n\tlookup_lanes 0\n}", `lookup_lanes must be a positive whole number, not "0"`, 2},
+		{"duplicate lookup_lanes", "v1_gateway {\n\tlookup_lanes 1\n\tlookup_lanes 2\n}", "lookup_lanes already specified", 3},
+		{"a switch with an argument", "v1_gateway {\n\tdisable_lookup_batching yes\n}", "wrong argument count", 2},
+		{"duplicate switch", "v1_gateway {\n\tdisable_count_pipelining\n\tdisable_count_pipelining\n}", "disable_count_pipelining already specified", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler

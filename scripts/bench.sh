@@ -6,6 +6,8 @@
 #   (b) bin/caddy with a plain reverse_proxy to it (same headers)
 #   (c) the gateway with a real key on a plan with a high but positive limit, so Redis
 #       counts every request
+#   (c0) the same gateway with lookup batching and count pipelining switched off, to
+#       show what they bring (informational)
 #   (d) GET /v1/me answered by the gateway
 #   (e) a 50 MB JSON list through the gateway's field filter: Caddy's peak RSS growth
 #
@@ -14,6 +16,8 @@
 # the targets met or missed, and writes the figures to scripts/bench-results.txt.
 #
 # Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), OUT.
+# PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
+# endpoint, during the first (c) run) and DIR/top.txt (CPU by process meanwhile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -48,6 +52,7 @@ bin/upstream member add --org "$org" --email bench@example.com --role Owner >/de
 up="127.0.0.1:$(free_port)"
 gw="127.0.0.1:$(free_port)"
 plain="127.0.0.1:$(free_port)"
+unbatched="127.0.0.1:$(free_port)"
 big="127.0.0.1:$(free_port)"
 
 bin/upstream serve --addr "$up" >"$stack/upstream.log" 2>&1 &
@@ -70,9 +75,14 @@ awk 'BEGIN {
 	printf "],\"next_cursor\":null}"
 }' >"$stack/www/v1/big.json"
 
+admin=off
+if [ -n "${PROFILE:-}" ]; then
+	mkdir -p "$PROFILE"
+	admin="127.0.0.1:$(free_port)"
+fi
 cat >"$stack/Caddyfile" <<EOF
 {
-	admin off
+	admin $admin
 	auto_https off
 	persist_config off
 	order v1_gateway before reverse_proxy
@@ -84,6 +94,7 @@ http://$gw {
 			database_url   {env.DATABASE_URL}
 			redis_url      {env.REDIS_URL}
 			gateway_secret {env.GATEWAY_SECRET}
+			lookup_lanes   ${LANES:-1}
 		}
 		reverse_proxy $up
 	}
@@ -94,6 +105,19 @@ http://$gw {
 http://$plain {
 	bind 127.0.0.1
 	reverse_proxy $up
+}
+http://$unbatched {
+	bind 127.0.0.1
+	handle /v1/* {
+		v1_gateway {
+			database_url   {env.DATABASE_URL}
+			redis_url      {env.REDIS_URL}
+			gateway_secret {env.GATEWAY_SECRET}
+			disable_lookup_batching
+			disable_count_pipelining
+		}
+		reverse_proxy $up
+	}
 }
 EOF
 cat >"$stack/Caddyfile.big" <<EOF
@@ -116,9 +140,9 @@ http://$big {
 EOF
 bin/caddy run --config "$stack/Caddyfile" --adapter caddyfile >"$stack/caddy.log" 2>&1 &
 pids+=($!)
-wait_http "http://$up/"
-wait_http "http://$gw/"
-wait_http "http://$plain/"
+for addr in "$up" "$gw" "$plain" "$unbatched"; do
+	wait_http "http://$addr/" || { tail -n 20 "$stack"/*.log >&2; exit 1; }
+done
 
 jar="$stack/cookies"
 login bench@example.com bench-password "$jar" "http://$gw"
@@ -171,8 +195,15 @@ for round in 1 2; do
 	echo "measuring (b) plain reverse_proxy, round $round…" >&2
 	b_runs+=("$(measure "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
 	echo "measuring (c) gateway, round $round…" >&2
+	if [ -n "${PROFILE:-}" ] && [ "$round" = 1 ]; then
+		secs=$(( ${DURATION%s} > 2 ? ${DURATION%s} - 2 : 1 ))
+		(sleep 1; curl -s -o "$PROFILE/gateway.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=$secs") &
+		(sleep 1; top -b -d "$secs" -n 2 -w 200 | awk '/^top -/ {n++} n == 2' | head -n 20 >"$PROFILE/top.txt") &
+	fi
 	c_runs+=("$(measure "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
 done
+echo "measuring (c0) gateway without batching or pipelining…" >&2
+read -r c0_rps c0_p50 c0_p99 < <(measure "http://$unbatched/v1/monitors/$monitor" "${auth[@]}")
 echo "measuring (d) /v1/me…" >&2
 read -r d_rps d_p50 d_p99 < <(measure "http://$gw/v1/me" "${auth[@]}")
 
@@ -185,7 +216,7 @@ echo "measuring (e) 50 MB list through the filter…" >&2
 bin/caddy run --config "$stack/Caddyfile.big" --adapter caddyfile >"$stack/caddy-big.log" 2>&1 &
 big_pid=$!
 pids+=($big_pid)
-wait_http "http://$big/"
+wait_http "http://$big/" || { tail -n 20 "$stack/caddy-big.log" >&2; exit 1; }
 curl -sf -o /dev/null "${auth[@]}" "http://$big/v1/me"
 rss_before=$(awk '/^VmRSS:/ {print $2}' "/proc/$big_pid/status")
 size_in=$(stat -c %s "$stack/www/v1/big.json")
@@ -208,6 +239,8 @@ machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} war
 (a) upstream alone              $(printf '%9.0f %11.3f %9.3f' "$a_rps" "$a_p50" "$a_p99")
 (b) caddy plain reverse_proxy   $(printf '%9.0f %11.3f %9.3f' "$b_rps" "$b_p50" "$b_p99")
 (c) gateway (PG + Redis each)   $(printf '%9.0f %11.3f %9.3f' "$c_rps" "$c_p50" "$c_p99")
+(c0) (c) without batching or
+     pipelining (informational) $(printf '%9.0f %11.3f %9.3f' "$c0_rps" "$c0_p50" "$c0_p99")
 (d) gateway GET /v1/me          $(printf '%9.0f %11.3f %9.3f' "$d_rps" "$d_p50" "$d_p99")
 
 (e) 50 MB list through the filter: $size_in bytes in, $size_out out, hidden fields left: $leaked;
