@@ -185,6 +185,7 @@ func newStack(t *testing.T) *Stack {
 		redisURL:  os.Getenv("REDIS_URL"),
 		stackDir:  os.Getenv("STACK_DIR"),
 		keyPrefix: "mon",
+		secrets:   []string{gatewaySecret},
 	}
 	if s.redisURL == "" {
 		t.Fatal("REDIS_URL is not set: run the tests with `make test`")
@@ -246,18 +247,22 @@ var caddyfileTmpl = template.Must(template.New("caddyfile").Parse(`{
 	auto_https off
 	persist_config off
 	order v1_gateway before reverse_proxy
+	# The logging of Caddyfile.example.
+	log {
+		format filter {
+			wrap json
+			fields {
+				request>headers>X-Gateway-Secret delete
+				request>headers>X-Api-Key delete
+				request>uri regexp {{.KeyPattern}} "${1}.REDACTED"
+			}
+		}
+	}
 }
 
 http://{{.Addr}} {
 	bind 127.0.0.1
-	log {
-		output stderr
-		format filter {
-			wrap json
-			request>uri regexp {{.KeyPattern}} "${1}.REDACTED"
-			request>headers>X-Api-Key delete
-		}
-	}
+	log
 	handle /v1/* {
 		v1_gateway {
 			database_url   {env.DATABASE_URL}
