@@ -1,0 +1,322 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/upstream/schema/schematest"
+)
+
+// run runs the command line with args and stdin against the environment env.
+func run(t *testing.T, env map[string]string, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut strings.Builder
+	code = Main(context.Background(), args, strings.NewReader(stdin), &out, &errOut, func(k string) string { return env[k] })
+	return code, out.String(), errOut.String()
+}
+
+// idOf returns the "id" of a command's JSON output.
+func idOf(t *testing.T, stdout string) string {
+	t.Helper()
+	var v struct{ ID string }
+	if err := json.Unmarshal([]byte(stdout), &v); err != nil || v.ID == "" {
+		t.Fatalf("output %q has no id", stdout)
+	}
+	return v.ID
+}
+
+func TestOperatorCommands(t *testing.T) {
+	_, dbURL := schematest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+
+	code, out, _ := run(t, env, "", "org", "create", "--name", "Acme", "--plan", "pro")
+	if code != 0 {
+		t.Fatalf("org create: %d", code)
+	}
+	org := idOf(t, out)
+	if out != `{"id":"`+org+`","name":"Acme","plan":"pro"}`+"\n" {
+		t.Errorf("org create printed %q", out)
+	}
+	code, out, _ = run(t, env, "s3cret pass\r\nsecond line\n", "user", "create", "--email", "Ada@Example.com", "--password-stdin")
+	if code != 0 {
+		t.Fatalf("user create: %d", code)
+	}
+	user := idOf(t, out)
+	if out != `{"id":"`+user+`","email":"Ada@Example.com"}`+"\n" {
+		t.Errorf("user create printed %q", out)
+	}
+
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		stdin  string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"plan put creates", []string{"plan", "put", "--name", "team", "--api-rate-limit", "120", "--max-monitors", "20", "--min-interval", "30", "--locations", "us-east,eu-central", "--check-types", "http,icmp"}, "", 0,
+			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east","eu-central"],"check_types":["http","icmp"]}`, ""},
+		{"plan put replaces", []string{"plan", "put", "--name", "team", "--api-rate-limit", "-1", "--max-monitors", "-1", "--min-interval", "10", "--locations", "us-west", "--check-types", "dns"}, "", 0,
+			`{"name":"team","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-west"],"check_types":["dns"]}`, ""},
+		{"plan put with a missing flag", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east"}, "", 2,
+			"", "upstream plan put: usage: --check-types is required (see --help)"},
+		{"plan put with an unknown location", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "mars", "--check-types", "http"}, "", 2,
+			"", `upstream plan put: --locations: unknown value "mars"; known: us-east,us-west,eu-west,eu-central,ap-southeast`},
+		{"plan put with a bad name", []string{"plan", "put", "--name", "Pro", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http"}, "", 2,
+			"", "upstream plan put: --name: must match [a-z][a-z0-9_-]{0,62}"},
+		{"plan put with a short interval", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "5", "--locations", "us-east", "--check-types", "http"}, "", 2,
+			"", "upstream plan put: --min-interval: must be from 10 to 86400 seconds"},
+		{"plan put with a bad number", []string{"plan", "put", "--name", "x", "--api-rate-limit", "lots"}, "", 2,
+			"", `upstream plan put: usage: invalid value "lots" for flag -api-rate-limit: parse error (see --help)`},
+		{"org create on an unknown plan", []string{"org", "create", "--name", "Acme", "--plan", "gold"}, "", 1,
+			"", `upstream org create: unknown plan "gold"`},
+		{"org create without a name", []string{"org", "create", "--plan", "pro"}, "", 2,
+			"", "upstream org create: usage: --name is required (see --help)"},
+		{"org set-plan", []string{"org", "set-plan", "--org", org, "--plan", "team"}, "", 0,
+			`{"id":"` + org + `","name":"Acme","plan":"team"}`, ""},
+		{"org set-plan to an unknown plan", []string{"org", "set-plan", "--org", org, "--plan", "gold"}, "", 1,
+			"", `upstream org set-plan: unknown plan "gold"`},
+		{"org set-plan of an unknown org", []string{"org", "set-plan", "--org", "00000000-0000-0000-0000-000000000000", "--plan", "pro"}, "", 1,
+			"", "upstream org set-plan: unknown org 00000000-0000-0000-0000-000000000000"},
+		{"org set-plan of a malformed org", []string{"org", "set-plan", "--org", "acme", "--plan", "pro"}, "", 2,
+			"", "upstream org set-plan: --org: must be an org id (a UUID)"},
+		{"user create with a duplicate email", []string{"user", "create", "--email", "ada@example.COM", "--password-stdin"}, "pw\n", 1,
+			"", "upstream user create: a user with email ada@example.COM already exists"},
+		{"user create with an empty password", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "\nsecond\n", 2,
+			"", "upstream user create: password: the first line of standard input is empty"},
+		{"user create with no input", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "", 2,
+			"", "upstream user create: password: the first line of standard input is empty"},
+		{"user create without --password-stdin", []string{"user", "create", "--email", "bob@example.com"}, "pw\n", 2,
+			"", "upstream user create: usage: --password-stdin is required (see --help)"},
+		{"user create with a password argument", []string{"user", "create", "--email", "bob@example.com", "--password", "pw"}, "", 2,
+			"", "upstream user create: usage: flag provided but not defined: -password (see --help)"},
+		{"user create with a bad email", []string{"user", "create", "--email", "bob", "--password-stdin"}, "pw\n", 2,
+			"", "upstream user create: --email: must be an email address"},
+		{"member add", []string{"member", "add", "--org", org, "--email", "ada@example.com", "--role", "Admin"}, "", 0,
+			`{"org_id":"` + org + `","user_id":"` + user + `","email":"Ada@Example.com","role":"Admin"}`, ""},
+		{"member add again changes the role", []string{"member", "add", "--org", org, "--email", "ADA@example.com", "--role", "Owner"}, "", 0,
+			`{"org_id":"` + org + `","user_id":"` + user + `","email":"Ada@Example.com","role":"Owner"}`, ""},
+		{"member add with a bad role", []string{"member", "add", "--org", org, "--email", "ada@example.com", "--role", "Boss"}, "", 2,
+			"", "upstream member add: --role: must be one of Owner, Admin, Editor, Viewer"},
+		{"member add of an unknown email", []string{"member", "add", "--org", org, "--email", "eve@example.com", "--role", "Viewer"}, "", 1,
+			"", "upstream member add: no user with email eve@example.com"},
+		{"member add to an unknown org", []string{"member", "add", "--org", "00000000-0000-0000-0000-000000000000", "--email", "ada@example.com", "--role", "Viewer"}, "", 1,
+			"", "upstream member add: unknown org 00000000-0000-0000-0000-000000000000"},
+		{"unknown command", []string{"frobnicate"}, "", 2,
+			"", `upstream: usage: unknown command "frobnicate" (see upstream --help)`},
+		{"unknown subcommand", []string{"org", "delete"}, "", 2,
+			"", `upstream org: usage: unknown subcommand "delete"`},
+		{"extra argument", []string{"org", "create", "--name", "A", "--plan", "pro", "extra"}, "", 2,
+			"", `upstream org create: usage: unexpected argument "extra" (see --help)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := run(t, env, tc.stdin, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d (stderr %q)", code, tc.code, stderr)
+			}
+			if tc.stdout != "" && stdout != tc.stdout+"\n" {
+				t.Errorf("stdout %q\nwant   %q", stdout, tc.stdout+"\n")
+			}
+			if tc.code != 0 && !strings.HasPrefix(stdout, "usage:") && stdout != "" {
+				t.Errorf("a failure printed %q on stdout", stdout)
+			}
+			if stderr != "" && stderr != tc.stderr+"\n" || stderr == "" && tc.stderr != "" {
+				t.Errorf("stderr %q\nwant   %q", stderr, tc.stderr+"\n")
+			}
+		})
+	}
+
+	// The password is the first line without its line ending: it logs in, and the
+	// stored hash is argon2id.
+	e := newTestEnvOn(t, dbURL)
+	e.login("ada@example.com", "s3cret pass")
+	r := e.anon().do("POST", "/auth/login", `{"email":"ada@example.com","password":"s3cret pass\r"}`)
+	want(t, r, 401, `{"error":"invalid credentials"}`)
+	if hash := scalar[string](e, `SELECT password_hash FROM users WHERE id = $1`, user); !strings.HasPrefix(hash, "$argon2id$v=19$") {
+		t.Errorf("stored hash %q", hash)
+	}
+}
+
+func TestEveryCommandHasHelp(t *testing.T) {
+	for _, args := range [][]string{
+		{"--help"}, {"help"}, {"serve", "--help"}, {"migrate", "--help"}, {"plan", "put", "--help"},
+		{"org", "create", "--help"}, {"org", "set-plan", "-h"}, {"user", "create", "--help"},
+		{"member", "add", "--help"}, {"org", "--help"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			code, stdout, stderr := run(t, nil, "", args...)
+			if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "usage: upstream") {
+				t.Errorf("exit %d, stdout %q, stderr %q; want usage on stdout and exit 0", code, stdout, stderr)
+			}
+		})
+	}
+	code, stdout, stderr := run(t, nil, "")
+	if code != 2 || !strings.HasPrefix(stdout, "usage: upstream") || stderr != "upstream: usage: a command is required\n" {
+		t.Errorf("no command: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+func TestCommandsNeedTheirEnvironment(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		args   []string
+		stderr string
+	}{
+		{"migrate without DATABASE_URL", nil, []string{"migrate"},
+			"upstream migrate: usage: DATABASE_URL is not set: set it to the postgres:// URL of the database\n"},
+		{"org create without DATABASE_URL", nil, []string{"org", "create", "--name", "A", "--plan", "pro"},
+			"upstream org create: usage: DATABASE_URL is not set: set it to the postgres:// URL of the database\n"},
+		{"serve without DATABASE_URL", map[string]string{"GATEWAY_SECRET": "x"}, []string{"serve"},
+			"upstream serve: usage: DATABASE_URL is not set: set it to the postgres:// URL of the database\n"},
+		{"serve without GATEWAY_SECRET", map[string]string{"DATABASE_URL": "postgres://localhost/x"}, []string{"serve"},
+			"upstream serve: usage: GATEWAY_SECRET is not set: set it to the gateway_secret of the gateway's configuration\n"},
+		{"serve with a bad key prefix", map[string]string{"KEY_PREFIX": "Mon"}, []string{"serve"},
+			`upstream serve: usage: --key-prefix: key prefix must match [a-z][a-z0-9]{0,15}: "Mon"` + "\n"},
+		{"serve with a bad session ttl", nil, []string{"serve", "--session-ttl", "0s"},
+			"upstream serve: usage: --session-ttl must be positive\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := run(t, tc.env, "", tc.args...)
+			if code != 2 || stderr != tc.stderr {
+				t.Errorf("exit %d, stderr %q; want 2, %q", code, stderr, tc.stderr)
+			}
+		})
+	}
+	code, _, stderr := run(t, map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"}, "",
+		"org", "create", "--name", "A", "--plan", "pro")
+	if code != 1 || !strings.HasPrefix(stderr, "upstream org create: connecting to postgres: ") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("unreachable database: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// emptyDatabase creates a database without the schema, dropped when the test ends.
+func emptyDatabase(t *testing.T) string {
+	t.Helper()
+	base := schematest.URL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "test_empty_" + hex.EncodeToString(b[:])
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), base)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		_, _ = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	u, _ := url.Parse(base)
+	u.Path = "/" + name
+	return u.String()
+}
+
+func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
+	dbURL := emptyDatabase(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": testSecret}
+
+	code, _, stderr := run(t, env, "", "serve", "--addr", "127.0.0.1:0")
+	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 1: run `upstream migrate` first (or serve --migrate)\n" {
+		t.Errorf("serve on an empty database: exit %d, stderr %q", code, stderr)
+	}
+	for range 2 {
+		code, stdout, stderr := run(t, env, "", "migrate")
+		if code != 0 || stdout != `{"schema_version":1}`+"\n" || stderr != "" {
+			t.Errorf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+		}
+	}
+}
+
+func TestServeServesUntilCancelled(t *testing.T) {
+	dbURL := emptyDatabase(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": testSecret, "KEY_PREFIX": "acme"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate"}, strings.NewReader(""), io.Discard, pw,
+			func(k string) string { return env[k] })
+		pw.Close()
+		done <- code
+	}()
+
+	// The logs are read as they come, so that logging never blocks the server.
+	logLines := make(chan string, 100)
+	go func() {
+		lines := bufio.NewScanner(pr)
+		for lines.Scan() {
+			logLines <- lines.Text()
+		}
+		close(logLines)
+	}()
+	var addr string
+	for line := range logLines {
+		var entry struct {
+			Msg       string `json:"msg"`
+			Addr      string `json:"addr"`
+			KeyPrefix string `json:"key_prefix"`
+		}
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("log line %q is not JSON", line)
+		}
+		if entry.Msg == "serving" {
+			addr = entry.Addr
+			if entry.KeyPrefix != "acme" {
+				t.Errorf("key prefix %q, want acme from KEY_PREFIX", entry.KeyPrefix)
+			}
+			break
+		}
+	}
+	if addr == "" {
+		t.Fatal("serve did not log its address")
+	}
+	if !regexp.MustCompile(`^127\.0\.0\.1:\d+$`).MatchString(addr) {
+		t.Errorf("address %q", addr)
+	}
+	res, err := http.Get("http://" + addr + "/nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 404 || res.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("GET /nope = %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+
+	cancel()
+	var rest strings.Builder
+	for line := range logLines {
+		rest.WriteString(line + "\n")
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("serve exited %d after cancellation", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	if !strings.Contains(rest.String(), `"msg":"request"`) || !strings.Contains(rest.String(), `"msg":"stopped"`) {
+		t.Errorf("logs after start:\n%s", rest.String())
+	}
+}

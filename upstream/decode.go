@@ -1,0 +1,230 @@
+package upstream
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// decodeObject reads body as exactly one JSON object and calls field for each of its
+// members in document order, stopping at the first error. A body that is not one
+// object, has anything but white space after it, or repeats a member name is an
+// EINVALID error naming "body" or the repeated field.
+func decodeObject(body []byte, field func(name string, raw json.RawMessage) error) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return invalid("body", "must be a JSON object")
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return invalid("body", "must be a JSON object")
+	}
+	seen := make(map[string]bool)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return invalid("body", "is not valid JSON")
+		}
+		name, ok := tok.(string)
+		if !ok {
+			return invalid("body", "is not valid JSON")
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return invalid("body", "is not valid JSON")
+		}
+		if seen[name] {
+			return invalid(name, "appears more than once")
+		}
+		seen[name] = true
+		if err := field(name, raw); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return invalid("body", "is not valid JSON")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return invalid("body", "must hold a single JSON object and nothing after it")
+	}
+	return nil
+}
+
+// kindOf names the JSON kind of raw for error messages.
+func kindOf(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case 'n':
+		return "null"
+	case 't', 'f':
+		return "a boolean"
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	}
+	return "a number"
+}
+
+// decodeString decodes raw, which must be a JSON string (not null).
+func decodeString(name string, raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", invalid(name, "must be a string, not %s", kindOf(raw))
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", invalid(name, "must be a string")
+	}
+	return s, nil
+}
+
+// decodeText decodes a string of minLen..maxLen characters without control characters,
+// which PostgreSQL's text type can store.
+func decodeText(name string, raw json.RawMessage, minLen, maxLen int) (string, error) {
+	s, err := decodeString(name, raw)
+	if err != nil {
+		return "", err
+	}
+	if n := utf8.RuneCountInString(s); n < minLen || n > maxLen {
+		return "", invalid(name, "must be %d to %d characters long", minLen, maxLen)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return "", invalid(name, "must not contain control characters")
+		}
+	}
+	return s, nil
+}
+
+// decodeInt decodes raw, which must be a JSON integer literal (no fraction, no
+// exponent, not a string).
+func decodeInt(name string, raw json.RawMessage) (int, error) {
+	if len(raw) == 0 || !(raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
+		return 0, invalid(name, "must be an integer, not %s", kindOf(raw))
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 32)
+	if err != nil {
+		return 0, invalid(name, "must be an integer")
+	}
+	return int(n), nil
+}
+
+// decodeBool decodes raw, which must be true or false.
+func decodeBool(name string, raw json.RawMessage) (bool, error) {
+	switch string(raw) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, invalid(name, "must be a boolean, not %s", kindOf(raw))
+}
+
+// decodeTime decodes an RFC 3339 timestamp string.
+func decodeTime(name string, raw json.RawMessage) (time.Time, error) {
+	s, err := decodeString(name, raw)
+	if err != nil {
+		return time.Time{}, err
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, invalid(name, "must be an RFC 3339 timestamp")
+	}
+	return t, nil
+}
+
+// maxJSONDepth bounds the nesting of the free-form config and assertions, well within
+// what PostgreSQL's jsonb parser accepts.
+const maxJSONDepth = 64
+
+// decodeFreeJSON decodes raw, which must be a JSON value of the kind want ('{' object or
+// '[' array), checks that PostgreSQL's jsonb can store it (no NUL characters, numbers
+// within its range, bounded depth), and returns it re-encoded: unpaired surrogate
+// escapes, which jsonb refuses, become U+FFFD as they do in every Go string.
+func decodeFreeJSON(name string, raw json.RawMessage, want byte) ([]byte, error) {
+	if len(raw) == 0 || raw[0] != want {
+		kind := "an object"
+		if want == '[' {
+			kind = "an array"
+		}
+		return nil, invalid(name, "must be %s, not %s", kind, kindOf(raw))
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, invalid(name, "is not valid JSON")
+	}
+	if err := storableJSON(name, v, 0); err != nil {
+		return nil, err
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return nil, invalid(name, "is not valid JSON")
+	}
+	return out, nil
+}
+
+// storableJSON checks v, decoded with UseNumber, against jsonb's limits.
+func storableJSON(name string, v any, depth int) error {
+	if depth > maxJSONDepth {
+		return invalid(name, "is nested more than %d levels deep", maxJSONDepth)
+	}
+	switch v := v.(type) {
+	case string:
+		if !storableString(v) {
+			return invalid(name, "must not contain the character U+0000")
+		}
+	case json.Number:
+		// Numbers must lie in the range of a float64, the range RFC 8259 calls
+		// interoperable, and be written in at most 100 characters; that keeps them well
+		// within the limits of jsonb's numeric. A float64 that rounds to zero although
+		// the digits are not all zeros is an underflow.
+		f, err := strconv.ParseFloat(string(v), 64)
+		if err != nil || len(v) > 100 || (f == 0 && strings.ContainsAny(mantissa(string(v)), "123456789")) {
+			return invalid(name, "holds a number out of range")
+		}
+	case []any:
+		for _, e := range v {
+			if err := storableJSON(name, e, depth+1); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if !storableString(k) {
+				return invalid(name, "must not contain the character U+0000")
+			}
+			if err := storableJSON(name, e, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// mantissa returns the part of a JSON number before its exponent.
+func mantissa(n string) string {
+	for i := 0; i < len(n); i++ {
+		if n[i] == 'e' || n[i] == 'E' {
+			return n[:i]
+		}
+	}
+	return n
+}
+
+// storableString reports whether PostgreSQL can store s in jsonb: it has no NUL.
+func storableString(s string) bool {
+	return strings.IndexByte(s, 0) < 0
+}

@@ -1,0 +1,224 @@
+package upstream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+)
+
+// Error codes of the upstream. Every error a handler can answer with carries one of
+// these; writeError maps them to the statuses and bodies of CONTRACT §6, and the CLI
+// maps them to its exit codes.
+const (
+	// EINVALID is a request (or command line) with a bad value. HTTP: 400
+	// {"error":"invalid_request","message":Message}, where Message names the field.
+	EINVALID = "invalid"
+	// EUNAUTHORIZED is a request without valid credentials. HTTP: 401
+	// {"error":Message}, Message being "unauthenticated", "api key unauthenticated"
+	// or "invalid credentials" depending on the route.
+	EUNAUTHORIZED = "unauthorized"
+	// EFORBIDDEN is an authenticated caller whose role lacks the permission. HTTP: 403
+	// {"error":"forbidden"}.
+	EFORBIDDEN = "forbidden"
+	// EQUOTA is a plan quota that a write would exceed; Detail is the metric. HTTP: 402
+	// {"error":"quota_exceeded","metric":Detail,"upgrade":true}.
+	EQUOTA = "quota_exceeded"
+	// EFEATUREGATED is a feature the organisation's plan lacks; Detail is the feature.
+	// HTTP: 403 {"error":"feature_gated","feature":Detail,"upgrade":true}.
+	EFEATUREGATED = "feature_gated"
+	// ENOTFOUND is a resource the caller cannot see. HTTP: 404 {"error":Message}.
+	ENOTFOUND = "not_found"
+	// ECONFLICT is a write that clashes with existing data (a duplicate email in the
+	// CLI). HTTP: 409 {"error":Message}.
+	ECONFLICT = "conflict"
+	// EMETHOD is a known route called with a method it does not serve. HTTP: 405
+	// {"error":"method not allowed"}.
+	EMETHOD = "method_not_allowed"
+	// ETOOLARGE is a request body over maxBodyBytes. HTTP: 413
+	// {"error":"request_too_large"}.
+	ETOOLARGE = "request_too_large"
+	// EUNAVAILABLE is a database that cannot be reached or is shutting down: worth a
+	// retry later. HTTP: 503 {"error":"service_unavailable"}; the cause is logged.
+	EUNAVAILABLE = "unavailable"
+	// EINTERNAL is anything else: a broken database, a bug. HTTP: 500
+	// {"error":"internal"}; the cause is logged, never sent.
+	EINTERNAL = "internal"
+)
+
+// Error is the upstream's one error type: a code, a message meant for the caller, and
+// for quota and feature errors the name of the metric or feature.
+type Error struct {
+	// Code is one of the E* constants.
+	Code string
+	// Message is safe to show to the caller: it never carries internal details.
+	Message string
+	// Detail is the metric of an EQUOTA error or the feature of an EFEATUREGATED one.
+	Detail string
+}
+
+// Error implements the error interface.
+func (e *Error) Error() string {
+	if e.Detail != "" {
+		return fmt.Sprintf("upstream error: code=%s message=%s detail=%s", e.Code, e.Message, e.Detail)
+	}
+	return fmt.Sprintf("upstream error: code=%s message=%s", e.Code, e.Message)
+}
+
+// Errorf returns an *Error with the given code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrorCode returns the code of the first *Error in err's chain, EUNAVAILABLE for a
+// database that cannot be reached, EINTERNAL for any other non-nil error, and "" for nil.
+func ErrorCode(err error) string {
+	var e *Error
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &e):
+		return e.Code
+	case dbUnavailable(err):
+		return EUNAVAILABLE
+	}
+	return EINTERNAL
+}
+
+// dbUnavailable reports whether err says that PostgreSQL could not be reached or
+// went away, rather than that a statement failed.
+func dbUnavailable(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &connectErr), pgconn.Timeout(err), errors.As(err, &netErr),
+		errors.Is(err, io.ErrUnexpectedEOF):
+		return true
+	case errors.As(err, &pgErr):
+		// Class 08 is connection exceptions; 57P01..57P03 are a server shutting down or
+		// starting; 53300 is too many connections.
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" ||
+			pgErr.Code == "57P03" || pgErr.Code == "53300"
+	}
+	return false
+}
+
+// ErrorMessage returns the caller-safe message of err: the Message of an *Error, and
+// "internal error" for anything else, whose text may hold internals.
+func ErrorMessage(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return "internal error"
+}
+
+// invalid returns the EINVALID error for field, whose message is "<field>: <what>".
+func invalid(field, format string, args ...any) *Error {
+	return &Error{Code: EINVALID, Message: field + ": " + fmt.Sprintf(format, args...)}
+}
+
+// quotaExceeded returns the 402 of a plan quota.
+func quotaExceeded(metric string) *Error {
+	return &Error{Code: EQUOTA, Message: "quota exceeded", Detail: metric}
+}
+
+// featureGated returns the 403 of a feature the plan lacks.
+func featureGated(feature string) *Error {
+	return &Error{Code: EFEATUREGATED, Message: "feature gated", Detail: feature}
+}
+
+// The errors the routes answer with, so that every door says exactly the same words.
+var (
+	errUnauthenticated   = &Error{Code: EUNAUTHORIZED, Message: "unauthenticated"}
+	errKeyUnauth         = &Error{Code: EUNAUTHORIZED, Message: "api key unauthenticated"}
+	errBadCredentials    = &Error{Code: EUNAUTHORIZED, Message: "invalid credentials"}
+	errForbidden         = &Error{Code: EFORBIDDEN, Message: "forbidden"}
+	errNotFound          = &Error{Code: ENOTFOUND, Message: "not found"}
+	errMonitorNotFound   = &Error{Code: ENOTFOUND, Message: "monitor not found"}
+	errMethodNotAllowed  = &Error{Code: EMETHOD, Message: "method not allowed"}
+	errRequestTooLarge   = &Error{Code: ETOOLARGE, Message: "request_too_large"}
+	errAPIFeatureGated   = featureGated("api")
+	errMonitorQuota      = quotaExceeded("monitors")
+	errMinIntervalQuota  = quotaExceeded("min_interval_seconds")
+	errInternalForClient = &Error{Code: EINTERNAL, Message: "internal"}
+	errUnavailable       = &Error{Code: EUNAVAILABLE, Message: "service unavailable"}
+)
+
+// statusOf maps each code to its HTTP status.
+var statusOf = map[string]int{
+	EINVALID:      http.StatusBadRequest,
+	EUNAUTHORIZED: http.StatusUnauthorized,
+	EQUOTA:        http.StatusPaymentRequired,
+	EFORBIDDEN:    http.StatusForbidden,
+	EFEATUREGATED: http.StatusForbidden,
+	ENOTFOUND:     http.StatusNotFound,
+	EMETHOD:       http.StatusMethodNotAllowed,
+	ECONFLICT:     http.StatusConflict,
+	ETOOLARGE:     http.StatusRequestEntityTooLarge,
+	EUNAVAILABLE:  http.StatusServiceUnavailable,
+	EINTERNAL:     http.StatusInternalServerError,
+}
+
+// errorBody is every error body's shape; the optional fields appear only for the codes
+// that carry them.
+type errorBody struct {
+	Error   string `json:"error"`
+	Message string `json:"message,omitempty"`
+	Metric  string `json:"metric,omitempty"`
+	Feature string `json:"feature,omitempty"`
+	Upgrade bool   `json:"upgrade,omitempty"`
+}
+
+// writeError answers r with the status and JSON body of err's code. Internal errors are
+// logged with their cause and answered with {"error":"internal"} only.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	code := ErrorCode(err)
+	var e *Error
+	switch {
+	case code == EUNAVAILABLE:
+		s.logger.Error("database unavailable",
+			zap.String("method", r.Method),
+			zap.String("path", r.URL.Path),
+			zap.Error(err))
+		e = errUnavailable
+	case !errors.As(err, &e) || code == EINTERNAL:
+		s.logger.Error("internal error",
+			zap.String("method", r.Method),
+			zap.String("path", r.URL.Path),
+			zap.Error(err))
+		code, e = EINTERNAL, errInternalForClient
+	}
+	var body errorBody
+	switch code {
+	case EINVALID:
+		body = errorBody{Error: "invalid_request", Message: e.Message}
+	case EQUOTA:
+		body = errorBody{Error: "quota_exceeded", Metric: e.Detail, Upgrade: true}
+	case EFEATUREGATED:
+		body = errorBody{Error: "feature_gated", Feature: e.Detail, Upgrade: true}
+	case EFORBIDDEN:
+		body = errorBody{Error: "forbidden"}
+	case EMETHOD:
+		body = errorBody{Error: "method not allowed"}
+	case ETOOLARGE:
+		body = errorBody{Error: "request_too_large"}
+	case EUNAVAILABLE:
+		body = errorBody{Error: "service_unavailable"}
+	case EINTERNAL:
+		body = errorBody{Error: "internal"}
+	default:
+		body = errorBody{Error: e.Message}
+	}
+	status, ok := statusOf[code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	writeJSON(w, status, body)
+}

@@ -1,0 +1,50 @@
+package upstream
+
+import "slices"
+
+// plan is the part of an organisation's plan that gates monitor writes.
+type plan struct {
+	// maxMonitors is the number of live monitors allowed; -1 means no cap.
+	maxMonitors int
+	// minInterval is the smallest interval_seconds allowed.
+	minInterval int
+	// locations are the probe locations the plan includes.
+	locations []string
+	// checkTypes are the monitor types the plan includes.
+	checkTypes []string
+}
+
+// noCount is passed to planGate for writes that do not add a monitor, to which the
+// count gate does not apply.
+const noCount = -1
+
+// planGate is the one place the plan gates of CONTRACT §6 are decided, for both doors,
+// after the body has been found valid. It returns the first gate w fails, in order:
+//
+//  1. monitor count (creates only: liveMonitors is the org's count of live monitors,
+//     or noCount): 402 quota_exceeded "monitors";
+//  2. minimum interval: 402 quota_exceeded "min_interval_seconds";
+//  3. probe locations, the first in w's order the plan lacks: 403 feature_gated
+//     "location:<name>";
+//  4. check type: 403 feature_gated "check_type:<type>".
+//
+// Only the fields w sets are gated, so that a PATCH that renames a monitor of an
+// organisation since moved to a smaller plan still succeeds; a create sets every field
+// (defaults included) and is gated on all of them.
+func planGate(p plan, w monitorWrite, liveMonitors int) error {
+	if liveMonitors != noCount && p.maxMonitors >= 0 && liveMonitors >= p.maxMonitors {
+		return errMonitorQuota
+	}
+	if w.intervalSeconds != nil && *w.intervalSeconds < p.minInterval {
+		return errMinIntervalQuota
+	}
+	for _, loc := range w.locations {
+		if !slices.Contains(p.locations, loc) {
+			return featureGated("location:" + loc)
+		}
+	}
+	if w.typ != nil && !slices.Contains(p.checkTypes, *w.typ) {
+		return featureGated("check_type:" + *w.typ)
+	}
+	return nil
+}

@@ -1,0 +1,152 @@
+package upstream
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/crypto/argon2"
+)
+
+// argon2Params are the cost parameters of argon2id. The defaults are OWASP's minimum
+// recommendation (19 MiB, 2 passes, 1 lane): enough against offline guessing of a
+// stolen users table, cheap enough that logins stay fast on a small machine.
+type argon2Params struct {
+	memory  uint32 // KiB
+	time    uint32
+	threads uint8
+	saltLen int
+	keyLen  int
+}
+
+var defaultArgon2 = argon2Params{memory: 19 * 1024, time: 2, threads: 1, saltLen: 16, keyLen: 32}
+
+// Bounds on the parameters read back from a stored hash, so that a corrupt or hostile
+// row cannot make one login allocate gigabytes or run for minutes.
+const (
+	maxArgon2Memory  = 1 << 20 // KiB, 1 GiB
+	maxArgon2Time    = 16
+	maxArgon2Threads = 16
+)
+
+// errBadHash is a stored password hash that is not a PHC argon2id string this package
+// can verify.
+var errBadHash = errors.New("password hash is not a valid argon2id PHC string")
+
+// passwordHasher hashes and verifies passwords with argon2id in the PHC string format
+// `$argon2id$v=19$m=…,t=…,p=…$<salt>$<hash>` (unpadded standard base64). At most
+// GOMAXPROCS derivations run at once, which bounds the memory logins can take.
+type passwordHasher struct {
+	params argon2Params
+	slots  chan struct{}
+
+	dummyOnce sync.Once
+	dummy     string
+
+	// derivations counts the argon2id runs, so that tests can check that a login for an
+	// unknown email does the same work as one for a known email.
+	derivations atomic.Int64
+}
+
+func newPasswordHasher() *passwordHasher {
+	return &passwordHasher{params: defaultArgon2, slots: make(chan struct{}, runtime.GOMAXPROCS(0))}
+}
+
+// derive runs argon2id once a slot is free, or gives up when ctx ends first.
+func (h *passwordHasher) derive(ctx context.Context, password, salt []byte, p argon2Params) ([]byte, error) {
+	select {
+	case h.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-h.slots }()
+	h.derivations.Add(1)
+	return argon2.IDKey(password, salt, p.time, p.memory, p.threads, uint32(p.keyLen)), nil
+}
+
+// hash returns the PHC string of password with a fresh random salt.
+func (h *passwordHasher) hash(ctx context.Context, password string) (string, error) {
+	salt := make([]byte, h.params.saltLen)
+	if _, err := rand.Read(salt); err != nil {
+		return "", fmt.Errorf("reading random bytes: %w", err)
+	}
+	key, err := h.derive(ctx, []byte(password), salt, h.params)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("$argon2id$v=%d$m=%d,t=%d,p=%d$%s$%s", argon2.Version,
+		h.params.memory, h.params.time, h.params.threads,
+		base64.RawStdEncoding.EncodeToString(salt), base64.RawStdEncoding.EncodeToString(key)), nil
+}
+
+// verify reports whether password matches the PHC string encoded, comparing in
+// constant time. A malformed encoded string is an error, not a mismatch.
+func (h *passwordHasher) verify(ctx context.Context, encoded, password string) (bool, error) {
+	p, salt, want, err := parsePHC(encoded)
+	if err != nil {
+		return false, err
+	}
+	got, err := h.derive(ctx, []byte(password), salt, p)
+	if err != nil {
+		return false, err
+	}
+	return subtle.ConstantTimeCompare(got, want) == 1, nil
+}
+
+// burn does the work of verifying password against a hash that matches nothing, so
+// that a login for an unknown email takes as long as one with a wrong password.
+func (h *passwordHasher) burn(ctx context.Context, password string) error {
+	h.prepareDummy()
+	if h.dummy == "" {
+		return errors.New("computing the dummy password hash failed")
+	}
+	_, err := h.verify(ctx, h.dummy, password)
+	return err
+}
+
+// prepareDummy computes, once, the hash burn verifies against. NewServer calls it so
+// that not even the first login for an unknown email is slower than the others.
+func (h *passwordHasher) prepareDummy() {
+	h.dummyOnce.Do(func() {
+		// The dummy's salt is random and its password unguessable; it never matches.
+		h.dummy, _ = h.hash(context.Background(), rand.Text())
+	})
+}
+
+// parsePHC splits an argon2id PHC string into its parameters, salt and key.
+func parsePHC(encoded string) (argon2Params, []byte, []byte, error) {
+	var p argon2Params
+	parts := strings.Split(encoded, "$")
+	if len(parts) != 6 || parts[0] != "" || parts[1] != "argon2id" {
+		return p, nil, nil, errBadHash
+	}
+	var version int
+	if _, err := fmt.Sscanf(parts[2], "v=%d", &version); err != nil || version != argon2.Version {
+		return p, nil, nil, errBadHash
+	}
+	var m, t, threads uint32
+	n, err := fmt.Sscanf(parts[3], "m=%d,t=%d,p=%d", &m, &t, &threads)
+	if err != nil || n != 3 || fmt.Sprintf("m=%d,t=%d,p=%d", m, t, threads) != parts[3] {
+		return p, nil, nil, errBadHash
+	}
+	if m < 8 || m > maxArgon2Memory || t < 1 || t > maxArgon2Time || threads < 1 || threads > maxArgon2Threads {
+		return p, nil, nil, errBadHash
+	}
+	salt, err := base64.RawStdEncoding.Strict().DecodeString(parts[4])
+	if err != nil || len(salt) < 8 || len(salt) > 64 {
+		return p, nil, nil, errBadHash
+	}
+	key, err := base64.RawStdEncoding.Strict().DecodeString(parts[5])
+	if err != nil || len(key) < 16 || len(key) > 64 {
+		return p, nil, nil, errBadHash
+	}
+	p = argon2Params{memory: m, time: t, threads: uint8(threads), saltLen: len(salt), keyLen: len(key)}
+	return p, salt, key, nil
+}

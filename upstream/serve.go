@@ -1,0 +1,184 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/schema"
+)
+
+// requiredSchemaVersion is the newest migration of upstream/schema this code relies
+// on; serve refuses an older database rather than fail on its first request.
+const requiredSchemaVersion = 1
+
+// shutdownTimeout is how long serve waits for requests in flight after SIGINT or SIGTERM.
+const shutdownTimeout = 15 * time.Second
+
+func (c *cli) serve(name string, args []string) error {
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--migrate]",
+		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
+Requires DATABASE_URL and GATEWAY_SECRET (the secret the gateway sends in X-Gateway-Secret).
+Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
+	addr := fs.String("addr", "127.0.0.1:9000", "`address` to listen on")
+	ttl := fs.Duration("session-ttl", DefaultSessionTTL, "lifetime of a login `session`")
+	prefixDefault := c.getenv("KEY_PREFIX")
+	if prefixDefault == "" {
+		prefixDefault = keystore.DefaultPrefix
+	}
+	prefix := fs.String("key-prefix", prefixDefault, "`prefix` of the API keys created, as configured in the gateway (env KEY_PREFIX)")
+	secureCookies := fs.Bool("secure-cookies", false, "mark the session cookie Secure even on plain-HTTP requests, for use behind a proxy that terminates TLS")
+	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	if *ttl <= 0 {
+		return usageErrorf("--session-ttl must be positive")
+	}
+	format, err := keystore.NewFormat(*prefix)
+	if err != nil {
+		return usageErrorf("--key-prefix: %v", err)
+	}
+	dbURL, err := c.databaseURL()
+	if err != nil {
+		return err
+	}
+	secret := c.getenv("GATEWAY_SECRET")
+	if secret == "" {
+		return usageErrorf("GATEWAY_SECRET is not set: set it to the gateway_secret of the gateway's configuration")
+	}
+
+	logger := newLogger(c.stderr)
+	defer func() { _ = logger.Sync() }()
+	if len(secret) < 16 {
+		logger.Warn("gateway secret is shorter than 16 characters")
+	}
+	if *migrate {
+		if err := schema.Migrate(c.ctx, dbURL); err != nil {
+			return err
+		}
+	}
+	pool, err := c.connect(0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := checkSchema(c.ctx, pool); err != nil {
+		return err
+	}
+	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, KeyFormat: format,
+		SessionTTL: *ttl, SecureCookies: *secureCookies})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listening: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          zap.NewStdLog(logger.Named("http")),
+	}
+	logger.Info("serving", zap.String("addr", ln.Addr().String()),
+		zap.String("key_prefix", format.Prefix()), zap.Duration("session_ttl", *ttl))
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving: %w", err)
+	case <-c.ctx.Done():
+	}
+	logger.Info("shutting down")
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(ctx); err != nil {
+		return fmt.Errorf("shutting down: %w", err)
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// checkSchema fails when the database lacks the schema this code needs, with the
+// command that fixes it.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	v, err := schemaVersion(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if v < requiredSchemaVersion {
+		return fmt.Errorf("the database schema is at version %d and this program needs %d: run `upstream migrate` first (or serve --migrate)",
+			v, requiredSchemaVersion)
+	}
+	return nil
+}
+
+// schemaVersion returns the version tern recorded, 0 for a database never migrated.
+func schemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var present bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('schema_version') IS NOT NULL`).Scan(&present); err != nil {
+		return 0, fmt.Errorf("reading schema version: %w", err)
+	}
+	if !present {
+		return 0, nil
+	}
+	var v int
+	err := pool.QueryRow(ctx, `SELECT version FROM schema_version`).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading schema version: %w", err)
+	}
+	return v, nil
+}
+
+func (c *cli) migrate(name string, args []string) error {
+	fs := c.flags(name, "",
+		`Applies every migration of the schema not yet applied to DATABASE_URL. Idempotent; safe to run from several processes at once. Prints {"schema_version":N}.`)
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	dbURL, err := c.databaseURL()
+	if err != nil {
+		return err
+	}
+	if err := schema.Migrate(c.ctx, dbURL); err != nil {
+		return err
+	}
+	pool, err := c.connect(1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	v, err := schemaVersion(c.ctx, pool)
+	if err != nil {
+		return err
+	}
+	return c.printJSON(struct {
+		SchemaVersion int `json:"schema_version"`
+	}{v})
+}
+
+// newLogger returns a zap logger writing JSON lines to w at info level and above.
+func newLogger(w io.Writer) *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.TimeKey = "ts"
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	out := zapcore.Lock(zapcore.AddSync(w))
+	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), out, zap.InfoLevel), zap.ErrorOutput(out))
+}

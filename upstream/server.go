@@ -1,0 +1,254 @@
+// Package upstream is the monitoring service behind the keygate gateway: sessions,
+// organisations' dashboard API keys, and monitors with their plan gates, served over
+// HTTP, plus the operator's command line (cli.go).
+//
+// Monitors have two doors onto one implementation: /orgs/{orgId}/monitors…,
+// authenticated by a session cookie and a membership, and /v1/monitors…, which trusts
+// only the identity headers the gateway adds, after checking the gateway's shared
+// secret in constant time (CONTRACT §3).
+//
+// Every error body is JSON with a string field "error" (errors.go); unknown routes,
+// wrong methods and panics included.
+package upstream
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+// maxBodyBytes is the largest request body accepted; larger bodies answer 413.
+const maxBodyBytes = 1 << 20
+
+// DefaultSessionTTL is how long a session lives when Config.SessionTTL is zero.
+const DefaultSessionTTL = 7 * 24 * time.Hour
+
+// Config is what a Server needs. Pool, Logger, GatewaySecret and KeyFormat are required.
+type Config struct {
+	// Pool is the PostgreSQL pool holding the schema of upstream/schema.
+	Pool *pgxpool.Pool
+	// Logger receives the request log and internal errors.
+	Logger *zap.Logger
+	// GatewaySecret is the shared secret every /v1 request must carry in
+	// X-Gateway-Secret. It must not be empty.
+	GatewaySecret string
+	// KeyFormat is the format of the API keys the dashboard creates; the gateway must
+	// be configured with the same prefix.
+	KeyFormat keystore.Format
+	// SessionTTL is the lifetime of a session. Default: 7 days.
+	SessionTTL time.Duration
+	// SecureCookies marks the session cookie Secure on every response, for a server
+	// behind a proxy that terminates TLS; without it the cookie is Secure only on
+	// requests that reached this server over TLS. Default: false.
+	SecureCookies bool
+	// Now is the clock of the checks made in Go (an API key's expires_at must be in the
+	// future). Default: time.Now.
+	Now func() time.Time
+}
+
+// Server is the upstream's HTTP handler. Build it with NewServer; it is safe for
+// concurrent use.
+type Server struct {
+	pool       *pgxpool.Pool
+	logger     *zap.Logger
+	keys       *keystore.Store
+	format     keystore.Format
+	secretSum  [sha256.Size]byte
+	sessionTTL time.Duration
+	secure     bool
+	now        func() time.Time
+	passwords  *passwordHasher
+	handler    http.Handler
+}
+
+// NewServer checks cfg and returns a Server.
+func NewServer(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Pool == nil:
+		return nil, errors.New("upstream: Config.Pool is required")
+	case cfg.Logger == nil:
+		return nil, errors.New("upstream: Config.Logger is required")
+	case cfg.GatewaySecret == "":
+		return nil, errors.New("upstream: Config.GatewaySecret is required")
+	case cfg.KeyFormat.Prefix() == "":
+		return nil, errors.New("upstream: Config.KeyFormat is required")
+	case cfg.SessionTTL < 0:
+		return nil, errors.New("upstream: Config.SessionTTL must not be negative")
+	}
+	s := &Server{
+		pool:       cfg.Pool,
+		logger:     cfg.Logger,
+		keys:       keystore.New(cfg.Pool, cfg.KeyFormat),
+		format:     cfg.KeyFormat,
+		secretSum:  sha256.Sum256([]byte(cfg.GatewaySecret)),
+		sessionTTL: cfg.SessionTTL,
+		secure:     cfg.SecureCookies,
+		now:        cfg.Now,
+		passwords:  newPasswordHasher(),
+	}
+	if s.sessionTTL == 0 {
+		s.sessionTTL = DefaultSessionTTL
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.passwords.prepareDummy()
+	s.handler = s.logRequests(s.recoverPanics(s.routes()))
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.handler.ServeHTTP(w, r)
+}
+
+// routes builds the route table. /v1 requests pass the gateway check before any route
+// is looked up, so that without the secret even an unknown /v1 path answers 401; every
+// other request passes Go's cross-origin protection, which refuses state-changing
+// browser requests sent from another origin (safe methods and requests without
+// Sec-Fetch-Site or Origin, such as curl's, pass).
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+
+	mux.HandleFunc("POST /auth/login", s.handleLogin)
+	mux.HandleFunc("POST /auth/logout", s.handleLogout)
+
+	mux.HandleFunc("POST /orgs/{orgId}/api-keys", s.handleCreateKey)
+	mux.HandleFunc("GET /orgs/{orgId}/api-keys", s.handleListKeys)
+	mux.HandleFunc("DELETE /orgs/{orgId}/api-keys/{id}", s.handleRevokeKey)
+
+	for _, door := range []struct {
+		prefix string
+		wrap   func(write bool, h monitorHandler) http.HandlerFunc
+	}{
+		{"/orgs/{orgId}/monitors", s.dashboardDoor},
+		{"/v1/monitors", s.gatewayDoor},
+	} {
+		mux.HandleFunc("GET "+door.prefix, door.wrap(false, s.handleListMonitors))
+		mux.HandleFunc("POST "+door.prefix, door.wrap(true, s.handleCreateMonitor))
+		mux.HandleFunc("GET "+door.prefix+"/{id}", door.wrap(false, s.handleGetMonitor))
+		mux.HandleFunc("PATCH "+door.prefix+"/{id}", door.wrap(true, s.handlePatchMonitor))
+		mux.HandleFunc("DELETE "+door.prefix+"/{id}", door.wrap(true, s.handleDeleteMonitor))
+	}
+
+	routed := s.jsonFallbacks(mux)
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, errForbidden)
+	}))
+	dashboard := cop.Handler(routed)
+	v1 := s.gatewayAuth(routed)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isV1(r.URL.Path) {
+			v1.ServeHTTP(w, r)
+			return
+		}
+		dashboard.ServeHTTP(w, r)
+	})
+}
+
+// isV1 reports whether path is under /v1, the gateway's side.
+func isV1(path string) bool {
+	return path == "/v1" || strings.HasPrefix(path, "/v1/")
+}
+
+// jsonFallbacks answers the requests mux has no route for with JSON: 404
+// {"error":"not found"}, or 405 {"error":"method not allowed"} with mux's Allow header
+// when the path exists under other methods. Everything else goes to mux, redirects of
+// unclean paths included.
+func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		// mux's own 404 and 405 handlers are run against a scratch writer only to learn
+		// which of the two applies and the Allow header of a 405.
+		probe := &headerProbe{header: make(http.Header)}
+		h.ServeHTTP(probe, r)
+		if probe.status == http.StatusMethodNotAllowed {
+			w.Header().Set("Allow", probe.header.Get("Allow"))
+			s.writeError(w, r, errMethodNotAllowed)
+			return
+		}
+		s.writeError(w, r, errNotFound)
+	})
+}
+
+// headerProbe is a ResponseWriter that keeps the status and headers and drops the body.
+type headerProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *headerProbe) Header() http.Header { return p.header }
+func (p *headerProbe) Write(b []byte) (int, error) {
+	if p.status == 0 {
+		p.status = http.StatusOK
+	}
+	return len(b), nil
+}
+func (p *headerProbe) WriteHeader(status int) {
+	if p.status == 0 {
+		p.status = status
+	}
+}
+
+// writeJSON answers with status and v as JSON. Responses are never compressed (the
+// gateway filters JSON bodies) and never cached: they are per caller, and one of them
+// holds a full API key.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Every value passed here is built by this package and marshals; this is a bug.
+		b = []byte(`{"error":"internal"}`)
+		status = http.StatusInternalServerError
+	}
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// readBody reads r's body up to maxBodyBytes, answering ETOOLARGE beyond.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, errRequestTooLarge
+	case err != nil:
+		// The client went away or sent a broken chunked body.
+		return nil, invalid("body", "could not be read")
+	}
+	return b, nil
+}
+
+// timeJSON formats t as the API writes times: RFC 3339 in UTC.
+func timeJSON(t time.Time) string {
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// optionalTimeJSON is timeJSON for a time that may be absent (JSON null).
+func optionalTimeJSON(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := timeJSON(*t)
+	return &s
+}
