@@ -448,11 +448,14 @@ func TestSlowPostgresAnswers503WithinTheTimeout(t *testing.T) {
 	for range cap(answers) {
 		go func() {
 			var a answer
+			// Deferred, so that a request failing in gw.get (which ends this
+			// goroutine) still answers, as status 0, instead of leaving the loop
+			// below waiting.
+			defer func() { answers <- a }()
 			a.took = timed(func() {
 				res, body := gw.get(t, "/v1/monitors", key)
 				a.status, a.body = res.StatusCode, string(body)
 			})
-			answers <- a
 		}()
 	}
 	for range cap(answers) {
