@@ -1,5 +1,5 @@
-# lib.sh: shell functions shared by run.sh and bench.sh. Source it; it expects the
-# caller to have set -euo pipefail and to be in the repository's top folder.
+# lib.sh: shell functions shared by stack.sh, run.sh and bench.sh. Source it; it
+# expects the caller to have set -euo pipefail.
 
 # free_port prints a loopback TCP port nobody is listening on.
 free_port() {
@@ -28,18 +28,26 @@ wait_http() {
 	return 1
 }
 
-# need_tools installs Debian packages for the commands named, when missing.
+# apt_install PACKAGE... installs Debian packages (apt-get update first, once a boot).
+apt_install() {
+	command -v apt-get >/dev/null || { echo "$* missing and apt-get unavailable: install it by hand" >&2; return 1; }
+	local sudo=""
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	echo "installing $* with apt-get" >&2
+	if [ ! -f /tmp/.keygate-apt-updated ]; then
+		$sudo apt-get update -qq >&2 && touch /tmp/.keygate-apt-updated
+	fi
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+# need_tools COMMAND... installs the Debian packages of the same names for the
+# commands that are missing.
 need_tools() {
-	local missing=()
+	local missing=() c
 	for c in "$@"; do
 		command -v "$c" >/dev/null || missing+=("$c")
 	done
-	[ ${#missing[@]} -eq 0 ] && return 0
-	local sudo=""
-	[ "$(id -u)" = 0 ] || sudo="sudo"
-	echo "installing ${missing[*]} with apt-get" >&2
-	$sudo apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+	[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 }
 
 # login EMAIL PASSWORD JAR BASE logs in through BASE and keeps the session in JAR.

@@ -14,21 +14,12 @@
 set -euo pipefail
 
 die() { echo "stack.sh: $*" >&2; exit 1; }
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 cmd=${1:-}
 dir=${2:-}
 [ -n "$cmd" ] && [ -n "$dir" ] || die "usage: stack.sh up|down|stop-pg|start-pg|stop-redis|start-redis DIR"
-
-apt_install() {
-	command -v apt-get >/dev/null || die "$* missing and apt-get unavailable: install it or set DATABASE_URL/REDIS_URL"
-	local sudo=""
-	[ "$(id -u)" = 0 ] || sudo="sudo"
-	echo "stack.sh: installing $* with apt-get" >&2
-	if [ ! -f /tmp/.keygate-apt-updated ]; then
-		$sudo apt-get update -qq >&2 && touch /tmp/.keygate-apt-updated
-	fi
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >&2
-}
 
 # pg_bindir prints the directory holding initdb/pg_ctl, installing PostgreSQL if needed.
 pg_bindir() {
@@ -48,19 +39,6 @@ pg_bindir() {
 redis_bin() {
 	command -v redis-server >/dev/null || apt_install redis-server
 	command -v redis-server
-}
-
-# free_port prints a loopback TCP port nobody is listening on.
-free_port() {
-	local p i
-	for i in $(seq 1 200); do
-		p=$((20000 + RANDOM % 30000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return
-		fi
-	done
-	die "no free port found"
 }
 
 # as_pg runs a command as the postgres user when we are root.
