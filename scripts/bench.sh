@@ -11,11 +11,11 @@
 #   (d) GET /v1/me answered by the gateway
 #   (e) a 50 MB JSON list through the gateway's field filter: Caddy's peak RSS growth
 #
-# (b) and (c) run twice, alternating, and their figures are averaged, since the machine
-# is small and noisy. It prints requests/s, p50 and p99 latency, the ratio (c)/(b) and
+# (b) and (c) run ROUNDS times, alternating, and their figures are averaged, since the
+# machine is small and noisy. It prints requests/s, p50 and p99 latency, the ratio (c)/(b) and
 # the targets met or missed, and writes the figures to scripts/bench-results.txt.
 #
-# Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), OUT.
+# Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during the first (c) run) and DIR/top.txt (CPU by process meanwhile).
 set -euo pipefail
@@ -26,6 +26,7 @@ CONNS=${CONNS:-32}
 THREADS=${THREADS:-2}
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
+ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
 need_tools wrk curl
 
@@ -191,7 +192,7 @@ wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$gw/v1/monitors/$mo
 echo "measuring (a) upstream alone…" >&2
 read -r a_rps a_p50 a_p99 < <(measure "http://$up/v1/monitors/$monitor" "${ident[@]}")
 b_runs=() c_runs=()
-for round in 1 2; do
+for round in $(seq 1 "$ROUNDS"); do
 	echo "measuring (b) plain reverse_proxy, round $round…" >&2
 	b_runs+=("$(measure "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
 	echo "measuring (c) gateway, round $round…" >&2
@@ -233,7 +234,7 @@ verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 report=$(
 	cat <<EOF
 keygate benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} warm-up; (b) and (c) mean of 2 alternating runs
+machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} warm-up; (b) and (c) mean of $ROUNDS alternating runs
 
                                    req/s      p50 ms    p99 ms
 (a) upstream alone              $(printf '%9.0f %11.3f %9.3f' "$a_rps" "$a_p50" "$a_p99")
