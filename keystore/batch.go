@@ -2,7 +2,6 @@ package keystore
 
 import (
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -51,13 +50,6 @@ type batch struct {
 	err  error
 }
 
-type row struct {
-	orgID     string
-	role      Role
-	hash      []byte
-	rateLimit int
-}
-
 // BatcherOptions tunes a Batcher. The zero value is usable.
 type BatcherOptions struct {
 	// Lanes is the number of batch queries that may be in flight at once. Default: 1.
@@ -97,14 +89,8 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 		return Key{}, false, bt.err
 	}
 	r, found := bt.rows[keyID]
-	stored := r.hash
-	if !found {
-		stored = dummyHash[:]
-	}
-	if subtle.ConstantTimeCompare(sum[:], stored) != 1 || !found {
-		return Key{}, false, nil
-	}
-	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit}, true, nil
+	k, ok := check(keyID, sum, r, found)
+	return k, ok, nil
 }
 
 // join adds keyID to the batch not yet sent, starting one if there is none, and sends it

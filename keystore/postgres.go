@@ -51,29 +51,48 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 	sum := HashSecret(secret)
 
 	var (
-		k      = Key{ID: keyID}
-		role   string
-		stored []byte
+		r    row
+		role string
 	)
 	scan := func() error {
-		return s.pool.QueryRow(ctx, verifySQL, keyID).Scan(&k.OrgID, &role, &stored, &k.RateLimit)
+		return s.pool.QueryRow(ctx, verifySQL, keyID).Scan(&r.orgID, &role, &r.hash, &r.rateLimit)
 	}
 	err := scan()
 	if retryable(ctx, err) {
 		err = scan()
 	}
+	found := err == nil
 	if errors.Is(err, pgx.ErrNoRows) {
-		subtle.ConstantTimeCompare(sum[:], dummyHash[:])
-		return Key{}, false, nil
+		err = nil
 	}
 	if err != nil {
 		return Key{}, false, fmt.Errorf("looking up key: %w", err)
 	}
-	if subtle.ConstantTimeCompare(sum[:], stored) != 1 {
-		return Key{}, false, nil
+	r.role = Role(role)
+	k, ok := check(keyID, sum, r, found)
+	return k, ok, nil
+}
+
+// row is what a lookup finds of a live key.
+type row struct {
+	orgID     string
+	role      Role
+	hash      []byte
+	rateLimit int
+}
+
+// check compares a presented secret's digest with what the lookup found, in constant
+// time, and against dummyHash when it found no live key, so that an unknown key costs
+// the same as a known one.
+func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
+	stored := r.hash
+	if !found {
+		stored = dummyHash[:]
 	}
-	k.Role = Role(role)
-	return k, true, nil
+	if subtle.ConstantTimeCompare(sum[:], stored) != 1 || !found {
+		return Key{}, false
+	}
+	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit}, true
 }
 
 // retryable reports whether a failed lookup should be tried once more: the lookup is a
