@@ -148,17 +148,7 @@ func TestVerifyTellsADeadDatabaseFromABadKey(t *testing.T) {
 	s, _, org := newStore(t, "pro")
 	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 
-	// A pool pointed at a port nobody listens on.
-	cfg, err := pgxpool.ParseConfig("postgres://keygate@127.0.0.1:1/keygate?sslmode=disable&connect_timeout=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dead.Close()
-	for name, ds := range verifiers(keystore.New(dead, s.Format())) {
+	for name, ds := range verifiers(keystore.New(schematest.UnreachablePool(t), s.Format())) {
 		if _, ok, err := ds.Verify(context.Background(), full); ok || err == nil {
 			t.Errorf("%s: Verify against a dead database = %v, %v; want an error", name, ok, err)
 		}

@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -10,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/keygate/keygate/upstream/schema/schematest"
 )
 
 func TestUnknownRoutesAndWrongMethodsAnswerJSON(t *testing.T) {
@@ -100,16 +99,7 @@ func TestUnreachableDatabaseIs503(t *testing.T) {
 	owner := e.person(roleOwner, org)
 	gw := e.gateway(org, roleAdmin)
 	// The same server, its pool now pointing where no PostgreSQL listens.
-	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dead.Close()
-	e.srv.pool = dead
+	e.srv.pool = schematest.UnreachablePool(t)
 	for _, r := range []response{
 		owner.do("GET", "/orgs/"+org+"/monitors", ""),
 		gw.do("POST", "/v1/monitors", `{"name":"n","type":"http","target":"https://example.com"}`),

@@ -85,3 +85,19 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Cleanup(pool.Close)
 	return pool, u
 }
+
+// UnreachablePool returns a pool pointed at a loopback port nobody listens on, closed
+// when the test ends: every query fails to connect, as against a PostgreSQL that is down.
+func UnreachablePool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
