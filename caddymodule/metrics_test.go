@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/keygate/keygate/deploy/grafana"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -349,6 +352,62 @@ func TestDisableMetricsLeavesTheSeriesOut(t *testing.T) {
 	for series := range gw.scrape(t) {
 		if strings.HasPrefix(series, "keygate_") {
 			t.Errorf("%s is exported with disable_metrics", series)
+		}
+	}
+}
+
+// exportedSeries returns the names of the series reg exports, with a histogram's
+// _bucket, _sum and _count.
+func exportedSeries(t *testing.T, reg *prometheus.Registry) map[string]bool {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, f := range families {
+		switch f.GetType() {
+		case dto.MetricType_HISTOGRAM:
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				names[f.GetName()+s] = true
+			}
+		case dto.MetricType_SUMMARY:
+			names[f.GetName()], names[f.GetName()+"_sum"], names[f.GetName()+"_count"] = true, true, true
+		default:
+			names[f.GetName()] = true
+		}
+	}
+	return names
+}
+
+// TestGrafanaDashboardQueriesOnlyExportedGatewaySeries: every keygate_ series of the
+// gateway that deploy/grafana/keygate.json queries is one this package exports, and
+// the dashboard shows every one of them. (The upstream's are checked in upstream.)
+func TestGrafanaDashboardQueriesOnlyExportedGatewaySeries(t *testing.T) {
+	m := newMetrics()
+	m.postgres.Set(1) // the vectors' series exist once they have a child
+	reg := prometheus.NewPedanticRegistry()
+	if err := m.register(reg); err != nil {
+		t.Fatal(err)
+	}
+	exported := exportedSeries(t, reg)
+	queried, err := grafana.Series()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]bool{}
+	for _, name := range queried {
+		if !strings.HasPrefix(name, "keygate_") || strings.HasPrefix(name, "keygate_upstream_") {
+			continue
+		}
+		if !exported[name] {
+			t.Errorf("the dashboard queries %s, which the gateway does not export", name)
+		}
+		shown[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")] = true
+	}
+	for _, c := range []string{metricRequests, metricLookupDuration, metricLookupBatchSize, metricLimiterDuration, metricLimiterErrors, metricDependencyUp} {
+		if !shown[c] {
+			t.Errorf("the dashboard has no panel over %s", c)
 		}
 	}
 }
