@@ -38,6 +38,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    lookup_lanes     <n>
 //	    disable_lookup_batching
 //	    disable_count_pipelining
+//	    disable_metrics
 //	}
 //
 // database_url and gateway_secret are required, typically as {env.DATABASE_URL} and
@@ -53,13 +54,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		switch opt {
-		case "disable_lookup_batching", "disable_count_pipelining":
+		case "disable_lookup_batching", "disable_count_pipelining", "disable_metrics":
 			if d.NextArg() {
 				return d.ArgErr()
 			}
 			target := &h.DisableLookupBatching
-			if opt == "disable_count_pipelining" {
+			switch opt {
+			case "disable_count_pipelining":
 				target = &h.DisableCountPipelining
+			case "disable_metrics":
+				target = &h.DisableMetrics
 			}
 			if *target {
 				return d.Errf("%s already specified", opt)

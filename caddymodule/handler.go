@@ -137,6 +137,11 @@ type Handler struct {
 	// the previous one returns. Default: false
 	DisableCountPipelining bool `json:"disable_count_pipelining,omitempty"`
 
+	// DisableMetrics leaves the keygate_* series out of Caddy's metrics registry and
+	// skips their bookkeeping on every request (README, Operations). The access log
+	// fields outcome, key_id and org_id stay. Default: false
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
 	// The runtime state, built by Provision.
 	databaseURL string // DatabaseURL with placeholders replaced
 	redisURL    string
@@ -147,6 +152,7 @@ type Handler struct {
 	limiter     limiter.Limiter
 	usesRedis   bool
 	failClosed  bool
+	metrics     *metrics    // nil with DisableMetrics
 	poolKeys    []string    // what to give back to pools in Cleanup
 	logger      *zap.Logger // from ctx.Logger()
 	sampled     *zap.Logger // logger, at most one entry a second per message, for failures that come in floods
@@ -217,6 +223,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 
+	if !h.DisableMetrics {
+		m, key, err := loadMetrics(ctx)
+		if err != nil {
+			return err
+		}
+		h.poolKeys = append(h.poolKeys, key)
+		h.metrics = m
+	}
+
 	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), h.logger)
 	if err != nil {
 		return err
@@ -225,10 +240,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	store := keystore.New(pool, h.format)
 	h.verifier = store
 	if !h.DisableLookupBatching {
-		h.verifier = keystore.NewBatcher(store, keystore.BatcherOptions{
+		opts := keystore.BatcherOptions{
 			Lanes:   h.LookupLanes,
 			Timeout: time.Duration(h.DatabaseTimeout),
-		})
+		}
+		if h.metrics != nil {
+			opts.OnBatch = h.metrics.observeBatch
+		}
+		h.verifier = keystore.NewBatcher(store, opts)
 	}
 
 	if h.redisURL != "" {
@@ -317,18 +336,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 1. Credentials.
 	presented, ok := bearerKey(r.Header, h.format)
 	if !ok {
+		h.record(r, outcomeUnauthenticated, nil)
 		writeUnauthenticated(w)
 		return nil
 	}
 
 	// 2. The key, on this very request.
+	start := h.startTimer()
 	key, ok, err := h.verify(r.Context(), presented)
+	h.observeLookup(r, start, err)
 	if err != nil {
 		h.lookupFailed(r, err)
+		h.record(r, outcomeLookupUnavailable, nil)
 		writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
 		return nil
 	}
 	if !ok {
+		h.record(r, outcomeUnauthenticated, nil)
 		writeUnauthenticated(w)
 		return nil
 	}
@@ -336,6 +360,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 3. API access.
 	if key.RateLimit == 0 {
+		h.record(r, outcomeFeatureGated, &key)
 		writeJSON(w, http.StatusForbidden, bodyFeatureGated)
 		return nil
 	}
@@ -344,10 +369,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var rl limiter.Result
 	counted := false
 	if key.RateLimit > 0 {
+		start := h.startTimer()
 		rl, err = h.allow(r.Context(), key)
+		h.observeCount(r, start, err)
 		switch {
 		case err != nil && h.failClosed:
 			h.limiterFailed(key, err)
+			h.record(r, outcomeLimiterUnavailable, &key)
 			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
 			return nil
 		case err != nil:
@@ -359,6 +387,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
 					c.Write(zap.String("key_id", key.ID), zap.Int("limit", rl.Limit))
 				}
+				h.record(r, outcomeRateLimited, &key)
 				writeRateLimited(w, rl)
 				return nil
 			}
@@ -368,17 +397,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 5. Role. Only Admin and Editor write: a role the gateway does not know (the
 	// database allows none) reads only, rather than writes.
 	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
+		h.record(r, outcomeForbidden, &key)
 		writeJSON(w, http.StatusForbidden, bodyForbidden)
 		return nil
 	}
 
 	// 6. GET /v1/me, answered here.
 	if r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		h.record(r, outcomeMe, &key)
 		writeMe(w, key)
 		return nil
 	}
 
 	// 7. Proxy.
+	h.record(r, outcomeProxied, &key)
 	return h.proxy(w, r, next, key, counted, rl)
 }
 

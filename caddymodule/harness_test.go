@@ -281,6 +281,8 @@ type gatewayConfig struct {
 	// filterSecret deletes X-Gateway-Secret from logged request headers, as the
 	// example Caddyfile does (the reverse proxy logs the headers it sends upstream).
 	filterSecret bool
+	// metrics serves Caddy's metrics handler at /metrics, beside /v1 (metrics_test.go).
+	metrics bool
 }
 
 // gateway is a running in-process Caddy.
@@ -320,6 +322,13 @@ func caddyConfig(listen, logPath string, gc gatewayConfig) []byte {
 			},
 			map[string]any{"handle": []any{proxy}},
 		},
+	}
+	if gc.metrics {
+		server["routes"] = append([]any{map[string]any{
+			"match":    []any{map[string]any{"path": []any{"/metrics"}}},
+			"handle":   []any{map[string]any{"handler": "metrics"}},
+			"terminal": true,
+		}}, server["routes"].([]any)...)
 	}
 	if gc.accessLog {
 		server["logs"] = map[string]any{"should_log_credentials": gc.logCreds}

@@ -56,6 +56,8 @@ func TestMakeRunPrintsWorkingCurl(t *testing.T) {
 		"DATABASE_URL="+schematest.NewDatabase(t),
 		fmt.Sprintf("GATEWAY_PORT=%d", freePort(t)),
 		fmt.Sprintf("UPSTREAM_PORT=%d", freePort(t)),
+		fmt.Sprintf("METRICS_PORT=%d", freePort(t)),
+		fmt.Sprintf("UPSTREAM_ADMIN_PORT=%d", freePort(t)),
 	)
 	done := make(chan struct{})
 	var out []byte

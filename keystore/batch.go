@@ -32,6 +32,7 @@ WHERE k.key_id = ANY($1) AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
+	onBatch func(size int) // BatcherOptions.OnBatch; may be nil
 
 	queries, lookups atomic.Uint64
 
@@ -57,6 +58,10 @@ type BatcherOptions struct {
 	// Timeout bounds each batch query, which serves many requests and so does not run
 	// under any one request's context. Default: 5s.
 	Timeout time.Duration
+	// OnBatch, if set, is called with the number of distinct key ids of every batch
+	// query as it is sent, for metrics. It runs on the batch's goroutine and must be
+	// fast. Default: none.
+	OnBatch func(size int)
 }
 
 // NewBatcher returns a Batcher looking keys up in s.
@@ -67,7 +72,7 @@ func NewBatcher(s *Store, opts BatcherOptions) *Batcher {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
-	return &Batcher{store: s, timeout: opts.Timeout, free: opts.Lanes}
+	return &Batcher{store: s, timeout: opts.Timeout, free: opts.Lanes, onBatch: opts.OnBatch}
 }
 
 // Verify is Store.Verify through a batch; see Store.Verify for its outcomes. If ctx ends
@@ -150,6 +155,9 @@ func (b *Batcher) Stats() BatchStats {
 func (b *Batcher) query(ids []string) (map[string]row, error) {
 	b.queries.Add(1)
 	b.lookups.Add(uint64(len(ids)))
+	if b.onBatch != nil {
+		b.onBatch(len(ids))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	out, err := b.queryOnce(ctx, ids)

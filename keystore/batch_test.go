@@ -152,3 +152,59 @@ func TestBatcherRecoversAfterADatabaseError(t *testing.T) {
 		t.Errorf("Verify after the lock was released = %v, %v", ok, err)
 	}
 }
+
+// TestBatcherReportsEveryBatchToOnBatch: OnBatch sees every query sent, with the number
+// of distinct key ids in it, so that a histogram fed by it counts what Stats counts.
+func TestBatcherReportsEveryBatchToOnBatch(t *testing.T) {
+	ctx := context.Background()
+	s, _, org := newStore(t, "pro")
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	b := keystore.NewBatcher(s, keystore.BatcherOptions{OnBatch: func(size int) {
+		mu.Lock()
+		sizes = append(sizes, size)
+		mu.Unlock()
+	}})
+	var keys []string
+	for range 10 {
+		_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleEditor})
+		keys = append(keys, full)
+	}
+
+	// One lookup alone is a batch of one.
+	if _, ok, err := b.Verify(ctx, keys[0]); !ok || err != nil {
+		t.Fatalf("Verify = %v, %v", ok, err)
+	}
+	mu.Lock()
+	if len(sizes) != 1 || sizes[0] != 1 {
+		t.Errorf("after one lookup OnBatch saw %v, want [1]", sizes)
+	}
+	mu.Unlock()
+
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, ok, err := b.Verify(ctx, keys[i%len(keys)]); !ok || err != nil {
+				t.Errorf("Verify = %v, %v", ok, err)
+			}
+		}()
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	st := b.Stats()
+	sum := 0
+	for _, n := range sizes {
+		if n < 1 || n > len(keys) {
+			t.Errorf("a batch of %d ids; want 1..%d (distinct ids)", n, len(keys))
+		}
+		sum += n
+	}
+	if uint64(len(sizes)) != st.Queries || uint64(sum) != st.Lookups {
+		t.Errorf("OnBatch saw %d batches of %d ids in all; Stats says %+v", len(sizes), sum, st)
+	}
+}

@@ -10,6 +10,8 @@
 #       show what they bring (informational)
 #   (d) GET /v1/me answered by the gateway
 #   (e) a 50 MB JSON list through the gateway's field filter: Caddy's peak RSS growth
+#   (m) the cost of metrics: the gateway with and without disable_metrics, in one Caddy
+#       of its own, ROUNDS alternating runs each (bench_metrics below)
 #
 # (b) and (c) run ROUNDS times, alternating, and their figures are averaged, since the
 # machine is small and noisy. It prints requests/s, p50 and p99 latency, the ratio (c)/(b) and
@@ -211,6 +213,82 @@ read -r d_rps d_p50 d_p99 < <(measure "http://$gw/v1/me" "${auth[@]}")
 mean() { printf '%s\n' "$@" | awk -v f="$FIELD" '{s += $f} END {printf "%.2f", s / NR}'; }
 b_rps=$(FIELD=1 mean "${b_runs[@]}") b_p50=$(FIELD=2 mean "${b_runs[@]}") b_p99=$(FIELD=3 mean "${b_runs[@]}")
 c_rps=$(FIELD=1 mean "${c_runs[@]}") c_p50=$(FIELD=2 mean "${c_runs[@]}") c_p99=$(FIELD=3 mean "${c_runs[@]}")
+verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
+
+# ---- (m) metrics on and off (issue 11) -------------------------------------------
+# bench_metrics runs one Caddy with two gateway sites that differ only in
+# disable_metrics, measures them ROUNDS times alternating, and sets metrics_report.
+# Both share one process, one PostgreSQL pool and one Redis client, so the only
+# difference is the metrics bookkeeping (the access-log fields are set in both).
+# BENCH_METRICS=0 skips it.
+metrics_site() { # ADDR [disable_metrics]
+	cat <<EOF
+http://$1 {
+	bind 127.0.0.1
+	handle /v1/* {
+		v1_gateway {
+			database_url   {env.DATABASE_URL}
+			redis_url      {env.REDIS_URL}
+			gateway_secret {env.GATEWAY_SECRET}
+			${2:-}
+		}
+		reverse_proxy $up
+	}
+}
+EOF
+}
+bench_metrics() {
+	local on off pid addr round
+	on="127.0.0.1:$(free_port)"
+	off="127.0.0.1:$(free_port)"
+	{
+		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
+		metrics_site "$on"
+		metrics_site "$off" disable_metrics
+	} >"$stack/Caddyfile.metrics"
+	bin/caddy run --config "$stack/Caddyfile.metrics" --adapter caddyfile >"$stack/caddy-metrics.log" 2>&1 &
+	pid=$!
+	pids+=($pid)
+	for addr in "$on" "$off"; do
+		wait_http "http://$addr/v1/me" || { tail -n 20 "$stack/caddy-metrics.log" >&2; exit 1; }
+		wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$addr/v1/monitors/$monitor" >/dev/null
+	done
+	local on_runs=() off_runs=()
+	# Odd rounds measure on first, even rounds off first, so that neither always
+	# has the warmer (or the more disturbed) slot.
+	for round in $(seq 1 "$ROUNDS"); do
+		echo "measuring (m) metrics on / off, round $round…" >&2
+		if ((round % 2)); then
+			on_runs+=("$(measure "http://$on/v1/monitors/$monitor" "${auth[@]}")")
+			off_runs+=("$(measure "http://$off/v1/monitors/$monitor" "${auth[@]}")")
+		else
+			off_runs+=("$(measure "http://$off/v1/monitors/$monitor" "${auth[@]}")")
+			on_runs+=("$(measure "http://$on/v1/monitors/$monitor" "${auth[@]}")")
+		fi
+	done
+	kill "$pid" 2>/dev/null || true
+	local on_rps on_p99 off_rps off_p99 m_ratio
+	on_rps=$(FIELD=1 mean "${on_runs[@]}")
+	on_p99=$(FIELD=3 mean "${on_runs[@]}")
+	off_rps=$(FIELD=1 mean "${off_runs[@]}")
+	off_p99=$(FIELD=3 mean "${off_runs[@]}")
+	m_ratio=$(awk -v a="$on_rps" -v b="$off_rps" 'BEGIN {printf "%.3f", a / b}')
+	local runs_on runs_off
+	runs_on=$(printf '%s\n' "${on_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
+	runs_off=$(printf '%s\n' "${off_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
+	metrics_report=$'\n\n'$(
+		cat <<EOF
+(m) metrics, mean of $ROUNDS alternating runs   req/s      p99 ms
+    gateway, metrics on                $(printf '%9.0f %11.3f' "$on_rps" "$on_p99")
+    gateway, disable_metrics           $(printf '%9.0f %11.3f' "$off_rps" "$off_p99")
+    on/off throughput ratio            $m_ratio   (>= 0.95: $(verdict "$m_ratio >= 0.95"))
+    runs (req/s): on $runs_on; off $runs_off
+EOF
+	)
+}
+metrics_report=""
+[ "${BENCH_METRICS:-1}" = 1 ] && bench_metrics
+# ---- end of (m) ----------------------------------------------------------------------
 
 # (e) The 50 MB list, on a Caddy of its own so that its peak RSS is the filter's alone.
 echo "measuring (e) 50 MB list through the filter…" >&2
@@ -229,7 +307,6 @@ leaked=$(grep -c -E '"(config|assertions|org_id|config_version|paused_reason)"' 
 
 ratio=$(awk -v c="$c_rps" -v b="$b_rps" 'BEGIN {printf "%.3f", c / b}')
 p99_extra=$(awk -v c="$c_p99" -v b="$b_p99" 'BEGIN {printf "%.3f", c - b}')
-verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 
 report=$(
 	cat <<EOF
@@ -253,6 +330,7 @@ targets:
   RSS growth, 50 MB list    ${rss_growth_mb} MB  (< 32 MB: $(verdict "$rss_growth_mb < 32 && $leaked == 0"))
 EOF
 )
+report+=$metrics_report
 echo "$report"
 echo "$report" >"$OUT"
 echo "(written to $OUT)"

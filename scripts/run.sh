@@ -5,6 +5,8 @@
 # Ctrl-C.
 #
 # Environment: GATEWAY_PORT (default 8080), UPSTREAM_PORT (default 9000),
+# METRICS_PORT (the gateway's /metrics, default 9180), UPSTREAM_ADMIN_PORT (the
+# upstream's /metrics, /healthz, /readyz; default 9001),
 # DATABASE_URL / REDIS_URL to use servers you already run.
 # RUN_CHECK=1 runs the printed curl commands itself and exits (used by the tests).
 set -euo pipefail
@@ -13,9 +15,11 @@ source scripts/lib.sh
 
 GATEWAY_PORT=${GATEWAY_PORT:-8080}
 UPSTREAM_PORT=${UPSTREAM_PORT:-9000}
-for p in "$GATEWAY_PORT" "$UPSTREAM_PORT"; do
+METRICS_PORT=${METRICS_PORT:-9180}
+UPSTREAM_ADMIN_PORT=${UPSTREAM_ADMIN_PORT:-9001}
+for p in "$GATEWAY_PORT" "$UPSTREAM_PORT" "$METRICS_PORT" "$UPSTREAM_ADMIN_PORT"; do
 	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-		echo "port $p is in use: set GATEWAY_PORT / UPSTREAM_PORT to free ones" >&2
+		echo "port $p is in use: set GATEWAY_PORT / UPSTREAM_PORT / METRICS_PORT / UPSTREAM_ADMIN_PORT to free ones" >&2
 		exit 1
 	fi
 done
@@ -37,12 +41,12 @@ scripts/stack.sh down "$stack"
 scripts/stack.sh up "$stack" >/dev/null
 source "$stack/env"
 GATEWAY_SECRET=$(head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40)
-export DATABASE_URL REDIS_URL GATEWAY_SECRET GATEWAY_PORT UPSTREAM_PORT
+export DATABASE_URL REDIS_URL GATEWAY_SECRET GATEWAY_PORT UPSTREAM_PORT METRICS_PORT
 # Caddyfile.example reads these two to place the gateway and find the upstream.
 export GATEWAY_ADDR=":$GATEWAY_PORT" UPSTREAM_ADDR="127.0.0.1:$UPSTREAM_PORT"
 
 bin/upstream migrate >/dev/null
-bin/upstream serve --addr "$UPSTREAM_ADDR" >"$stack/upstream.log" 2>&1 &
+bin/upstream serve --addr "$UPSTREAM_ADDR" --admin-addr "127.0.0.1:$UPSTREAM_ADMIN_PORT" >"$stack/upstream.log" 2>&1 &
 pids+=($!)
 bin/caddy run --config Caddyfile.example --adapter caddyfile >"$stack/caddy.log" 2>&1 &
 pids+=($!)
@@ -69,6 +73,8 @@ keygate is running:
   gateway   $base   (Caddy with v1_gateway, config Caddyfile.example)
   upstream  http://$UPSTREAM_ADDR
   logs      $stack/caddy.log, $stack/upstream.log
+  metrics   http://127.0.0.1:$METRICS_PORT/metrics (gateway), http://127.0.0.1:$UPSTREAM_ADMIN_PORT/metrics (upstream)
+  health    http://127.0.0.1:$UPSTREAM_ADMIN_PORT/healthz, /readyz (upstream)
 
 Demo org $org, owner $email / $password, API key (shown once):
   export KEY='$key'
@@ -93,6 +99,9 @@ if [ "${RUN_CHECK:-}" = 1 ]; then
 		-d '{"name":"example","type":"http","target":"https://example.com","interval_seconds":60,"config":{"method":"GET"}}' | grep -q '"id"'
 	curl -sf "$base/v1/monitors" -H "Authorization: Bearer $key" | grep -q '"name":"example"'
 	curl -sf -b "$jar" "$base/orgs/$org/api-keys" | grep -q '"masked_key"'
+	curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -q '^keygate_requests_total{outcome="me"} 1$'
+	curl -sf "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/metrics" | grep -q '^keygate_upstream_http_requests_total{code="201",route="POST /v1/monitors"} 1$'
+	curl -sf "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/readyz" | grep -q '"ready"'
 	set +x
 	echo "run check passed"
 	exit 0

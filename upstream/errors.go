@@ -200,8 +200,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case EINVALID:
 		body = errorBody{Error: "invalid_request", Message: e.Message}
 	case EQUOTA:
+		s.metrics.gateRejected(e.Detail)
 		body = errorBody{Error: "quota_exceeded", Metric: e.Detail, Upgrade: true}
 	case EFEATUREGATED:
+		s.metrics.gateRejected(e.Detail)
 		body = errorBody{Error: "feature_gated", Feature: e.Detail, Upgrade: true}
 	case EFORBIDDEN:
 		body = errorBody{Error: "forbidden"}

@@ -15,6 +15,7 @@ type requestInfo struct {
 	userID string
 	orgID  string
 	keyID  string
+	route  string // the mux pattern that took the request, for Metrics
 }
 
 type requestInfoKey struct{}
@@ -63,6 +64,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 		info := &requestInfo{}
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
+		s.metrics.observe(info.route, sw.status, time.Since(start))
 		ce := s.logger.Check(zap.InfoLevel, "request")
 		if ce == nil {
 			return

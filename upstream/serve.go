@@ -39,6 +39,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	prefix := fs.String("key-prefix", prefixDefault, "`prefix` of the API keys created, as configured in the gateway (env KEY_PREFIX)")
 	secureCookies := fs.Bool("secure-cookies", false, "mark the session cookie Secure even on plain-HTTP requests, for use behind a proxy that terminates TLS")
 	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
+	adminAddr := fs.String("admin-addr", "", "`address` of /metrics, /healthz and /readyz, apart from --addr (default: not served)")
 	if err := c.parse(fs, args); err != nil {
 		return err
 	}
@@ -76,10 +77,21 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	if err := checkSchema(c.ctx, pool); err != nil {
 		return err
 	}
+	var metrics *Metrics
+	if *adminAddr != "" {
+		metrics = NewMetrics(pool)
+	}
 	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, KeyFormat: format,
-		SessionTTL: *ttl, SecureCookies: *secureCookies})
+		SessionTTL: *ttl, SecureCookies: *secureCookies, Metrics: metrics})
 	if err != nil {
 		return err
+	}
+	if *adminAddr != "" {
+		stopAdmin, err := serveAdmin(*adminAddr, pool, metrics, logger)
+		if err != nil {
+			return err
+		}
+		defer stopAdmin()
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {

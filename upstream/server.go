@@ -51,6 +51,9 @@ type Config struct {
 	// behind a proxy that terminates TLS; without it the cookie is Secure only on
 	// requests that reached this server over TLS. Default: false.
 	SecureCookies bool
+	// Metrics, if set, counts requests by route and plan-gate rejections (see
+	// Metrics and AdminHandler). Default: none.
+	Metrics *Metrics
 	// Now is the clock of the checks made in Go (an API key's expires_at must be in the
 	// future). Default: time.Now.
 	Now func() time.Time
@@ -68,6 +71,7 @@ type Server struct {
 	secure     bool
 	now        func() time.Time
 	passwords  *passwordHasher
+	metrics    *Metrics // may be nil
 	handler    http.Handler
 }
 
@@ -95,6 +99,7 @@ func NewServer(cfg Config) (*Server, error) {
 		secure:     cfg.SecureCookies,
 		now:        cfg.Now,
 		passwords:  newPasswordHasher(),
+		metrics:    cfg.Metrics,
 	}
 	if s.sessionTTL == 0 {
 		s.sessionTTL = DefaultSessionTTL
@@ -170,6 +175,7 @@ func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
+			infoOf(r.Context()).route = pattern // for Metrics
 			mux.ServeHTTP(w, r)
 			return
 		}

@@ -1,0 +1,238 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+// outcome is what the gateway decided for a request (CONTRACT §10): the label of
+// keygate_requests_total and the "outcome" field of the access log.
+type outcome uint8
+
+const (
+	outcomeUnauthenticated    outcome = iota // 401: no, a malformed, an unknown or a wrong key
+	outcomeFeatureGated                      // 403 feature_gated: the plan has no API access
+	outcomeRateLimited                       // 429
+	outcomeForbidden                         // 403 forbidden: a Viewer key writing
+	outcomeMe                                // GET /v1/me, answered by the gateway
+	outcomeProxied                           // handed to the next handler, whatever it answered
+	outcomeLookupUnavailable                 // 503: PostgreSQL did not answer in time
+	outcomeLimiterUnavailable                // 503: Redis did not count, limiter_failure closed
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{
+	"unauthenticated", "feature_gated", "rate_limited", "forbidden",
+	"me", "proxied", "lookup_unavailable", "limiter_unavailable",
+}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// The names of the series, as CONTRACT §10 fixes them.
+const (
+	metricRequests        = "keygate_requests_total"
+	metricLookupDuration  = "keygate_key_lookup_duration_seconds"
+	metricLookupBatchSize = "keygate_key_lookup_batch_size"
+	metricLimiterDuration = "keygate_limiter_duration_seconds"
+	metricLimiterErrors   = "keygate_limiter_errors_total"
+	metricDependencyUp    = "keygate_dependency_up"
+)
+
+// latencyBuckets suit a lookup or a count that takes about a millisecond and is cut
+// off at database_timeout (2s) or redis_timeout (200ms).
+var latencyBuckets = []float64{.00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
+
+// metrics are the gateway's Prometheus collectors. One set lives in pools, shared by
+// every handler and carried across config reloads: Caddy makes a new registry for
+// every config it loads, and each new config registers the same collectors in it, so
+// that the counters go on from where they were instead of starting again at zero.
+//
+// No label holds a key id, an org id or a path: their number is unbounded.
+type metrics struct {
+	requests        *prometheus.CounterVec
+	lookupDuration  prometheus.Histogram
+	batchSize       prometheus.Histogram
+	limiterDuration prometheus.Histogram
+	limiterErrors   prometheus.Counter
+	dependencyUp    *prometheus.GaugeVec
+
+	// The children of the vectors, resolved once: the hot path does not hash labels.
+	byOutcome [numOutcomes]prometheus.Counter
+	postgres  depGauge
+	redis     depGauge
+}
+
+// depGauge is one dependency's keygate_dependency_up, created by its first Set: a
+// gateway that has not tried PostgreSQL yet, or counts in process and never uses
+// Redis, shows no series rather than a false 0.
+type depGauge struct {
+	vec  *prometheus.GaugeVec
+	name string
+	once sync.Once
+	g    prometheus.Gauge
+}
+
+func (d *depGauge) Set(v float64) {
+	d.once.Do(func() { d.g = d.vec.WithLabelValues(d.name) })
+	d.g.Set(v)
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricRequests,
+			Help: "Requests the v1_gateway handler decided, by outcome.",
+		}, []string{"outcome"}),
+		lookupDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    metricLookupDuration,
+			Help:    "Time a request waited for its key lookup in PostgreSQL, batching included.",
+			Buckets: latencyBuckets,
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    metricLookupBatchSize,
+			Help:    "Distinct key ids per batched key lookup query.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10), // 1 … 512
+		}),
+		limiterDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    metricLimiterDuration,
+			Help:    "Time a request waited for its rate-limit count, pipelining included.",
+			Buckets: latencyBuckets,
+		}),
+		limiterErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricLimiterErrors,
+			Help: "Rate-limit counts that could not be made (Redis unreachable or slower than redis_timeout).",
+		}),
+		dependencyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: metricDependencyUp,
+			Help: "1 while the last attempt to use the dependency succeeded, else 0.",
+		}, []string{"dependency"}),
+	}
+	// Every outcome is there from the start, at 0, so that rate() and alerts see the
+	// first request of each.
+	for o := range numOutcomes {
+		m.byOutcome[o] = m.requests.WithLabelValues(o.String())
+	}
+	m.postgres = depGauge{vec: m.dependencyUp, name: "postgres"}
+	m.redis = depGauge{vec: m.dependencyUp, name: "redis"}
+	return m
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.limiterDuration, m.limiterErrors, m.dependencyUp}
+}
+
+// register adds m's collectors to reg. A collector already there (another handler of
+// the same config registered it) is fine; a different collector under one of our
+// names is an error.
+func (m *metrics) register(reg *prometheus.Registry) error {
+	for _, c := range m.collectors() {
+		err := reg.Register(c)
+		if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok && are.ExistingCollector == c {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("registering metrics: %v", err)
+		}
+	}
+	return nil
+}
+
+// metricsEntry is the shared metrics in pools.
+type metricsEntry struct{ m *metrics }
+
+func (metricsEntry) Destruct() error { return nil }
+
+const metricsKey = "metrics"
+
+// loadMetrics returns the shared metrics, registered in ctx's registry, and the key to
+// give back to pools.
+func loadMetrics(ctx caddy.Context) (*metrics, string, error) {
+	v, _, _ := pools.LoadOrNew(metricsKey, func() (caddy.Destructor, error) {
+		return metricsEntry{newMetrics()}, nil
+	})
+	m := v.(metricsEntry).m
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := m.register(reg); err != nil {
+			_, _ = pools.Delete(metricsKey)
+			return nil, "", err
+		}
+	}
+	return m, metricsKey, nil
+}
+
+// The hooks below are what ServeHTTP calls. Each tolerates h.metrics == nil
+// (disable_metrics).
+
+// record notes the decision of a request: its counter, and the access log's outcome,
+// key_id and org_id fields. key is nil while the key is not known.
+func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
+	if h.metrics != nil {
+		h.metrics.byOutcome[o].Inc()
+	}
+	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
+	if !ok {
+		return
+	}
+	extra.Set(zap.String("outcome", o.String()))
+	if key != nil {
+		extra.Set(zap.String("key_id", key.ID))
+		extra.Set(zap.String("org_id", key.OrgID))
+	}
+}
+
+// startTimer returns the time to pass to the observe functions, or the zero time
+// without metrics (which then skip the clock altogether).
+func (h *Handler) startTimer() time.Time {
+	if h.metrics == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// observeLookup records a key lookup begun at start. A lookup abandoned because the
+// client went away says nothing of PostgreSQL and leaves the gauge alone.
+func (h *Handler) observeLookup(r *http.Request, start time.Time, err error) {
+	if h.metrics == nil {
+		return
+	}
+	h.metrics.lookupDuration.Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		h.metrics.postgres.Set(1)
+	case r.Context().Err() == nil:
+		h.metrics.postgres.Set(0)
+	}
+}
+
+// observeCount records a rate-limit count begun at start.
+func (h *Handler) observeCount(r *http.Request, start time.Time, err error) {
+	if h.metrics == nil {
+		return
+	}
+	h.metrics.limiterDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		h.metrics.limiterErrors.Inc()
+	}
+	if !h.usesRedis {
+		return
+	}
+	switch {
+	case err == nil:
+		h.metrics.redis.Set(1)
+	case r.Context().Err() == nil:
+		h.metrics.redis.Set(0)
+	}
+}
+
+// observeBatch is the Batcher's OnBatch.
+func (m *metrics) observeBatch(size int) { m.batchSize.Observe(float64(size)) }
