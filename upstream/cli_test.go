@@ -92,10 +92,14 @@ func TestOperatorCommands(t *testing.T) {
 			"", "upstream org set-plan: unknown org 00000000-0000-0000-0000-000000000000"},
 		{"org set-plan of a malformed org", []string{"org", "set-plan", "--org", "acme", "--plan", "pro"}, "", 2,
 			"", "upstream org set-plan: --org: must be an org id (a UUID)"},
-		{"user create with a duplicate email", []string{"user", "create", "--email", "ada@example.COM", "--password-stdin"}, "pw\n", 1,
+		{"user create with a duplicate email", []string{"user", "create", "--email", "ada@example.COM", "--password-stdin"}, "long enough pw\n", 1,
 			"", "upstream user create: a user with email ada@example.COM already exists"},
 		{"user create with an empty password", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "\nsecond\n", 2,
 			"", "upstream user create: password: the first line of standard input is empty"},
+		{"user create with a 9-character password", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "123456789\n", 2,
+			"", "upstream user create: password: must be at least 10 characters"},
+		{"user create with 9 characters in 18 bytes", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "ééééééééé\n", 2,
+			"", "upstream user create: password: must be at least 10 characters"},
 		{"user create with no input", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "", 2,
 			"", "upstream user create: password: the first line of standard input is empty"},
 		{"user create without --password-stdin", []string{"user", "create", "--email", "bob@example.com"}, "pw\n", 2,
@@ -236,12 +240,12 @@ func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": testSecret}
 
 	code, _, stderr := run(t, env, "", "serve", "--addr", "127.0.0.1:0")
-	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 1: run `upstream migrate` first (or serve --migrate)\n" {
+	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 2: run `upstream migrate` first (or serve --migrate)\n" {
 		t.Errorf("serve on an empty database: exit %d, stderr %q", code, stderr)
 	}
 	for range 2 {
 		code, stdout, stderr := run(t, env, "", "migrate")
-		if code != 0 || stdout != `{"schema_version":1}`+"\n" || stderr != "" {
+		if code != 0 || stdout != `{"schema_version":2}`+"\n" || stderr != "" {
 			t.Errorf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 		}
 	}

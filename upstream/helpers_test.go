@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -44,17 +45,35 @@ func newTestEnv(t *testing.T, opts ...func(*Config)) *testEnv {
 // newTestEnvOn starts a Server on the migrated database at dbURL.
 func newTestEnvOn(t *testing.T, dbURL string, opts ...func(*Config)) *testEnv {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dbURL)
+	pool := newTestPool(t, dbURL, DefaultDatabaseTimeout)
+	return newTestEnvWith(t, pool, pool, dbURL, opts...)
+}
+
+// newTestPool opens a pool on dbURL configured as serve configures its own (poolConfig),
+// closed when the test ends.
+func newTestPool(t *testing.T, dbURL string, timeout time.Duration) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := poolConfig(dbURL, 0, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newTestEnvWith starts a Server on serverPool; the env's fixtures and queries use pool.
+func newTestEnvWith(t *testing.T, pool, serverPool *pgxpool.Pool, dbURL string, opts ...func(*Config)) *testEnv {
+	t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
 	format, err := keystore.NewFormat("mon")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Pool: pool, Logger: zap.New(core), GatewaySecret: testSecret, KeyFormat: format}
+	cfg := Config{Pool: serverPool, Logger: zap.New(core), GatewaySecret: testSecret, KeyFormat: format}
 	for _, o := range opts {
 		o(&cfg)
 	}
