@@ -78,8 +78,8 @@ type Server struct {
 	// trustedProxies and throttle are Config's TrustedProxies and LoginThrottle.
 	trustedProxies []netip.Prefix
 	throttle       LoginThrottle
-	passwords  *passwordHasher
-	handler    http.Handler
+	passwords      *passwordHasher
+	handler        http.Handler
 }
 
 // NewServer checks cfg and returns a Server.
