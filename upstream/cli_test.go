@@ -191,6 +191,12 @@ func TestCommandsNeedTheirEnvironment(t *testing.T) {
 			`upstream serve: usage: --key-prefix: key prefix must match [a-z][a-z0-9]{0,15}: "Mon"` + "\n"},
 		{"serve with a bad session ttl", nil, []string{"serve", "--session-ttl", "0s"},
 			"upstream serve: usage: --session-ttl must be positive\n"},
+		{"serve with a bad database timeout", nil, []string{"serve", "--database-timeout", "0s"},
+			"upstream serve: usage: --database-timeout must be positive\n"},
+		{"serve with a bad purge interval", nil, []string{"serve", "--purge-interval", "-1s"},
+			"upstream serve: usage: --purge-interval must be positive\n"},
+		{"serve with a bad trusted proxy", nil, []string{"serve", "--trusted-proxies", "127.0.0.1,caddy"},
+			`upstream serve: usage: --trusted-proxies: "caddy" is neither a CIDR prefix nor an IP address` + "\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, stderr := run(t, tc.env, "", tc.args...)

@@ -83,6 +83,8 @@ func newTestEnvWith(t *testing.T, pool, serverPool *pgxpool.Pool, dbURL string, 
 	}
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
+	// No answer of the API is a redirect; a test must see one if it happens.
+	ts.Client().CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &testEnv{t: t, pool: pool, dbURL: dbURL, srv: srv, ts: ts, logs: logs}
 }
 
