@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -297,3 +298,6 @@ func sortedKeys(m map[string]any) string {
 
 // fieldInt is a zap field as the observer records an Int field.
 func fieldInt(key string, v int) zap.Field { return zap.Int(key, v) }
+
+// fmtPrefixes formats prefixes as fmt formats a slice of them.
+func fmtPrefixes(ps []netip.Prefix) string { return fmt.Sprint(ps) }
