@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func TestSessionCookieIsSecureOverTLSOrThroughATrustedProxySayingHTTPS(t *testing.T) {
+func TestSessionCookieIsSecureThroughATrustedProxySayingHTTPS(t *testing.T) {
 	tenNet := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	for _, tc := range []struct {
 		name    string
