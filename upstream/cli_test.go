@@ -265,7 +265,7 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate"}, strings.NewReader(""), io.Discard, pw,
+		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate", "--purge-interval", "50ms"}, strings.NewReader(""), io.Discard, pw,
 			func(k string) string { return env[k] })
 		pw.Close()
 		done <- code
@@ -286,6 +286,7 @@ func TestServeServesUntilCancelled(t *testing.T) {
 			Msg       string `json:"msg"`
 			Addr      string `json:"addr"`
 			KeyPrefix string `json:"key_prefix"`
+			MaxConns  int    `json:"pool_max_conns"`
 		}
 		if err := json.Unmarshal([]byte(line), &entry); err != nil {
 			t.Fatalf("log line %q is not JSON", line)
@@ -294,6 +295,9 @@ func TestServeServesUntilCancelled(t *testing.T) {
 			addr = entry.Addr
 			if entry.KeyPrefix != "acme" {
 				t.Errorf("key prefix %q, want acme from KEY_PREFIX", entry.KeyPrefix)
+			}
+			if entry.MaxConns != defaultMaxConns {
+				t.Errorf("pool_max_conns %d, want %d", entry.MaxConns, defaultMaxConns)
 			}
 			break
 		}
@@ -311,6 +315,29 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 404 || res.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("GET /nope = %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+
+	// serve purges expired sessions on its own schedule.
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `WITH u AS (INSERT INTO users (email, password_hash) VALUES ('a@example.com', 'x') RETURNING id)
+		INSERT INTO sessions (token_hash, user_id, expires_at) SELECT sha256('t'), id, now() - interval '1 second' FROM u`); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM sessions`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not purge the expired session within 20s")
+		}
 	}
 
 	cancel()
