@@ -323,7 +323,7 @@ func TestServeServesUntilCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(context.Background(), `WITH u AS (INSERT INTO users (email, password_hash) VALUES ('a@example.com', 'x') RETURNING id)
+	if _, err := conn.Exec(context.Background(), `WITH u AS (INSERT INTO users (email, password_hash) VALUES ('a@example.com', '$argon2id$x') RETURNING id)
 		INSERT INTO sessions (token_hash, user_id, expires_at) SELECT sha256('t'), id, now() - interval '1 second' FROM u`); err != nil {
 		t.Fatal(err)
 	}
