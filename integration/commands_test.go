@@ -41,6 +41,33 @@ func TestBuiltCaddyHasTheModuleAndAdaptsTheExample(t *testing.T) {
 	if !strings.Contains(stdout.String(), `"handler":"v1_gateway"`) {
 		t.Errorf("the adapted example has no v1_gateway handler:\n%s", stdout.String())
 	}
+	// Every reverse_proxy of the example, the dashboard's included, bounds its wait on
+	// the upstream.
+	proxies := 0
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "reverse_proxy" {
+				proxies++
+				tr, _ := v["transport"].(map[string]any)
+				if tr["dial_timeout"] == nil || tr["response_header_timeout"] == nil {
+					t.Errorf("a reverse_proxy of the example has no dial_timeout or response_header_timeout: %v", v)
+				}
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(cfg)
+	if proxies < 2 {
+		t.Errorf("the example has %d reverse_proxy handlers, want the /v1 one and the dashboard's", proxies)
+	}
 }
 
 // TestMakeRunPrintsWorkingCurl runs scripts/run.sh (what `make run` runs after building)

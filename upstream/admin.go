@@ -168,14 +168,14 @@ func checkEmail(email string) error {
 	return nil
 }
 
-// createUser creates a user with an argon2id hash of password. Emails are unique
-// whatever their case.
+// createUser creates a user with an argon2id hash of password, which must pass
+// checkNewPassword. Emails are unique whatever their case.
 func createUser(ctx context.Context, pool *pgxpool.Pool, hasher *passwordHasher, email, password string) (userRecord, error) {
 	if err := checkEmail(email); err != nil {
 		return userRecord{}, err
 	}
-	if password == "" {
-		return userRecord{}, invalid("password", "must not be empty")
+	if err := checkNewPassword(password); err != nil {
+		return userRecord{}, err
 	}
 	encoded, err := hasher.hash(ctx, password)
 	if err != nil {

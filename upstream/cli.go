@@ -11,6 +11,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -199,29 +200,24 @@ func (c *cli) databaseURL() (string, error) {
 	return u, nil
 }
 
-// connect opens a pool on DATABASE_URL and pings it.
+// connect opens a pool of maxConns connections (0: the default of poolConfig) on
+// DATABASE_URL, with each database wait bounded by DefaultDatabaseTimeout, and pings it.
 func (c *cli) connect(maxConns int32) (*pgxpool.Pool, error) {
+	return c.connectWith(maxConns, DefaultDatabaseTimeout)
+}
+
+// connectWith is connect with each database wait bounded by timeout.
+func (c *cli) connectWith(maxConns int32, timeout time.Duration) (*pgxpool.Pool, error) {
 	u, err := c.databaseURL()
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		return nil, usageErrorf("DATABASE_URL is not a valid postgres URL")
-	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	pool, err := pgxpool.NewWithConfig(c.ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connecting to postgres: %w", err)
-	}
-	if err := pool.Ping(c.ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connecting to postgres: %w", err)
-	}
-	return pool, nil
+	return openPool(c.ctx, u, maxConns, timeout)
 }
+
+// errBadDatabaseURL is a DATABASE_URL that pgx cannot parse; its text may hold a
+// password, so it is not repeated.
+var errBadDatabaseURL = usageErrorf("DATABASE_URL is not a valid postgres URL")
 
 // printJSON writes v as one line of JSON on stdout.
 func (c *cli) printJSON(v any) error {

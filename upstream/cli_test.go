@@ -92,10 +92,14 @@ func TestOperatorCommands(t *testing.T) {
 			"", "upstream org set-plan: unknown org 00000000-0000-0000-0000-000000000000"},
 		{"org set-plan of a malformed org", []string{"org", "set-plan", "--org", "acme", "--plan", "pro"}, "", 2,
 			"", "upstream org set-plan: --org: must be an org id (a UUID)"},
-		{"user create with a duplicate email", []string{"user", "create", "--email", "ada@example.COM", "--password-stdin"}, "pw\n", 1,
+		{"user create with a duplicate email", []string{"user", "create", "--email", "ada@example.COM", "--password-stdin"}, "long enough pw\n", 1,
 			"", "upstream user create: a user with email ada@example.COM already exists"},
 		{"user create with an empty password", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "\nsecond\n", 2,
 			"", "upstream user create: password: the first line of standard input is empty"},
+		{"user create with a 9-character password", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "123456789\n", 2,
+			"", "upstream user create: password: must be at least 10 characters"},
+		{"user create with 9 characters in 18 bytes", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "ééééééééé\n", 2,
+			"", "upstream user create: password: must be at least 10 characters"},
 		{"user create with no input", []string{"user", "create", "--email", "bob@example.com", "--password-stdin"}, "", 2,
 			"", "upstream user create: password: the first line of standard input is empty"},
 		{"user create without --password-stdin", []string{"user", "create", "--email", "bob@example.com"}, "pw\n", 2,
@@ -187,6 +191,12 @@ func TestCommandsNeedTheirEnvironment(t *testing.T) {
 			`upstream serve: usage: --key-prefix: key prefix must match [a-z][a-z0-9]{0,15}: "Mon"` + "\n"},
 		{"serve with a bad session ttl", nil, []string{"serve", "--session-ttl", "0s"},
 			"upstream serve: usage: --session-ttl must be positive\n"},
+		{"serve with a bad database timeout", nil, []string{"serve", "--database-timeout", "0s"},
+			"upstream serve: usage: --database-timeout must be positive\n"},
+		{"serve with a bad purge interval", nil, []string{"serve", "--purge-interval", "-1s"},
+			"upstream serve: usage: --purge-interval must be positive\n"},
+		{"serve with a bad trusted proxy", nil, []string{"serve", "--trusted-proxies", "127.0.0.1,caddy"},
+			`upstream serve: usage: --trusted-proxies: "caddy" is neither a CIDR prefix nor an IP address` + "\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, stderr := run(t, tc.env, "", tc.args...)
@@ -236,12 +246,12 @@ func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": testSecret}
 
 	code, _, stderr := run(t, env, "", "serve", "--addr", "127.0.0.1:0")
-	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 1: run `upstream migrate` first (or serve --migrate)\n" {
+	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 2: run `upstream migrate` first (or serve --migrate)\n" {
 		t.Errorf("serve on an empty database: exit %d, stderr %q", code, stderr)
 	}
 	for range 2 {
 		code, stdout, stderr := run(t, env, "", "migrate")
-		if code != 0 || stdout != `{"schema_version":1}`+"\n" || stderr != "" {
+		if code != 0 || stdout != `{"schema_version":2}`+"\n" || stderr != "" {
 			t.Errorf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 		}
 	}
@@ -255,7 +265,7 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate"}, strings.NewReader(""), io.Discard, pw,
+		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate", "--purge-interval", "50ms"}, strings.NewReader(""), io.Discard, pw,
 			func(k string) string { return env[k] })
 		pw.Close()
 		done <- code
@@ -276,6 +286,7 @@ func TestServeServesUntilCancelled(t *testing.T) {
 			Msg       string `json:"msg"`
 			Addr      string `json:"addr"`
 			KeyPrefix string `json:"key_prefix"`
+			MaxConns  int    `json:"pool_max_conns"`
 		}
 		if err := json.Unmarshal([]byte(line), &entry); err != nil {
 			t.Fatalf("log line %q is not JSON", line)
@@ -284,6 +295,9 @@ func TestServeServesUntilCancelled(t *testing.T) {
 			addr = entry.Addr
 			if entry.KeyPrefix != "acme" {
 				t.Errorf("key prefix %q, want acme from KEY_PREFIX", entry.KeyPrefix)
+			}
+			if entry.MaxConns != defaultMaxConns {
+				t.Errorf("pool_max_conns %d, want %d", entry.MaxConns, defaultMaxConns)
 			}
 			break
 		}
@@ -301,6 +315,29 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 404 || res.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("GET /nope = %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+
+	// serve purges expired sessions on its own schedule.
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `WITH u AS (INSERT INTO users (email, password_hash) VALUES ('a@example.com', '$argon2id$x') RETURNING id)
+		INSERT INTO sessions (token_hash, user_id, expires_at) SELECT sha256('t'), id, now() - interval '1 second' FROM u`); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM sessions`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not purge the expired session within 20s")
+		}
 	}
 
 	cancel()

@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
@@ -40,11 +42,17 @@ const (
 	// EMETHOD is a known route called with a method it does not serve. HTTP: 405
 	// {"error":"method not allowed"}.
 	EMETHOD = "method_not_allowed"
+	// ERATELIMITED is a login refused before the password is checked, because of the
+	// recent failures from the client's address (throttlestore.go). HTTP: 429
+	// {"error":"rate_limited","retryAfter":RetryAfter} with a Retry-After header.
+	ERATELIMITED = "rate_limited"
 	// ETOOLARGE is a request body over maxBodyBytes. HTTP: 413
 	// {"error":"request_too_large"}.
 	ETOOLARGE = "request_too_large"
-	// EUNAVAILABLE is a database that cannot be reached or is shutting down: worth a
-	// retry later. HTTP: 503 {"error":"service_unavailable"}; the cause is logged.
+	// EUNAVAILABLE is a database that cannot be reached, is shutting down or does not
+	// answer within the database timeout, or a password-hashing queue that is full:
+	// worth a retry later. HTTP: 503 {"error":"service_unavailable"}; a database
+	// failure's cause is logged.
 	EUNAVAILABLE = "unavailable"
 	// EINTERNAL is anything else: a broken database, a bug. HTTP: 500
 	// {"error":"internal"}; the cause is logged, never sent.
@@ -60,6 +68,8 @@ type Error struct {
 	Message string
 	// Detail is the metric of an EQUOTA error or the feature of an EFEATUREGATED one.
 	Detail string
+	// RetryAfter is the whole number of seconds an ERATELIMITED caller must wait.
+	RetryAfter int
 }
 
 // Error implements the error interface.
@@ -124,6 +134,13 @@ func invalid(field, format string, args ...any) *Error {
 	return &Error{Code: EINVALID, Message: field + ": " + fmt.Sprintf(format, args...)}
 }
 
+// rateLimited returns the 429 of a throttled login that may be retried after d,
+// rounded up to a whole second.
+func rateLimited(d time.Duration) *Error {
+	secs := int((d + time.Second - 1) / time.Second)
+	return &Error{Code: ERATELIMITED, Message: "rate limited", RetryAfter: max(secs, 1)}
+}
+
 // quotaExceeded returns the 402 of a plan quota.
 func quotaExceeded(metric string) *Error {
 	return &Error{Code: EQUOTA, Message: "quota exceeded", Detail: metric}
@@ -149,6 +166,7 @@ var (
 	errMinIntervalQuota  = quotaExceeded("min_interval_seconds")
 	errInternalForClient = &Error{Code: EINTERNAL, Message: "internal"}
 	errUnavailable       = &Error{Code: EUNAVAILABLE, Message: "service unavailable"}
+	errHashQueueFull     = &Error{Code: EUNAVAILABLE, Message: "password hashing queue full"}
 )
 
 // statusOf maps each code to its HTTP status.
@@ -162,6 +180,7 @@ var statusOf = map[string]int{
 	EMETHOD:       http.StatusMethodNotAllowed,
 	ECONFLICT:     http.StatusConflict,
 	ETOOLARGE:     http.StatusRequestEntityTooLarge,
+	ERATELIMITED:  http.StatusTooManyRequests,
 	EUNAVAILABLE:  http.StatusServiceUnavailable,
 	EINTERNAL:     http.StatusInternalServerError,
 }
@@ -174,6 +193,8 @@ type errorBody struct {
 	Metric  string `json:"metric,omitempty"`
 	Feature string `json:"feature,omitempty"`
 	Upgrade bool   `json:"upgrade,omitempty"`
+	// RetryAfter keeps the contract's camelCase (CONTRACT §11).
+	RetryAfter int `json:"retryAfter,omitempty"`
 }
 
 // writeError answers r with the status and JSON body of err's code. Internal errors are
@@ -182,6 +203,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	code := ErrorCode(err)
 	var e *Error
 	switch {
+	case code == EUNAVAILABLE && errors.As(err, &e):
+		// An overload this package detected itself (a full hashing queue): the request
+		// log shows the 503; an error line per refused request would flood the log.
 	case code == EUNAVAILABLE:
 		s.logger.Error("database unavailable",
 			zap.String("method", r.Method),
@@ -211,6 +235,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		body = errorBody{Error: "method not allowed"}
 	case ETOOLARGE:
 		body = errorBody{Error: "request_too_large"}
+	case ERATELIMITED:
+		body = errorBody{Error: "rate_limited", RetryAfter: e.RetryAfter}
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
 	case EUNAVAILABLE:
 		body = errorBody{Error: "service_unavailable"}
 	case EINTERNAL:

@@ -7,10 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -44,17 +46,35 @@ func newTestEnv(t *testing.T, opts ...func(*Config)) *testEnv {
 // newTestEnvOn starts a Server on the migrated database at dbURL.
 func newTestEnvOn(t *testing.T, dbURL string, opts ...func(*Config)) *testEnv {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dbURL)
+	pool := newTestPool(t, dbURL, DefaultDatabaseTimeout)
+	return newTestEnvWith(t, pool, pool, dbURL, opts...)
+}
+
+// newTestPool opens a pool on dbURL configured as serve configures its own (poolConfig),
+// closed when the test ends.
+func newTestPool(t *testing.T, dbURL string, timeout time.Duration) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := poolConfig(dbURL, 0, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newTestEnvWith starts a Server on serverPool; the env's fixtures and queries use pool.
+func newTestEnvWith(t *testing.T, pool, serverPool *pgxpool.Pool, dbURL string, opts ...func(*Config)) *testEnv {
+	t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
 	format, err := keystore.NewFormat("mon")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Pool: pool, Logger: zap.New(core), GatewaySecret: testSecret, KeyFormat: format}
+	cfg := Config{Pool: serverPool, Logger: zap.New(core), GatewaySecret: testSecret, KeyFormat: format}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -64,6 +84,8 @@ func newTestEnvOn(t *testing.T, dbURL string, opts ...func(*Config)) *testEnv {
 	}
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
+	// No answer of the API is a redirect; a test must see one if it happens.
+	ts.Client().CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &testEnv{t: t, pool: pool, dbURL: dbURL, srv: srv, ts: ts, logs: logs}
 }
 
@@ -276,3 +298,6 @@ func sortedKeys(m map[string]any) string {
 
 // fieldInt is a zap field as the observer records an Int field.
 func fieldInt(key string, v int) zap.Field { return zap.Int(key, v) }
+
+// fmtPrefixes formats prefixes as fmt formats a slice of them.
+func fmtPrefixes(ps []netip.Prefix) string { return fmt.Sprint(ps) }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -124,7 +125,7 @@ func TestHealthzAndReadyz(t *testing.T) {
 	}{
 		{"database up", migrated, http.StatusOK, `{"status":"ready"}`},
 		{"database stopped", schematest.UnreachablePool(t), http.StatusServiceUnavailable, `{"error":"not_ready","reason":"database unreachable"}`},
-		{"schema not applied", emptyPool, http.StatusServiceUnavailable, `{"error":"not_ready","reason":"database schema at version 0, needs 1"}`},
+		{"schema not applied", emptyPool, http.StatusServiceUnavailable, fmt.Sprintf(`{"error":"not_ready","reason":"database schema at version 0, needs %d"}`, requiredSchemaVersion)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			admin := httptest.NewServer(AdminHandler(tc.pool, NewMetrics(tc.pool)))

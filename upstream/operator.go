@@ -86,7 +86,7 @@ func (c *cli) orgSetPlan(name string, args []string) error {
 
 func (c *cli) userCreate(name string, args []string) error {
 	fs := c.flags(name, "--email E --password-stdin",
-		`Creates a user. The password is the first line of standard input, without its line ending; it is stored as an argon2id hash. Prints {"id","email"}.
+		`Creates a user. The password is the first line of standard input, without its line ending, at least 10 characters; it is stored as an argon2id hash. Prints {"id","email"}.
 
 example: printf '%s\n' "$PASSWORD" | upstream user create --email ada@example.com --password-stdin`)
 	email := fs.String("email", "", "the user's `email`, unique whatever its case (required)")
@@ -102,6 +102,9 @@ example: printf '%s\n' "$PASSWORD" | upstream user create --email ada@example.co
 	}
 	password, err := readPasswordLine(c.stdin)
 	if err != nil {
+		return err
+	}
+	if err := checkNewPassword(password); err != nil {
 		return err
 	}
 	pool, err := c.connect(2)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"golang.org/x/crypto/argon2"
 )
@@ -40,12 +41,37 @@ const (
 // can verify.
 var errBadHash = errors.New("password hash is not a valid argon2id PHC string")
 
+// Bounds of the password-hashing queue. Each argon2id derivation takes 19 MiB and one
+// core for some tens of milliseconds, so a flood of logins (throttled per address, but
+// an attacker may have many addresses) must neither take every core from the requests
+// under /v1 nor pile up waiting: at most hashWorkers derivations run at once, at most
+// hashQueueLen more wait, and any further one is refused at once with 503.
+var (
+	hashWorkers  = max(1, runtime.GOMAXPROCS(0)/2)
+	hashQueueLen = 8
+)
+
+// MinPasswordLength is the fewest characters (Unicode code points) a new password may
+// have.
+const MinPasswordLength = 10
+
+// checkNewPassword returns the EINVALID error of a password too short to be set.
+func checkNewPassword(password string) error {
+	if utf8.RuneCountInString(password) < MinPasswordLength {
+		return invalid("password", "must be at least %d characters", MinPasswordLength)
+	}
+	return nil
+}
+
 // passwordHasher hashes and verifies passwords with argon2id in the PHC string format
 // `$argon2id$v=19$m=…,t=…,p=…$<salt>$<hash>` (unpadded standard base64). At most
-// GOMAXPROCS derivations run at once, which bounds the memory logins can take.
+// hashWorkers derivations run at once and at most hashQueueLen wait for a turn; the
+// others fail with errHashQueueFull without waiting.
 type passwordHasher struct {
 	params argon2Params
-	slots  chan struct{}
+	// queue holds a token per derivation running or waiting; slots one per running.
+	queue chan struct{}
+	slots chan struct{}
 
 	dummyOnce sync.Once
 	dummy     string
@@ -56,11 +82,22 @@ type passwordHasher struct {
 }
 
 func newPasswordHasher() *passwordHasher {
-	return &passwordHasher{params: defaultArgon2, slots: make(chan struct{}, runtime.GOMAXPROCS(0))}
+	return &passwordHasher{
+		params: defaultArgon2,
+		queue:  make(chan struct{}, hashWorkers+hashQueueLen),
+		slots:  make(chan struct{}, hashWorkers),
+	}
 }
 
-// derive runs argon2id once a slot is free, or gives up when ctx ends first.
+// derive runs argon2id once a slot is free; it fails at once with errHashQueueFull
+// when the queue is full, and gives up when ctx ends while it waits.
 func (h *passwordHasher) derive(ctx context.Context, password, salt []byte, p argon2Params) ([]byte, error) {
+	select {
+	case h.queue <- struct{}{}:
+	default:
+		return nil, errHashQueueFull
+	}
+	defer func() { <-h.queue }()
 	select {
 	case h.slots <- struct{}{}:
 	case <-ctx.Done():

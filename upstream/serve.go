@@ -20,13 +20,13 @@ import (
 
 // requiredSchemaVersion is the newest migration of upstream/schema this code relies
 // on; serve refuses an older database rather than fail on its first request.
-const requiredSchemaVersion = 1
+const requiredSchemaVersion = 2
 
 // shutdownTimeout is how long serve waits for requests in flight after SIGINT or SIGTERM.
 const shutdownTimeout = 15 * time.Second
 
 func (c *cli) serve(name string, args []string) error {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL and GATEWAY_SECRET (the secret the gateway sends in X-Gateway-Secret).
 Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
@@ -38,6 +38,9 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	}
 	prefix := fs.String("key-prefix", prefixDefault, "`prefix` of the API keys created, as configured in the gateway (env KEY_PREFIX)")
 	secureCookies := fs.Bool("secure-cookies", false, "mark the session cookie Secure even on plain-HTTP requests, for use behind a proxy that terminates TLS")
+	trusted := fs.String("trusted-proxies", DefaultTrustedProxies, "comma-separated `CIDRs` of the proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (empty: none)")
+	dbTimeout := fs.Duration("database-timeout", DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
+	purgeEvery := fs.Duration("purge-interval", DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
 	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
 	adminAddr := fs.String("admin-addr", "", "`address` of /metrics, /healthz and /readyz, apart from --addr (default: not served)")
 	if err := c.parse(fs, args); err != nil {
@@ -45,6 +48,16 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	}
 	if *ttl <= 0 {
 		return usageErrorf("--session-ttl must be positive")
+	}
+	if *dbTimeout <= 0 {
+		return usageErrorf("--database-timeout must be positive")
+	}
+	if *purgeEvery <= 0 {
+		return usageErrorf("--purge-interval must be positive")
+	}
+	proxies, err := parseTrustedProxies(*trusted)
+	if err != nil {
+		return usageErrorf("--trusted-proxies: %v", err)
 	}
 	format, err := keystore.NewFormat(*prefix)
 	if err != nil {
@@ -69,7 +82,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 			return err
 		}
 	}
-	pool, err := c.connect(0)
+	pool, err := c.connectWith(0, *dbTimeout)
 	if err != nil {
 		return err
 	}
@@ -82,7 +95,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 		metrics = NewMetrics(pool)
 	}
 	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, KeyFormat: format,
-		SessionTTL: *ttl, SecureCookies: *secureCookies, Metrics: metrics})
+		SessionTTL: *ttl, SecureCookies: *secureCookies, TrustedProxies: proxies, Metrics: metrics})
 	if err != nil {
 		return err
 	}
@@ -93,6 +106,17 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 		}
 		defer stopAdmin()
 	}
+	purgeCtx, stopPurge := context.WithCancel(c.ctx)
+	purged := make(chan struct{})
+	go func() {
+		defer close(purged)
+		srv.RunPurge(purgeCtx, *purgeEvery)
+	}()
+	// The purge stops before the pool closes (defers run last first).
+	defer func() {
+		stopPurge()
+		<-purged
+	}()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
@@ -107,7 +131,8 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 		ErrorLog:          zap.NewStdLog(logger.Named("http")),
 	}
 	logger.Info("serving", zap.String("addr", ln.Addr().String()),
-		zap.String("key_prefix", format.Prefix()), zap.Duration("session_ttl", *ttl))
+		zap.String("key_prefix", format.Prefix()), zap.Duration("session_ttl", *ttl),
+		zap.Duration("database_timeout", *dbTimeout), zap.Int32("pool_max_conns", pool.Config().MaxConns))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {

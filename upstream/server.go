@@ -17,6 +17,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -54,8 +55,15 @@ type Config struct {
 	// Metrics, if set, counts requests by route and plan-gate rejections (see
 	// Metrics and AdminHandler). Default: none.
 	Metrics *Metrics
+	// TrustedProxies are the networks of the proxies (the gateway) whose
+	// X-Forwarded-For and X-Forwarded-Proto are believed (CONTRACT §11). serve's
+	// default is DefaultTrustedProxies; here the default is none.
+	TrustedProxies []netip.Prefix
+	// LoginThrottle bounds failed logins per (email, client address) and per client
+	// address. Zero fields take those of DefaultLoginThrottle.
+	LoginThrottle LoginThrottle
 	// Now is the clock of the checks made in Go (an API key's expires_at must be in the
-	// future). Default: time.Now.
+	// future; the login throttle's window). Default: time.Now.
 	Now func() time.Time
 }
 
@@ -70,9 +78,12 @@ type Server struct {
 	sessionTTL time.Duration
 	secure     bool
 	now        func() time.Time
-	passwords  *passwordHasher
-	metrics    *Metrics // may be nil
-	handler    http.Handler
+	// trustedProxies and throttle are Config's TrustedProxies and LoginThrottle.
+	trustedProxies []netip.Prefix
+	throttle       LoginThrottle
+	passwords      *passwordHasher
+	metrics        *Metrics // may be nil
+	handler        http.Handler
 }
 
 // NewServer checks cfg and returns a Server.
@@ -100,6 +111,18 @@ func NewServer(cfg Config) (*Server, error) {
 		now:        cfg.Now,
 		passwords:  newPasswordHasher(),
 		metrics:    cfg.Metrics,
+
+		trustedProxies: cfg.TrustedProxies,
+		throttle:       cfg.LoginThrottle,
+	}
+	if s.throttle.Window <= 0 {
+		s.throttle.Window = DefaultLoginThrottle.Window
+	}
+	if s.throttle.PerEmail <= 0 {
+		s.throttle.PerEmail = DefaultLoginThrottle.PerEmail
+	}
+	if s.throttle.PerClient <= 0 {
+		s.throttle.PerClient = DefaultLoginThrottle.PerClient
 	}
 	if s.sessionTTL == 0 {
 		s.sessionTTL = DefaultSessionTTL
@@ -169,10 +192,15 @@ func isV1(path string) bool {
 
 // jsonFallbacks answers the requests mux has no route for with JSON: 404
 // {"error":"not found"}, or 405 {"error":"method not allowed"} with mux's Allow header
-// when the path exists under other methods. Everything else goes to mux, redirects of
-// unclean paths included.
+// when the path exists under other methods. A path with empty or dot segments is
+// unknown too (404), where mux would redirect to its clean form with an HTML body: no
+// answer of this API is a redirect.
 func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !cleanPath(r.URL.Path) {
+			s.writeError(w, r, errNotFound)
+			return
+		}
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
 			infoOf(r.Context()).route = pattern // for Metrics
@@ -190,6 +218,21 @@ func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 		}
 		s.writeError(w, r, errNotFound)
 	})
+}
+
+// cleanPath reports whether path is absolute and has no empty segment (//), except a
+// final one (a trailing slash), and no . or .. segment.
+func cleanPath(path string) bool {
+	if !strings.HasPrefix(path, "/") {
+		return false
+	}
+	segs := strings.Split(path[1:], "/")
+	for i, seg := range segs {
+		if seg == "." || seg == ".." || (seg == "" && i < len(segs)-1) {
+			return false
+		}
+	}
+	return true
 }
 
 // headerProbe is a ResponseWriter that keeps the status and headers and drops the body.

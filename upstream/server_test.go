@@ -35,12 +35,26 @@ func TestUnknownRoutesAndWrongMethodsAnswerJSON(t *testing.T) {
 		{"POST a monitor id", e.anon(), "POST", "/orgs/" + org + "/monitors/x", 405, methodNotAllowed, "DELETE, GET, HEAD, PATCH"},
 		{"GET a key id", e.anon(), "GET", "/orgs/" + org + "/api-keys/x", 405, methodNotAllowed, "DELETE"},
 		{"PUT /v1 monitor", gw, "PUT", "/v1/monitors/x", 405, methodNotAllowed, "DELETE, GET, HEAD, PATCH"},
+		// Paths with empty or dot segments are unknown, never redirected to their
+		// clean form (http.ServeMux would answer 301 or 307 with HTML).
+		{"double slash", e.anon(), "GET", "//", 404, bodyNotFound, ""},
+		{"dot segment", e.anon(), "GET", "/./", 404, bodyNotFound, ""},
+		{"dot-dot segment", e.anon(), "GET", "/orgs/../auth/login", 404, bodyNotFound, ""},
+		{"empty segment in a dashboard path", e.anon(), "GET", "/orgs/" + org + "//monitors", 404, bodyNotFound, ""},
+		{"dot segment in a dashboard path", e.anon(), "GET", "/orgs/" + org + "/./monitors", 404, bodyNotFound, ""},
+		{"escaped dot segment", e.anon(), "GET", "/orgs/" + org + "/%2e/monitors", 404, bodyNotFound, ""},
+		{"empty segment under /v1", gw, "GET", "/v1//monitors", 404, bodyNotFound, ""},
+		{"dot segment under /v1", gw, "GET", "/v1/./monitors", 404, bodyNotFound, ""},
+		{"dot-dot at the end under /v1", gw, "GET", "/v1/monitors/x/..", 404, bodyNotFound, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.c.do(tc.method, tc.path, "")
 			want(t, r, tc.status, tc.body)
 			if got := r.header.Get("Allow"); got != tc.allow {
 				t.Errorf("Allow = %q, want %q", got, tc.allow)
+			}
+			if loc := r.header.Get("Location"); loc != "" {
+				t.Errorf("Location = %q, want none", loc)
 			}
 		})
 	}

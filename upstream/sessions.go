@@ -25,6 +25,8 @@ const sessionTokenBytes = 32
 // handleLogin answers POST /auth/login {"email","password"}: 204 with a session cookie,
 // or 401 {"error":"invalid credentials"} whether the email is unknown or the password
 // wrong; both cost one argon2id derivation, so timing does not tell them apart either.
+// Past the login throttle's limits it answers 429 without deriving anything, and 503
+// when the hashing queue is full.
 func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
 	body, err := readBody(w, r)
 	if err != nil {
@@ -59,8 +61,32 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	client, emailHash := s.clientAddr(r), emailKey(*email)
+	attempt, wait, err := s.reserveLogin(r.Context(), client, emailHash, s.now())
+	switch {
+	case err != nil:
+		s.writeError(w, r, err)
+		return
+	case wait > 0:
+		s.writeError(w, r, rateLimited(wait))
+		return
+	}
 	userID, err := s.checkPassword(r.Context(), *email, *password)
-	if err != nil {
+	switch {
+	case errors.Is(err, errBadCredentials):
+		s.writeError(w, r, err)
+		return
+	case err != nil:
+		// Not a failure of the caller's: the attempt must not count against them. The
+		// request's context may be over (the client left); the database timeout still
+		// bounds the wait.
+		if rerr := s.releaseLogin(context.WithoutCancel(r.Context()), attempt); rerr != nil {
+			s.logger.Warn("releasing login attempt failed", zap.Error(rerr))
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	if err := s.forgetLogins(r.Context(), client, emailHash); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -76,7 +102,7 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		Path:     "/",
 		MaxAge:   int(s.sessionTTL / time.Second),
 		HttpOnly: true,
-		Secure:   s.secure || r.TLS != nil,
+		Secure:   s.secureRequest(r),
 		SameSite: http.SameSiteLaxMode,
 	})
 	w.WriteHeader(http.StatusNoContent)
@@ -147,7 +173,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 		Path:     "/",
 		MaxAge:   -1,
 		HttpOnly: true,
-		Secure:   s.secure || r.TLS != nil,
+		Secure:   s.secureRequest(r),
 		SameSite: http.SameSiteLaxMode,
 	})
 	w.WriteHeader(http.StatusNoContent)

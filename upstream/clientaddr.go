@@ -1,0 +1,94 @@
+package upstream
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// DefaultTrustedProxies is serve's --trusted-proxies when not given: the loopback
+// networks, where a Caddy on the same machine connects from.
+const DefaultTrustedProxies = "127.0.0.0/8,::1/128"
+
+// parseTrustedProxies parses a comma-separated list of CIDR prefixes or bare addresses
+// (a bare address is its own /32 or /128). An empty list trusts no proxy.
+func parseTrustedProxies(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, item := range splitList(s) {
+		if p, err := netip.ParsePrefix(item); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(item)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither a CIDR prefix nor an IP address", item)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
+// fromTrustedProxy reports whether r's connection comes from one of the trusted
+// proxies, and returns the connection's address.
+func (s *Server) fromTrustedProxy(r *http.Request) (netip.Addr, bool) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	a = a.Unmap()
+	for _, p := range s.trustedProxies {
+		if p.Contains(a) {
+			return a, true
+		}
+	}
+	return a, false
+}
+
+// clientAddr returns the address login throttling counts r against: the last hop of
+// X-Forwarded-For when the connection comes from a trusted proxy (the address that
+// proxy saw; earlier hops are the client's to write), otherwise the connection's own
+// address. A trusted proxy that sends no usable X-Forwarded-For leaves its own address.
+func (s *Server) clientAddr(r *http.Request) string {
+	conn, trusted := s.fromTrustedProxy(r)
+	if trusted {
+		if hop := lastHop(r.Header.Values("X-Forwarded-For")); hop != "" {
+			if a, err := netip.ParseAddr(hop); err == nil {
+				return a.Unmap().String()
+			}
+		}
+	}
+	if !conn.IsValid() {
+		return r.RemoteAddr
+	}
+	return conn.String()
+}
+
+// secureRequest reports whether r reached the service over TLS: directly, or through a
+// trusted proxy that says so in X-Forwarded-Proto, or by the operator's word
+// (--secure-cookies).
+func (s *Server) secureRequest(r *http.Request) bool {
+	if s.secure || r.TLS != nil {
+		return true
+	}
+	_, trusted := s.fromTrustedProxy(r)
+	return trusted && strings.EqualFold(lastHop(r.Header.Values("X-Forwarded-Proto")), "https")
+}
+
+// lastHop returns the last comma-separated item of the last of values, trimmed.
+func lastHop(values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	v := values[len(values)-1]
+	if i := strings.LastIndexByte(v, ','); i >= 0 {
+		v = v[i+1:]
+	}
+	return strings.TrimSpace(v)
+}

@@ -1,0 +1,181 @@
+package upstream
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// stallingProxy forwards TCP connections to PostgreSQL until stall is called; from then
+// on it forwards nothing more in either direction and connects nothing new, while
+// keeping every connection open: a hung database, as its clients see one.
+type stallingProxy struct {
+	ln      net.Listener
+	target  string
+	stalled atomic.Bool
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+// newStallingProxy starts a proxy to the PostgreSQL of dbURL and returns it with dbURL
+// rewritten to go through it. It is closed when the test ends.
+func newStallingProxy(t *testing.T, dbURL string) (*stallingProxy, string) {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallingProxy{ln: ln, target: u.Host}
+	t.Cleanup(p.close)
+	go p.serve()
+	u.Host = ln.Addr().String()
+	return p, u.String()
+}
+
+func (p *stallingProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.track(c)
+		if p.stalled.Load() {
+			continue // accepted, never answered
+		}
+		go p.forward(c)
+	}
+}
+
+func (p *stallingProxy) track(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conns = append(p.conns, c)
+}
+
+func (p *stallingProxy) forward(client net.Conn) {
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		client.Close()
+		return
+	}
+	p.track(server)
+	go p.copy(server, client)
+	p.copy(client, server)
+}
+
+// copy forwards src to dst until the proxy stalls, then reads and drops.
+func (p *stallingProxy) copy(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		if p.stalled.Load() {
+			_, _ = io.Copy(io.Discard, src)
+			return
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+func (p *stallingProxy) stall() { p.stalled.Store(true) }
+
+func (p *stallingProxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+func TestHungDatabaseAnswers503WithinTheDatabaseTimeout(t *testing.T) {
+	const timeout = time.Second
+	direct := newTestEnv(t)
+	proxy, proxiedURL := newStallingProxy(t, direct.dbURL)
+	serverPool := newTestPool(t, proxiedURL, timeout)
+	t.Cleanup(proxy.close) // before the pool closes, so that it need not wait for the stalled connections
+	e := newTestEnvWith(t, direct.pool, serverPool, direct.dbURL)
+	org := e.org("pro")
+	owner := e.person(roleOwner, org) // logs in through the proxy while it forwards
+	email, password := e.user()
+
+	proxy.stall()
+	for _, tc := range []struct {
+		name, method, path, body string
+		c                        *client
+	}{
+		{"login", "POST", "/auth/login", jsonBody(map[string]string{"email": email, "password": password}), e.anon()},
+		{"dashboard list", "GET", "/orgs/" + org + "/monitors", "", owner},
+		{"dashboard create", "POST", "/orgs/" + org + "/monitors", `{"name":"n","type":"http","target":"https://example.com"}`, owner},
+		{"gateway door", "GET", "/v1/monitors", "", e.gateway(org, roleAdmin)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Every database wait of a request is bounded: a request waits at most an
+			// acquire and a statement (2 s here); 10 s is the margin of a loaded machine.
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var body io.Reader
+			if tc.body != "" {
+				body = strings.NewReader(tc.body)
+			}
+			req, err := http.NewRequestWithContext(ctx, tc.method, e.ts.URL+tc.path, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, vs := range tc.c.header {
+				req.Header[k] = vs
+			}
+			start := time.Now()
+			res, err := e.ts.Client().Do(req)
+			if err != nil {
+				t.Fatalf("no answer while the database hangs: %v", err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			elapsed := time.Since(start)
+			want(t, response{status: res.StatusCode, header: res.Header, body: string(b)}, 503, `{"error":"service_unavailable"}`)
+			if elapsed > 2*timeout+10*time.Second {
+				t.Errorf("answered after %v, want within about %v", elapsed, 2*timeout)
+			}
+			t.Logf("503 after %v", elapsed.Round(time.Millisecond))
+		})
+	}
+}
+
+func TestPoolConfigBoundsWaitsAndSizesThePool(t *testing.T) {
+	for _, tc := range []struct {
+		url      string
+		maxConns int32
+		want     int32
+	}{
+		{"postgres://u@127.0.0.1/db", 0, defaultMaxConns},
+		{"postgres://u@127.0.0.1/db?pool_max_conns=3", 0, 3},
+		{"postgres://u@127.0.0.1/db?pool_max_conns=3", 2, 2},
+	} {
+		cfg, err := poolConfig(tc.url, tc.maxConns, 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.MaxConns != tc.want {
+			t.Errorf("%s with maxConns %d: MaxConns = %d, want %d", tc.url, tc.maxConns, cfg.MaxConns, tc.want)
+		}
+		if _, ok := cfg.ConnConfig.Tracer.(timeoutTracer); !ok || cfg.ConnConfig.ConnectTimeout != 3*time.Second {
+			t.Errorf("%s: tracer %T, connect timeout %v; want the timeout tracer and 3s", tc.url, cfg.ConnConfig.Tracer, cfg.ConnConfig.ConnectTimeout)
+		}
+	}
+}

@@ -1,0 +1,34 @@
+package upstream
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// DefaultPurgeInterval is how often serve purges expired sessions and old login
+// attempts when --purge-interval is not given.
+const DefaultPurgeInterval = 10 * time.Minute
+
+// RunPurge deletes expired sessions and login attempts older than the throttle's window
+// every interval, until ctx ends. A failed purge is logged and tried again at the next
+// tick; several instances purging at once only find less to delete.
+func (s *Server) RunPurge(ctx context.Context, interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		sessions, attempts, err := s.purgeExpired(ctx, s.now())
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.logger.Warn("purge failed", zap.Error(err))
+		case sessions > 0 || attempts > 0:
+			s.logger.Info("purged", zap.Int64("sessions", sessions), zap.Int64("login_attempts", attempts))
+		}
+	}
+}

@@ -1,0 +1,39 @@
+package upstream
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// purgeBatch is the most rows one purge statement deletes, so that a purge after a long
+// outage never holds locks, or runs, for long.
+const purgeBatch = 5000
+
+// purgeExpired deletes the expired sessions (by the database's clock, which judges
+// them in authenticate) and the login attempts that left the window by now, in
+// batches, and returns how many of each it deleted.
+func (s *Server) purgeExpired(ctx context.Context, now time.Time) (sessions, attempts int64, err error) {
+	for _, p := range []struct {
+		sql  string
+		args []any
+		n    *int64
+	}{
+		{`DELETE FROM sessions WHERE token_hash IN
+			(SELECT token_hash FROM sessions WHERE expires_at <= now() LIMIT $1)`, []any{purgeBatch}, &sessions},
+		{`DELETE FROM login_attempts WHERE id IN
+			(SELECT id FROM login_attempts WHERE at <= $1 LIMIT $2)`, []any{now.Add(-s.throttle.Window), purgeBatch}, &attempts},
+	} {
+		for {
+			tag, err := s.pool.Exec(ctx, p.sql, p.args...)
+			if err != nil {
+				return sessions, attempts, fmt.Errorf("purging: %w", err)
+			}
+			*p.n += tag.RowsAffected()
+			if tag.RowsAffected() < purgeBatch {
+				break
+			}
+		}
+	}
+	return sessions, attempts, nil
+}

@@ -1,0 +1,117 @@
+package upstream
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// LoginThrottle is how many login attempts may fail in a sliding window before more
+// are refused with 429, without checking the password.
+type LoginThrottle struct {
+	// Window is the length of the sliding window. Default: 15 minutes.
+	Window time.Duration
+	// PerEmail is the number of failures allowed per (email, client address) in a
+	// window: the owner of the account, at another address, is not affected.
+	// Default: 5.
+	PerEmail int
+	// PerClient is the number of failures allowed per client address in a window,
+	// whatever the emails; it is higher so that people behind one NAT do not lock
+	// each other out. Default: 30.
+	PerClient int
+}
+
+// DefaultLoginThrottle is the throttle of a Server whose Config leaves it zero.
+var DefaultLoginThrottle = LoginThrottle{Window: 15 * time.Minute, PerEmail: 5, PerClient: 30}
+
+// The login throttle is a sliding-window log in PostgreSQL, so that every upstream
+// instance shares it: an attacker spreading guesses over instances gets no more of them.
+// An attempt is reserved (a row in login_attempts) before the password is checked,
+// under an advisory lock per client address, so that concurrent guesses from one
+// address cannot all pass the check before any of them is counted. A failed attempt
+// keeps its row until it leaves the window; a successful login deletes the rows of its
+// (email, address) pair; an attempt that could not be judged (the hashing queue was
+// full, the database failed) gives its row back.
+
+// emailKey is how login_attempts stores an email: SHA-256 of its lower-case form.
+func emailKey(email string) []byte {
+	sum := sha256.Sum256([]byte(strings.ToLower(email)))
+	return sum[:]
+}
+
+// reserveLogin records a login attempt for (client, email) at now and returns its id,
+// or returns how long the caller must wait when the failures of the window already
+// reach a limit (then nothing is recorded).
+func (s *Server) reserveLogin(ctx context.Context, client string, email []byte, now time.Time) (int64, time.Duration, error) {
+	t := s.throttle
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reserving login attempt: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "keygate login "+client); err != nil {
+		return 0, 0, fmt.Errorf("locking login attempts: %w", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT email_hash, at FROM login_attempts WHERE client = $1 AND at > $2 ORDER BY at`,
+		client, now.Add(-t.Window))
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading login attempts: %w", err)
+	}
+	var byClient, byEmail []time.Time
+	for rows.Next() {
+		var h []byte
+		var at time.Time
+		if err := rows.Scan(&h, &at); err != nil {
+			rows.Close()
+			return 0, 0, fmt.Errorf("reading login attempts: %w", err)
+		}
+		byClient = append(byClient, at)
+		if slices.Equal(h, email) {
+			byEmail = append(byEmail, at)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, fmt.Errorf("reading login attempts: %w", err)
+	}
+	if wait := max(t.wait(byEmail, t.PerEmail, now), t.wait(byClient, t.PerClient, now)); wait > 0 {
+		return 0, wait, nil
+	}
+	var id int64
+	if err := tx.QueryRow(ctx, `INSERT INTO login_attempts (client, email_hash, at) VALUES ($1, $2, $3) RETURNING id`,
+		client, email, now).Scan(&id); err != nil {
+		return 0, 0, fmt.Errorf("recording login attempt: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, 0, fmt.Errorf("recording login attempt: %w", err)
+	}
+	return id, 0, nil
+}
+
+// wait returns how long from now until fewer than limit of the attempts ats (in
+// ascending order, all inside the window) remain in the window; 0 when already fewer.
+func (t LoginThrottle) wait(ats []time.Time, limit int, now time.Time) time.Duration {
+	if len(ats) < limit {
+		return 0
+	}
+	// Once the attempt at index len-limit leaves the window, limit-1 remain.
+	return max(ats[len(ats)-limit].Add(t.Window).Sub(now), time.Nanosecond)
+}
+
+// releaseLogin deletes the attempt id, which turned out not to be a failure.
+func (s *Server) releaseLogin(ctx context.Context, id int64) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM login_attempts WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("releasing login attempt: %w", err)
+	}
+	return nil
+}
+
+// forgetLogins deletes the attempts of (client, email) after a successful login.
+func (s *Server) forgetLogins(ctx context.Context, client string, email []byte) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM login_attempts WHERE client = $1 AND email_hash = $2`, client, email); err != nil {
+		return fmt.Errorf("forgetting login attempts: %w", err)
+	}
+	return nil
+}
