@@ -111,7 +111,7 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"duplicate", "v1_gateway {\n\tgateway_secret a\n\tgateway_secret b\n}", "gateway_secret already specified", 3},
 		{"duplicate database_url", "v1_gateway {\n\tdatabase_url a\n\tdatabase_url b\n}", "database_url already specified", 3},
 		{"duplicate timeout", "v1_gateway {\n\tredis_timeout 1s\n\tredis_timeout 2s\n}", "redis_timeout already specified", 3},
-		{"unknown limiter_failure", "v1_gateway {\n\tlimiter_failure maybe\n}", `limiter_failure must be open or closed, not "maybe"`, 2},
+		{"unknown limiter_failure", "v1_gateway {\n\tlimiter_failure maybe\n}", `limiter_failure must be open, closed or local, not "maybe"`, 2},
 		{"bad duration", "v1_gateway {\n\n\tdatabase_timeout soon\n}", "parsing database_timeout", 3},
 		{"zero duration", "v1_gateway {\n\tredis_timeout 0s\n}", "redis_timeout must be positive", 2},
 		{"strip_fields without names", "v1_gateway {\n\tstrip_fields\n}", "wrong argument count", 2},

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -64,6 +66,7 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 		if err != nil {
 			return nil, fmt.Errorf("parsing database_url: %v", err)
 		}
+		tunePostgres(cfg, pingTimeout)
 		// The pool outlives this config, so it is not bound to the config's context.
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
@@ -81,6 +84,29 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 		return nil, "", err
 	}
 	return v.(pgEntry).pool, key, nil
+}
+
+// tunePostgres sets the pool up for a database that may be slow (CONTRACT §8).
+//
+// pgxpool pings a connection idle for more than a second before handing it out: a
+// second round trip on nearly every lookup of a quiet gateway, which a database
+// answering in over half of database_timeout cannot fit. A dead connection (after a
+// PostgreSQL restart) fails its lookup at once instead, and the key store retries
+// that once on another connection; so only connections idle for a minute are pinged.
+//
+// A lookup whose context ends mid-query would by default set the connection's
+// deadline to now, which breaks the connection: under a slow database every late
+// lookup then costs a new connection (several round trips more), and late lookups
+// breed more. Instead PostgreSQL is asked to cancel the query, and the connection is
+// only given up if it has not answered a fraction of the timeout later.
+func tunePostgres(cfg *pgxpool.Config, timeout time.Duration) {
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Minute
+	}
+	grace := max(timeout/4, 50*time.Millisecond)
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: grace}
+	}
 }
 
 // loadRedis returns the shared Redis client for url, creating it if needed, and its

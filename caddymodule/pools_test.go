@@ -252,7 +252,7 @@ func TestInvalidConfigIsRefusedAtLoad(t *testing.T) {
 		{"key_prefix uppercase", map[string]any{"key_prefix": "Mon"}, `key_prefix "Mon": must match [a-z][a-z0-9]{0,15}`},
 		{"key_prefix too long", map[string]any{"key_prefix": "abcdefghijklmnopq"}, "key_prefix"},
 		{"key_prefix with an underscore", map[string]any{"key_prefix": "mon_x"}, "key_prefix"},
-		{"limiter_failure unknown", map[string]any{"limiter_failure": "sometimes"}, `limiter_failure "sometimes": must be open or closed`},
+		{"limiter_failure unknown", map[string]any{"limiter_failure": "sometimes"}, `limiter_failure "sometimes": must be open, closed or local`},
 		{"redis_url not redis", map[string]any{"redis_url": "http://localhost:6379"}, "parsing redis_url"},
 		{"negative database_timeout", map[string]any{"database_timeout": "-1s"}, "database_timeout -1s: must be positive"},
 		{"empty strip_fields name", map[string]any{"strip_fields": []any{"config", ""}}, "strip_fields: names must not be empty"},

@@ -1,0 +1,206 @@
+package caddymodule
+
+// Slow and hung dependencies (CONTRACT §8), against the real PostgreSQL and Redis made
+// slow or hung by internal/latencyproxy. Its hang mode stands in for SIGSTOP: nothing
+// is forwarded until Resume, and what was sent meanwhile is delivered then, but the
+// servers other packages' tests share are left alone.
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keygate/keygate/internal/latencyproxy"
+	"github.com/keygate/keygate/keystore"
+)
+
+func newLatencyProxy(t *testing.T, target string) *latencyproxy.Proxy {
+	t.Helper()
+	p, err := latencyproxy.Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// statuses sends n concurrent GETs and counts their statuses, and how many 200s came
+// without RateLimit headers (let through uncounted).
+func statuses(t *testing.T, gw *gateway, n int, path, key string) (byStatus map[int]int, uncounted int) {
+	t.Helper()
+	var mu sync.Mutex
+	byStatus = map[int]int{}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, _ := gw.get(t, path, key)
+			mu.Lock()
+			defer mu.Unlock()
+			byStatus[res.StatusCode]++
+			if res.StatusCode == http.StatusOK && res.Header.Get("Ratelimit") == "" {
+				uncounted++
+			}
+		}()
+	}
+	wg.Wait()
+	return byStatus, uncounted
+}
+
+func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
+	// PostgreSQL and Redis both answer in a bit more than half their timeouts. A limit
+	// of 20 lets exactly 20 of 60 concurrent requests through, every one counted, and
+	// no request answers 503.
+	d := newDB(t)
+	d.plan("small", 20)
+	key, _ := d.key(d.org("small"), keystore.RoleEditor)
+	warmKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+	up := newUpstream(t)
+	gw := startGateway(t, gatewayConfig{
+		handler: gatewayOptions(withHost(t, d.url, pg.Addr())+"&pool_max_conns=8", map[string]any{
+			"redis_url": withHost(t, redisURL(t), rd.Addr()), "database_timeout": "1500ms", "redis_timeout": "1s",
+		}),
+		upstream: up.addr(),
+	})
+	awayFromWindowEdge(t, 12*time.Second)
+	// Warm connections at a speed where opening them fits in the timeouts.
+	pg.SetDelay(300 * time.Millisecond)
+	rd.SetDelay(200 * time.Millisecond)
+	statuses(t, gw, 60, "/v1/me", warmKey)
+	pg.SetDelay(800 * time.Millisecond)
+	rd.SetDelay(550 * time.Millisecond)
+
+	got, uncounted := statuses(t, gw, 60, "/v1/me", key)
+	if got[http.StatusOK] != 20 || got[http.StatusTooManyRequests] != 40 || uncounted != 0 {
+		t.Errorf("statuses %v, %d let through uncounted; want 20 200s and 40 429s, all counted", got, uncounted)
+	}
+}
+
+func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	up := newUpstream(t)
+	gw := startGateway(t, gatewayConfig{
+		handler:  gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{"database_timeout": "300ms"}),
+		upstream: up.addr(),
+	})
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("before the hang: %d %s", res.StatusCode, body)
+	}
+	pg.Hang()
+	for range breakerThreshold {
+		res, body := gw.get(t, "/v1/me", key)
+		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
+	}
+	// The breaker is open: answers come at once.
+	for range 20 {
+		var res *http.Response
+		var body []byte
+		took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
+		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
+		if took > 100*time.Millisecond {
+			t.Errorf("a 503 took %v with the breaker open; want it at once", took)
+		}
+	}
+	pg.Resume()
+	eventually(t, 5*time.Second, func() bool {
+		res, _ := gw.get(t, "/v1/me", key)
+		return res.StatusCode == http.StatusOK
+	})
+	if log := gw.logText(t); !strings.Contains(log, "circuit breaker open") || !strings.Contains(log, "circuit breaker closed") {
+		t.Errorf("the breaker's changes were not logged:\n%s", log)
+	}
+}
+
+func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
+	d := newDB(t)
+	d.plan("small", 30)
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		policy  string
+		status  int
+		headers bool // RateLimit headers while Redis hangs
+	}{
+		{"open", http.StatusOK, false},
+		{"closed", http.StatusServiceUnavailable, false},
+		{"local", http.StatusOK, true},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			key, _ := d.key(d.org("small"), keystore.RoleEditor)
+			rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+			gw := startGateway(t, gatewayConfig{
+				handler: gatewayOptions(d.url, map[string]any{
+					"redis_url": withHost(t, redisURL(t), rd.Addr()), "redis_timeout": "200ms", "limiter_failure": tc.policy,
+				}),
+				upstream: up.addr(),
+			})
+			awayFromWindowEdge(t, 15*time.Second)
+			res, _ := gw.get(t, "/v1/me", key)
+			checkRateLimitHeaders(t, res, 30, 29)
+
+			rd.Hang()
+			for range breakerThreshold {
+				if res, body := gw.get(t, "/v1/me", key); res.StatusCode != tc.status {
+					t.Errorf("while Redis hangs: %d %s, want %d", res.StatusCode, body, tc.status)
+				}
+			}
+			for i := range 10 {
+				var res *http.Response
+				took := timed(func() { res, _ = gw.get(t, "/v1/me", key) })
+				if res.StatusCode != tc.status || (res.Header.Get("Ratelimit") != "") != tc.headers {
+					t.Errorf("breaker open: %d %q, want %d with headers %v", res.StatusCode, res.Header, tc.status, tc.headers)
+				}
+				if tc.headers {
+					// Counted in process from zero: the hang's first requests and these.
+					checkRateLimitHeaders(t, res, 30, 30-breakerThreshold-i-1)
+				}
+				if took > 100*time.Millisecond {
+					t.Errorf("took %v with the breaker open; want it at once", took)
+				}
+			}
+			if tc.policy == "local" {
+				// The same limit holds in process: 30 in all, then 429.
+				got, _ := statuses(t, gw, 20, "/v1/me", key)
+				if got[http.StatusOK] != 30-breakerThreshold-10 || got[http.StatusTooManyRequests] != 20-(30-breakerThreshold-10) {
+					t.Errorf("local counting: %v", got)
+				}
+			}
+			rd.Resume()
+			// Back on Redis: its count goes on from the one request counted before the
+			// hang. The counts the hang held back reach Redis on resume, late, and the
+			// script refuses them; had they been written, fewer would remain.
+			var first *http.Response
+			eventually(t, 5*time.Second, func() bool {
+				res, _ := gw.get(t, "/v1/me", key)
+				if res.StatusCode == http.StatusOK && remainingOf(res) >= 20 {
+					first = res
+				}
+				return first != nil
+			})
+			if rem := remainingOf(first); rem != 28 {
+				t.Errorf("first count on Redis after the hang leaves %d, want 28", rem)
+			}
+		})
+	}
+}
+
+// remainingOf reads r= of the RateLimit header; -1 without one.
+func remainingOf(res *http.Response) int {
+	v := res.Header.Get("Ratelimit")
+	_, after, ok := strings.Cut(v, ";r=")
+	if !ok {
+		return -1
+	}
+	n, err := strconv.Atoi(strings.SplitN(after, ";", 2)[0])
+	if err != nil {
+		return -1
+	}
+	return n
+}
