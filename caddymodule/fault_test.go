@@ -6,6 +6,7 @@ package caddymodule
 // servers other packages' tests share are left alone.
 
 import (
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -203,4 +204,59 @@ func remainingOf(res *http.Response) int {
 		return -1
 	}
 	return n
+}
+
+func TestNoModuleLogLineShowsAKey(t *testing.T) {
+	// Every line the module writes about a request, with the key in the path
+	// (percent-encoded) and in the query string.
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	_, secret, _ := strings.Cut(key, ".")
+	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
+	up := newUpstream(t)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	live := startGateway(t, gatewayConfig{
+		handler: gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{
+			"database_timeout": "200ms", "redis_url": withHost(t, redisURL(t), freeAddr(t)), "redis_timeout": "100ms",
+		}),
+		upstream: up.addr(),
+	})
+	for _, tc := range []struct {
+		gw       *gateway
+		path     string
+		before   func()
+		wantLine string
+	}{
+		{live, "/v1/truncated-json?api_key=" + key + "&k=" + encoded, nil, "aborting a response the JSON filter could not complete"},
+		{live, "/v1/compressed/br/" + encoded + "?api_key=" + key, nil, "unsupported content encoding"},
+		{live, "/v1/me?api_key=" + key, nil, "rate limiter failed"},
+		{live, "/v1/monitors/" + encoded + "?api_key=" + key, up.Close, "upstream failed"},
+		{live, "/v1/me?api_key=" + key, pg.Hang, "key lookup failed"},
+	} {
+		if tc.before != nil {
+			tc.before()
+		}
+		if res, err := tc.gw.client.Do(mustRequest(t, tc.gw.base+tc.path, key)); err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+		}
+		time.Sleep(50 * time.Millisecond)
+		if log := tc.gw.logText(t); !strings.Contains(log, tc.wantLine) {
+			t.Errorf("no %q line:\n%s", tc.wantLine, log)
+		}
+	}
+	pg.Resume()
+	// The module's own lines; Caddy's (the reverse proxy's, the access log) are the
+	// log filter's job, tested with the example Caddyfile.
+	var log string
+	for _, line := range strings.Split(live.logText(t), "\n") {
+		if strings.Contains(line, `"logger":"http.handlers.v1_gateway"`) {
+			log += line + "\n"
+		}
+	}
+	for _, leak := range []string{secret, secret[:16], strings.ReplaceAll(secret, "_", "%5F")[:16]} {
+		if strings.Contains(log, leak) {
+			t.Errorf("the log shows %q:\n%s", leak, log)
+		}
+	}
 }

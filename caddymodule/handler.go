@@ -498,7 +498,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// The status and part of the body are out: all that is left is to cut the
 		// response short, so that the client sees it is incomplete.
 		if c := h.sampled.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
-			c.Write(zap.String("key_id", key.ID), zap.String("uri", r.RequestURI), zap.Error(err))
+			c.Write(zap.String("key_id", key.ID), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
 		}
 		panic(http.ErrAbortHandler)
 	}
@@ -522,7 +522,7 @@ func (h *Handler) nextFailed(w http.ResponseWriter, pw *proxyWriter, r *http.Req
 		lvl = zapcore.DebugLevel // the client went away
 	}
 	if c := h.sampled.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("uri", r.RequestURI), zap.Error(err))
+		c.Write(zap.Int("status", status), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
 	}
 	hdr := w.Header()
 	if pw.counted {

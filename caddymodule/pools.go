@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -121,7 +123,8 @@ func loadRedis(url string, timeout time.Duration, logger *zap.Logger) (*redis.Cl
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
 		opts, err := redis.ParseURL(url)
 		if err != nil {
-			return nil, fmt.Errorf("parsing redis_url: %v", err)
+			// Unlike pgx's, these errors may quote the URL, password and all.
+			return nil, fmt.Errorf("parsing redis_url: %s", redactUserinfo(err.Error(), url))
 		}
 		opts.DialTimeout = timeout
 		opts.ReadTimeout = timeout
@@ -143,6 +146,41 @@ func loadRedis(url string, timeout time.Duration, logger *zap.Logger) (*redis.Cl
 		return nil, "", err
 	}
 	return v.(redisEntry).client, key, nil
+}
+
+// redactUserinfo removes from msg the user information of rawURL (user:password):
+// whole, its password alone, and every piece of it, raw or escaped.
+func redactUserinfo(msg, rawURL string) string {
+	// Everything up to the last @ is taken for user information: a password with an
+	// unescaped / or @ makes the URL ambiguous, and too much redacted beats too little.
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		rest = rawURL
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return msg
+	}
+	userinfo := rest[:at]
+	secrets := []string{userinfo}
+	if _, password, ok := strings.Cut(userinfo, ":"); ok && password != "" {
+		secrets = append(secrets, password, percentDecode(password))
+	}
+	// A parser that misreads the URL may quote any piece of it (a password with a /
+	// in it becomes a host and a port).
+	for _, piece := range strings.FieldsFunc(userinfo, func(r rune) bool { return strings.ContainsRune(":/@?#", r) }) {
+		if len(piece) >= 3 {
+			secrets = append(secrets, piece)
+		}
+	}
+	for _, s := range secrets {
+		if s == "" {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+		msg = strings.ReplaceAll(msg, strconv.Quote(s)[1:len(strconv.Quote(s))-1], "xxxxx")
+	}
+	return msg
 }
 
 // loadLocalLimiter returns the in-process limiter shared by every handler without a

@@ -131,7 +131,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 		// br, zstd, a list of codings: not decoded here, and never passed on
 		// unfiltered.
 		if c := pw.h.sampled.Check(zapcore.ErrorLevel, "upstream sent JSON in an unsupported content encoding; answering 502"); c != nil {
-			c.Write(zap.String("content_encoding", encoding), zap.String("uri", pw.r.RequestURI))
+			c.Write(zap.String("content_encoding", redactKeys(encoding)), zap.String("path", redactKeys(pw.r.URL.Path)))
 		}
 		pw.replace(http.StatusBadGateway)
 	}
