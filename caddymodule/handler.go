@@ -362,7 +362,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	counted := false
 	if key.RateLimit > 0 {
 		rl, err = h.allow(r.Context(), key)
-		if err != nil && h.failLocal {
+		if err != nil && h.fallback != nil {
 			h.limiterFailed(key, err)
 			rl, err = h.fallback.Allow(r.Context(), key.ID, key.RateLimit)
 		}
