@@ -101,9 +101,11 @@ type Handler struct {
 	GatewaySecret string `json:"gateway_secret,omitempty"`
 
 	// StripFields are the member names removed from every JSON response of the
-	// upstream, at any depth (in objects, in arrays, in objects in arrays …). Names
-	// are matched exactly, after JSON escapes are decoded. Setting it replaces the
-	// default list; name the defaults again to keep them.
+	// upstream, at any depth (in objects, in arrays, in objects in arrays …),
+	// whatever the response's Content-Type says if its body is JSON. Names are
+	// matched after JSON escapes are decoded and case-insensitively, as Go's
+	// encoding/json matches member names to fields ("Config" is config). Setting it
+	// replaces the default list; name the defaults again to keep them.
 	// Default: config assertions config_version paused_reason org_id deleted_at
 	StripFields []string `json:"strip_fields,omitempty"`
 
