@@ -6,6 +6,7 @@ package caddymodule
 // servers other packages' tests share are left alone.
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/keystore"
@@ -258,5 +261,57 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 		if strings.Contains(log, leak) {
 			t.Errorf("the log shows %q:\n%s", leak, log)
 		}
+	}
+}
+
+func TestALateLookupKeepsItsConnection(t *testing.T) {
+	// A lookup whose context ends while its answer is on the way: with pgx's default
+	// the connection is broken and the next lookup dials a new one (several round
+	// trips on a slow database); with tunePostgres's CancelRequest handling it
+	// survives when the answer comes within a quarter timeout more.
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	for _, tc := range []struct {
+		name      string
+		tune      bool
+		wantDials int64
+	}{
+		{"pgx default", false, 2},
+		{"tuned", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(withHost(t, d.url, pg.Addr()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxConns = 1
+			if tc.tune {
+				tunePostgres(cfg, 400*time.Millisecond) // a grace of 100ms
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			store := keystore.New(pool, d.store.Format())
+			pg.SetDelay(0)
+			if _, ok, err := store.Verify(context.Background(), key); !ok || err != nil {
+				t.Fatalf("warm lookup: %v %v", ok, err)
+			}
+			pg.SetDelay(300 * time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+			// Tuned, the answer may still be taken, up to a quarter timeout late.
+			_, _, _ = store.Verify(ctx, key)
+			cancel()
+			pg.SetDelay(0)
+			time.Sleep(500 * time.Millisecond)
+			if _, ok, err := store.Verify(context.Background(), key); !ok || err != nil {
+				t.Fatalf("lookup after: %v %v", ok, err)
+			}
+			if n := pool.Stat().NewConnsCount(); n != tc.wantDials {
+				t.Errorf("%d connections dialled, want %d", n, tc.wantDials)
+			}
+		})
 	}
 }
