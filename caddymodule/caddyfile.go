@@ -32,7 +32,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    key_prefix       <prefix>
 //	    gateway_secret   <secret>
 //	    strip_fields     <name...>
-//	    limiter_failure  open|closed
+//	    limiter_failure  open|closed|local
 //	    database_timeout <duration>
 //	    redis_timeout    <duration>
 //	    lookup_lanes     <n>
@@ -115,8 +115,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if h.LimiterFailure != "" {
 				return d.Err("limiter_failure already specified")
 			}
-			if arg != limiterFailureOpen && arg != limiterFailureClosed {
-				return d.Errf("limiter_failure must be open or closed, not %q", arg)
+			if !validLimiterFailure(arg) {
+				return d.Errf("limiter_failure must be open, closed or local, not %q", arg)
 			}
 			h.LimiterFailure = arg
 		case "database_timeout", "redis_timeout":

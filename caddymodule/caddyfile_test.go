@@ -111,7 +111,7 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"duplicate", "v1_gateway {\n\tgateway_secret a\n\tgateway_secret b\n}", "gateway_secret already specified", 3},
 		{"duplicate database_url", "v1_gateway {\n\tdatabase_url a\n\tdatabase_url b\n}", "database_url already specified", 3},
 		{"duplicate timeout", "v1_gateway {\n\tredis_timeout 1s\n\tredis_timeout 2s\n}", "redis_timeout already specified", 3},
-		{"unknown limiter_failure", "v1_gateway {\n\tlimiter_failure maybe\n}", `limiter_failure must be open or closed, not "maybe"`, 2},
+		{"unknown limiter_failure", "v1_gateway {\n\tlimiter_failure maybe\n}", `limiter_failure must be open, closed or local, not "maybe"`, 2},
 		{"bad duration", "v1_gateway {\n\n\tdatabase_timeout soon\n}", "parsing database_timeout", 3},
 		{"zero duration", "v1_gateway {\n\tredis_timeout 0s\n}", "redis_timeout must be positive", 2},
 		{"strip_fields without names", "v1_gateway {\n\tstrip_fields\n}", "wrong argument count", 2},
@@ -334,10 +334,30 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 	}
+	// Keys the example's log filter must redact: percent-encoded in the URI, and in
+	// headers of any name.
+	id, secret, _ := strings.Cut(key, ".")
+	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
+	for _, tc := range []struct {
+		path string
+		hdr  http.Header
+	}{
+		{"/v1/me?k=" + encoded, nil},
+		{"/v1/me?k=" + strings.ReplaceAll(encoded, "%", "%25"), nil}, // encoded twice
+		{"/v1/me/" + id + "%2e" + secret, nil},
+		{"/v1/me", http.Header{"Api-Key": {key}, "X-Auth-Token": {"Bearer " + key}, "Referer": {"https://app.example/?key=" + encoded}}},
+	} {
+		gw.do(t, "GET", tc.path, "", tc.hdr, "")
+	}
 	time.Sleep(100 * time.Millisecond)
 	log, _ := os.ReadFile(logPath)
 	if !strings.Contains(string(log), "aborting with incomplete response") || !strings.Contains(string(log), `"logger":"http.log.access`) ||
-		strings.Contains(string(log), testSecret) || strings.Contains(string(log), key[strings.IndexByte(key, '.'):]) {
+		!strings.Contains(string(log), "REDACTED") {
 		t.Errorf("log:\n%s", log)
+	}
+	for _, leak := range []string{testSecret, secret, secret[:16], strings.ReplaceAll(secret, "_", "%5F")[:16]} {
+		if strings.Contains(string(log), leak) {
+			t.Errorf("the log shows %q:\n%s", leak, log)
+		}
 	}
 }

@@ -38,6 +38,7 @@ const (
 	defaultLookupLanes     = 1
 	limiterFailureOpen     = "open"
 	limiterFailureClosed   = "closed"
+	limiterFailureLocal    = "local"
 )
 
 // defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
@@ -65,7 +66,9 @@ var defaultStripFields = []string{"config", "assertions", "config_version", "pau
 //
 // A PostgreSQL that fails or is slower than database_timeout answers 503
 // service_unavailable, never 401 and never lets a request through. A Redis that fails
-// is decided by limiter_failure. An upstream that is down or times out answers 502
+// is decided by limiter_failure. After a few failures in a row, a circuit breaker per
+// dependency stops waiting on it: the same answers come at once, and one request at a
+// time probes whether it is back (see breaker). An upstream that is down or times out answers 502
 // bad_gateway or 504 gateway_timeout. Every error the module answers is
 // application/json with a string field "error".
 //
@@ -98,15 +101,21 @@ type Handler struct {
 	GatewaySecret string `json:"gateway_secret,omitempty"`
 
 	// StripFields are the member names removed from every JSON response of the
-	// upstream, at any depth (in objects, in arrays, in objects in arrays …). Names
-	// are matched exactly, after JSON escapes are decoded. Setting it replaces the
-	// default list; name the defaults again to keep them.
+	// upstream, at any depth (in objects, in arrays, in objects in arrays …),
+	// whatever the response's Content-Type says if its body is JSON. Names are
+	// matched after JSON escapes are decoded and case-insensitively, as Go's
+	// encoding/json matches member names to fields ("Config" is config). Setting it
+	// replaces the default list; name the defaults again to keep them.
 	// Default: config assertions config_version paused_reason org_id deleted_at
 	StripFields []string `json:"strip_fields,omitempty"`
 
 	// LimiterFailure is what happens to a request of a rate-limited key while Redis
-	// cannot count it (unreachable, or slower than redis_timeout): "open" lets it
-	// through without RateLimit headers, "closed" answers 503 service_unavailable.
+	// cannot count it (unreachable, hung, or slower than redis_timeout): "open" lets it
+	// through without RateLimit headers, "closed" answers 503 service_unavailable,
+	// "local" counts it in this process against the same limit, with RateLimit
+	// headers and 429s as usual. A local count is a budget per gateway instance: with
+	// n instances a key may get up to n times its limit while Redis is down, and the
+	// local counts start from zero (they know nothing of what Redis counted).
 	// Default: open
 	LimiterFailure string `json:"limiter_failure,omitempty"`
 
@@ -143,19 +152,23 @@ type Handler struct {
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// The runtime state, built by Provision.
-	databaseURL string // DatabaseURL with placeholders replaced
-	redisURL    string
-	secret      string
-	format      keystore.Format
-	fields      *fieldSet
-	verifier    Verifier
-	limiter     limiter.Limiter
-	usesRedis   bool
-	failClosed  bool
-	metrics     *metrics    // nil with DisableMetrics
-	poolKeys    []string    // what to give back to pools in Cleanup
-	logger      *zap.Logger // from ctx.Logger()
-	sampled     *zap.Logger // logger, at most one entry a second per message, for failures that come in floods
+	databaseURL  string // DatabaseURL with placeholders replaced
+	redisURL     string
+	secret       string
+	format       keystore.Format
+	fields       *fieldSet
+	verifier     Verifier
+	limiter      limiter.Limiter
+	usesRedis    bool
+	failClosed   bool
+	failLocal    bool
+	metrics      *metrics       // nil with DisableMetrics
+	fallback     *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
+	pgBreaker    *breaker       // around key lookups
+	redisBreaker *breaker       // around Redis counts
+	poolKeys     []string       // what to give back to pools in Cleanup
+	logger       *zap.Logger    // from ctx.Logger()
+	sampled      *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
 }
 
 // Verifier looks a presented key up: keystore.Store does, and anything that batches
@@ -216,6 +229,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.format, _ = keystore.NewFormat(h.KeyPrefix) // valid: checked by Validate
 	h.fields = newFieldSet(h.StripFields)
 	h.failClosed = h.LimiterFailure == limiterFailureClosed
+	h.failLocal = h.LimiterFailure == limiterFailureLocal
+	h.pgBreaker = newBreaker(h.breakerChanged("postgres"))
+	h.redisBreaker = newBreaker(h.breakerChanged("redis"))
 	for _, name := range defaultStripFields {
 		if !slices.Contains(h.StripFields, name) {
 			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
@@ -262,6 +278,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.limiter = limiter.NewRedis(client, opts...)
 		h.usesRedis = true
+		if h.failLocal {
+			h.fallback = limiter.NewLocal()
+		}
 	} else {
 		lim, key := loadLocalLimiter()
 		h.poolKeys = append(h.poolKeys, key)
@@ -295,8 +314,8 @@ func (h *Handler) Validate() error {
 	if !keystore.ValidPrefix(h.KeyPrefix) {
 		return fmt.Errorf("key_prefix %q: must match [a-z][a-z0-9]{0,15}", h.KeyPrefix)
 	}
-	if h.LimiterFailure != limiterFailureOpen && h.LimiterFailure != limiterFailureClosed {
-		return fmt.Errorf("limiter_failure %q: must be open or closed", h.LimiterFailure)
+	if !validLimiterFailure(h.LimiterFailure) {
+		return fmt.Errorf("limiter_failure %q: must be open, closed or local", h.LimiterFailure)
 	}
 	if h.DatabaseTimeout < 0 {
 		return fmt.Errorf("database_timeout %s: must be positive", time.Duration(h.DatabaseTimeout))
@@ -372,6 +391,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		start := h.startTimer()
 		rl, err = h.allow(r.Context(), key)
 		h.observeCount(r, start, err)
+		if err != nil && h.fallback != nil {
+			h.limiterFailed(key, err)
+			rl, err = h.fallback.Allow(r.Context(), key.ID, key.RateLimit)
+		}
 		switch {
 		case err != nil && h.failClosed:
 			h.limiterFailed(key, err)
@@ -414,21 +437,66 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.proxy(w, r, next, key, counted, rl)
 }
 
-// verify looks the key up within database_timeout.
+// verify looks the key up within database_timeout, unless PostgreSQL's breaker is
+// open.
 func (h *Handler) verify(ctx context.Context, presented string) (keystore.Key, bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.DatabaseTimeout))
+	through, probe := h.pgBreaker.allow()
+	if !through {
+		return keystore.Key{}, false, errBreakerOpen
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Duration(h.DatabaseTimeout))
 	defer cancel()
-	return h.verifier.Verify(ctx, presented)
+	key, ok, err := h.verifier.Verify(lctx, presented)
+	h.pgBreaker.done(probe, resultOf(ctx, err))
+	return key, ok, err
 }
 
-// allow counts the request in the limiter, within redis_timeout for Redis.
+// allow counts the request in the limiter, within redis_timeout for Redis, unless
+// Redis's breaker is open.
 func (h *Handler) allow(ctx context.Context, key keystore.Key) (limiter.Result, error) {
 	if !h.usesRedis {
 		return h.limiter.Allow(ctx, key.ID, key.RateLimit)
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.RedisTimeout))
+	through, probe := h.redisBreaker.allow()
+	if !through {
+		return limiter.Result{}, errBreakerOpen
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Duration(h.RedisTimeout))
 	defer cancel()
-	return h.limiter.Allow(ctx, key.ID, key.RateLimit)
+	rl, err := h.limiter.Allow(lctx, key.ID, key.RateLimit)
+	h.redisBreaker.done(probe, resultOf(ctx, err))
+	return rl, err
+}
+
+// resultOf tells a breaker what a call under the request's context ctx came to: a
+// client that went away says nothing about the dependency.
+func resultOf(ctx context.Context, err error) callResult {
+	switch {
+	case err == nil:
+		return callSucceeded
+	case ctx.Err() != nil:
+		return callIgnored
+	}
+	return callFailed
+}
+
+// breakerChanged returns the hook that logs dependency's breaker opening and closing.
+func (h *Handler) breakerChanged(dependency string) func(from, to breakerState) {
+	return func(from, to breakerState) {
+		switch {
+		case to == breakerOpen && from == breakerClosed:
+			h.logger.Warn("circuit breaker open: answering at once without waiting on the dependency",
+				zap.String("dependency", dependency))
+		case to == breakerClosed:
+			h.logger.Info("circuit breaker closed: the dependency answers again",
+				zap.String("dependency", dependency))
+		}
+	}
+}
+
+// validLimiterFailure reports whether v is a limiter_failure mode.
+func validLimiterFailure(v string) bool {
+	return v == limiterFailureOpen || v == limiterFailureClosed || v == limiterFailureLocal
 }
 
 // proxy is step 7: the request goes on with the gateway's identity headers and its
@@ -464,7 +532,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// The status and part of the body are out: all that is left is to cut the
 		// response short, so that the client sees it is incomplete.
 		if c := h.sampled.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
-			c.Write(zap.String("key_id", key.ID), zap.String("uri", r.RequestURI), zap.Error(err))
+			c.Write(zap.String("key_id", key.ID), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
 		}
 		panic(http.ErrAbortHandler)
 	}
@@ -488,7 +556,7 @@ func (h *Handler) nextFailed(w http.ResponseWriter, pw *proxyWriter, r *http.Req
 		lvl = zapcore.DebugLevel // the client went away
 	}
 	if c := h.sampled.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("uri", r.RequestURI), zap.Error(err))
+		c.Write(zap.Int("status", status), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
 	}
 	hdr := w.Header()
 	if pw.counted {
@@ -538,8 +606,11 @@ func (h *Handler) lookupFailed(r *http.Request, err error) {
 // limiterFailed logs a count that Redis could not make, at most once a second.
 func (h *Handler) limiterFailed(key keystore.Key, err error) {
 	msg := "rate limiter failed; letting the request through (limiter_failure open)"
-	if h.failClosed {
+	switch {
+	case h.failClosed:
 		msg = "rate limiter failed; answering 503 (limiter_failure closed)"
+	case h.failLocal:
+		msg = "rate limiter failed; counting in this instance (limiter_failure local)"
 	}
 	if c := h.sampled.Check(zapcore.WarnLevel, msg); c != nil {
 		c.Write(zap.String("key_id", key.ID), zap.Error(err))

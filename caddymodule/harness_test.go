@@ -204,6 +204,34 @@ func newUpstream(t *testing.T) *testUpstream {
 		w.WriteHeader(http.StatusConflict)
 		_, _ = io.WriteString(w, `{"error":"conflict","org_id":"o1"}`)
 	})
+	// Bodies whose Content-Type does not say what they are.
+	mux.HandleFunc("/v1/mislabelled/", func(w http.ResponseWriter, r *http.Request) {
+		body := monitorJSON
+		switch strings.TrimPrefix(r.URL.Path, "/v1/mislabelled/") {
+		case "text":
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		case "octet-stream":
+			w.Header().Set("Content-Type", "application/octet-stream")
+		case "untyped-bom":
+			w.Header()["Content-Type"] = nil
+			body = "\xef\xbb\xbf \n" + monitorJSON
+		case "two-types":
+			w.Header()["Content-Type"] = []string{"text/plain", "application/json"}
+		case "two-types-reversed":
+			w.Header()["Content-Type"] = []string{"application/json", "text/plain"}
+		case "upper-case":
+			w.Header().Set("Content-Type", "application/json")
+			body = strings.NewReplacer(`"config"`, `"Config"`, `"org_id"`, `"ORG_ID"`, `"assertions"`, `"aſſertions"`).Replace(monitorJSON)
+		case "not-json":
+			w.Header().Set("Content-Type", "text/plain")
+			body = `{"config": this is not JSON}`
+		case "not-json-bom":
+			w.Header()["Content-Type"] = nil
+			body = "\xef\xbb\xbfplain text"
+		}
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		_, _ = io.WriteString(w, body)
+	})
 	mux.HandleFunc("/v1/invalid-json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"m1","name":"x" "config":{"secret":1}}`)

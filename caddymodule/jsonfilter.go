@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -21,17 +22,52 @@ func newFieldSet(names []string) *fieldSet {
 	s := &fieldSet{names: make(map[string]struct{}, len(names))}
 	longest := 0
 	for _, n := range names {
-		s.names[n] = struct{}{}
+		s.names[string(foldName(nil, []byte(n)))] = struct{}{}
 		longest = max(longest, len(n))
 	}
 	s.keyLimit = 6*longest + 2
 	return s
 }
 
-// has reports whether the decoded member name is in s. It does not allocate.
+// has reports whether the decoded member name is in s, matched case-insensitively as
+// encoding/json matches a member to a struct field ("Config" and "CONFIG" are config
+// to a Go client). It does not allocate for names of up to 64 bytes.
 func (s *fieldSet) has(name []byte) bool {
-	_, ok := s.names[string(name)]
+	var buf [64]byte
+	_, ok := s.names[string(foldName(buf[:0], name))]
 	return ok
+}
+
+// foldName appends to out the case-folded in, as encoding/json folds names (its
+// appendFoldedName): ASCII letters to upper case, any other rune to the smallest rune
+// of its Unicode fold set, so that foldName(x) == foldName(y) exactly when
+// bytes.EqualFold(x, y) ("ſ" is "S", "K" (Kelvin) is "K").
+func foldName(out, in []byte) []byte {
+	for i := 0; i < len(in); {
+		if c := in[i]; c < utf8.RuneSelf {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			out = append(out, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(in[i:])
+		out = utf8.AppendRune(out, foldRune(r))
+		i += n
+	}
+	return out
+}
+
+// foldRune returns the smallest rune of r's fold set.
+func foldRune(r rune) rune {
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
 }
 
 // maxDepth is the deepest nesting the filter accepts, as encoding/json: deeper
@@ -106,9 +142,18 @@ type jsonFilter struct {
 	dst    io.Writer
 	fields *fieldSet
 	// sniff makes the filter pass the body through untouched unless its first
-	// non-whitespace byte opens an object or an array: for bodies of no Content-Type.
+	// non-whitespace byte (after an optional UTF-8 BOM) opens an object or an array:
+	// for bodies whose Content-Type does not say JSON.
 	sniff       bool
 	passthrough bool
+	begun       bool  // a byte other than the BOM's has been read
+	bomAt       uint8 // how many bytes of a leading UTF-8 BOM have been read
+	// hold (with sniff) keeps a body back until it is known to be JSON: the input in
+	// orig, the filtered output in held. At Close, or when the filter fails, the
+	// filtered output or the body untouched goes out. Past holdLimit bytes the body
+	// is taken for the JSON it has been so far, and streams.
+	hold       bool
+	orig, held []byte
 
 	out   []byte // what this Write produces, written to dst at its end
 	stack []byte // open containers
@@ -136,6 +181,9 @@ type jsonFilter struct {
 	err error
 }
 
+// utf8BOM is the byte order mark some encoders put before a UTF-8 document.
+var utf8BOM = [3]byte{0xEF, 0xBB, 0xBF}
+
 var filterPool = sync.Pool{New: func() any { return new(jsonFilter) }}
 
 // newJSONFilter returns a filter writing to dst, from a pool; release it with
@@ -143,10 +191,44 @@ var filterPool = sync.Pool{New: func() any { return new(jsonFilter) }}
 func newJSONFilter(dst io.Writer, fields *fieldSet, sniff bool) *jsonFilter {
 	f := filterPool.Get().(*jsonFilter)
 	*f = jsonFilter{
-		dst: dst, fields: fields, sniff: sniff,
+		dst: dst, fields: fields, sniff: sniff, hold: sniff,
 		out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pend: f.pend[:0],
 	}
 	return f
+}
+
+// holdLimit bounds the body a sniffing filter keeps back; see jsonFilter.hold.
+const holdLimit = 1 << 20
+
+// writeHeld handles one Write while the body is held back.
+func (f *jsonFilter) writeHeld(p []byte) (int, error) {
+	f.orig = append(f.orig, p...)
+	f.out = f.out[:0]
+	f.scan(p)
+	f.held = append(f.held, f.out...)
+	switch {
+	case f.err != nil:
+		// Not JSON after all: the body goes out as it came.
+		f.err, f.hold, f.passthrough = nil, false, true
+		return len(p), f.flushHeld(f.orig)
+	case f.passthrough:
+		f.hold = false
+		return len(p), f.flushHeld(f.held) // the body as it came: nothing was filtered
+	case len(f.orig) > holdLimit:
+		f.hold = false
+		return len(p), f.flushHeld(f.held)
+	}
+	return len(p), nil
+}
+
+// flushHeld writes b and ends holding.
+func (f *jsonFilter) flushHeld(b []byte) error {
+	_, err := f.dst.Write(b)
+	f.orig, f.held = nil, nil
+	if err != nil {
+		f.err = err
+	}
+	return err
 }
 
 func putJSONFilter(f *jsonFilter) {
@@ -166,6 +248,9 @@ func (f *jsonFilter) Write(p []byte) (int, error) {
 	if f.passthrough {
 		return f.dst.Write(p)
 	}
+	if f.hold {
+		return f.writeHeld(p)
+	}
 	f.out = f.out[:0]
 	f.scan(p)
 	if len(f.out) > 0 {
@@ -180,9 +265,22 @@ func (f *jsonFilter) Write(p []byte) (int, error) {
 }
 
 // Close reports whether the stream ended where a JSON stream may end. It writes
-// nothing of its own.
+// nothing of its own, but what a sniffing filter held back: the filtered body if it
+// was JSON, the body untouched if not.
 func (f *jsonFilter) Close() error {
 	if f.err != nil || f.passthrough {
+		return f.err
+	}
+	if f.hold {
+		f.hold = false
+		if err := f.Close(); err != nil {
+			f.err = nil
+			return f.flushHeld(f.orig)
+		}
+		return f.flushHeld(f.held)
+	}
+	if !f.begun && f.bomAt > 0 && f.bomAt < 3 {
+		f.err = errJSONTruncated // part of a BOM
 		return f.err
 	}
 	if f.state == stNumber {
@@ -234,6 +332,25 @@ func (f *jsonFilter) scan(p []byte) {
 		}
 
 		c := p[i]
+		if !f.begun {
+			// An optional UTF-8 BOM, copied, as the very first bytes.
+			if f.bomAt < 3 && c == utf8BOM[f.bomAt] {
+				f.bomAt++
+				f.out = append(f.out, c)
+				i++
+				continue
+			}
+			if f.bomAt > 0 && f.bomAt < 3 {
+				if f.sniff {
+					f.passthrough = true
+					f.out = append(f.out, p[i:]...)
+					return
+				}
+				f.fail(errJSONSyntax)
+				return
+			}
+			f.begun = true
+		}
 		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
 			start := i
 			for i < len(p) && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r') {

@@ -3,9 +3,13 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -64,6 +68,7 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 		if err != nil {
 			return nil, fmt.Errorf("parsing database_url: %v", err)
 		}
+		tunePostgres(cfg, pingTimeout)
 		// The pool outlives this config, so it is not bound to the config's context.
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
@@ -83,6 +88,29 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 	return v.(pgEntry).pool, key, nil
 }
 
+// tunePostgres sets the pool up for a database that may be slow (CONTRACT §8).
+//
+// pgxpool pings a connection idle for more than a second before handing it out: a
+// second round trip on nearly every lookup of a quiet gateway, which a database
+// answering in over half of database_timeout cannot fit. A dead connection (after a
+// PostgreSQL restart) fails its lookup at once instead, and the key store retries
+// that once on another connection; so only connections idle for a minute are pinged.
+//
+// A lookup whose context ends mid-query would by default set the connection's
+// deadline to now, which breaks the connection: under a slow database every late
+// lookup then costs a new connection (several round trips more), and late lookups
+// breed more. Instead PostgreSQL is asked to cancel the query, and the connection is
+// only given up if it has not answered a fraction of the timeout later.
+func tunePostgres(cfg *pgxpool.Config, timeout time.Duration) {
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Minute
+	}
+	grace := max(timeout/4, 50*time.Millisecond)
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: grace}
+	}
+}
+
 // loadRedis returns the shared Redis client for url, creating it if needed, and its
 // key in pools.
 //
@@ -95,7 +123,8 @@ func loadRedis(url string, timeout time.Duration, logger *zap.Logger) (*redis.Cl
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
 		opts, err := redis.ParseURL(url)
 		if err != nil {
-			return nil, fmt.Errorf("parsing redis_url: %v", err)
+			// Unlike pgx's, these errors may quote the URL, password and all.
+			return nil, fmt.Errorf("parsing redis_url: %s", redactUserinfo(err.Error(), url))
 		}
 		opts.DialTimeout = timeout
 		opts.ReadTimeout = timeout
@@ -117,6 +146,41 @@ func loadRedis(url string, timeout time.Duration, logger *zap.Logger) (*redis.Cl
 		return nil, "", err
 	}
 	return v.(redisEntry).client, key, nil
+}
+
+// redactUserinfo removes from msg the user information of rawURL (user:password):
+// whole, its password alone, and every piece of it, raw or escaped.
+func redactUserinfo(msg, rawURL string) string {
+	// Everything up to the last @ is taken for user information: a password with an
+	// unescaped / or @ makes the URL ambiguous, and too much redacted beats too little.
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		rest = rawURL
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return msg
+	}
+	userinfo := rest[:at]
+	secrets := []string{userinfo}
+	if _, password, ok := strings.Cut(userinfo, ":"); ok && password != "" {
+		secrets = append(secrets, password, percentDecode(password))
+	}
+	// A parser that misreads the URL may quote any piece of it (a password with a /
+	// in it becomes a host and a port).
+	for _, piece := range strings.FieldsFunc(userinfo, func(r rune) bool { return strings.ContainsRune(":/@?#", r) }) {
+		if len(piece) >= 3 {
+			secrets = append(secrets, piece)
+		}
+	}
+	for _, s := range secrets {
+		if s == "" {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+		msg = strings.ReplaceAll(msg, strconv.Quote(s)[1:len(strconv.Quote(s))-1], "xxxxx")
+	}
+	return msg
 }
 
 // loadLocalLimiter returns the in-process limiter shared by every handler without a

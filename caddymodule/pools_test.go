@@ -252,7 +252,7 @@ func TestInvalidConfigIsRefusedAtLoad(t *testing.T) {
 		{"key_prefix uppercase", map[string]any{"key_prefix": "Mon"}, `key_prefix "Mon": must match [a-z][a-z0-9]{0,15}`},
 		{"key_prefix too long", map[string]any{"key_prefix": "abcdefghijklmnopq"}, "key_prefix"},
 		{"key_prefix with an underscore", map[string]any{"key_prefix": "mon_x"}, "key_prefix"},
-		{"limiter_failure unknown", map[string]any{"limiter_failure": "sometimes"}, `limiter_failure "sometimes": must be open or closed`},
+		{"limiter_failure unknown", map[string]any{"limiter_failure": "sometimes"}, `limiter_failure "sometimes": must be open, closed or local`},
 		{"redis_url not redis", map[string]any{"redis_url": "http://localhost:6379"}, "parsing redis_url"},
 		{"negative database_timeout", map[string]any{"database_timeout": "-1s"}, "database_timeout -1s: must be positive"},
 		{"empty strip_fields name", map[string]any{"strip_fields": []any{"config", ""}}, "strip_fields: names must not be empty"},
@@ -296,5 +296,39 @@ func TestPlaceholdersAreReplaced(t *testing.T) {
 	}
 	if res.Header.Get("Ratelimit") == "" {
 		t.Error("no RateLimit header: redis_url not used")
+	}
+}
+
+func TestMalformedRedisURLErrorsHideThePassword(t *testing.T) {
+	d := newDB(t)
+	up := newUpstream(t)
+	for _, url := range []string{
+		"redis://user:hunter2pw@127.0.0.1:notaport/0",
+		"redis://:hunter2pw@127.0.0.1:6379/abc",
+		"redis://user:hunter2pw@127.0.0.1:6379/0?dial_timeout=zz",
+		"redis://:hunter2pw@h ost:1/0",
+		"redis://user:hunter2pw@[::1/0",
+		"redis://us%zzer:hunter2pw@h/0",
+		"redis://:hunter2%7Cpw@h ost:1/0",
+		"redis://:hunter2/pw@127.0.0.1:notaport/0",
+	} {
+		t.Run(url, func(t *testing.T) {
+			cfg := caddyConfig(freeAddr(t), t.TempDir()+"/caddy.log", gatewayConfig{
+				handler: gatewayOptions(d.url, map[string]any{"redis_url": url}), upstream: up.addr(),
+			})
+			err := caddy.Load(cfg, true)
+			if err == nil {
+				caddy.Stop()
+				t.Fatal("the config loaded")
+			}
+			if !strings.Contains(err.Error(), "parsing redis_url") {
+				t.Errorf("error %q does not say what failed", err)
+			}
+			for _, pw := range []string{"hunter2", "%7C"} {
+				if strings.Contains(err.Error(), pw) {
+					t.Errorf("error %q shows the password", err)
+				}
+			}
+		})
 	}
 }

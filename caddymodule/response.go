@@ -34,10 +34,12 @@ const (
 //   - sets the RateLimit header fields of a counted request (overriding any the
 //     upstream sent),
 //   - makes an ETag weak, since the body may be rewritten,
-//   - for a JSON body (or a body of no Content-Type that starts with { or [):
-//     removes Content-Length and Accept-Ranges, decodes gzip or deflate, and streams
-//     the body through the JSON filter; any other Content-Encoding is answered 502
-//     rather than let unfiltered fields through,
+//   - for any body a status may have: removes Content-Length and Accept-Ranges,
+//     decodes gzip or deflate, and streams the body through the JSON filter, which
+//     filters it if it is labelled JSON or, whatever its label, starts (after an
+//     optional UTF-8 BOM and whitespace) with { or [, and passes it untouched
+//     otherwise; any other Content-Encoding is answered 502 rather than let
+//     unfiltered fields through,
 //   - replaces the body of an error (status >= 400) that is not JSON by
 //     {"error":"<status text>"}, so that every /v1 error is JSON.
 //
@@ -92,14 +94,18 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	}
 	weakenETag(hdr)
 
-	ct := hdr.Get("Content-Type")
-	isJSON := isJSONType(ct)
+	// Any Content-Type value saying JSON makes the body JSON. Every other body is
+	// sniffed: filtered if it turns out to be a JSON document, whatever its label
+	// (text/plain, application/octet-stream, none), passed through untouched if not.
+	isJSON := false
+	for _, ct := range hdr.Values("Content-Type") {
+		isJSON = isJSON || isJSONType(ct)
+	}
 	switch {
 	case status >= 400 && !isJSON:
 		pw.replace(status)
 		return
-	case status == http.StatusSwitchingProtocols,
-		!isJSON && ct != "":
+	case status == http.StatusSwitchingProtocols:
 		pw.passthrough(status)
 		return
 	case pw.r.Method == http.MethodHead || !bodyAllowedForStatus(status):
@@ -131,7 +137,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 		// br, zstd, a list of codings: not decoded here, and never passed on
 		// unfiltered.
 		if c := pw.h.sampled.Check(zapcore.ErrorLevel, "upstream sent JSON in an unsupported content encoding; answering 502"); c != nil {
-			c.Write(zap.String("content_encoding", encoding), zap.String("uri", pw.r.RequestURI))
+			c.Write(zap.String("content_encoding", redactKeys(encoding)), zap.String("path", redactKeys(pw.r.URL.Path)))
 		}
 		pw.replace(http.StatusBadGateway)
 	}

@@ -203,3 +203,25 @@ func TestUpstreamCannotSetRateLimitHeaders(t *testing.T) {
 	res, _ := f.gw.get(t, "/v1/ratelimit-spoof", key)
 	checkRateLimitHeaders(t, res, 600, 599)
 }
+
+func TestJSONIsFilteredWhateverItsLabel(t *testing.T) {
+	f := newFixture(t, nil)
+	key, _ := f.db.key(f.pro, keystore.RoleEditor)
+	for _, tc := range []struct{ path, want string }{
+		{"text", monitorFiltered},
+		{"octet-stream", monitorFiltered},
+		{"untyped-bom", "\xef\xbb\xbf \n" + monitorFiltered},
+		{"two-types", monitorFiltered},
+		{"two-types-reversed", monitorFiltered},
+		{"upper-case", monitorFiltered}, // Config, ORG_ID, aſſertions: what a Go client would decode
+		{"not-json", `{"config": this is not JSON}`},
+		{"not-json-bom", "\xef\xbb\xbfplain text"},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			res, body := f.gw.get(t, "/v1/mislabelled/"+tc.path, key)
+			if res.StatusCode != http.StatusOK || string(body) != tc.want {
+				t.Errorf("%d %q, want 200 %q", res.StatusCode, body, tc.want)
+			}
+		})
+	}
+}

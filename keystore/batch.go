@@ -28,11 +28,15 @@ WHERE k.key_id = ANY($1) AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k
 // break this: it can hand a request the result of a query that began before it.)
 //
 // With one lane, one batch is in flight at a time; more lanes keep several in flight,
-// each still only taking requests that arrived before it was sent.
+// each still only taking requests that arrived before it was sent. A batch that has
+// waited a tenth of Timeout for a lane goes out on a lane of its own: a slow query in
+// flight never costs the requests of the next batch more than that on top of their
+// own query, so a PostgreSQL answering within the timeout does not turn them into 503s.
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
 	onBatch func(size int) // BatcherOptions.OnBatch; may be nil
+	maxWait time.Duration  // how long a batch waits for a lane; see Batcher
 
 	queries, lookups atomic.Uint64
 
@@ -43,9 +47,10 @@ type Batcher struct {
 
 // batch is one query's worth of lookups.
 type batch struct {
-	ids  []string // distinct key ids, in arrival order
-	seen map[string]struct{}
-	done chan struct{} // closed when rows and err are set
+	ids   []string // distinct key ids, in arrival order
+	seen  map[string]struct{}
+	timer *time.Timer   // sends the batch on a lane of its own after maxWait
+	done  chan struct{} // closed when rows and err are set
 
 	rows map[string]row
 	err  error
@@ -72,7 +77,7 @@ func NewBatcher(s *Store, opts BatcherOptions) *Batcher {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
-	return &Batcher{store: s, timeout: opts.Timeout, free: opts.Lanes, onBatch: opts.OnBatch}
+	return &Batcher{store: s, timeout: opts.Timeout, maxWait: opts.Timeout / 10, free: opts.Lanes, onBatch: opts.OnBatch}
 }
 
 // Verify is Store.Verify through a batch; see Store.Verify for its outcomes. If ctx ends
@@ -107,6 +112,9 @@ func (b *Batcher) join(keyID string) *batch {
 	if bt == nil {
 		bt = &batch{seen: make(map[string]struct{}), done: make(chan struct{})}
 		b.pending = bt
+		if b.free == 0 {
+			bt.timer = time.AfterFunc(b.maxWait, func() { b.overflow(bt) })
+		}
 	}
 	if _, dup := bt.seen[keyID]; !dup {
 		bt.seen[keyID] = struct{}{}
@@ -114,13 +122,21 @@ func (b *Batcher) join(keyID string) *batch {
 	}
 	if b.free > 0 {
 		b.free--
-		b.pending = nil
+		b.take(bt)
 		b.mu.Unlock()
 		go b.run(bt)
 		return bt
 	}
 	b.mu.Unlock()
 	return bt
+}
+
+// take marks bt as sent. It must be called with mu held and bt == b.pending.
+func (b *Batcher) take(bt *batch) {
+	b.pending = nil
+	if bt.timer != nil {
+		bt.timer.Stop()
+	}
 }
 
 // run sends bt, then keeps its lane busy with whatever batch gathered meanwhile.
@@ -131,12 +147,27 @@ func (b *Batcher) run(bt *batch) {
 
 		b.mu.Lock()
 		bt = b.pending
-		b.pending = nil
-		if bt == nil {
+		if bt != nil {
+			b.take(bt)
+		} else {
 			b.free++
 		}
 		b.mu.Unlock()
 	}
+}
+
+// overflow sends bt on a lane of its own once it has waited maxWait for one, if it has
+// not gone yet.
+func (b *Batcher) overflow(bt *batch) {
+	b.mu.Lock()
+	if b.pending != bt {
+		b.mu.Unlock()
+		return
+	}
+	b.take(bt)
+	b.mu.Unlock()
+	bt.rows, bt.err = b.query(bt.ids)
+	close(bt.done)
 }
 
 // BatchStats counts a Batcher's work since it was made.

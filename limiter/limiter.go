@@ -64,9 +64,11 @@ func WithPrefix(prefix string) Option {
 }
 
 // WithPipelining makes a Redis limiter gather the counts of concurrent Allow calls into
-// one pipeline, sent as soon as the previous one returns. Each pipeline runs under
-// timeout, since it serves many callers; each caller still stops waiting when its own
-// context ends. It needs a client with a Pipeline method (Client, Ring, ClusterClient,
+// one pipeline, sent as soon as the previous one returns or, if that takes longer, a
+// tenth of timeout after its first count joined: a slow round in flight never costs a
+// caller more than that on top of its own round. Each pipeline runs under timeout,
+// since it serves many callers; each caller still stops waiting when its own context
+// ends, and its count carries its own deadline (see Redis). It needs a client with a Pipeline method (Client, Ring, ClusterClient,
 // UniversalClient) and is ignored otherwise, and by Local.
 func WithPipelining(timeout time.Duration) Option {
 	return func(o *options) { o.pipelineTimeout = timeout }
@@ -80,15 +82,17 @@ func buildOptions(opts []Option) options {
 	return o
 }
 
-// windowOf returns the index of the window holding t, and the whole seconds left in
-// it, rounded up, at least 1.
-func windowOf(t time.Time) (index int64, resetAfter int) {
+// windowOf returns the index of the window holding t, the whole seconds left in it,
+// rounded up, at least 1, and how long its counters must live from t in milliseconds:
+// the rest of the window and one window more, so that a gateway whose clock runs a
+// little behind still finds the count.
+func windowOf(t time.Time) (index int64, resetAfter int, ttlMs int64) {
 	ms := t.UnixMilli()
 	const windowMs = int64(Window / time.Millisecond)
 	index = floorDiv(ms, windowMs)
 	leftMs := (index+1)*windowMs - ms // 1..60000
 	resetAfter = int((leftMs + 999) / 1000)
-	return index, max(resetAfter, 1)
+	return index, max(resetAfter, 1), leftMs + windowMs
 }
 
 func floorDiv(a, b int64) int64 {

@@ -32,7 +32,7 @@ func (l *Local) Allow(_ context.Context, key string, limit int) (Result, error) 
 	if limit <= 0 {
 		return Result{}, ErrBadLimit
 	}
-	w, reset := windowOf(l.now())
+	w, reset, _ := windowOf(l.now())
 
 	l.mu.Lock()
 	if w > l.window {

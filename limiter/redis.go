@@ -2,52 +2,73 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
+// ErrLate is returned (wrapped) by Redis.Allow when Redis received the count after the
+// caller's deadline and so did not make it: the request is not counted, now or later.
+var ErrLate = errors.New("limiter: redis received the count after its deadline; not counted")
+
 // Redis counts in Redis, so that every process sharing the Redis shares each key's
 // budget. Each Allow is one round trip (EVALSHA, falling back to EVAL once per
 // connection after a SCRIPT FLUSH or failover).
+//
+// A count carries its caller's deadline, translated to Redis's clock, and the script
+// does not count past it: a count the caller gave up on is never written later (see
+// redisClock for how the clocks are compared).
 type Redis struct {
-	rdb  redis.Scripter
-	opts options
-	pipe *pipeline // nil without WithPipelining
+	rdb   redis.Scripter
+	opts  options
+	pipe  *pipeline // nil without WithPipelining
+	clock redisClock
 }
-
-var _ Limiter = (*Redis)(nil)
 
 // NewRedis returns a limiter counting in rdb, which may be a *redis.Client,
 // *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
 //
-// Windows are computed from this process's clock; gateways sharing a Redis should
-// keep their clocks in sync (NTP), as the windows are aligned to the UTC minute.
+// Window numbers are computed from this process's clock; gateways sharing a Redis
+// should keep their clocks in sync (NTP), as the windows are aligned to the UTC
+// minute. Expiry is relative to Redis's clock, so a lagging gateway clock never writes
+// a counter that has already expired.
 func NewRedis(rdb redis.Scripter, opts ...Option) *Redis {
-	l := &Redis{rdb: rdb, opts: buildOptions(opts)}
+	l := &Redis{rdb: rdb, opts: buildOptions(opts), clock: redisClock{once: make(chan struct{}, 1)}}
 	if p, ok := rdb.(pipeliner); ok && l.opts.pipelineTimeout > 0 {
-		l.pipe = &pipeline{rdb: p, timeout: l.opts.pipelineTimeout}
+		l.pipe = newPipeline(p, l.opts.pipelineTimeout, &l.clock)
 	}
 	return l
 }
 
 // Allow counts one request of key; see Limiter. Errors from Redis, including the
-// context's deadline, are returned as they are so that the caller can apply its
-// failure policy.
+// context's deadline and ErrLate, are returned wrapped so that the caller can apply its
+// failure policy; in every error case the count was not made.
 func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error) {
 	if limit <= 0 {
 		return Result{}, ErrBadLimit
 	}
-	w, reset := windowOf(l.opts.now())
+	if err := l.clock.sync(ctx, l.rdb); err != nil {
+		return Result{}, fmt.Errorf("counting in redis: reading its clock: %w", err)
+	}
+	w, reset, ttl := windowOf(l.opts.now())
+	counter := l.counterKey(key, w)
+	deadline := l.clock.deadline(ctx)
 	var (
 		n   int64
 		err error
 	)
 	if l.pipe != nil {
-		n, err = l.pipe.count(ctx, l.counterKey(key, w), expireAt(w))
+		n, err = l.pipe.count(ctx, counter, ttl, deadline)
 	} else {
-		n, err = incrScript.Run(ctx, l.rdb, []string{l.counterKey(key, w)}, expireAt(w)).Int64()
+		var v []int64
+		v, err = incrScript.Run(ctx, l.rdb, []string{counter}, ttl, deadline).Int64Slice()
+		if err == nil {
+			n, err = l.clock.reply(v)
+		}
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("counting in redis: %w", err)
@@ -67,8 +88,66 @@ func (l *Redis) counterKey(key string, w int64) string {
 	return string(b)
 }
 
-// expireAt is when window w's counters may go: one window after it ends, so that a
-// gateway whose clock runs a little behind still finds the count.
-func expireAt(w int64) int64 {
-	return (w + 2) * Window.Milliseconds()
+// redisClock compares this process's clock with Redis's, so that a caller's deadline
+// can be checked by Redis itself.
+//
+// Every reply carries Redis's clock at the moment it ran the script. offset is that
+// reading minus this process's clock when the reply arrived: Redis's clock can only
+// have moved on since it ran the script, so offset is at most the true difference, and a
+// deadline translated with it comes early on Redis's clock by about the reply's
+// travel time. A count Redis makes is therefore one whose reply can still arrive in
+// time, and a count that could not is refused (ErrLate) rather than written behind
+// the caller's back. Deadlines use the real clock, not WithClock's.
+type redisClock struct {
+	offset atomic.Int64 // Redis's clock minus ours, in milliseconds; see redisClock
+	known  atomic.Bool
+	once   chan struct{} // a one-slot lock: one first reading at a time
+}
+
+// sync reads Redis's clock once, before the first count.
+func (c *redisClock) sync(ctx context.Context, rdb redis.Scripter) error {
+	if c.known.Load() {
+		return nil
+	}
+	select {
+	case c.once <- struct{}{}:
+		defer func() { <-c.once }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if c.known.Load() {
+		return nil
+	}
+	now, err := clockScript.Run(ctx, rdb, nil).Int64()
+	if err != nil {
+		return err
+	}
+	c.observe(now)
+	return nil
+}
+
+func (c *redisClock) observe(redisNow int64) {
+	c.offset.Store(redisNow - time.Now().UnixMilli())
+	c.known.Store(true)
+}
+
+// deadline is ctx's deadline on Redis's clock in Unix milliseconds, or 0 for none.
+func (c *redisClock) deadline(ctx context.Context) int64 {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	return max(d.UnixMilli()+c.offset.Load(), 1)
+}
+
+// reply reads the script's {count, now} answer.
+func (c *redisClock) reply(v []int64) (int64, error) {
+	if len(v) != 2 {
+		return 0, fmt.Errorf("unexpected reply %v", v)
+	}
+	c.observe(v[1])
+	if v[0] < 0 {
+		return 0, ErrLate
+	}
+	return v[0], nil
 }

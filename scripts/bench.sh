@@ -10,6 +10,10 @@
 #       show what they bring (informational)
 #   (d) GET /v1/me answered by the gateway
 #   (e) a 50 MB JSON list through the gateway's field filter: Caddy's peak RSS growth
+#   (f) the fault run (fault_run below): the gateway's rate while Redis hangs, as a share
+#       of its rate just before, under limiter_failure open and local; and the rate of
+#       503s while PostgreSQL hangs. A hang is internal/latencyproxy's hang mode (no
+#       byte forwarded, as with SIGSTOP) in front of the real servers.
 #   (m) the cost of metrics: the gateway with and without disable_metrics, in one Caddy
 #       of its own, ROUNDS alternating runs each (bench_metrics below)
 #
@@ -17,7 +21,8 @@
 # machine is small and noisy. It prints requests/s, p50 and p99 latency, the ratio (c)/(b) and
 # the targets met or missed, and writes the figures to scripts/bench-results.txt.
 #
-# Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT.
+# Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT,
+# FAULT_DURATION (5s, each run of (f)).
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during the first (c) run) and DIR/top.txt (CPU by process meanwhile).
 set -euo pipefail
@@ -305,6 +310,79 @@ rss_peak=$(awk '/^VmHWM:/ {print $2}' "/proc/$big_pid/status")
 rss_growth_mb=$(awk -v a="$rss_before" -v b="$rss_peak" 'BEGIN {printf "%.1f", (b - a) / 1024}')
 leaked=$(grep -c -E '"(config|assertions|org_id|config_version|paused_reason)"' "$stack/big.out" || true)
 
+# ---- (f) fault run: slow and hung dependencies (issue 9) ----------------------------
+# fault_run sets f_open_before, f_open_hung, f_local_before, f_local_hung (req/s) and
+# f_pg_503 (503s a second while PostgreSQL hangs). It runs its own Caddy, with the
+# gateways reaching Redis and PostgreSQL through latency proxies it hangs (SIGUSR1)
+# and resumes (SIGUSR2).
+fault_run() {
+	local fd=${FAULT_DURATION:-5s} rproxy pproxy rpid ppid fpid
+	go build -o "$stack/latencyproxy" ./internal/latencyproxy/cmd/latencyproxy
+	local redis_hp=${REDIS_URL#redis://}
+	redis_hp=${redis_hp%%/*}
+	redis_hp=${redis_hp##*@}
+	local pg_hp=${DATABASE_URL#postgres://}
+	pg_hp=${pg_hp#*@}
+	pg_hp=${pg_hp%%/*}
+	"$stack/latencyproxy" -target "$redis_hp" -listen-file "$stack/rproxy.addr" &
+	rpid=$!
+	pids+=($rpid)
+	"$stack/latencyproxy" -target "$pg_hp" -listen-file "$stack/pproxy.addr" &
+	ppid=$!
+	pids+=($ppid)
+	for _ in $(seq 50); do [ -s "$stack/rproxy.addr" ] && [ -s "$stack/pproxy.addr" ] && break; sleep 0.1; done
+	rproxy=$(cat "$stack/rproxy.addr")
+	pproxy=$(cat "$stack/pproxy.addr")
+	local f_open="127.0.0.1:$(free_port)" f_local="127.0.0.1:$(free_port)" f_pg="127.0.0.1:$(free_port)"
+	local redis_via=${REDIS_URL/$redis_hp/$rproxy} pg_via=${DATABASE_URL/$pg_hp/$pproxy}
+	local site name db redis policy
+	{
+		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
+		for site in "$f_open open" "$f_local local" "$f_pg open"; do
+			read -r name policy <<<"$site"
+			db='{env.DATABASE_URL}' redis=$redis_via
+			if [ "$name" = "$f_pg" ]; then db=$pg_via redis='{env.REDIS_URL}'; fi
+			printf 'http://%s {\n\tbind 127.0.0.1\n\thandle /v1/* {\n\t\tv1_gateway {\n' "$name"
+			printf '\t\t\tdatabase_url %s\n\t\t\tredis_url %s\n' "$db" "$redis"
+			printf '\t\t\tgateway_secret {env.GATEWAY_SECRET}\n\t\t\tlimiter_failure %s\n\t\t}\n' "$policy"
+			printf '\t\treverse_proxy %s\n\t}\n}\n' "$up"
+		done
+	} >"$stack/Caddyfile.fault"
+	bin/caddy run --config "$stack/Caddyfile.fault" --adapter caddyfile >"$stack/caddy-fault.log" 2>&1 &
+	fpid=$!
+	pids+=($fpid)
+	for addr in "$f_open" "$f_local" "$f_pg"; do
+		wait_http "http://$addr/" || { tail -n 20 "$stack/caddy-fault.log" >&2; exit 1; }
+	done
+	# rate URL prints requests a second, whatever their status.
+	rate() {
+		wrk -t"$THREADS" -c"$CONNS" -d"$fd" "${auth[@]}" "$1" | awk '/^Requests\/sec:/ {print $2}'
+	}
+	local mon="/v1/monitors/$monitor" code
+	echo "measuring (f) fault run: before the hang…" >&2
+	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$f_open$mon" >/dev/null
+	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$f_local$mon" >/dev/null
+	f_open_before=$(rate "http://$f_open$mon")
+	f_local_before=$(rate "http://$f_local$mon")
+	echo "measuring (f) fault run: Redis hung…" >&2
+	kill -USR1 "$rpid"
+	f_open_hung=$(rate "http://$f_open$mon")
+	f_local_hung=$(rate "http://$f_local$mon")
+	kill -USR2 "$rpid"
+	echo "measuring (f) fault run: PostgreSQL hung…" >&2
+	curl -sf -o /dev/null "${auth[@]}" "http://$f_pg/v1/me"
+	kill -USR1 "$ppid"
+	code=$(curl -s -o /dev/null -w '%{http_code}' "${auth[@]}" "http://$f_pg/v1/me")
+	[ "$code" = 503 ] || echo "bench: expected 503 with PostgreSQL hung, got $code" >&2
+	f_pg_503=$(rate "http://$f_pg/v1/me")
+	kill -USR2 "$ppid"
+	kill "$fpid" 2>/dev/null || true
+}
+fault_run
+f_open_share=$(awk -v h="$f_open_hung" -v b="$f_open_before" 'BEGIN {printf "%.3f", h / b}')
+f_local_share=$(awk -v h="$f_local_hung" -v b="$f_local_before" 'BEGIN {printf "%.3f", h / b}')
+# ---- end of (f) -----------------------------------------------------------------------
+
 ratio=$(awk -v c="$c_rps" -v b="$b_rps" 'BEGIN {printf "%.3f", c / b}')
 p99_extra=$(awk -v c="$c_p99" -v b="$b_p99" 'BEGIN {printf "%.3f", c - b}')
 
@@ -324,10 +402,18 @@ machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} war
 (e) 50 MB list through the filter: $size_in bytes in, $size_out out, hidden fields left: $leaked;
     Caddy RSS ${rss_before} kB before, peak ${rss_peak} kB: growth ${rss_growth_mb} MB
 
+(f) fault run (wrk -c$CONNS -d${FAULT_DURATION:-5s} each; a hang = no byte forwarded):
+    limiter_failure open:  $(printf '%7.0f' "$f_open_before") req/s before, $(printf '%7.0f' "$f_open_hung") while Redis hangs: share $f_open_share
+    limiter_failure local: $(printf '%7.0f' "$f_local_before") req/s before, $(printf '%7.0f' "$f_local_hung") while Redis hangs: share $f_local_share
+    PostgreSQL hung:       $(printf '%7.0f' "$f_pg_503") 503s/s
+
 targets:
   (c)/(b) throughput ratio  $ratio   (>= 0.75: $(verdict "$ratio >= 0.75"))
   p99 (c) - p99 (b)         ${p99_extra} ms   (<= 2 ms: $(verdict "$p99_extra <= 2"))
   RSS growth, 50 MB list    ${rss_growth_mb} MB  (< 32 MB: $(verdict "$rss_growth_mb < 32 && $leaked == 0"))
+  Redis hung, open          $f_open_share   (>= 0.5: $(verdict "$f_open_share >= 0.5"))
+  Redis hung, local         $f_local_share   (>= 0.5: $(verdict "$f_local_share >= 0.5"))
+  PostgreSQL hung, 503s/s   $(printf '%.0f' "$f_pg_503")   (>= 100: $(verdict "$f_pg_503 >= 100"))
 EOF
 )
 report+=$metrics_report

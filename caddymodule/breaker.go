@@ -1,0 +1,128 @@
+package caddymodule
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// errBreakerOpen is what a call refused by an open breaker fails with.
+var errBreakerOpen = errors.New("circuit breaker open: not waiting on a dependency that keeps failing")
+
+// Defaults of the breakers.
+const (
+	breakerThreshold = 5           // consecutive failures that open a breaker
+	breakerCooldown  = time.Second // how long it stays open before it lets a probe through
+)
+
+// breakerState is where a breaker stands.
+type breakerState uint8
+
+const (
+	breakerClosed   breakerState = iota // calls go through
+	breakerOpen                         // calls fail at once
+	breakerHalfOpen                     // one probe is through; the others fail at once
+)
+
+func (s breakerState) String() string {
+	return [...]string{"closed", "open", "half-open"}[s]
+}
+
+// callResult is what became of a call a breaker let through.
+type callResult uint8
+
+const (
+	callSucceeded callResult = iota // the dependency answered
+	callFailed                      // the dependency failed or was too slow
+	callIgnored                     // neither: the client went away first
+)
+
+// breaker is a circuit breaker for one dependency of one gateway instance. After
+// threshold failures in a row it opens: calls fail at once with errBreakerOpen instead
+// of each waiting out a timeout on a dependency that hangs. After cooldown it lets one
+// call through as a probe, and only one at a time: an answer closes it, a failure opens
+// it for another cooldown.
+//
+// It is a few dozen lines rather than sony/gobreaker because it needs no more than
+// that (consecutive failures, one probe, a state-change hook for logs and metrics), and
+// every line of it is tested here; a dependency would bring a go.mod change and a
+// counting model (windows of requests, ratios) the gateway does not use.
+type breaker struct {
+	threshold int
+	cooldown  time.Duration
+	now       func() time.Time
+	onChange  func(from, to breakerState) // called with mu held: must not call back
+
+	mu       sync.Mutex
+	state    breakerState // guarded by mu
+	failures int          // consecutive failures while closed; guarded by mu
+	openedAt time.Time    // guarded by mu
+}
+
+func newBreaker(onChange func(from, to breakerState)) *breaker {
+	if onChange == nil {
+		onChange = func(breakerState, breakerState) {}
+	}
+	return &breaker{threshold: breakerThreshold, cooldown: breakerCooldown, now: time.Now, onChange: onChange}
+}
+
+// allow reports whether a call may go to the dependency, and whether it is the probe.
+// A call allowed must be followed by exactly one done with the same probe.
+func (b *breaker) allow() (ok, probe bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case breakerClosed:
+		return true, false
+	case breakerOpen:
+		if b.now().Sub(b.openedAt) >= b.cooldown {
+			b.set(breakerHalfOpen)
+			return true, true
+		}
+	}
+	return false, false
+}
+
+// done records the outcome of a call allow let through.
+func (b *breaker) done(probe bool, o callResult) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case probe && o == callSucceeded:
+		b.failures = 0
+		b.set(breakerClosed)
+	case probe && o == callFailed:
+		b.openedAt = b.now()
+		b.set(breakerOpen)
+	case probe:
+		// The probe's client went away: let the next call probe.
+		b.openedAt = time.Time{}
+		b.set(breakerOpen)
+	case b.state != breakerClosed:
+		// A call from before the breaker opened: the probe decides.
+	case o == callSucceeded:
+		b.failures = 0
+	case o == callFailed:
+		b.failures++
+		if b.failures >= b.threshold {
+			b.openedAt = b.now()
+			b.set(breakerOpen)
+		}
+	}
+}
+
+// closed reports whether calls go through.
+func (b *breaker) closed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state == breakerClosed
+}
+
+// set moves to state s. It must be called with mu held.
+func (b *breaker) set(s breakerState) {
+	if b.state != s {
+		from := b.state
+		b.state = s
+		b.onChange(from, s)
+	}
+}

@@ -1,0 +1,317 @@
+package caddymodule
+
+// Slow and hung dependencies (CONTRACT §8), against the real PostgreSQL and Redis made
+// slow or hung by internal/latencyproxy. Its hang mode stands in for SIGSTOP: nothing
+// is forwarded until Resume, and what was sent meanwhile is delivered then, but the
+// servers other packages' tests share are left alone.
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/latencyproxy"
+	"github.com/keygate/keygate/keystore"
+)
+
+func newLatencyProxy(t *testing.T, target string) *latencyproxy.Proxy {
+	t.Helper()
+	p, err := latencyproxy.Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// statuses sends n concurrent GETs and counts their statuses, and how many 200s came
+// without RateLimit headers (let through uncounted).
+func statuses(t *testing.T, gw *gateway, n int, path, key string) (byStatus map[int]int, uncounted int) {
+	t.Helper()
+	var mu sync.Mutex
+	byStatus = map[int]int{}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, _ := gw.get(t, path, key)
+			mu.Lock()
+			defer mu.Unlock()
+			byStatus[res.StatusCode]++
+			if res.StatusCode == http.StatusOK && res.Header.Get("Ratelimit") == "" {
+				uncounted++
+			}
+		}()
+	}
+	wg.Wait()
+	return byStatus, uncounted
+}
+
+func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
+	// PostgreSQL and Redis both answer in a bit more than half their timeouts. A limit
+	// of 20 lets exactly 20 of 60 concurrent requests through, every one counted, and
+	// no request answers 503.
+	d := newDB(t)
+	d.plan("small", 20)
+	key, _ := d.key(d.org("small"), keystore.RoleEditor)
+	warmKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+	up := newUpstream(t)
+	gw := startGateway(t, gatewayConfig{
+		handler: gatewayOptions(withHost(t, d.url, pg.Addr())+"&pool_max_conns=8", map[string]any{
+			"redis_url": withHost(t, redisURL(t), rd.Addr()), "database_timeout": "1500ms", "redis_timeout": "1s",
+		}),
+		upstream: up.addr(),
+	})
+	awayFromWindowEdge(t, 12*time.Second)
+	// Warm connections at a speed where opening them fits in the timeouts.
+	pg.SetDelay(300 * time.Millisecond)
+	rd.SetDelay(200 * time.Millisecond)
+	statuses(t, gw, 60, "/v1/me", warmKey)
+	pg.SetDelay(800 * time.Millisecond)
+	rd.SetDelay(550 * time.Millisecond)
+
+	got, uncounted := statuses(t, gw, 60, "/v1/me", key)
+	if got[http.StatusOK] != 20 || got[http.StatusTooManyRequests] != 40 || uncounted != 0 {
+		t.Errorf("statuses %v, %d let through uncounted; want 20 200s and 40 429s, all counted", got, uncounted)
+	}
+}
+
+func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	up := newUpstream(t)
+	gw := startGateway(t, gatewayConfig{
+		handler:  gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{"database_timeout": "300ms"}),
+		upstream: up.addr(),
+	})
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("before the hang: %d %s", res.StatusCode, body)
+	}
+	pg.Hang()
+	for range breakerThreshold {
+		res, body := gw.get(t, "/v1/me", key)
+		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
+	}
+	// The breaker is open: answers come at once.
+	for range 20 {
+		var res *http.Response
+		var body []byte
+		took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
+		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
+		if took > 100*time.Millisecond {
+			t.Errorf("a 503 took %v with the breaker open; want it at once", took)
+		}
+	}
+	pg.Resume()
+	eventually(t, 5*time.Second, func() bool {
+		res, _ := gw.get(t, "/v1/me", key)
+		return res.StatusCode == http.StatusOK
+	})
+	if log := gw.logText(t); !strings.Contains(log, "circuit breaker open") || !strings.Contains(log, "circuit breaker closed") {
+		t.Errorf("the breaker's changes were not logged:\n%s", log)
+	}
+}
+
+func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
+	d := newDB(t)
+	d.plan("small", 30)
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		policy  string
+		status  int
+		headers bool // RateLimit headers while Redis hangs
+	}{
+		{"open", http.StatusOK, false},
+		{"closed", http.StatusServiceUnavailable, false},
+		{"local", http.StatusOK, true},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			key, _ := d.key(d.org("small"), keystore.RoleEditor)
+			rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+			gw := startGateway(t, gatewayConfig{
+				handler: gatewayOptions(d.url, map[string]any{
+					"redis_url": withHost(t, redisURL(t), rd.Addr()), "redis_timeout": "200ms", "limiter_failure": tc.policy,
+				}),
+				upstream: up.addr(),
+			})
+			awayFromWindowEdge(t, 15*time.Second)
+			res, _ := gw.get(t, "/v1/me", key)
+			checkRateLimitHeaders(t, res, 30, 29)
+
+			rd.Hang()
+			for range breakerThreshold {
+				if res, body := gw.get(t, "/v1/me", key); res.StatusCode != tc.status {
+					t.Errorf("while Redis hangs: %d %s, want %d", res.StatusCode, body, tc.status)
+				}
+			}
+			for i := range 10 {
+				var res *http.Response
+				took := timed(func() { res, _ = gw.get(t, "/v1/me", key) })
+				if res.StatusCode != tc.status || (res.Header.Get("Ratelimit") != "") != tc.headers {
+					t.Errorf("breaker open: %d %q, want %d with headers %v", res.StatusCode, res.Header, tc.status, tc.headers)
+				}
+				if tc.headers {
+					// Counted in process from zero: the hang's first requests and these.
+					checkRateLimitHeaders(t, res, 30, 30-breakerThreshold-i-1)
+				}
+				if took > 100*time.Millisecond {
+					t.Errorf("took %v with the breaker open; want it at once", took)
+				}
+			}
+			if tc.policy == "local" {
+				// The same limit holds in process: 30 in all, then 429.
+				got, _ := statuses(t, gw, 20, "/v1/me", key)
+				if got[http.StatusOK] != 30-breakerThreshold-10 || got[http.StatusTooManyRequests] != 20-(30-breakerThreshold-10) {
+					t.Errorf("local counting: %v", got)
+				}
+			}
+			rd.Resume()
+			// Back on Redis: its count goes on from the one request counted before the
+			// hang. The counts the hang held back reach Redis on resume, late, and the
+			// script refuses them; had they been written, fewer would remain.
+			var first *http.Response
+			eventually(t, 5*time.Second, func() bool {
+				res, _ := gw.get(t, "/v1/me", key)
+				if res.StatusCode == http.StatusOK && remainingOf(res) >= 20 {
+					first = res
+				}
+				return first != nil
+			})
+			if rem := remainingOf(first); rem != 28 {
+				t.Errorf("first count on Redis after the hang leaves %d, want 28", rem)
+			}
+		})
+	}
+}
+
+// remainingOf reads r= of the RateLimit header; -1 without one.
+func remainingOf(res *http.Response) int {
+	v := res.Header.Get("Ratelimit")
+	_, after, ok := strings.Cut(v, ";r=")
+	if !ok {
+		return -1
+	}
+	n, err := strconv.Atoi(strings.SplitN(after, ";", 2)[0])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func TestNoModuleLogLineShowsAKey(t *testing.T) {
+	// Every line the module writes about a request, with the key in the path
+	// (percent-encoded) and in the query string.
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	_, secret, _ := strings.Cut(key, ".")
+	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
+	up := newUpstream(t)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	live := startGateway(t, gatewayConfig{
+		handler: gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{
+			"database_timeout": "200ms", "redis_url": withHost(t, redisURL(t), freeAddr(t)), "redis_timeout": "100ms",
+		}),
+		upstream: up.addr(),
+	})
+	for _, tc := range []struct {
+		gw       *gateway
+		path     string
+		before   func()
+		wantLine string
+	}{
+		{live, "/v1/truncated-json?api_key=" + key + "&k=" + encoded, nil, "aborting a response the JSON filter could not complete"},
+		{live, "/v1/compressed/br/" + encoded + "?api_key=" + key, nil, "unsupported content encoding"},
+		{live, "/v1/me?api_key=" + key, nil, "rate limiter failed"},
+		{live, "/v1/monitors/" + encoded + "?api_key=" + key, up.Close, "upstream failed"},
+		{live, "/v1/me?api_key=" + key, pg.Hang, "key lookup failed"},
+	} {
+		if tc.before != nil {
+			tc.before()
+		}
+		if res, err := tc.gw.client.Do(mustRequest(t, tc.gw.base+tc.path, key)); err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+		}
+		time.Sleep(50 * time.Millisecond)
+		if log := tc.gw.logText(t); !strings.Contains(log, tc.wantLine) {
+			t.Errorf("no %q line:\n%s", tc.wantLine, log)
+		}
+	}
+	pg.Resume()
+	// The module's own lines; Caddy's (the reverse proxy's, the access log) are the
+	// log filter's job, tested with the example Caddyfile.
+	var log string
+	for _, line := range strings.Split(live.logText(t), "\n") {
+		if strings.Contains(line, `"logger":"http.handlers.v1_gateway"`) {
+			log += line + "\n"
+		}
+	}
+	for _, leak := range []string{secret, secret[:16], strings.ReplaceAll(secret, "_", "%5F")[:16]} {
+		if strings.Contains(log, leak) {
+			t.Errorf("the log shows %q:\n%s", leak, log)
+		}
+	}
+}
+
+func TestALateLookupKeepsItsConnection(t *testing.T) {
+	// A lookup whose context ends while its answer is on the way: with pgx's default
+	// the connection is broken and the next lookup dials a new one (several round
+	// trips on a slow database); with tunePostgres's CancelRequest handling it
+	// survives when the answer comes within a quarter timeout more.
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	for _, tc := range []struct {
+		name      string
+		tune      bool
+		wantDials int64
+	}{
+		{"pgx default", false, 2},
+		{"tuned", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(withHost(t, d.url, pg.Addr()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.MaxConns = 1
+			if tc.tune {
+				tunePostgres(cfg, 400*time.Millisecond) // a grace of 100ms
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			store := keystore.New(pool, d.store.Format())
+			pg.SetDelay(0)
+			if _, ok, err := store.Verify(context.Background(), key); !ok || err != nil {
+				t.Fatalf("warm lookup: %v %v", ok, err)
+			}
+			pg.SetDelay(300 * time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+			// Tuned, the answer may still be taken, up to a quarter timeout late.
+			_, _, _ = store.Verify(ctx, key)
+			cancel()
+			pg.SetDelay(0)
+			time.Sleep(500 * time.Millisecond)
+			if _, ok, err := store.Verify(context.Background(), key); !ok || err != nil {
+				t.Fatalf("lookup after: %v %v", ok, err)
+			}
+			if n := pool.Stat().NewConnsCount(); n != tc.wantDials {
+				t.Errorf("%d connections dialled, want %d", n, tc.wantDials)
+			}
+		})
+	}
+}

@@ -1,0 +1,150 @@
+package caddymodule
+
+import (
+	"net/http"
+	"regexp"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/logging"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+func init() {
+	caddy.RegisterModule(RedactFilter{})
+}
+
+// keyShaped matches an API key of any key_prefix: the part up to its keyId is kept,
+// the secret is not.
+var keyShaped = regexp.MustCompile(`(_live_[A-Za-z0-9]{16,64})\.[A-Za-z0-9_-]+`)
+
+// redactKeys replaces the secret of every key-shaped string in s by REDACTED. A key
+// may be percent-encoded in part or whole (mon%5Flive%5F…%2E…, even twice): when the
+// decoded s holds a key, the decoded s is what is redacted and returned.
+func redactKeys(s string) string {
+	decoded := s
+	for range 3 {
+		d := percentDecode(decoded)
+		if d == decoded {
+			break
+		}
+		decoded = d
+	}
+	if decoded != s && keyShaped.MatchString(decoded) {
+		s = decoded
+	}
+	if !strings.Contains(s, "_live_") {
+		return s
+	}
+	return keyShaped.ReplaceAllString(s, "${1}.REDACTED")
+}
+
+// percentDecode decodes every valid %XX in s and leaves anything else as it is.
+func percentDecode(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
+			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+			i += 2
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+// RedactFilter is the log field filter keygate_redact
+// (caddy.logging.encoders.filter.keygate_redact). On a string field (request>uri) it
+// replaces the secret of every API key, percent-encoded or not, by REDACTED. On a
+// header object (request>headers, resp_headers) it does the same in the values of
+// every header, whatever its name (Api-Key, X-Auth-Token, Referer …), and replaces
+// X-Gateway-Secret, which the reverse proxy logs among the headers it sent upstream.
+// Caddy's own redaction of Authorization, Cookie and Set-Cookie still applies.
+//
+// Caddy's filter encoder names fields exactly (request>headers>Api-Key); it has no
+// wildcard for "every header", which is why this filter takes the whole object.
+//
+//	log {
+//		format filter {
+//			fields {
+//				request>uri keygate_redact
+//				request>headers keygate_redact
+//			}
+//		}
+//	}
+type RedactFilter struct{}
+
+// CaddyModule returns the Caddy module information.
+func (RedactFilter) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "caddy.logging.encoders.filter.keygate_redact",
+		New: func() caddy.Module { return new(RedactFilter) },
+	}
+}
+
+// UnmarshalCaddyfile sets up the filter from Caddyfile tokens; it takes no options.
+func (RedactFilter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume filter name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// Filter redacts the field; see RedactFilter.
+func (RedactFilter) Filter(in zapcore.Field) zapcore.Field {
+	switch v := in.Interface.(type) {
+	case caddyhttp.LoggableHTTPHeader:
+		return zap.Object(in.Key, redactHeader(v))
+	case caddyhttp.LoggableStringArray:
+		out := make(caddyhttp.LoggableStringArray, len(v))
+		for i, s := range v {
+			out[i] = redactKeys(s)
+		}
+		in.Interface = out
+		return in
+	}
+	if in.Type == zapcore.StringType {
+		in.String = redactKeys(in.String)
+	}
+	return in
+}
+
+func redactHeader(h caddyhttp.LoggableHTTPHeader) caddyhttp.LoggableHTTPHeader {
+	out := caddyhttp.LoggableHTTPHeader{Header: make(http.Header, len(h.Header)), ShouldLogCredentials: h.ShouldLogCredentials}
+	for name, values := range h.Header {
+		if strings.EqualFold(name, "X-Gateway-Secret") {
+			out.Header[name] = []string{"REDACTED"}
+			continue
+		}
+		vv := make([]string, len(values))
+		for i, v := range values {
+			vv[i] = redactKeys(v)
+		}
+		out.Header[name] = vv
+	}
+	return out
+}
+
+// Interface guards
+var (
+	_ logging.LogFieldFilter = (*RedactFilter)(nil)
+	_ caddyfile.Unmarshaler  = (*RedactFilter)(nil)
+)

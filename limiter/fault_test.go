@@ -1,0 +1,166 @@
+package limiter_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/internal/latencyproxy"
+	"github.com/keygate/keygate/limiter"
+)
+
+// slowRedis returns a client of the test Redis through a latency proxy, set up as the
+// gateway sets up its own (no retries, every wait bounded by timeout).
+func slowRedis(t *testing.T, timeout time.Duration) (*redis.Client, *latencyproxy.Proxy) {
+	t.Helper()
+	direct := redisClient(t)
+	p, err := latencyproxy.Start(direct.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	opt := *direct.Options()
+	opt.Addr = p.Addr()
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = timeout, timeout, timeout, timeout
+	opt.ContextTimeoutEnabled = true
+	opt.MaxRetries = -1
+	opt.DialerRetries = 1
+	opt.PoolSize = 256 // so that plain counts (one connection each) do not queue for one
+	c := redis.NewClient(&opt)
+	t.Cleanup(func() { c.Close() })
+	return c, p
+}
+
+// burst runs n concurrent Allow calls, each under its own timeout, and returns how many
+// were allowed, refused and failed.
+func burst(l limiter.Limiter, key string, n, limit int, timeout time.Duration) (allowed, refused, failed int64) {
+	var a, r, f atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			res, err := l.Allow(ctx, key, limit)
+			switch {
+			case err != nil:
+				f.Add(1)
+			case res.Allowed:
+				a.Add(1)
+			default:
+				r.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return a.Load(), r.Load(), f.Load()
+}
+
+func TestASlowRedisInsideTheTimeoutCountsExactly(t *testing.T) {
+	// Redis answers in a bit more than half the timeout: every count must come back in
+	// time, and a limit of 50 must let exactly 50 of 200 concurrent requests through,
+	// pipelined or not. Before each round had its own deadline, pipelined callers
+	// waited for the round in flight and then their own, and timed out.
+	const timeout = 1500 * time.Millisecond
+	rdb, proxy := slowRedis(t, timeout)
+	direct := redisClient(t)
+	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
+		t.Run(name, func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			var opts = []limiter.Option{limiter.WithPrefix(prefix)}
+			if pipelined {
+				opts = append(opts, limiter.WithPipelining(timeout))
+			}
+			l := limiter.NewRedis(rdb, opts...)
+			// Warm: a pool of connections (a new one costs a round trip of its own, for
+			// HELLO) and the clock reading, at this speed.
+			proxy.SetDelay(timeout * 55 / 100)
+			defer proxy.SetDelay(0)
+			burst(l, "warm", 200, 1000, 4*timeout)
+			allowed, refused, failed := burst(l, "k", 200, 50, timeout)
+			if allowed != 50 || refused != 150 || failed != 0 {
+				t.Errorf("allowed %d, refused %d, failed %d; want 50, 150 and 0", allowed, refused, failed)
+			}
+			keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
+			if len(keys) != 1 {
+				t.Fatalf("counters %v", keys)
+			}
+			if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 200 {
+				t.Errorf("counter %d, want 200", n)
+			}
+		})
+	}
+}
+
+func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
+	// While Redis hangs every count times out; when it comes back, the commands held
+	// meanwhile reach it, and the script must refuse them: the caller has already
+	// treated them as not counted.
+	const timeout = 300 * time.Millisecond
+	rdb, proxy := slowRedis(t, timeout)
+	direct := redisClient(t)
+	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
+		t.Run(name, func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			opts := []limiter.Option{limiter.WithPrefix(prefix)}
+			if pipelined {
+				opts = append(opts, limiter.WithPipelining(timeout))
+			}
+			l := limiter.NewRedis(rdb, opts...)
+			if a, _, f := burst(l, "k", 5, 100, timeout); a != 5 || f != 0 {
+				t.Fatalf("before the hang: allowed %d, failed %d", a, f)
+			}
+			proxy.Hang()
+			_, _, failed := burst(l, "k", 20, 100, timeout)
+			proxy.Resume()
+			if failed != 20 {
+				t.Errorf("%d of 20 counts failed while Redis hung", failed)
+			}
+			time.Sleep(500 * time.Millisecond) // the held commands arrive and run
+			keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
+			if len(keys) != 1 {
+				t.Fatalf("counters %v", keys)
+			}
+			if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 5 {
+				t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
+			}
+			// And Redis counts again once it answers.
+			res, err := l.Allow(context.Background(), "k", 100)
+			if err != nil || res.Remaining != 94 {
+				t.Errorf("after the hang: %+v, %v; want remaining 94", res, err)
+			}
+		})
+	}
+}
+
+func TestCountersExpireRelativeToRedis(t *testing.T) {
+	// A gateway clock ten minutes behind Redis: the counter must still live for the rest
+	// of its window and one more, on Redis's clock.
+	rdb := redisClient(t)
+	prefix := uniquePrefix(t)
+	lag := time.Now().Add(-10 * time.Minute)
+	lag = lag.Truncate(time.Minute).Add(30 * time.Second)
+	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithClock(func() time.Time { return lag }))
+	if _, err := l.Allow(context.Background(), "k", 10); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := l.Allow(context.Background(), "k", 10); r.Remaining != 8 {
+		t.Errorf("second count of a lagging gateway: remaining %d, want 8", r.Remaining)
+	}
+	keys, _ := rdb.Keys(context.Background(), prefix+"*").Result()
+	if len(keys) != 1 {
+		t.Fatalf("counters %v", keys)
+	}
+	ttl, _ := rdb.PTTL(context.Background(), keys[0]).Result()
+	if ttl < 89*time.Second || ttl > 90*time.Second {
+		t.Errorf("TTL %v, want 90s (30s left in the window, and one more)", ttl)
+	}
+}
