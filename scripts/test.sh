@@ -12,9 +12,12 @@ FUZZTIME=${FUZZTIME:-20000x}
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-test.XXXXXX")
 trap 'scripts/stack.sh down "$stack"' EXIT
 scripts/stack.sh up "$stack" >/dev/null
+# The Redis Cluster and TLS Redis of the redis_mode / redis_tls_ca tests, once per run.
+scripts/stack.sh up-cluster "$stack" >/dev/null
+scripts/stack.sh up-tls "$stack" >/dev/null
 # shellcheck disable=SC1091
 source "$stack/env"
-export DATABASE_URL REDIS_URL STACK_DIR="$stack"
+export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA STACK_DIR="$stack"
 
 go vet ./...
 # The integration suite stops and restarts the shared PostgreSQL and Redis, so it runs
