@@ -9,6 +9,8 @@
 #                                  appends REDIS_CLUSTER_URL to DIR/env
 #   scripts/stack.sh up-tls DIR       opt-in, after up: a TLS-only Redis with a throwaway CA;
 #                                  appends REDIS_TLS_URL, REDIS_TLS_CA, REDIS_TLS_WRONG_CA
+#   scripts/stack.sh up-pgbouncer DIR opt-in, after up: PgBouncer in transaction pooling in
+#                                  front of the PostgreSQL; appends PGBOUNCER_DATABASE_URL
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
 #                                  stop or restart one server on the same port (fault tests)
 #
@@ -209,6 +211,39 @@ up_tls() {
 	EOF
 }
 
+# up_pgbouncer puts PgBouncer (pool_mode transaction) in front of the stack's
+# PostgreSQL, run as the postgres user when root (pgbouncer refuses root).
+up_pgbouncer() {
+	dir=$(cd "$dir" && pwd)
+	command -v pgbouncer >/dev/null || apt_install pgbouncer
+	local b="$dir/pgbouncer" port pgport
+	pgport=$(cat "$dir/pg.port")
+	port=$(free_port)
+	mkdir -p "$b"
+	echo '"keygate" ""' >"$b/users.txt"
+	cat >"$b/pgbouncer.ini" <<-EOF
+		[databases]
+		* = host=127.0.0.1 port=$pgport user=keygate
+		[pgbouncer]
+		listen_addr = 127.0.0.1
+		listen_port = $port
+		unix_socket_dir =
+		auth_type = trust
+		auth_file = $b/users.txt
+		pool_mode = transaction
+		default_pool_size = 20
+		max_client_conn = 500
+		ignore_startup_parameters = extra_float_digits
+		pidfile = $b/pgbouncer.pid
+		logfile = $b/pgbouncer.log
+	EOF
+	[ "$(id -u)" = 0 ] && chown -R postgres "$b"
+	as_pg pgbouncer -d "$b/pgbouncer.ini" >/dev/null
+	wait_port "$port" pgbouncer
+	echo "$b/pgbouncer.pid" >>"$dir/extra.pids"
+	echo "export PGBOUNCER_DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
+}
+
 # stop_extra stops every server up-cluster and up-tls started.
 stop_extra() {
 	[ -f "$dir/extra.pids" ] || return 0
@@ -234,6 +269,7 @@ up) up ;;
 down) down ;;
 up-cluster) up_cluster ;;
 up-tls) up_tls ;;
+up-pgbouncer) up_pgbouncer ;;
 stop-pg) stop_pg ;;
 start-pg) start_pg ;;
 stop-redis) stop_redis ;;
