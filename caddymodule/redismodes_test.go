@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,4 +118,54 @@ func TestTLSRedisWithCA(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("count with the wrong CA: error %v, want a certificate error", err)
 	}
+}
+
+// TestSentinelFailoverKeepsCounting: a client on the Sentinels counts, the primary is
+// killed (SIGKILL), counts fail only while no primary is promoted, then succeed again
+// on the promoted replica. It kills the stack's Sentinel primary, so it runs once.
+func TestSentinelFailoverKeepsCounting(t *testing.T) {
+	url := needEnv(t, "REDIS_SENTINEL_URL")
+	pidfile := needEnv(t, "REDIS_SENTINEL_PRIMARY_PIDFILE")
+	c, _, err := newRedisClient(redisModeSentinel, url, "", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := limiter.NewRedis(c)
+	ctx := context.Background()
+	key := fmt.Sprintf("sen%d", time.Now().UnixNano())
+	if _, err := l.Allow(ctx, key, 1000); err != nil {
+		t.Fatalf("count before the failover: %v", err)
+	}
+	pid, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p int
+	if _, err := fmt.Sscan(string(pid), &p); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	failed, deadline := 0, time.Now().Add(60*time.Second)
+	for {
+		_, err := l.Allow(ctx, key, 1000)
+		if err == nil && failed > 0 {
+			break
+		}
+		if err != nil {
+			failed++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no count succeeded within 60s of killing the primary (%d failed; last error %v)", failed, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := range 20 {
+		if _, err := l.Allow(ctx, key, 1000); err != nil {
+			t.Fatalf("count %d after the failover: %v", i, err)
+		}
+	}
+	t.Logf("%d counts failed during the failover", failed)
 }

@@ -9,6 +9,9 @@
 #                                  appends REDIS_CLUSTER_URL to DIR/env
 #   scripts/stack.sh up-tls DIR       opt-in, after up: a TLS-only Redis with a throwaway CA;
 #                                  appends REDIS_TLS_URL, REDIS_TLS_CA, REDIS_TLS_WRONG_CA
+#   scripts/stack.sh up-sentinel DIR  opt-in, after up: primary + replica + 3 Sentinels
+#                                  (failover within seconds); appends REDIS_SENTINEL_URL
+#                                  and REDIS_SENTINEL_PRIMARY_PIDFILE
 #   scripts/stack.sh up-pgbouncer DIR opt-in, after up: PgBouncer in transaction pooling in
 #                                  front of the PostgreSQL; appends PGBOUNCER_DATABASE_URL
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
@@ -211,6 +214,43 @@ up_tls() {
 	EOF
 }
 
+# up_sentinel starts a primary, a replica of it and three Sentinels watching it
+# with a short down-after-milliseconds, so that a killed primary is replaced in seconds.
+up_sentinel() {
+	dir=$(cd "$dir" && pwd)
+	local p r s i ports=()
+	p=$(free_port)
+	start_extra_redis sentinel-primary "$p"
+	wait_port "$p" "sentinel primary"
+	r=$(free_port)
+	start_extra_redis sentinel-replica "$r" --replicaof 127.0.0.1 "$p"
+	wait_port "$r" "sentinel replica"
+	for i in 1 2 3; do
+		s=$(free_port)
+		ports+=("$s")
+		mkdir -p "$dir/sentinel$i"
+		cat >"$dir/sentinel$i/sentinel.conf" <<-EOF
+			port $s
+			bind 127.0.0.1
+			protected-mode no
+			daemonize yes
+			pidfile $dir/sentinel$i/redis.pid
+			logfile $dir/sentinel$i/redis.log
+			dir $dir/sentinel$i
+			sentinel monitor mymaster 127.0.0.1 $p 2
+			sentinel down-after-milliseconds mymaster 1000
+			sentinel failover-timeout mymaster 3000
+		EOF
+		"$(redis_bin)" "$dir/sentinel$i/sentinel.conf" --sentinel
+		echo "$dir/sentinel$i/redis.pid" >>"$dir/extra.pids"
+		wait_port "$s" "sentinel $i"
+	done
+	cat >>"$dir/env" <<-EOF
+		export REDIS_SENTINEL_URL='redis://127.0.0.1:${ports[0]}?addr=127.0.0.1:${ports[1]}&addr=127.0.0.1:${ports[2]}&master_name=mymaster'
+		export REDIS_SENTINEL_PRIMARY_PIDFILE='$dir/sentinel-primary/redis.pid'
+	EOF
+}
+
 # up_pgbouncer puts PgBouncer (pool_mode transaction) in front of the stack's
 # PostgreSQL, run as the postgres user when root (pgbouncer refuses root).
 up_pgbouncer() {
@@ -270,6 +310,7 @@ down) down ;;
 up-cluster) up_cluster ;;
 up-tls) up_tls ;;
 up-pgbouncer) up_pgbouncer ;;
+up-sentinel) up_sentinel ;;
 stop-pg) stop_pg ;;
 start-pg) start_pg ;;
 stop-redis) stop_redis ;;

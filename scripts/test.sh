@@ -16,9 +16,10 @@ scripts/stack.sh up "$stack" >/dev/null
 scripts/stack.sh up-cluster "$stack" >/dev/null
 scripts/stack.sh up-tls "$stack" >/dev/null
 scripts/stack.sh up-pgbouncer "$stack" >/dev/null
+scripts/stack.sh up-sentinel "$stack" >/dev/null
 # shellcheck disable=SC1091
 source "$stack/env"
-export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA STACK_DIR="$stack"
+export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA REDIS_SENTINEL_URL REDIS_SENTINEL_PRIMARY_PIDFILE STACK_DIR="$stack"
 
 go vet ./...
 # The key lookups through PgBouncer in transaction pooling, with the exec mode the
