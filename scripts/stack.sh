@@ -289,8 +289,7 @@ stop_extra() {
 	[ -f "$dir/extra.pids" ] || return 0
 	local f pid
 	while read -r f; do
-		[ -f "$f" ] || continue
-		pid=$(cat "$f")
+		pid=$(cat "$f" 2>/dev/null) || continue # gone, or removed by its server as it stops
 		kill "$pid" 2>/dev/null || true
 	done <"$dir/extra.pids"
 	sleep 0.3
