@@ -1,12 +1,16 @@
 package caddymodule
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
 )
 
 func init() {
@@ -29,6 +33,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	v1_gateway [<matcher>] {
 //	    database_url     <url>
 //	    redis_url        <url>
+//	    redis_mode       single|cluster|sentinel
+//	    redis_tls_ca     <pem file>
 //	    key_prefix       <prefix>
 //	    gateway_secret   <secret>
 //	    strip_fields     <name...>
@@ -101,6 +107,25 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Err("redis_url already specified")
 			}
 			h.RedisURL = arg
+			if err := checkRedisMode(h.RedisMode, h.RedisURL); err != nil {
+				return d.Err(err.Error())
+			}
+		case "redis_mode":
+			if h.RedisMode != "" {
+				return d.Err("redis_mode already specified")
+			}
+			if arg != redisModeSingle && arg != redisModeCluster && arg != redisModeSentinel {
+				return d.Errf("redis_mode must be single, cluster or sentinel, not %q", arg)
+			}
+			h.RedisMode = arg
+			if err := checkRedisMode(h.RedisMode, h.RedisURL); err != nil {
+				return d.Err(err.Error())
+			}
+		case "redis_tls_ca":
+			if h.RedisTLSCA != "" {
+				return d.Err("redis_tls_ca already specified")
+			}
+			h.RedisTLSCA = arg
 		case "key_prefix":
 			if h.KeyPrefix != "" {
 				return d.Err("key_prefix already specified")
@@ -153,3 +178,20 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // Interface guards
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+// checkRedisMode reports a redis_url that cannot work in mode, so that the Caddyfile
+// error names the line: a sentinel URL without master_name. A URL with placeholders
+// is checked in Provision, once they are replaced.
+func checkRedisMode(mode, url string) error {
+	if mode != redisModeSentinel || url == "" || strings.Contains(url, "{") {
+		return nil
+	}
+	opts, err := redis.ParseFailoverURL(url)
+	if err != nil {
+		return fmt.Errorf("redis_url (sentinel): %v", err)
+	}
+	if opts.MasterName == "" {
+		return errors.New("redis_mode sentinel needs ?master_name=<name> in redis_url")
+	}
+	return nil
+}

@@ -34,7 +34,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			name: "every option",
 			input: `v1_gateway {
 				database_url     {env.DATABASE_URL}
-				redis_url        redis://127.0.0.1:6379/0
+				redis_url        rediss://127.0.0.1:6379/0?addr=127.0.0.1:6380
+				redis_mode       cluster
+				redis_tls_ca     /etc/keygate/redis-ca.pem
 				key_prefix       acme
 				gateway_secret   {env.GATEWAY_SECRET}
 				strip_fields     config assertions
@@ -47,7 +49,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: Handler{
 				DatabaseURL:            "{env.DATABASE_URL}",
-				RedisURL:               "redis://127.0.0.1:6379/0",
+				RedisURL:               "rediss://127.0.0.1:6379/0?addr=127.0.0.1:6380",
+				RedisMode:              "cluster",
+				RedisTLSCA:             "/etc/keygate/redis-ca.pem",
 				KeyPrefix:              "acme",
 				GatewaySecret:          "{env.GATEWAY_SECRET}",
 				StripFields:            []string{"config", "assertions"},
@@ -120,6 +124,11 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"lookup_lanes zero", "v1_gateway {\n\tlookup_lanes 0\n}", `lookup_lanes must be a positive whole number, not "0"`, 2},
 		{"duplicate lookup_lanes", "v1_gateway {\n\tlookup_lanes 1\n\tlookup_lanes 2\n}", "lookup_lanes already specified", 3},
 		{"a switch with an argument", "v1_gateway {\n\tdisable_lookup_batching yes\n}", "wrong argument count", 2},
+		{"unknown redis_mode", "v1_gateway {\n\tredis_mode ring\n}", `redis_mode must be single, cluster or sentinel, not "ring"`, 2},
+		{"duplicate redis_mode", "v1_gateway {\n\tredis_mode cluster\n\tredis_mode single\n}", "redis_mode already specified", 3},
+		{"sentinel without master_name, mode first", "v1_gateway {\n\tredis_mode sentinel\n\tredis_url redis://127.0.0.1:26379\n}", "redis_mode sentinel needs ?master_name=<name>", 3},
+		{"sentinel without master_name, url first", "v1_gateway {\n\tredis_url redis://127.0.0.1:26379\n\tredis_mode sentinel\n}", "redis_mode sentinel needs ?master_name=<name>", 3},
+		{"duplicate redis_tls_ca", "v1_gateway {\n\tredis_tls_ca a.pem\n\tredis_tls_ca b.pem\n}", "redis_tls_ca already specified", 3},
 		{"duplicate switch", "v1_gateway {\n\tdisable_count_pipelining\n\tdisable_count_pipelining\n}", "disable_count_pipelining already specified", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -90,6 +90,15 @@ type Handler struct {
 	// Default: none (in-process counts)
 	RedisURL string `json:"redis_url,omitempty"`
 
+	// RedisMode is how redis_url is read: "single" (one server, go-redis ParseURL),
+	// "cluster" (Redis Cluster seed nodes, ParseClusterURL) or "sentinel" (Sentinel
+	// addresses with ?master_name=, ParseFailoverURL). Default: single
+	RedisMode string `json:"redis_mode,omitempty"`
+
+	// RedisTLSCA is a PEM file of the CAs a rediss:// server certificate must chain
+	// to, in every redis_mode. Default: the system roots
+	RedisTLSCA string `json:"redis_tls_ca,omitempty"`
+
 	// KeyPrefix is the prefix of the API keys, the <key_prefix> of
 	// <key_prefix>_live_<keyId>.<secret>; it must match [a-z][a-z0-9]{0,15}.
 	// Default: mon
@@ -267,7 +276,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 
 	if h.redisURL != "" {
-		client, key, err := loadRedis(h.redisURL, time.Duration(h.RedisTimeout), h.logger)
+		client, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), h.logger)
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -37,7 +38,7 @@ func (e pgEntry) Destruct() error {
 }
 
 // redisEntry is a shared Redis client.
-type redisEntry struct{ client *redis.Client }
+type redisEntry struct{ client redis.UniversalClient }
 
 func (e redisEntry) Destruct() error { return e.client.Close() }
 
@@ -50,8 +51,8 @@ func (localEntry) Destruct() error { return nil }
 // changed setting builds a new value instead of reusing one built differently.
 func postgresPoolKey(url string) string { return "postgres\x00" + url }
 
-func redisPoolKey(url string, timeout time.Duration) string {
-	return "redis\x00" + url + "\x00" + timeout.String()
+func redisPoolKey(mode, url, caFile string, timeout time.Duration) string {
+	return "redis\x00" + mode + "\x00" + url + "\x00" + caFile + "\x00" + timeout.String()
 }
 
 const localLimiterKey = "limiter\x00local"
@@ -118,27 +119,19 @@ func tunePostgres(cfg *pgxpool.Config, timeout time.Duration) {
 // connection, the write and the read. Commands are not retried: a dead Redis must
 // cost a request one timeout, not several. As with PostgreSQL, a Redis that is down at
 // start is a warning, not an error.
-func loadRedis(url string, timeout time.Duration, logger *zap.Logger) (*redis.Client, string, error) {
-	key := redisPoolKey(url, timeout)
+func loadRedis(mode, url, caFile string, timeout time.Duration, logger *zap.Logger) (redis.UniversalClient, string, error) {
+	key := redisPoolKey(mode, url, caFile, timeout)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		opts, err := redis.ParseURL(url)
+		client, addr, err := newRedisClient(mode, url, caFile, timeout)
 		if err != nil {
-			// Unlike pgx's, these errors may quote the URL, password and all.
-			return nil, fmt.Errorf("parsing redis_url: %s", redactUserinfo(err.Error(), url))
+			// Unlike pgx's, go-redis's errors may quote the URL, password and all.
+			return nil, errors.New(redactUserinfo(err.Error(), url))
 		}
-		opts.DialTimeout = timeout
-		opts.ReadTimeout = timeout
-		opts.WriteTimeout = timeout
-		opts.PoolTimeout = timeout
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries = -1   // no retries
-		opts.DialerRetries = 1 // one dial attempt per command
-		client := redis.NewClient(opts)
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if err := client.Ping(ctx).Err(); err != nil {
 			logger.Warn("redis unreachable at start; limiter_failure applies until it is back",
-				zap.String("addr", opts.Addr), zap.Error(err))
+				zap.String("mode", mode), zap.String("addr", addr), zap.Error(err))
 		}
 		return redisEntry{client}, nil
 	})

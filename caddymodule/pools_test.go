@@ -63,8 +63,8 @@ func sharedPool(url string) *pgxpool.Pool {
 func sharedRedis(url string) *redis.Client {
 	var c *redis.Client
 	pools.Range(func(key, value any) bool {
-		if key == redisPoolKey(url, defaultRedisTimeout) {
-			c = value.(redisEntry).client
+		if key == redisPoolKey("", url, "", defaultRedisTimeout) {
+			c = value.(redisEntry).client.(*redis.Client)
 		}
 		return true
 	})
@@ -175,7 +175,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if n := entries[postgresPoolKey(dbURL)]; n != 1 {
 		t.Errorf("postgres pool references after the reloads: %d, want 1", n)
 	}
-	if n := entries[redisPoolKey(rURL, defaultRedisTimeout)]; n != 1 {
+	if n := entries[redisPoolKey("", rURL, "", defaultRedisTimeout)]; n != 1 {
 		t.Errorf("redis client references after the reloads: %d, want 1 (%v)", n, entries)
 	}
 	if got := sharedRedis(rURL); got != client {
@@ -195,7 +195,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if _, ok := entries[postgresPoolKey(dbURL)]; ok {
 		t.Errorf("the postgres pool outlived its last handler: %v", entries)
 	}
-	if _, ok := entries[redisPoolKey(rURL, defaultRedisTimeout)]; ok {
+	if _, ok := entries[redisPoolKey("", rURL, "", defaultRedisTimeout)]; ok {
 		t.Errorf("the redis client outlived its last handler: %v", entries)
 	}
 	eventually(t, 5*time.Second, func() bool { return pgConns() == 0 && redisConns() == 0 })

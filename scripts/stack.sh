@@ -5,6 +5,15 @@
 #   scripts/stack.sh up DIR        start both (unless DATABASE_URL / REDIS_URL are set),
 #                                  write DIR/env with DATABASE_URL and REDIS_URL
 #   scripts/stack.sh down DIR      stop what `up` started and remove DIR
+#   scripts/stack.sh up-cluster DIR   opt-in, after up: a 3-master Redis Cluster on loopback;
+#                                  appends REDIS_CLUSTER_URL to DIR/env
+#   scripts/stack.sh up-tls DIR       opt-in, after up: a TLS-only Redis with a throwaway CA;
+#                                  appends REDIS_TLS_URL, REDIS_TLS_CA, REDIS_TLS_WRONG_CA
+#   scripts/stack.sh up-sentinel DIR  opt-in, after up: primary + replica + 3 Sentinels
+#                                  (failover within seconds); appends REDIS_SENTINEL_URL
+#                                  and REDIS_SENTINEL_PRIMARY_PIDFILE
+#   scripts/stack.sh up-pgbouncer DIR opt-in, after up: PgBouncer in transaction pooling in
+#                                  front of the PostgreSQL; appends PGBOUNCER_DATABASE_URL
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
 #                                  stop or restart one server on the same port (fault tests)
 #
@@ -138,8 +147,157 @@ up() {
 	cat "$dir/env"
 }
 
+# start_extra_redis NAME PORT ARGS... starts one more redis-server under DIR/NAME,
+# recording its pid file in DIR/extra.pids for down.
+start_extra_redis() {
+	local name=$1 port=$2
+	shift 2
+	mkdir -p "$dir/$name"
+	"$(redis_bin)" --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+		--daemonize yes --pidfile "$dir/$name/redis.pid" --logfile "$dir/$name/redis.log" \
+		--dir "$dir/$name" --protected-mode no "$@"
+	echo "$dir/$name/redis.pid" >>"$dir/extra.pids"
+}
+
+# up_cluster starts three cluster masters (ports at most 55535: the bus port is
+# port + 10000) and joins them with redis-cli --cluster create.
+up_cluster() {
+	dir=$(cd "$dir" && pwd)
+	local ports=() p i
+	for i in 1 2 3; do
+		p=$(free_port)
+		[ "$p" -le 55535 ] || die "cluster port $p above 55535"
+		ports+=("$p")
+		start_extra_redis "cluster$i" "$p" --cluster-enabled yes \
+			--cluster-config-file "$dir/cluster$i/nodes.conf" --cluster-node-timeout 2000
+		wait_port "$p" "cluster node $i"
+	done
+	redis-cli --cluster create "127.0.0.1:${ports[0]}" "127.0.0.1:${ports[1]}" "127.0.0.1:${ports[2]}" \
+		--cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1 ||
+		{ cat "$dir/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+	for i in $(seq 1 100); do
+		if redis-cli -p "${ports[0]}" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; then
+			echo "export REDIS_CLUSTER_URL='redis://127.0.0.1:${ports[0]}?addr=127.0.0.1:${ports[1]}&addr=127.0.0.1:${ports[2]}'" >>"$dir/env"
+			return 0
+		fi
+		sleep 0.1
+	done
+	die "cluster did not reach cluster_state:ok"
+}
+
+# up_tls makes a throwaway CA and a server certificate for 127.0.0.1, starts a
+# TLS-only redis-server with them, and a second unrelated CA for wrong-CA tests.
+up_tls() {
+	dir=$(cd "$dir" && pwd)
+	command -v openssl >/dev/null || apt_install openssl
+	local t="$dir/tls" port
+	mkdir -p "$t"
+	(
+		cd "$t"
+		openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=keygate-test-ca \
+			-keyout ca.key -out ca.pem
+		openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=keygate-wrong-ca \
+			-keyout wrong-ca.key -out wrong-ca.pem
+		openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr
+		printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >ext.cnf
+		openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+			-extfile ext.cnf -out server.pem
+	) >"$dir/tls.log" 2>&1 || { cat "$dir/tls.log" >&2; die "openssl failed"; }
+	port=$(free_port)
+	start_extra_redis tlsredis 0 --tls-port "$port" --tls-cert-file "$t/server.pem" \
+		--tls-key-file "$t/server.key" --tls-ca-cert-file "$t/ca.pem" --tls-auth-clients no
+	wait_port "$port" "TLS redis"
+	cat >>"$dir/env" <<-EOF
+		export REDIS_TLS_URL='rediss://127.0.0.1:$port/0'
+		export REDIS_TLS_CA='$t/ca.pem'
+		export REDIS_TLS_WRONG_CA='$t/wrong-ca.pem'
+	EOF
+}
+
+# up_sentinel starts a primary, a replica of it and three Sentinels watching it
+# with a short down-after-milliseconds, so that a killed primary is replaced in seconds.
+up_sentinel() {
+	dir=$(cd "$dir" && pwd)
+	local p r s i ports=()
+	p=$(free_port)
+	start_extra_redis sentinel-primary "$p"
+	wait_port "$p" "sentinel primary"
+	r=$(free_port)
+	start_extra_redis sentinel-replica "$r" --replicaof 127.0.0.1 "$p"
+	wait_port "$r" "sentinel replica"
+	for i in 1 2 3; do
+		s=$(free_port)
+		ports+=("$s")
+		mkdir -p "$dir/sentinel$i"
+		cat >"$dir/sentinel$i/sentinel.conf" <<-EOF
+			port $s
+			bind 127.0.0.1
+			protected-mode no
+			daemonize yes
+			pidfile $dir/sentinel$i/redis.pid
+			logfile $dir/sentinel$i/redis.log
+			dir $dir/sentinel$i
+			sentinel monitor mymaster 127.0.0.1 $p 2
+			sentinel down-after-milliseconds mymaster 1000
+			sentinel failover-timeout mymaster 3000
+		EOF
+		"$(redis_bin)" "$dir/sentinel$i/sentinel.conf" --sentinel
+		echo "$dir/sentinel$i/redis.pid" >>"$dir/extra.pids"
+		wait_port "$s" "sentinel $i"
+	done
+	cat >>"$dir/env" <<-EOF
+		export REDIS_SENTINEL_URL='redis://127.0.0.1:${ports[0]}?addr=127.0.0.1:${ports[1]}&addr=127.0.0.1:${ports[2]}&master_name=mymaster'
+		export REDIS_SENTINEL_PRIMARY_PIDFILE='$dir/sentinel-primary/redis.pid'
+	EOF
+}
+
+# up_pgbouncer puts PgBouncer (pool_mode transaction) in front of the stack's
+# PostgreSQL, run as the postgres user when root (pgbouncer refuses root).
+up_pgbouncer() {
+	dir=$(cd "$dir" && pwd)
+	command -v pgbouncer >/dev/null || apt_install pgbouncer
+	local b="$dir/pgbouncer" port pgport
+	pgport=$(cat "$dir/pg.port")
+	port=$(free_port)
+	mkdir -p "$b"
+	echo '"keygate" ""' >"$b/users.txt"
+	cat >"$b/pgbouncer.ini" <<-EOF
+		[databases]
+		* = host=127.0.0.1 port=$pgport user=keygate
+		[pgbouncer]
+		listen_addr = 127.0.0.1
+		listen_port = $port
+		unix_socket_dir =
+		auth_type = trust
+		auth_file = $b/users.txt
+		pool_mode = transaction
+		default_pool_size = 20
+		max_client_conn = 500
+		ignore_startup_parameters = extra_float_digits
+		pidfile = $b/pgbouncer.pid
+		logfile = $b/pgbouncer.log
+	EOF
+	[ "$(id -u)" = 0 ] && chown -R postgres "$b"
+	as_pg pgbouncer -d "$b/pgbouncer.ini" >/dev/null
+	wait_port "$port" pgbouncer
+	echo "$b/pgbouncer.pid" >>"$dir/extra.pids"
+	echo "export PGBOUNCER_DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
+}
+
+# stop_extra stops every server up-cluster and up-tls started.
+stop_extra() {
+	[ -f "$dir/extra.pids" ] || return 0
+	local f pid
+	while read -r f; do
+		pid=$(cat "$f" 2>/dev/null) || continue # gone, or removed by its server as it stops
+		kill "$pid" 2>/dev/null || true
+	done <"$dir/extra.pids"
+	sleep 0.3
+}
+
 down() {
 	[ -d "$dir" ] || return 0
+	stop_extra
 	stop_redis
 	stop_pg
 	rm -rf "$dir"
@@ -148,6 +306,10 @@ down() {
 case "$cmd" in
 up) up ;;
 down) down ;;
+up-cluster) up_cluster ;;
+up-tls) up_tls ;;
+up-pgbouncer) up_pgbouncer ;;
+up-sentinel) up_sentinel ;;
 stop-pg) stop_pg ;;
 start-pg) start_pg ;;
 stop-redis) stop_redis ;;

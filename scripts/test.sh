@@ -12,11 +12,19 @@ FUZZTIME=${FUZZTIME:-20000x}
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-test.XXXXXX")
 trap 'scripts/stack.sh down "$stack"' EXIT
 scripts/stack.sh up "$stack" >/dev/null
+# The Redis Cluster and TLS Redis of the redis_mode / redis_tls_ca tests, once per run.
+scripts/stack.sh up-cluster "$stack" >/dev/null
+scripts/stack.sh up-tls "$stack" >/dev/null
+scripts/stack.sh up-pgbouncer "$stack" >/dev/null
+scripts/stack.sh up-sentinel "$stack" >/dev/null
 # shellcheck disable=SC1091
 source "$stack/env"
-export DATABASE_URL REDIS_URL STACK_DIR="$stack"
+export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA REDIS_SENTINEL_URL REDIS_SENTINEL_PRIMARY_PIDFILE STACK_DIR="$stack"
 
 go vet ./...
+# The key lookups through PgBouncer in transaction pooling, with the exec mode the
+# README recommends (pgx's default statement cache fails there: README, PgBouncer).
+DATABASE_URL="$PGBOUNCER_DATABASE_URL&default_query_exec_mode=exec" go test -count=1 ./keystore
 # The integration suite stops and restarts the shared PostgreSQL and Redis, so it runs
 # after the other packages rather than beside them.
 go test -count=1 -timeout 20m "$@" $(go list ./... | grep -v '/integration$')

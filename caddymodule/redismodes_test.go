@@ -1,0 +1,171 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/limiter"
+)
+
+// needEnv returns the variable scripts/stack.sh up-cluster / up-tls writes, or
+// skips: scripts/test.sh always sets them, so `make test` runs these.
+func needEnv(t *testing.T, name string) string {
+	v := os.Getenv(name)
+	if v == "" {
+		t.Skipf("%s not set (scripts/stack.sh up-cluster / up-tls DIR)", name)
+	}
+	return v
+}
+
+// TestClusterSharesOneExactBudget: three clients (as three gateways would have) on the
+// real 3-master Cluster count keys that live on every master; under concurrency each
+// key allows exactly its limit.
+func TestClusterSharesOneExactBudget(t *testing.T) {
+	url := needEnv(t, "REDIS_CLUSTER_URL")
+	const limit, perClient, nKeys = 30, 20, 12
+	var lims []*limiter.Redis
+	var cc *redis.ClusterClient
+	for range 3 {
+		c, _, err := newRedisClient(redisModeCluster, url, "", 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cc = c.(*redis.ClusterClient)
+		lims = append(lims, limiter.NewRedis(c, limiter.WithPipelining(2*time.Second)))
+	}
+	ctx := context.Background()
+	run := fmt.Sprintf("cl%d", time.Now().UnixNano())
+	masters := map[string]bool{}
+	for k := range nKeys {
+		key := fmt.Sprintf("%s-%d", run, k)
+		node, err := cc.MasterForKey(ctx, "{"+key+"}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		masters[node.Options().Addr] = true // the hash tag decides the slot
+	}
+	if len(masters) < 2 {
+		t.Fatalf("keys landed on %d master(s), want several", len(masters))
+	}
+	allowed := make([]atomic.Int64, nKeys)
+	var wg sync.WaitGroup
+	for _, l := range lims {
+		for k := range nKeys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range perClient {
+					r, err := l.Allow(ctx, fmt.Sprintf("%s-%d", run, k), limit)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if r.Allowed {
+						allowed[k].Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for k := range nKeys {
+		if n := allowed[k].Load(); n != limit {
+			t.Errorf("key %d: %d allowed of %d requests, want exactly %d", k, n, 3*perClient, limit)
+		}
+	}
+}
+
+// TestTLSRedisWithCA: rediss:// with the throwaway CA counts; with a CA that did not
+// sign the server's certificate every count fails with a certificate error.
+func TestTLSRedisWithCA(t *testing.T) {
+	url := needEnv(t, "REDIS_TLS_URL")
+	ca, wrong := needEnv(t, "REDIS_TLS_CA"), needEnv(t, "REDIS_TLS_WRONG_CA")
+	ctx := context.Background()
+	key := fmt.Sprintf("tls%d", time.Now().UnixNano())
+
+	c, _, err := newRedisClient(redisModeSingle, url, ca, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := limiter.NewRedis(c)
+	for i := range 3 {
+		r, err := l.Allow(ctx, key, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed != (i < 2) {
+			t.Fatalf("request %d: allowed %v", i+1, r.Allowed)
+		}
+	}
+
+	bad, _, err := newRedisClient(redisModeSingle, url, wrong, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	_, err = limiter.NewRedis(bad).Allow(ctx, key, 2)
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("count with the wrong CA: error %v, want a certificate error", err)
+	}
+}
+
+// TestSentinelFailoverKeepsCounting: a client on the Sentinels counts, the primary is
+// killed (SIGKILL), counts fail only while no primary is promoted, then succeed again
+// on the promoted replica. It kills the stack's Sentinel primary, so it runs once.
+func TestSentinelFailoverKeepsCounting(t *testing.T) {
+	url := needEnv(t, "REDIS_SENTINEL_URL")
+	pidfile := needEnv(t, "REDIS_SENTINEL_PRIMARY_PIDFILE")
+	c, _, err := newRedisClient(redisModeSentinel, url, "", 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l := limiter.NewRedis(c)
+	ctx := context.Background()
+	key := fmt.Sprintf("sen%d", time.Now().UnixNano())
+	if _, err := l.Allow(ctx, key, 1000); err != nil {
+		t.Fatalf("count before the failover: %v", err)
+	}
+	pid, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p int
+	if _, err := fmt.Sscan(string(pid), &p); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	failed, deadline := 0, time.Now().Add(60*time.Second)
+	for {
+		_, err := l.Allow(ctx, key, 1000)
+		if err == nil && failed > 0 {
+			break
+		}
+		if err != nil {
+			failed++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no count succeeded within 60s of killing the primary (%d failed; last error %v)", failed, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := range 20 {
+		if _, err := l.Allow(ctx, key, 1000); err != nil {
+			t.Fatalf("count %d after the failover: %v", i, err)
+		}
+	}
+	t.Logf("%d counts failed during the failover", failed)
+}
