@@ -1,11 +1,9 @@
 package caddymodule
 
 import (
-	"bufio"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/keygate/keygate/deploy/grafana"
+	"github.com/keygate/keygate/internal/promtext"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -26,20 +25,9 @@ func (g *gateway) scrape(t testing.TB) map[string]float64 {
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("GET /metrics: %d %s", res.StatusCode, body)
 	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(body)))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("scrape: bad line %q", line)
-		}
-		out[line[:i]] = v
+	out, err := promtext.Samples(string(body))
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
 	}
 	return out
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/keygate/keygate/deploy/grafana"
+	"github.com/keygate/keygate/internal/promtext"
 	"github.com/keygate/keygate/upstream/schema/schematest"
 )
 
@@ -25,20 +25,9 @@ import (
 // `keygate_upstream_gate_rejections_total{gate="location"}`.
 func scrapeText(t *testing.T, body string) map[string]float64 {
 	t.Helper()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(body))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("bad sample line %q", line)
-		}
-		out[line[:i]] = v
+	out, err := promtext.Samples(body)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -1,0 +1,32 @@
+// Package promtext reads Prometheus's text exposition format, for the tests that scrape
+// the gateway's and the upstream's /metrics.
+package promtext
+
+import (
+	"bufio"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Samples returns every sample of text by its series as the format prints it, for
+// example `keygate_requests_total{outcome="me"}`. Comment and blank lines are skipped;
+// a sample line without a number is an error.
+func Samples(text string) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return nil, fmt.Errorf("bad sample line %q", line)
+		}
+		out[line[:i]] = v
+	}
+	return out, sc.Err()
+}
