@@ -161,6 +161,7 @@ type Stack struct {
 	cliEnv     []string
 	keyPrefix  string
 	redisPrefx string
+	redisMode  string // redis_mode of the gateways
 }
 
 type gateway struct {
@@ -178,17 +179,24 @@ func (s *Stack) URL(i int) string { return "http://" + s.gateways[i].addr }
 // both share the Redis.
 func newStack(t *testing.T) *Stack {
 	t.Helper()
+	return newStackOn(t, os.Getenv("REDIS_URL"), "single")
+}
+
+// newStackOn is newStack with the gateways' redis_url and redis_mode given.
+func newStackOn(t *testing.T, redisURL, redisMode string) *Stack {
+	t.Helper()
 	s := &Stack{
 		t:         t,
 		bin:       binaries(t),
 		dbURL:     schematest.NewDatabase(t),
-		redisURL:  os.Getenv("REDIS_URL"),
+		redisURL:  redisURL,
+		redisMode: redisMode,
 		stackDir:  os.Getenv("STACK_DIR"),
 		keyPrefix: "mon",
 		secrets:   []string{gatewaySecret},
 	}
 	if s.redisURL == "" {
-		t.Fatal("REDIS_URL is not set: run the tests with `make test`")
+		t.Fatal("the Redis URL is not set: run the tests with `make test`")
 	}
 	s.cliEnv = append(os.Environ(), "DATABASE_URL="+s.dbURL, "GATEWAY_SECRET="+gatewaySecret)
 	s.upAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -267,6 +275,7 @@ http://{{.Addr}} {
 		v1_gateway {
 			database_url   {env.DATABASE_URL}
 			redis_url      {env.REDIS_URL}
+			redis_mode     {{.RedisMode}}
 			key_prefix     {{.Prefix}}
 			gateway_secret {env.GATEWAY_SECRET}
 			limiter_failure {{.Mode}}
@@ -290,6 +299,7 @@ func (s *Stack) startGateway(mode string) *gateway {
 	var cfg bytes.Buffer
 	caddyfileTmpl.Execute(&cfg, map[string]any{
 		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": mode, "Upstream": s.upAddr,
+		"RedisMode": s.redisMode,
 	})
 	dir := s.t.TempDir()
 	g.config = filepath.Join(dir, "Caddyfile")
