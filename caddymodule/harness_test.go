@@ -385,6 +385,32 @@ func caddyConfig(listen, logPath string, gc gatewayConfig) []byte {
 	return b
 }
 
+// reload loads cfg into the running Caddy, as a config reload does, and makes the
+// gateway's client start on fresh connections: a reload closes the old server's idle
+// keep-alive connections, and a client reusing one races with that close (connection
+// reset, EOF). That is Caddy's reload, not what the tests are about.
+func (g *gateway) reload(t testing.TB, cfg []byte) {
+	t.Helper()
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("reloading: %v", err)
+	}
+	g.client.CloseIdleConnections()
+	// A connection caught in the listener's handover is reset too: wait until a
+	// request gets an HTTP answer (any status) from the new config.
+	for attempt := 0; ; attempt++ {
+		res, err := g.client.Get(g.base + "/")
+		if err == nil {
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			return
+		}
+		if attempt == 20 {
+			t.Fatalf("no answer after the reload: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // startGateway loads a config running v1_gateway in this process and stops it when
 // the test ends.
 func startGateway(t *testing.T, gc gatewayConfig) *gateway {

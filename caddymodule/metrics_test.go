@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -315,9 +314,7 @@ func TestMetricsSurviveAReload(t *testing.T) {
 	v1 := routes[1].(map[string]any)
 	v1["handle"] = append([]any{map[string]any{"handler": "v1_gateway", "database_url": d.url, "gateway_secret": testSecret}}, v1["handle"].([]any)...)
 	cfg, _ = json.Marshal(parsed)
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("reloading: %v", err)
-	}
+	gw.reload(t, cfg)
 
 	after := gw.scrape(t)
 	wantSeries(t, before, after, map[string]float64{

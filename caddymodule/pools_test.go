@@ -102,13 +102,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	listen := strings.TrimPrefix(gw.base, "http://")
 	load := func() {
 		t.Helper()
-		if err := caddy.Load(caddyConfig(listen, gw.logPath, gc), true); err != nil {
-			t.Fatalf("reloading: %v", err)
-		}
-		// A reload closes the old server's idle keep-alive connections; a client
-		// reusing one races with that close (connection reset, EOF). That is
-		// Caddy's reload, not what this test is about: start on fresh connections.
-		gw.client.CloseIdleConnections()
+		gw.reload(t, caddyConfig(listen, gw.logPath, gc))
 	}
 	busy := func() {
 		t.Helper()
@@ -188,9 +182,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	}
 
 	// A config without the gateway lets go of everything: connections closed.
-	if err := caddy.Load(caddyConfig(listen, gw.logPath, gatewayConfig{upstream: up.addr()}), true); err != nil {
-		t.Fatalf("loading a config without the gateway: %v", err)
-	}
+	gw.reload(t, caddyConfig(listen, gw.logPath, gatewayConfig{upstream: up.addr()}))
 	entries = poolEntries()
 	if _, ok := entries[postgresPoolKey(dbURL)]; ok {
 		t.Errorf("the postgres pool outlived its last handler: %v", entries)
@@ -220,9 +212,7 @@ func TestChangedSettingsBuildANewPool(t *testing.T) {
 	gw := startGateway(t, gatewayConfig{handler: gatewayOptions(first, nil), upstream: up.addr()})
 	gw.get(t, "/v1/me", key)
 	listen := strings.TrimPrefix(gw.base, "http://")
-	if err := caddy.Load(caddyConfig(listen, gw.logPath, gatewayConfig{handler: gatewayOptions(second, nil), upstream: up.addr()}), true); err != nil {
-		t.Fatal(err)
-	}
+	gw.reload(t, caddyConfig(listen, gw.logPath, gatewayConfig{handler: gatewayOptions(second, nil), upstream: up.addr()}))
 	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
 		t.Fatalf("%d %s", res.StatusCode, body)
 	}
