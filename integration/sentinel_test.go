@@ -208,4 +208,3 @@ func TestGatewaysOnSentinelKeepCountingThroughAFailover(t *testing.T) {
 		}
 	}
 }
-
