@@ -394,11 +394,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 4. Rate limit: every request that got here with a positive limit counts.
-	var rl limiter.Result
-	counted := false
+	var counted *limiter.Result // nil when the request was not counted
 	if key.RateLimit > 0 {
 		start := h.startTimer()
-		rl, err = h.allow(r.Context(), key)
+		rl, err := h.allow(r.Context(), key)
 		h.observeCount(r, start, err)
 		if err != nil && h.fallback != nil {
 			h.limiterFailed(key, err)
@@ -413,7 +412,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case err != nil:
 			h.limiterFailed(key, err) // open: through, without RateLimit headers
 		default:
-			counted = true
+			counted = &rl
 			setRateLimitHeaders(w.Header(), rl)
 			if !rl.Allowed {
 				if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
@@ -443,7 +442,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 7. Proxy.
 	h.record(r, outcomeProxied, &key)
-	return h.proxy(w, r, next, key, counted, rl)
+	return h.proxy(w, r, next, key, counted)
 }
 
 // verify looks the key up within database_timeout, unless PostgreSQL's breaker is
@@ -510,7 +509,7 @@ func validLimiterFailure(v string) bool {
 
 // proxy is step 7: the request goes on with the gateway's identity headers and its
 // response comes back through a proxyWriter.
-func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, counted bool, rl limiter.Result) error {
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, rl *limiter.Result) error {
 	hdr := r.Header
 	for name := range hdr {
 		if len(name) >= len("X-Gateway-") && asciiEqualFold(name[:len("X-Gateway-")], "x-gateway-") {
@@ -531,11 +530,10 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	hdr["X-Gateway-Key-Role"] = []string{string(key.Role)}
 	hdr["X-Gateway-Secret"] = []string{h.secret}
 
-	pw := newProxyWriter(w, h, r, counted, rl)
+	pw := newProxyWriter(w, r, rl, h.fields, h.sampled)
 	defer pw.release()
-	err := next.ServeHTTP(pw, r)
-	if err != nil {
-		return h.nextFailed(w, pw, r, err)
+	if err := next.ServeHTTP(pw, r); err != nil {
+		return pw.nextFailed(err)
 	}
 	if err := pw.finish(); err != nil {
 		// The status and part of the body are out: all that is left is to cut the
@@ -546,47 +544,6 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		panic(http.ErrAbortHandler)
 	}
 	return nil
-}
-
-// nextFailed turns an error returned by the next handler (a dead or slow upstream)
-// into the contract's JSON answer, if nothing has been written yet.
-func (h *Handler) nextFailed(w http.ResponseWriter, pw *proxyWriter, r *http.Request, err error) error {
-	// The reverse proxy's errors carry their status (502 for an upstream it cannot
-	// reach, 504 for one that timed out); any other error is the server's own.
-	status := http.StatusInternalServerError
-	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
-		status = he.StatusCode
-	}
-	if pw.mode != modeUndecided {
-		return err // a response is already under way; Caddy decides
-	}
-	lvl := zapcore.ErrorLevel
-	if status == 499 {
-		lvl = zapcore.DebugLevel // the client went away
-	}
-	if c := h.sampled.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
-	}
-	hdr := w.Header()
-	if pw.counted {
-		setRateLimitHeaders(hdr, pw.rl) // replaces any the upstream's headers added
-	}
-	for _, name := range []string{"Content-Encoding", "Content-Range", "Accept-Ranges", "Etag", "Last-Modified"} {
-		hdr.Del(name)
-	}
-	writeJSON(w, status, statusBody(status))
-	return nil
-}
-
-// writeMe answers GET /v1/me: {"org_id":"…","role":"…"}.
-func writeMe(w http.ResponseWriter, key keystore.Key) {
-	b := make([]byte, 0, 96)
-	b = append(b, `{"org_id":`...)
-	b = appendJSONString(b, key.OrgID)
-	b = append(b, `,"role":`...)
-	b = appendJSONString(b, string(key.Role))
-	b = append(b, '}')
-	writeJSON(w, http.StatusOK, b)
 }
 
 // setIdentityPlaceholders makes the key's identity available to the rest of the
