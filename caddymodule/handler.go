@@ -180,12 +180,13 @@ type Handler struct {
 	sampled      *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
 }
 
-// Verifier looks a presented key up: keystore.Store does, and anything that batches
-// lookups may. It keeps "rejected" apart from "broken": a malformed, unknown, revoked
-// or expired key or a wrong secret is (Key{}, false, nil), a lookup that could not be
-// made is an error. The first answers 401, the second 503.
+// Verifier looks up a presented key that keystore.Format.Parse has split into its key
+// id and secret: keystore.Store and keystore.Batcher do. It keeps "rejected" apart
+// from "broken": an unknown, revoked or expired key or a wrong secret is (Key{},
+// false, nil), a lookup that could not be made is an error. The first answers 401,
+// the second 503.
 type Verifier interface {
-	Verify(ctx context.Context, presented string) (keystore.Key, bool, error)
+	VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -362,7 +363,7 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP decides in the order of CONTRACT §2; see Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	// 1. Credentials.
-	presented, ok := bearerKey(r.Header, h.format)
+	keyID, secret, ok := bearerKey(r.Header, h.format)
 	if !ok {
 		h.record(r, outcomeUnauthenticated, nil)
 		writeUnauthenticated(w)
@@ -371,7 +372,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 2. The key, on this very request.
 	start := h.startTimer()
-	key, ok, err := h.verify(r.Context(), presented)
+	key, ok, err := h.verify(r.Context(), keyID, secret)
 	h.observeLookup(r, start, err)
 	if err != nil {
 		h.lookupFailed(r, err)
@@ -447,14 +448,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // verify looks the key up within database_timeout, unless PostgreSQL's breaker is
 // open.
-func (h *Handler) verify(ctx context.Context, presented string) (keystore.Key, bool, error) {
+func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
 	through, probe := h.pgBreaker.allow()
 	if !through {
 		return keystore.Key{}, false, errBreakerOpen
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Duration(h.DatabaseTimeout))
 	defer cancel()
-	key, ok, err := h.verifier.Verify(lctx, presented)
+	key, ok, err := h.verifier.VerifyParsed(lctx, keyID, secret)
 	h.pgBreaker.done(probe, resultOf(ctx, err))
 	return key, ok, err
 }
