@@ -161,23 +161,21 @@ type Handler struct {
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// The runtime state, built by Provision.
-	databaseURL  string // DatabaseURL with placeholders replaced
-	redisURL     string
-	secret       string
-	format       keystore.Format
-	fields       *fieldSet
-	verifier     Verifier
-	limiter      limiter.Limiter
-	usesRedis    bool
-	failClosed   bool
-	failLocal    bool
-	metrics      *metrics       // nil with DisableMetrics
-	fallback     *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
-	pgBreaker    *breaker       // around key lookups
-	redisBreaker *breaker       // around Redis counts
-	poolKeys     []string       // what to give back to pools in Cleanup
-	logger       *zap.Logger    // from ctx.Logger()
-	sampled      *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
+	databaseURL string // DatabaseURL with placeholders replaced
+	redisURL    string
+	secret      string
+	format      keystore.Format
+	fields      *fieldSet
+	verifier    Verifier
+	limiter     limiter.Limiter // a *redisLimiter, or the in-process limiter shared across reloads
+	failClosed  bool
+	failLocal   bool
+	metrics     *metrics       // nil with DisableMetrics
+	fallback    *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
+	pgBreaker   *breaker       // around key lookups
+	poolKeys    []string       // what to give back to pools in Cleanup
+	logger      *zap.Logger    // from ctx.Logger()
+	sampled     *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
 }
 
 // Verifier looks up a presented key that keystore.Format.Parse has split into its key
@@ -202,7 +200,67 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // config reloads. It checks the options first (see Validate), so that a config that
 // will be refused does not dial anything.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
+	if err := h.configure(ctx.Logger()); err != nil {
+		return err
+	}
+	if !h.DisableMetrics {
+		m, key, err := loadMetrics(ctx)
+		if err != nil {
+			return err
+		}
+		h.poolKeys = append(h.poolKeys, key)
+		h.metrics = m
+	}
+
+	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), h.logger)
+	if err != nil {
+		return err
+	}
+	h.poolKeys = append(h.poolKeys, key)
+	store := keystore.New(pool, h.format)
+	h.verifier = store
+	if !h.DisableLookupBatching {
+		opts := keystore.BatcherOptions{
+			Lanes:   h.LookupLanes,
+			Timeout: time.Duration(h.DatabaseTimeout),
+		}
+		if h.metrics != nil {
+			opts.OnBatch = h.metrics.observeBatch
+		}
+		h.verifier = keystore.NewBatcher(store, opts)
+	}
+
+	if h.redisURL != "" {
+		client, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), h.logger)
+		if err != nil {
+			return err
+		}
+		h.poolKeys = append(h.poolKeys, key)
+		var opts []limiter.Option
+		if !h.DisableCountPipelining {
+			opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)))
+		}
+		h.limiter = &redisLimiter{
+			lim:     limiter.NewRedis(client, opts...),
+			timeout: time.Duration(h.RedisTimeout),
+			breaker: newBreaker(h.breakerChanged("redis")),
+			metrics: h.metrics,
+		}
+		if h.failLocal {
+			h.fallback = limiter.NewLocal()
+		}
+	} else {
+		lim, key := loadLocalLimiter()
+		h.poolKeys = append(h.poolKeys, key)
+		h.limiter = lim
+	}
+	return nil
+}
+
+// configure applies the defaults, replaces placeholders, checks the options and builds
+// the state that needs no dependency: everything of Provision but the pools.
+func (h *Handler) configure(logger *zap.Logger) error {
+	h.logger = logger
 	h.sampled = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 	}))
@@ -241,60 +299,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.failClosed = h.LimiterFailure == limiterFailureClosed
 	h.failLocal = h.LimiterFailure == limiterFailureLocal
 	h.pgBreaker = newBreaker(h.breakerChanged("postgres"))
-	h.redisBreaker = newBreaker(h.breakerChanged("redis"))
 	for _, name := range defaultStripFields {
 		if !slices.Contains(h.StripFields, name) {
 			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
 				zap.String("field", name))
 		}
-	}
-
-	if !h.DisableMetrics {
-		m, key, err := loadMetrics(ctx)
-		if err != nil {
-			return err
-		}
-		h.poolKeys = append(h.poolKeys, key)
-		h.metrics = m
-	}
-
-	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), h.logger)
-	if err != nil {
-		return err
-	}
-	h.poolKeys = append(h.poolKeys, key)
-	store := keystore.New(pool, h.format)
-	h.verifier = store
-	if !h.DisableLookupBatching {
-		opts := keystore.BatcherOptions{
-			Lanes:   h.LookupLanes,
-			Timeout: time.Duration(h.DatabaseTimeout),
-		}
-		if h.metrics != nil {
-			opts.OnBatch = h.metrics.observeBatch
-		}
-		h.verifier = keystore.NewBatcher(store, opts)
-	}
-
-	if h.redisURL != "" {
-		client, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), h.logger)
-		if err != nil {
-			return err
-		}
-		h.poolKeys = append(h.poolKeys, key)
-		var opts []limiter.Option
-		if !h.DisableCountPipelining {
-			opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)))
-		}
-		h.limiter = limiter.NewRedis(client, opts...)
-		h.usesRedis = true
-		if h.failLocal {
-			h.fallback = limiter.NewLocal()
-		}
-	} else {
-		lim, key := loadLocalLimiter()
-		h.poolKeys = append(h.poolKeys, key)
-		h.limiter = lim
 	}
 	return nil
 }
@@ -398,7 +407,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var counted *limiter.Result // nil when the request was not counted
 	if key.RateLimit > 0 {
 		start := h.startTimer()
-		rl, err := h.allow(r.Context(), key)
+		rl, err := h.limiter.Allow(r.Context(), key.ID, key.RateLimit)
 		h.observeCount(r, start, err)
 		if err != nil && h.fallback != nil {
 			h.limiterFailed(key, err)
@@ -458,23 +467,6 @@ func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Ke
 	key, ok, err := h.verifier.VerifyParsed(lctx, keyID, secret)
 	h.pgBreaker.done(probe, resultOf(ctx, err))
 	return key, ok, err
-}
-
-// allow counts the request in the limiter, within redis_timeout for Redis, unless
-// Redis's breaker is open.
-func (h *Handler) allow(ctx context.Context, key keystore.Key) (limiter.Result, error) {
-	if !h.usesRedis {
-		return h.limiter.Allow(ctx, key.ID, key.RateLimit)
-	}
-	through, probe := h.redisBreaker.allow()
-	if !through {
-		return limiter.Result{}, errBreakerOpen
-	}
-	lctx, cancel := context.WithTimeout(ctx, time.Duration(h.RedisTimeout))
-	defer cancel()
-	rl, err := h.limiter.Allow(lctx, key.ID, key.RateLimit)
-	h.redisBreaker.done(probe, resultOf(ctx, err))
-	return rl, err
 }
 
 // resultOf tells a breaker what a call under the request's context ctx came to: a

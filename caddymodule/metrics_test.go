@@ -404,7 +404,7 @@ func TestGrafanaDashboardQueriesOnlyExportedGatewaySeries(t *testing.T) {
 func BenchmarkMetricsBookkeeping(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		b.Run(map[bool]string{false: "disable_metrics", true: "metrics"}[on], func(b *testing.B) {
-			h := &Handler{usesRedis: true}
+			h := &Handler{}
 			if on {
 				h.metrics = newMetrics()
 			}
@@ -417,6 +417,9 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 					h.observeLookup(r, start, nil)
 					start = h.startTimer()
 					h.observeCount(r, start, nil)
+					if h.metrics != nil {
+						h.metrics.observeRedis(r.Context(), nil)
+					}
 					h.record(r, outcomeProxied, &key)
 				}
 			})
