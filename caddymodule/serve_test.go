@@ -251,6 +251,7 @@ func TestDecisions(t *testing.T) {
 			headers: ownJSON(http.Header{"Content-Length": {"33"}}), outcome: outcomeMe},
 		{name: "POST /v1/me is the upstream's", method: "POST", path: "/v1/me", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
 		{name: "/v1/me/ is the upstream's", path: "/v1/me/", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
+		{name: "/v1//me is the upstream's", path: "/v1//me", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
 		{name: "/v1/mE is the upstream's", path: "/v1/mE", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
 		// 7. The proxy and its response.
 		{name: "unlimited: no RateLimit fields, whatever the upstream sends", path: "/v1/monitors", auth: []string{bearer(unlimAdmin)},
