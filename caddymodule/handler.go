@@ -44,21 +44,10 @@ const (
 // defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
 var defaultStripFields = []string{"config", "assertions", "config_version", "paused_reason", "org_id", "deleted_at"}
 
-// Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides,
-// in this order, and the first that applies answers:
-//
-//  1. credentials: exactly one `Authorization: Bearer <key>` header with a well-formed
-//     key; anything else is 401;
-//  2. the key, looked up in PostgreSQL on this very request: unknown, revoked, expired
-//     or a wrong secret is the same 401;
-//  3. API access: a plan with api_rate_limit 0 is 403 feature_gated;
-//  4. the per-key rate limit: over budget is 429 rate_limited;
-//  5. the role: a Viewer key writing is 403 forbidden;
-//  6. GET (or HEAD) /v1/me is answered here;
-//  7. everything else goes to the next handler without the client's Authorization,
-//     Cookie and X-Gateway-* headers, with X-Gateway-Org-Id, X-Gateway-Key-Id,
-//     X-Gateway-Key-Role and X-Gateway-Secret added, and its JSON responses lose the
-//     strip_fields members.
+// Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides
+// in the order of CONTRACT §2 (credentials, the key, API access, the rate limit, the
+// role, GET /v1/me, the proxy), and the first that applies answers; ServeHTTP numbers
+// the steps.
 //
 // The module expects to see full paths: use it under `handle /v1/*`, not
 // `handle_path /v1/*` (which strips the prefix, so that /v1/me would not be
@@ -175,7 +164,7 @@ type Handler struct {
 	pgBreaker   *breaker       // around key lookups
 	poolKeys    []string       // what to give back to pools in Cleanup
 	logger      *zap.Logger    // from ctx.Logger()
-	sampled     *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
+	floodLog     *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
 }
 
 // Verifier looks up a presented key that keystore.Format.Parse has split into its key
@@ -261,7 +250,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // the state that needs no dependency: everything of Provision but the pools.
 func (h *Handler) configure(logger *zap.Logger) error {
 	h.logger = logger
-	h.sampled = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+	h.floodLog = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
 	}))
 
@@ -523,7 +512,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	hdr["X-Gateway-Key-Role"] = []string{string(key.Role)}
 	hdr["X-Gateway-Secret"] = []string{h.secret}
 
-	pw := newProxyWriter(w, r, rl, h.fields, h.sampled)
+	pw := newProxyWriter(w, r, rl, h.fields, h.floodLog)
 	defer pw.release()
 	if err := next.ServeHTTP(pw, r); err != nil {
 		return pw.nextFailed(err)
@@ -531,7 +520,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if err := pw.finish(); err != nil {
 		// The status and part of the body are out: all that is left is to cut the
 		// response short, so that the client sees it is incomplete.
-		if c := h.sampled.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
+		if c := h.floodLog.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
 			c.Write(zap.String("key_id", key.ID), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
 		}
 		panic(http.ErrAbortHandler)
@@ -557,7 +546,7 @@ func (h *Handler) lookupFailed(r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		return // the client went away; not PostgreSQL's fault
 	}
-	if c := h.sampled.Check(zapcore.ErrorLevel, "key lookup failed; answering 503"); c != nil {
+	if c := h.floodLog.Check(zapcore.ErrorLevel, "key lookup failed; answering 503"); c != nil {
 		c.Write(zap.Error(err))
 	}
 }
@@ -571,7 +560,7 @@ func (h *Handler) limiterFailed(key keystore.Key, err error) {
 	case h.failLocal:
 		msg = "rate limiter failed; counting in this instance (limiter_failure local)"
 	}
-	if c := h.sampled.Check(zapcore.WarnLevel, msg); c != nil {
+	if c := h.floodLog.Check(zapcore.WarnLevel, msg); c != nil {
 		c.Write(zap.String("key_id", key.ID), zap.Error(err))
 	}
 }

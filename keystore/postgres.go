@@ -25,9 +25,6 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 	return &Store{pool: pool, format: format}
 }
 
-// Format returns the key format of s.
-func (s *Store) Format() Format { return s.format }
-
 // lookupSQL finds the live keys among key ids, with their plans' rate limits.
 // Revocation and expiry are decided by the database's clock, on this very request.
 // Verify sends it for one key id, a Batcher for many.
