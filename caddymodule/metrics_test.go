@@ -95,6 +95,9 @@ func newOutcomeTraffic(t *testing.T, gc gatewayConfig) *outcomeTraffic {
 	}, gc.handler))
 	gc.upstream = up.addr()
 	o.gw = startGateway(t, gc)
+	// Cleanups run last first: the proxies forward again before Caddy stops, so that
+	// closing the pools does not wait on hung connections.
+	t.Cleanup(func() { o.pg.Resume(); o.redis.Resume() })
 	return o
 }
 
