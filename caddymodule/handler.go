@@ -164,7 +164,7 @@ type Handler struct {
 	pgBreaker   *breaker       // around key lookups
 	poolKeys    []string       // what to give back to pools in Cleanup
 	logger      *zap.Logger    // from ctx.Logger()
-	floodLog     *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
+	floodLog    *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
 }
 
 // Verifier looks up a presented key that keystore.Format.Parse has split into its key
