@@ -176,9 +176,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// Interface guards
-var _ caddyfile.Unmarshaler = (*Handler)(nil)
-
 // checkRedisMode reports a redis_url that cannot work in mode, so that the Caddyfile
 // error names the line: a sentinel URL without master_name. A URL with placeholders
 // is checked in Provision, once they are replaced.
