@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/keygate/keygate/keystore"
-	"github.com/keygate/keygate/upstream/schema/schematest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 const (
