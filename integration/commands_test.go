@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keygate/keygate/upstream/schema/schematest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 // TestBuiltCaddyHasTheModuleAndAdaptsTheExample is the smoke test of bin/caddy as

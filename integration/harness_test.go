@@ -19,7 +19,7 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/keygate/keygate/upstream/schema/schematest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 // gatewaySecret is what the gateways send and the upstream expects in these tests.

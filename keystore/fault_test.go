@@ -13,7 +13,7 @@ import (
 
 	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/keystore"
-	"github.com/keygate/keygate/upstream/schema/schematest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 // slowStore returns a store on a fresh database reached through a latency proxy, a key

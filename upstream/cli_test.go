@@ -16,7 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keygate/keygate/upstream/schema/schematest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 // run runs the command line with args and stdin against the environment env.

@@ -18,7 +18,7 @@ import (
 
 	"github.com/keygate/keygate/deploy/grafana"
 	"github.com/keygate/keygate/internal/promtext"
-	"github.com/keygate/keygate/upstream/schema/schematest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 // scrapeText parses Prometheus's text format into samples by series, e.g.

@@ -15,10 +15,10 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/keystore"
-	"github.com/keygate/keygate/upstream/schema"
+	"github.com/keygate/keygate/schema"
 )
 
-// requiredSchemaVersion is the newest migration of upstream/schema this code relies
+// requiredSchemaVersion is the newest migration of schema/ this code relies
 // on; serve refuses an older database rather than fail on its first request.
 const requiredSchemaVersion = 2
 

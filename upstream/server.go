@@ -36,7 +36,7 @@ const DefaultSessionTTL = 7 * 24 * time.Hour
 
 // Config is what a Server needs. Pool, Logger, GatewaySecret and KeyFormat are required.
 type Config struct {
-	// Pool is the PostgreSQL pool holding the schema of upstream/schema.
+	// Pool is the PostgreSQL pool holding the schema of package schema.
 	Pool *pgxpool.Pool
 	// Logger receives the request log and internal errors.
 	Logger *zap.Logger

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/keygate/keygate/upstream/schema/schematest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 func TestUnknownRoutesAndWrongMethodsAnswerJSON(t *testing.T) {

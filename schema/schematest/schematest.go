@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/upstream/schema"
+	"github.com/keygate/keygate/schema"
 )
 
 // URL returns DATABASE_URL, failing the test when it is not set: these tests need a
