@@ -1,11 +1,12 @@
 # lib.sh: shell functions shared by stack.sh, run.sh and bench.sh. Source it; it
 # expects the caller to have set -euo pipefail.
 
-# free_port prints a loopback TCP port nobody is listening on.
+# free_port [LOW SPAN] prints a loopback TCP port in LOW..LOW+SPAN-1 (default
+# 20000..49999) nobody is listening on.
 free_port() {
-	local p i
+	local low=${1:-20000} span=${2:-30000} p i
 	for i in $(seq 1 200); do
-		p=$((20000 + RANDOM % 30000))
+		p=$((low + RANDOM % span))
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"
 			return

@@ -159,27 +159,29 @@ start_extra_redis() {
 	echo "$dir/$name/redis.pid" >>"$dir/extra.pids"
 }
 
-# start_cluster_node I starts cluster node I and prints its port: a free one at most
-# 55535 whose bus port (port + 10000) is free too. A port that turns out to be taken
-# (by another process's outgoing connection, say, which free_port cannot see) is
-# given up for another.
+# start_cluster_node I starts cluster node I and prints its port. The port is taken
+# from 20000..22767 so that it and its bus port (port + 10000) both lie below the
+# kernel's ephemeral range (32768..): no outgoing connection can hold either. Redis
+# listens on the port before it binds the bus port and exits if that fails, so the
+# node counts as started only once its log says it is ready and it answers PING; a
+# node that died is given up for another port.
 start_cluster_node() {
 	local i=$1 p try n
 	for try in 1 2 3 4 5; do
-		p=$(free_port)
-		[ "$p" -le 55535 ] || continue
+		p=$(free_port 20000 2768)
 		! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null || continue
 		rm -rf "$dir/cluster$i"
 		start_extra_redis "cluster$i" "$p" --cluster-enabled yes \
 			--cluster-config-file "$dir/cluster$i/nodes.conf" --cluster-node-timeout 2000
 		for n in $(seq 1 50); do
-			if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			if grep -q 'Ready to accept connections' "$dir/cluster$i/redis.log" 2>/dev/null &&
+				[ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
 				echo "$p"
 				return 0
 			fi
 			sleep 0.1
 		done
-		echo "stack.sh: cluster node $i did not listen on $p (try $try): $(tail -n 1 "$dir/cluster$i/redis.log" 2>/dev/null)" >&2
+		echo "stack.sh: cluster node $i did not start on $p (try $try): $(tail -n 1 "$dir/cluster$i/redis.log" 2>/dev/null)" >&2
 		kill "$(cat "$dir/cluster$i/redis.pid" 2>/dev/null)" 2>/dev/null || true
 	done
 	die "cluster node $i did not start"
