@@ -148,25 +148,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 
-	mux.HandleFunc("POST /auth/login", s.handleLogin)
-	mux.HandleFunc("POST /auth/logout", s.handleLogout)
+	mux.HandleFunc("POST /auth/login", s.handle(s.handleLogin))
+	mux.HandleFunc("POST /auth/logout", s.handle(s.handleLogout))
 
-	mux.HandleFunc("POST /orgs/{orgId}/api-keys", s.handleCreateKey)
-	mux.HandleFunc("GET /orgs/{orgId}/api-keys", s.handleListKeys)
-	mux.HandleFunc("DELETE /orgs/{orgId}/api-keys/{id}", s.handleRevokeKey)
+	mux.HandleFunc("POST /orgs/{orgId}/api-keys", s.keyRoute(s.handleCreateKey))
+	mux.HandleFunc("GET /orgs/{orgId}/api-keys", s.keyRoute(s.handleListKeys))
+	mux.HandleFunc("DELETE /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleRevokeKey))
 
+	read, write := anyRole, principal.canWriteMonitors
 	for _, door := range []struct {
 		prefix string
-		wrap   func(write bool, h monitorHandler) http.HandlerFunc
+		route  func(may func(principal) bool, h principalHandler) http.HandlerFunc
 	}{
-		{"/orgs/{orgId}/monitors", s.dashboardDoor},
-		{"/v1/monitors", s.gatewayDoor},
+		{"/orgs/{orgId}/monitors", s.memberRoute},
+		{"/v1/monitors", s.gatewayRoute},
 	} {
-		mux.HandleFunc("GET "+door.prefix, door.wrap(false, s.handleListMonitors))
-		mux.HandleFunc("POST "+door.prefix, door.wrap(true, s.handleCreateMonitor))
-		mux.HandleFunc("GET "+door.prefix+"/{id}", door.wrap(false, s.handleGetMonitor))
-		mux.HandleFunc("PATCH "+door.prefix+"/{id}", door.wrap(true, s.handlePatchMonitor))
-		mux.HandleFunc("DELETE "+door.prefix+"/{id}", door.wrap(true, s.handleDeleteMonitor))
+		mux.HandleFunc("GET "+door.prefix, door.route(read, s.handleListMonitors))
+		mux.HandleFunc("POST "+door.prefix, door.route(write, s.handleCreateMonitor))
+		mux.HandleFunc("GET "+door.prefix+"/{id}", door.route(read, s.handleGetMonitor))
+		mux.HandleFunc("PATCH "+door.prefix+"/{id}", door.route(write, s.handlePatchMonitor))
+		mux.HandleFunc("DELETE "+door.prefix+"/{id}", door.route(write, s.handleDeleteMonitor))
 	}
 
 	routed := s.jsonFallbacks(mux)
@@ -183,6 +184,20 @@ func (s *Server) routes() http.Handler {
 		}
 		dashboard.ServeHTTP(w, r)
 	})
+}
+
+// handlerFunc is a route: it writes its answer, or returns the error to answer with
+// having written nothing.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// handle adapts h to net/http: the one place where a route's error becomes a response
+// (writeError).
+func (s *Server) handle(h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	}
 }
 
 // isV1 reports whether path is under /v1, the gateway's side.
