@@ -172,9 +172,7 @@ func (s *Server) routes() http.Handler {
 
 	routed := s.jsonFallbacks(mux)
 	cop := http.NewCrossOriginProtection()
-	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, errForbidden)
-	}))
+	cop.SetDenyHandler(s.handle(func(http.ResponseWriter, *http.Request) error { return errForbidden }))
 	dashboard := cop.Handler(routed)
 	v1 := s.gatewayAuth(routed)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -211,16 +209,15 @@ func isV1(path string) bool {
 // unknown too (404), where mux would redirect to its clean form with an HTML body: no
 // answer of this API is a redirect.
 func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		if !cleanPath(r.URL.Path) {
-			s.writeError(w, r, errNotFound)
-			return
+			return errNotFound
 		}
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
 			infoOf(r.Context()).route = pattern // for Metrics
 			mux.ServeHTTP(w, r)
-			return
+			return nil
 		}
 		// mux's own 404 and 405 handlers are run against a scratch writer only to learn
 		// which of the two applies and the Allow header of a 405.
@@ -228,10 +225,9 @@ func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 		h.ServeHTTP(probe, r)
 		if probe.status == http.StatusMethodNotAllowed {
 			w.Header().Set("Allow", probe.header.Get("Allow"))
-			s.writeError(w, r, errMethodNotAllowed)
-			return
+			return errMethodNotAllowed
 		}
-		s.writeError(w, r, errNotFound)
+		return errNotFound
 	})
 }
 
