@@ -58,11 +58,7 @@ func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p pr
 // handleCreateMonitor answers POST …/monitors: 201 with the monitor, after the body
 // (400, 413) and the plan's gates (402, 403).
 func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
-	body, err := readBody(w, r)
-	if err != nil {
-		return err
-	}
-	in, err := decodeMonitorWrite(body)
+	in, err := readMonitorWrite(w, r)
 	if err == nil {
 		in, err = in.forCreate()
 	}
@@ -75,6 +71,15 @@ func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p p
 	}
 	writeJSON(w, http.StatusCreated, m)
 	return nil
+}
+
+// readMonitorWrite reads r's body (413) and decodes it as a monitor write (400).
+func readMonitorWrite(w http.ResponseWriter, r *http.Request) (monitorWrite, error) {
+	body, err := readBody(w, r)
+	if err != nil {
+		return monitorWrite{}, err
+	}
+	return decodeMonitorWrite(body)
 }
 
 // monitorID returns the path's {id}, or errMonitorNotFound when it is not a UUID: a
@@ -109,11 +114,7 @@ func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p pr
 	if err != nil {
 		return err
 	}
-	body, err := readBody(w, r)
-	if err != nil {
-		return err
-	}
-	in, err := decodeMonitorWrite(body)
+	in, err := readMonitorWrite(w, r)
 	if err != nil {
 		return err
 	}
