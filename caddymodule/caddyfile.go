@@ -1,8 +1,6 @@
 package caddymodule
 
 import (
-	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -58,140 +56,124 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		switch opt {
-		case "disable_lookup_batching", "disable_count_pipelining", "disable_metrics":
-			if d.NextArg() {
-				return d.ArgErr()
+		var err error
+		switch opt := d.Val(); opt {
+		case "database_url":
+			h.DatabaseURL, err = oneArg(d, h.DatabaseURL != "")
+		case "redis_url":
+			if h.RedisURL, err = oneArg(d, h.RedisURL != ""); err == nil {
+				err = checkRedisMode(d, h.RedisMode, h.RedisURL)
 			}
-			target := &h.DisableLookupBatching
-			switch opt {
-			case "disable_count_pipelining":
-				target = &h.DisableCountPipelining
-			case "disable_metrics":
-				target = &h.DisableMetrics
+		case "redis_mode":
+			if h.RedisMode, err = oneArg(d, h.RedisMode != ""); err != nil {
+				break
 			}
-			if *target {
-				return d.Errf("%s already specified", opt)
+			if h.RedisMode != redisModeSingle && h.RedisMode != redisModeCluster && h.RedisMode != redisModeSentinel {
+				return d.Errf("redis_mode must be single, cluster or sentinel, not %q", h.RedisMode)
 			}
-			*target = true
-			continue
-		}
-		if opt == "strip_fields" {
+			err = checkRedisMode(d, h.RedisMode, h.RedisURL)
+		case "redis_tls_ca":
+			h.RedisTLSCA, err = oneArg(d, h.RedisTLSCA != "")
+		case "key_prefix":
+			h.KeyPrefix, err = oneArg(d, h.KeyPrefix != "")
+		case "gateway_secret":
+			h.GatewaySecret, err = oneArg(d, h.GatewaySecret != "")
+		case "strip_fields":
 			names := d.RemainingArgs()
 			if len(names) == 0 {
 				return d.ArgErr()
 			}
-			if h.StripFields == nil {
-				h.StripFields = make([]string, 0, len(names))
-			}
 			h.StripFields = append(h.StripFields, names...)
-			continue
-		}
-
-		var arg string
-		if !d.Args(&arg) {
-			return d.ArgErr()
-		}
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-		switch opt {
-		case "database_url":
-			if h.DatabaseURL != "" {
-				return d.Err("database_url already specified")
-			}
-			h.DatabaseURL = arg
-		case "redis_url":
-			if h.RedisURL != "" {
-				return d.Err("redis_url already specified")
-			}
-			h.RedisURL = arg
-			if err := checkRedisMode(h.RedisMode, h.RedisURL); err != nil {
-				return d.Err(err.Error())
-			}
-		case "redis_mode":
-			if h.RedisMode != "" {
-				return d.Err("redis_mode already specified")
-			}
-			if arg != redisModeSingle && arg != redisModeCluster && arg != redisModeSentinel {
-				return d.Errf("redis_mode must be single, cluster or sentinel, not %q", arg)
-			}
-			h.RedisMode = arg
-			if err := checkRedisMode(h.RedisMode, h.RedisURL); err != nil {
-				return d.Err(err.Error())
-			}
-		case "redis_tls_ca":
-			if h.RedisTLSCA != "" {
-				return d.Err("redis_tls_ca already specified")
-			}
-			h.RedisTLSCA = arg
-		case "key_prefix":
-			if h.KeyPrefix != "" {
-				return d.Err("key_prefix already specified")
-			}
-			h.KeyPrefix = arg
-		case "gateway_secret":
-			if h.GatewaySecret != "" {
-				return d.Err("gateway_secret already specified")
-			}
-			h.GatewaySecret = arg
 		case "limiter_failure":
-			if h.LimiterFailure != "" {
-				return d.Err("limiter_failure already specified")
+			if h.LimiterFailure, err = oneArg(d, h.LimiterFailure != ""); err == nil && !validLimiterFailure(h.LimiterFailure) {
+				return d.Errf("limiter_failure must be open, closed or local, not %q", h.LimiterFailure)
 			}
-			if !validLimiterFailure(arg) {
-				return d.Errf("limiter_failure must be open, closed or local, not %q", arg)
-			}
-			h.LimiterFailure = arg
-		case "database_timeout", "redis_timeout":
-			dur, err := caddy.ParseDuration(arg)
-			if err != nil {
-				return d.Errf("parsing %s: %v", opt, err)
-			}
-			if dur <= 0 {
-				return d.Errf("%s must be positive", opt)
-			}
-			target := &h.DatabaseTimeout
-			if opt == "redis_timeout" {
-				target = &h.RedisTimeout
-			}
-			if *target != 0 {
-				return d.Errf("%s already specified", opt)
-			}
-			*target = caddy.Duration(dur)
+		case "database_timeout":
+			err = durationArg(d, &h.DatabaseTimeout)
+		case "redis_timeout":
+			err = durationArg(d, &h.RedisTimeout)
 		case "lookup_lanes":
-			if h.LookupLanes != 0 {
-				return d.Err("lookup_lanes already specified")
+			var arg string
+			if arg, err = oneArg(d, h.LookupLanes != 0); err != nil {
+				break
 			}
-			n, err := strconv.Atoi(arg)
-			if err != nil || n <= 0 {
+			if h.LookupLanes, err = strconv.Atoi(arg); err != nil || h.LookupLanes <= 0 {
 				return d.Errf("lookup_lanes must be a positive whole number, not %q", arg)
 			}
-			h.LookupLanes = n
+		case "disable_lookup_batching":
+			err = flagArg(d, &h.DisableLookupBatching)
+		case "disable_count_pipelining":
+			err = flagArg(d, &h.DisableCountPipelining)
+		case "disable_metrics":
+			err = flagArg(d, &h.DisableMetrics)
 		default:
 			return d.Errf("unrecognized subdirective %s", opt)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// Interface guards
-var _ caddyfile.Unmarshaler = (*Handler)(nil)
+// oneArg returns the one argument of the option the dispenser is on; given tells
+// whether the option already appeared.
+func oneArg(d *caddyfile.Dispenser, given bool) (string, error) {
+	opt := d.Val()
+	var arg string
+	if !d.Args(&arg) || d.NextArg() {
+		return "", d.ArgErr()
+	}
+	if given {
+		return "", d.Errf("%s already specified", opt)
+	}
+	return arg, nil
+}
+
+// durationArg reads the one positive duration of the option the dispenser is on.
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	opt := d.Val()
+	arg, err := oneArg(d, *dst != 0)
+	if err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(arg)
+	if err != nil {
+		return d.Errf("parsing %s: %v", opt, err)
+	}
+	if dur <= 0 {
+		return d.Errf("%s must be positive", opt)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// flagArg sets a switch that takes no argument.
+func flagArg(d *caddyfile.Dispenser, dst *bool) error {
+	opt := d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if *dst {
+		return d.Errf("%s already specified", opt)
+	}
+	*dst = true
+	return nil
+}
 
 // checkRedisMode reports a redis_url that cannot work in mode, so that the Caddyfile
 // error names the line: a sentinel URL without master_name. A URL with placeholders
 // is checked in Provision, once they are replaced.
-func checkRedisMode(mode, url string) error {
+func checkRedisMode(d *caddyfile.Dispenser, mode, url string) error {
 	if mode != redisModeSentinel || url == "" || strings.Contains(url, "{") {
 		return nil
 	}
 	opts, err := redis.ParseFailoverURL(url)
 	if err != nil {
-		return fmt.Errorf("redis_url (sentinel): %v", err)
+		return d.Errf("redis_url (sentinel): %v", err)
 	}
 	if opts.MasterName == "" {
-		return errors.New("redis_mode sentinel needs ?master_name=<name> in redis_url")
+		return d.Err("redis_mode sentinel needs ?master_name=<name> in redis_url")
 	}
 	return nil
 }

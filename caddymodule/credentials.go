@@ -6,45 +6,47 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// bearerKey returns the API key a request presents, step 1 of CONTRACT §2: exactly
-// one Authorization header whose value parseAuthorization accepts. Nothing else
-// authenticates: not a cookie, not a query parameter, not Basic auth. ok is false for
-// every other request, which is then refused with the one 401.
-func bearerKey(hdr http.Header, f keystore.Format) (key string, ok bool) {
+// bearerKey returns the key id and secret of the API key a request presents, step 1
+// of CONTRACT §2: exactly one Authorization header whose value parseAuthorization
+// accepts. Nothing else authenticates: not a cookie, not a query parameter, not Basic
+// auth. ok is false for every other request, which is then refused with the one 401.
+// The key is parsed here once; the Verifier gets its parts.
+func bearerKey(hdr http.Header, f keystore.Format) (keyID, secret string, ok bool) {
 	// net/http (HTTP/1, HTTP/2 and Caddy's HTTP/3) canonicalizes header names, so
 	// every Authorization field a client sent is under this one key.
 	vals := hdr["Authorization"]
 	if len(vals) != 1 {
-		return "", false
+		return "", "", false
 	}
-	return parseAuthorization(vals[0], f)
+	_, keyID, secret, ok = parseAuthorization(vals[0], f)
+	return keyID, secret, ok
 }
 
 // parseAuthorization parses one Authorization header value: the scheme "Bearer" in
 // any letter case, one or more spaces (0x20; not tabs), then the key, which must be
 // exactly <key_prefix>_live_<keyId>.<secret> as f.Parse accepts it, with nothing
-// before or after it. The key returned shares v's memory. parseAuthorization does
-// not allocate.
+// before or after it. It returns the key and f.Parse's parts of it, all sharing v's
+// memory. parseAuthorization does not allocate.
 //
 // net/http has already removed the optional whitespace around the whole value, so
 // "Bearer <key> " reaches here as "Bearer <key>".
-func parseAuthorization(v string, f keystore.Format) (key string, ok bool) {
+func parseAuthorization(v string, f keystore.Format) (key, keyID, secret string, ok bool) {
 	const scheme = "bearer"
 	if len(v) <= len(scheme) || !asciiEqualFold(v[:len(scheme)], scheme) {
-		return "", false
+		return "", "", "", false
 	}
 	i := len(scheme)
 	for i < len(v) && v[i] == ' ' {
 		i++
 	}
 	if i == len(scheme) {
-		return "", false // "Bearerxyz" or "Bearer\t…": no space after the scheme
+		return "", "", "", false // "Bearerxyz" or "Bearer\t…": no space after the scheme
 	}
 	key = v[i:]
-	if _, _, ok := f.Parse(key); !ok {
-		return "", false
+	if keyID, secret, ok = f.Parse(key); !ok {
+		return "", "", "", false
 	}
-	return key, true
+	return key, keyID, secret, true
 }
 
 // asciiEqualFold reports whether s equals lower, a lowercase ASCII string, ignoring

@@ -62,13 +62,13 @@ func TestParseAuthorizationAcceptsOnlyTheBearerShape(t *testing.T) {
 		{"mixed case scheme", "bEaReR " + testKey},
 		{"several spaces", "Bearer     " + testKey},
 	} {
-		key, ok := parseAuthorization(tc.value, f)
+		key, _, _, ok := parseAuthorization(tc.value, f)
 		if !ok || key != testKey {
 			t.Errorf("%s: parseAuthorization(%q) = %q, %v; want the key", tc.name, tc.value, key, ok)
 		}
 	}
 	for _, tc := range malformedAuthorizations {
-		if key, ok := parseAuthorization(tc.value, f); ok {
+		if key, _, _, ok := parseAuthorization(tc.value, f); ok {
 			t.Errorf("%s: parseAuthorization(%q) = %q, true; want refused", tc.name, tc.value, key)
 		}
 	}
@@ -88,7 +88,7 @@ func TestBearerKeyWantsExactlyOneAuthorizationHeader(t *testing.T) {
 		{"cookie only", http.Header{"Cookie": {"session=" + testKey + "; api_key=" + testKey}}, false},
 		{"other header", http.Header{"X-Api-Key": {testKey}, "Api-Key": {testKey}}, false},
 	} {
-		if _, ok := bearerKey(tc.hdr, f); ok != tc.ok {
+		if _, _, ok := bearerKey(tc.hdr, f); ok != tc.ok {
 			t.Errorf("%s: bearerKey = %v, want %v", tc.name, ok, tc.ok)
 		}
 	}
@@ -131,10 +131,13 @@ func FuzzAuthorization(f *testing.F) {
 	f.Add("Bearer mon_live_" + strings.Repeat("a", 65) + "." + strings.Repeat("A", 43))
 	format := mustFormat(f, "mon")
 	f.Fuzz(func(t *testing.T, v string) {
-		key, ok := parseAuthorization(v, format)
+		key, keyID, secret, ok := parseAuthorization(v, format)
 		wantKey, wantOK := referenceParse(v)
 		if ok != wantOK || key != wantKey {
 			t.Fatalf("parseAuthorization(%q) = %q, %v; the contract says %q, %v", v, key, ok, wantKey, wantOK)
+		}
+		if ok && "mon_live_"+keyID+"."+secret != key {
+			t.Fatalf("parseAuthorization(%q) parts %q, %q do not make the key %q", v, keyID, secret, key)
 		}
 	})
 }

@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
-
-	"github.com/keygate/keygate/limiter"
 )
 
 func TestStatusBody(t *testing.T) {
@@ -31,60 +29,6 @@ func TestStatusBody(t *testing.T) {
 		if !json.Valid(got) {
 			t.Errorf("statusBody(%d) is not JSON", tc.status)
 		}
-	}
-}
-
-func TestAppendJSONString(t *testing.T) {
-	for _, s := range []string{"", "plain", `quo"te`, `back\slash`, "ctl\x01\n", "<&>", "é日本", "bad\xffutf8"} {
-		b := appendJSONString(nil, s)
-		var back string
-		if err := json.Unmarshal(b, &back); err != nil {
-			t.Errorf("appendJSONString(%q) = %s: %v", s, b, err)
-			continue
-		}
-		want := s
-		if s == "bad\xffutf8" {
-			want = "bad\ufffdutf8"
-		}
-		if back != want {
-			t.Errorf("appendJSONString(%q) decodes to %q", s, back)
-		}
-	}
-}
-
-func TestIsJSONType(t *testing.T) {
-	for ct, want := range map[string]bool{
-		"application/json":                true,
-		"application/json; charset=utf-8": true,
-		"Application/JSON":                true,
-		"application/problem+json":        true,
-		"application/x-ndjson":            true,
-		"application/vnd.api+json":        true,
-		"text/json":                       true,
-		"text/plain":                      false,
-		"text/html; charset=json":         false,
-		"":                                false,
-		"application/octet-stream":        false,
-	} {
-		if got := isJSONType(ct); got != want {
-			t.Errorf("isJSONType(%q) = %v, want %v", ct, got, want)
-		}
-	}
-}
-
-func TestRateLimitHeaders(t *testing.T) {
-	hdr := http.Header{}
-	setRateLimitHeaders(hdr, limiter.Result{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42})
-	if got := hdr.Get("RateLimit-Policy"); got != `"default";q=600;w=60` {
-		t.Errorf("RateLimit-Policy %q", got)
-	}
-	if got := hdr.Get("RateLimit"); got != `"default";r=17;t=42` {
-		t.Errorf("RateLimit %q", got)
-	}
-	rec := httptest.NewRecorder()
-	writeRateLimited(rec, limiter.Result{Limit: 600, ResetAfter: 9})
-	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9}` || rec.Header().Get("Retry-After") != "9" {
-		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}
 }
 

@@ -294,7 +294,7 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			store := keystore.New(pool, d.store.Format())
+			store := keystore.New(pool, mustFormat(t, "mon"))
 			pg.SetDelay(0)
 			if _, ok, err := store.Verify(context.Background(), key); !ok || err != nil {
 				t.Fatalf("warm lookup: %v %v", ok, err)

@@ -44,21 +44,10 @@ const (
 // defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
 var defaultStripFields = []string{"config", "assertions", "config_version", "paused_reason", "org_id", "deleted_at"}
 
-// Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides,
-// in this order, and the first that applies answers:
-//
-//  1. credentials: exactly one `Authorization: Bearer <key>` header with a well-formed
-//     key; anything else is 401;
-//  2. the key, looked up in PostgreSQL on this very request: unknown, revoked, expired
-//     or a wrong secret is the same 401;
-//  3. API access: a plan with api_rate_limit 0 is 403 feature_gated;
-//  4. the per-key rate limit: over budget is 429 rate_limited;
-//  5. the role: a Viewer key writing is 403 forbidden;
-//  6. GET (or HEAD) /v1/me is answered here;
-//  7. everything else goes to the next handler without the client's Authorization,
-//     Cookie and X-Gateway-* headers, with X-Gateway-Org-Id, X-Gateway-Key-Id,
-//     X-Gateway-Key-Role and X-Gateway-Secret added, and its JSON responses lose the
-//     strip_fields members.
+// Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides
+// in the order of CONTRACT §2 (credentials, the key, API access, the rate limit, the
+// role, GET /v1/me, the proxy), and the first that applies answers; ServeHTTP numbers
+// the steps.
 //
 // The module expects to see full paths: use it under `handle /v1/*`, not
 // `handle_path /v1/*` (which strips the prefix, so that /v1/me would not be
@@ -161,31 +150,30 @@ type Handler struct {
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// The runtime state, built by Provision.
-	databaseURL  string // DatabaseURL with placeholders replaced
-	redisURL     string
-	secret       string
-	format       keystore.Format
-	fields       *fieldSet
-	verifier     Verifier
-	limiter      limiter.Limiter
-	usesRedis    bool
-	failClosed   bool
-	failLocal    bool
-	metrics      *metrics       // nil with DisableMetrics
-	fallback     *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
-	pgBreaker    *breaker       // around key lookups
-	redisBreaker *breaker       // around Redis counts
-	poolKeys     []string       // what to give back to pools in Cleanup
-	logger       *zap.Logger    // from ctx.Logger()
-	sampled      *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
+	databaseURL string // DatabaseURL with placeholders replaced
+	redisURL    string
+	secret      string
+	format      keystore.Format
+	fields      *fieldSet
+	verifier    Verifier
+	limiter     limiter.Limiter // a *redisLimiter, or the in-process limiter shared across reloads
+	failClosed  bool
+	failLocal   bool
+	metrics     *metrics       // nil with DisableMetrics
+	fallback    *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
+	pgBreaker   *breaker       // around key lookups
+	poolKeys    []string       // what to give back to pools in Cleanup
+	logger      *zap.Logger    // from ctx.Logger()
+	floodLog    *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
 }
 
-// Verifier looks a presented key up: keystore.Store does, and anything that batches
-// lookups may. It keeps "rejected" apart from "broken": a malformed, unknown, revoked
-// or expired key or a wrong secret is (Key{}, false, nil), a lookup that could not be
-// made is an error. The first answers 401, the second 503.
+// Verifier looks up a presented key that keystore.Format.Parse has split into its key
+// id and secret: keystore.Store and keystore.Batcher do. It keeps "rejected" apart
+// from "broken": an unknown, revoked or expired key or a wrong secret is (Key{},
+// false, nil), a lookup that could not be made is an error. The first answers 401,
+// the second 503.
 type Verifier interface {
-	Verify(ctx context.Context, presented string) (keystore.Key, bool, error)
+	VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -201,53 +189,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // config reloads. It checks the options first (see Validate), so that a config that
 // will be refused does not dial anything.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
-	h.sampled = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
-	}))
-
-	if h.KeyPrefix == "" {
-		h.KeyPrefix = keystore.DefaultPrefix
-	}
-	if h.LimiterFailure == "" {
-		h.LimiterFailure = limiterFailureOpen
-	}
-	if h.DatabaseTimeout == 0 {
-		h.DatabaseTimeout = caddy.Duration(defaultDatabaseTimeout)
-	}
-	if h.RedisTimeout == 0 {
-		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)
-	}
-	if h.StripFields == nil {
-		h.StripFields = slices.Clone(defaultStripFields)
-	}
-	if h.LookupLanes == 0 {
-		h.LookupLanes = defaultLookupLanes
-	}
-
-	// ReplaceKnown, not ReplaceAll: a password with braces in it is not a
-	// placeholder and must survive.
-	repl := caddy.NewReplacer()
-	h.databaseURL = repl.ReplaceKnown(h.DatabaseURL, "")
-	h.redisURL = repl.ReplaceKnown(h.RedisURL, "")
-	h.secret = repl.ReplaceKnown(h.GatewaySecret, "")
-
-	if err := h.Validate(); err != nil {
+	if err := h.configure(ctx.Logger()); err != nil {
 		return err
 	}
-	h.format, _ = keystore.NewFormat(h.KeyPrefix) // valid: checked by Validate
-	h.fields = newFieldSet(h.StripFields)
-	h.failClosed = h.LimiterFailure == limiterFailureClosed
-	h.failLocal = h.LimiterFailure == limiterFailureLocal
-	h.pgBreaker = newBreaker(h.breakerChanged("postgres"))
-	h.redisBreaker = newBreaker(h.breakerChanged("redis"))
-	for _, name := range defaultStripFields {
-		if !slices.Contains(h.StripFields, name) {
-			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
-				zap.String("field", name))
-		}
-	}
-
 	if !h.DisableMetrics {
 		m, key, err := loadMetrics(ctx)
 		if err != nil {
@@ -285,8 +229,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if !h.DisableCountPipelining {
 			opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)))
 		}
-		h.limiter = limiter.NewRedis(client, opts...)
-		h.usesRedis = true
+		h.limiter = &redisLimiter{
+			lim:     limiter.NewRedis(client, opts...),
+			timeout: time.Duration(h.RedisTimeout),
+			breaker: newBreaker(h.breakerChanged("redis")),
+			metrics: h.metrics,
+		}
 		if h.failLocal {
 			h.fallback = limiter.NewLocal()
 		}
@@ -294,6 +242,57 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		lim, key := loadLocalLimiter()
 		h.poolKeys = append(h.poolKeys, key)
 		h.limiter = lim
+	}
+	return nil
+}
+
+// configure applies the defaults, replaces placeholders, checks the options and builds
+// the state that needs no dependency: everything of Provision but the pools.
+func (h *Handler) configure(logger *zap.Logger) error {
+	h.logger = logger
+	h.floodLog = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
+	}))
+
+	if h.KeyPrefix == "" {
+		h.KeyPrefix = keystore.DefaultPrefix
+	}
+	if h.LimiterFailure == "" {
+		h.LimiterFailure = limiterFailureOpen
+	}
+	if h.DatabaseTimeout == 0 {
+		h.DatabaseTimeout = caddy.Duration(defaultDatabaseTimeout)
+	}
+	if h.RedisTimeout == 0 {
+		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)
+	}
+	if h.StripFields == nil {
+		h.StripFields = slices.Clone(defaultStripFields)
+	}
+	if h.LookupLanes == 0 {
+		h.LookupLanes = defaultLookupLanes
+	}
+
+	// ReplaceKnown, not ReplaceAll: a password with braces in it is not a
+	// placeholder and must survive.
+	repl := caddy.NewReplacer()
+	h.databaseURL = repl.ReplaceKnown(h.DatabaseURL, "")
+	h.redisURL = repl.ReplaceKnown(h.RedisURL, "")
+	h.secret = repl.ReplaceKnown(h.GatewaySecret, "")
+
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	h.format, _ = keystore.NewFormat(h.KeyPrefix) // valid: checked by Validate
+	h.fields = newFieldSet(h.StripFields)
+	h.failClosed = h.LimiterFailure == limiterFailureClosed
+	h.failLocal = h.LimiterFailure == limiterFailureLocal
+	h.pgBreaker = newBreaker(h.breakerChanged("postgres"))
+	for _, name := range defaultStripFields {
+		if !slices.Contains(h.StripFields, name) {
+			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
+				zap.String("field", name))
+		}
 	}
 	return nil
 }
@@ -362,7 +361,7 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP decides in the order of CONTRACT §2; see Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	// 1. Credentials.
-	presented, ok := bearerKey(r.Header, h.format)
+	keyID, secret, ok := bearerKey(r.Header, h.format)
 	if !ok {
 		h.record(r, outcomeUnauthenticated, nil)
 		writeUnauthenticated(w)
@@ -371,7 +370,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 2. The key, on this very request.
 	start := h.startTimer()
-	key, ok, err := h.verify(r.Context(), presented)
+	key, ok, err := h.verify(r.Context(), keyID, secret)
 	h.observeLookup(r, start, err)
 	if err != nil {
 		h.lookupFailed(r, err)
@@ -394,11 +393,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 4. Rate limit: every request that got here with a positive limit counts.
-	var rl limiter.Result
-	counted := false
+	var counted *limiter.Result // nil when the request was not counted
 	if key.RateLimit > 0 {
 		start := h.startTimer()
-		rl, err = h.allow(r.Context(), key)
+		rl, err := h.limiter.Allow(r.Context(), key.ID, key.RateLimit)
 		h.observeCount(r, start, err)
 		if err != nil && h.fallback != nil {
 			h.limiterFailed(key, err)
@@ -413,7 +411,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case err != nil:
 			h.limiterFailed(key, err) // open: through, without RateLimit headers
 		default:
-			counted = true
+			counted = &rl
 			setRateLimitHeaders(w.Header(), rl)
 			if !rl.Allowed {
 				if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
@@ -443,38 +441,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 7. Proxy.
 	h.record(r, outcomeProxied, &key)
-	return h.proxy(w, r, next, key, counted, rl)
+	return h.proxy(w, r, next, key, counted)
 }
 
 // verify looks the key up within database_timeout, unless PostgreSQL's breaker is
 // open.
-func (h *Handler) verify(ctx context.Context, presented string) (keystore.Key, bool, error) {
+func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
 	through, probe := h.pgBreaker.allow()
 	if !through {
 		return keystore.Key{}, false, errBreakerOpen
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Duration(h.DatabaseTimeout))
 	defer cancel()
-	key, ok, err := h.verifier.Verify(lctx, presented)
+	key, ok, err := h.verifier.VerifyParsed(lctx, keyID, secret)
 	h.pgBreaker.done(probe, resultOf(ctx, err))
 	return key, ok, err
-}
-
-// allow counts the request in the limiter, within redis_timeout for Redis, unless
-// Redis's breaker is open.
-func (h *Handler) allow(ctx context.Context, key keystore.Key) (limiter.Result, error) {
-	if !h.usesRedis {
-		return h.limiter.Allow(ctx, key.ID, key.RateLimit)
-	}
-	through, probe := h.redisBreaker.allow()
-	if !through {
-		return limiter.Result{}, errBreakerOpen
-	}
-	lctx, cancel := context.WithTimeout(ctx, time.Duration(h.RedisTimeout))
-	defer cancel()
-	rl, err := h.limiter.Allow(lctx, key.ID, key.RateLimit)
-	h.redisBreaker.done(probe, resultOf(ctx, err))
-	return rl, err
 }
 
 // resultOf tells a breaker what a call under the request's context ctx came to: a
@@ -510,7 +491,7 @@ func validLimiterFailure(v string) bool {
 
 // proxy is step 7: the request goes on with the gateway's identity headers and its
 // response comes back through a proxyWriter.
-func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, counted bool, rl limiter.Result) error {
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, rl *limiter.Result) error {
 	hdr := r.Header
 	for name := range hdr {
 		if len(name) >= len("X-Gateway-") && asciiEqualFold(name[:len("X-Gateway-")], "x-gateway-") {
@@ -531,62 +512,20 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	hdr["X-Gateway-Key-Role"] = []string{string(key.Role)}
 	hdr["X-Gateway-Secret"] = []string{h.secret}
 
-	pw := newProxyWriter(w, h, r, counted, rl)
+	pw := newProxyWriter(w, r, rl, h.fields, h.floodLog)
 	defer pw.release()
-	err := next.ServeHTTP(pw, r)
-	if err != nil {
-		return h.nextFailed(w, pw, r, err)
+	if err := next.ServeHTTP(pw, r); err != nil {
+		return pw.nextFailed(err)
 	}
 	if err := pw.finish(); err != nil {
 		// The status and part of the body are out: all that is left is to cut the
 		// response short, so that the client sees it is incomplete.
-		if c := h.sampled.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
+		if c := h.floodLog.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
 			c.Write(zap.String("key_id", key.ID), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
 		}
 		panic(http.ErrAbortHandler)
 	}
 	return nil
-}
-
-// nextFailed turns an error returned by the next handler (a dead or slow upstream)
-// into the contract's JSON answer, if nothing has been written yet.
-func (h *Handler) nextFailed(w http.ResponseWriter, pw *proxyWriter, r *http.Request, err error) error {
-	// The reverse proxy's errors carry their status (502 for an upstream it cannot
-	// reach, 504 for one that timed out); any other error is the server's own.
-	status := http.StatusInternalServerError
-	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
-		status = he.StatusCode
-	}
-	if pw.mode != modeUndecided {
-		return err // a response is already under way; Caddy decides
-	}
-	lvl := zapcore.ErrorLevel
-	if status == 499 {
-		lvl = zapcore.DebugLevel // the client went away
-	}
-	if c := h.sampled.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
-	}
-	hdr := w.Header()
-	if pw.counted {
-		setRateLimitHeaders(hdr, pw.rl) // replaces any the upstream's headers added
-	}
-	for _, name := range []string{"Content-Encoding", "Content-Range", "Accept-Ranges", "Etag", "Last-Modified"} {
-		hdr.Del(name)
-	}
-	writeJSON(w, status, statusBody(status))
-	return nil
-}
-
-// writeMe answers GET /v1/me: {"org_id":"…","role":"…"}.
-func writeMe(w http.ResponseWriter, key keystore.Key) {
-	b := make([]byte, 0, 96)
-	b = append(b, `{"org_id":`...)
-	b = appendJSONString(b, key.OrgID)
-	b = append(b, `,"role":`...)
-	b = appendJSONString(b, string(key.Role))
-	b = append(b, '}')
-	writeJSON(w, http.StatusOK, b)
 }
 
 // setIdentityPlaceholders makes the key's identity available to the rest of the
@@ -607,7 +546,7 @@ func (h *Handler) lookupFailed(r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		return // the client went away; not PostgreSQL's fault
 	}
-	if c := h.sampled.Check(zapcore.ErrorLevel, "key lookup failed; answering 503"); c != nil {
+	if c := h.floodLog.Check(zapcore.ErrorLevel, "key lookup failed; answering 503"); c != nil {
 		c.Write(zap.Error(err))
 	}
 }
@@ -621,7 +560,7 @@ func (h *Handler) limiterFailed(key keystore.Key, err error) {
 	case h.failLocal:
 		msg = "rate limiter failed; counting in this instance (limiter_failure local)"
 	}
-	if c := h.sampled.Check(zapcore.WarnLevel, msg); c != nil {
+	if c := h.floodLog.Check(zapcore.WarnLevel, msg); c != nil {
 		c.Write(zap.String("key_id", key.ID), zap.Error(err))
 	}
 }

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -223,14 +224,17 @@ func (h *Handler) observeCount(r *http.Request, start time.Time, err error) {
 	if err != nil {
 		h.metrics.limiterErrors.Inc()
 	}
-	if !h.usesRedis {
-		return
-	}
+}
+
+// observeRedis sets Redis's keygate_dependency_up from a count made under the
+// request's context ctx; redisLimiter calls it, as only a Redis count says anything
+// of Redis. A count abandoned because the client went away leaves it alone.
+func (m *metrics) observeRedis(ctx context.Context, err error) {
 	switch {
 	case err == nil:
-		h.metrics.redis.Set(1)
-	case r.Context().Err() == nil:
-		h.metrics.redis.Set(0)
+		m.redis.Set(1)
+	case ctx.Err() == nil:
+		m.redis.Set(0)
 	}
 }
 

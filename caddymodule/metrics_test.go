@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/keygate/keygate/deploy/grafana"
+	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/internal/promtext"
 	"github.com/keygate/keygate/keystore"
 )
@@ -65,11 +66,11 @@ type outcomeStep struct {
 // (limiter_failure closed), and one request of every outcome, in order:
 // unauthenticated twice (no key, a wrong secret), feature_gated, me, forbidden,
 // proxied twice, rate_limited (a plan of 3 a minute), limiter_unavailable (Redis
-// refusing), lookup_unavailable (PostgreSQL refusing). It leaves PostgreSQL refusing.
+// hung), lookup_unavailable (PostgreSQL hung). It leaves PostgreSQL hung.
 type outcomeTraffic struct {
 	gw        *gateway
 	d         *db
-	pg, redis *faultProxy
+	pg, redis *latencyproxy.Proxy
 	steps     []outcomeStep
 	keys      []string // every full key used, for the no-secret checks
 	proOrg    string
@@ -83,17 +84,20 @@ func newOutcomeTraffic(t *testing.T, gc gatewayConfig) *outcomeTraffic {
 	o := &outcomeTraffic{d: newDB(t)}
 	o.d.plan("tiny", 3)
 	o.tinyOrgID, o.proOrg = o.d.org("tiny"), o.d.org("pro")
-	o.pg = newFaultProxy(t, hostOf(t, o.d.url))
-	o.redis = newFaultProxy(t, hostOf(t, redisURL(t)))
+	o.pg = newLatencyProxy(t, hostOf(t, o.d.url))
+	o.redis = newLatencyProxy(t, hostOf(t, redisURL(t)))
 	up := newUpstream(t)
-	gc.handler = gatewayOptions(withHost(t, o.d.url, o.pg.addr()), mergeMaps(map[string]any{
-		"redis_url":        withHost(t, redisURL(t), o.redis.addr()),
+	gc.handler = gatewayOptions(withHost(t, o.d.url, o.pg.Addr()), mergeMaps(map[string]any{
+		"redis_url":        withHost(t, redisURL(t), o.redis.Addr()),
 		"limiter_failure":  "closed",
 		"database_timeout": "500ms",
 		"redis_timeout":    "200ms",
 	}, gc.handler))
 	gc.upstream = up.addr()
 	o.gw = startGateway(t, gc)
+	// Cleanups run last first: the proxies forward again before Caddy stops, so that
+	// closing the pools does not wait on hung connections.
+	t.Cleanup(func() { o.pg.Resume(); o.redis.Resume() })
 	return o
 }
 
@@ -134,8 +138,8 @@ func (o *outcomeTraffic) run(t *testing.T) {
 		{"GET", "/v1/echo", admin, nil, outcomeStep{"proxied1", 200, "proxied", adminID, tiny}},
 		{"GET", "/v1/echo", admin, nil, outcomeStep{"proxied2", 200, "proxied", adminID, tiny}},
 		{"GET", "/v1/echo", admin, nil, outcomeStep{"overlimit", 429, "rate_limited", adminID, tiny}},
-		{"GET", "/v1/me", editor, func() { o.redis.set("refuse") }, outcomeStep{"redisdown", 503, "limiter_unavailable", editorID, tiny}},
-		{"GET", "/v1/me", admin, func() { o.redis.set("forward"); o.pg.set("refuse") }, outcomeStep{"pgdown", 503, "lookup_unavailable", "", ""}},
+		{"GET", "/v1/me", editor, func() { o.redis.Hang() }, outcomeStep{"redisdown", 503, "limiter_unavailable", editorID, tiny}},
+		{"GET", "/v1/me", admin, func() { o.redis.Resume(); o.pg.Hang() }, outcomeStep{"pgdown", 503, "lookup_unavailable", "", ""}},
 	} {
 		if r.before != nil {
 			r.before()
@@ -155,7 +159,7 @@ func (o *outcomeTraffic) run(t *testing.T) {
 // recover lets PostgreSQL answer again and waits for a request to get through.
 func (o *outcomeTraffic) recover(t *testing.T) {
 	t.Helper()
-	o.pg.set("forward")
+	o.pg.Resume()
 	eventually(t, 5*time.Second, func() bool {
 		res, _ := o.gw.get(t, "/v1/me?recovery", o.proKey)
 		return res.StatusCode == http.StatusOK
@@ -219,16 +223,16 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 	})
 
 	// Redis down alone: a count fails under closed, dependency_up of redis is 0.
-	o.redis.set("refuse")
+	o.redis.Hang()
 	if res, body := o.gw.get(t, "/v1/me", o.proKey); res.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("with redis refusing: %d %s", res.StatusCode, body)
+		t.Fatalf("with redis hung: %d %s", res.StatusCode, body)
 	}
 	down := o.gw.scrape(t)
 	wantSeries(t, up, down, map[string]float64{
 		`=keygate_dependency_up{dependency="postgres"}`: 1,
 		`=keygate_dependency_up{dependency="redis"}`:    0,
 	})
-	o.redis.set("forward")
+	o.redis.Resume()
 	o.recover(t)
 	wantSeries(t, down, o.gw.scrape(t), map[string]float64{
 		`=keygate_dependency_up{dependency="postgres"}`: 1,
@@ -404,7 +408,7 @@ func TestGrafanaDashboardQueriesOnlyExportedGatewaySeries(t *testing.T) {
 func BenchmarkMetricsBookkeeping(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		b.Run(map[bool]string{false: "disable_metrics", true: "metrics"}[on], func(b *testing.B) {
-			h := &Handler{usesRedis: true}
+			h := &Handler{}
 			if on {
 				h.metrics = newMetrics()
 			}
@@ -417,6 +421,9 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 					h.observeLookup(r, start, nil)
 					start = h.startTimer()
 					h.observeCount(r, start, nil)
+					if h.metrics != nil {
+						h.metrics.observeRedis(r.Context(), nil)
+					}
 					h.record(r, outcomeProxied, &key)
 				}
 			})

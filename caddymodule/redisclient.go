@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/limiter"
 )
 
 // The values of redis_mode.
@@ -91,4 +94,37 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 	default:
 		return nil, "", fmt.Errorf("redis_mode %q: must be single, cluster or sentinel", mode)
 	}
+}
+
+// redisLimiter is the Redis limiter as the handler counts in it: each count bounded
+// by redis_timeout (the one request-level bound on Redis; the client's own timeouts
+// bound its parts, see newRedisClient), behind Redis's circuit breaker, and noted in
+// keygate_dependency_up. The in-process limiter needs none of this, so the handler
+// counts in either without asking which.
+type redisLimiter struct {
+	lim     limiter.Limiter
+	timeout time.Duration
+	breaker *breaker
+	metrics *metrics // nil with disable_metrics
+}
+
+// Allow counts one request of key, unless the breaker is open.
+func (l *redisLimiter) Allow(ctx context.Context, key string, limit int) (limiter.Result, error) {
+	rl, err := l.allow(ctx, key, limit)
+	if l.metrics != nil {
+		l.metrics.observeRedis(ctx, err)
+	}
+	return rl, err
+}
+
+func (l *redisLimiter) allow(ctx context.Context, key string, limit int) (limiter.Result, error) {
+	through, probe := l.breaker.allow()
+	if !through {
+		return limiter.Result{}, errBreakerOpen
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	rl, err := l.lim.Allow(cctx, key, limit)
+	l.breaker.done(probe, resultOf(ctx, err))
+	return rl, err
 }

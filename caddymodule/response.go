@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -43,14 +42,15 @@ const (
 //   - replaces the body of an error (status >= 400) that is not JSON by
 //     {"error":"<status text>"}, so that every /v1 error is JSON.
 //
-// Anything else passes through unchanged, streamed (Flush and ReadFrom work).
+// Anything else passes through unchanged, streamed (Flush and ReadFrom work). An
+// upstream that fails before answering gets the same JSON error (nextFailed).
 type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
-	h       *Handler
 	r       *http.Request
-	counted bool           // the request was counted: rl is set
-	rl      limiter.Result // the count, for the RateLimit headers
+	rl      *limiter.Result // the request's count, for the RateLimit headers; nil when not counted
+	fields  *fieldSet       // strip_fields
+	log     *zap.Logger     // the handler's rate-limited logger
 
 	mode   writerMode
 	status int
@@ -61,13 +61,13 @@ type proxyWriter struct {
 	done chan error
 }
 
-func newProxyWriter(w http.ResponseWriter, h *Handler, r *http.Request, counted bool, rl limiter.Result) *proxyWriter {
+func newProxyWriter(w http.ResponseWriter, r *http.Request, rl *limiter.Result, fields *fieldSet, log *zap.Logger) *proxyWriter {
 	pw := &proxyWriter{
 		wrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		h:       h,
 		r:       r,
-		counted: counted,
 		rl:      rl,
+		fields:  fields,
+		log:     log,
 	}
 	pw.ResponseWriterWrapper = &pw.wrapper
 	return pw
@@ -84,14 +84,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	}
 	pw.status = status
 	hdr := pw.Header()
-	if pw.counted {
-		setRateLimitHeaders(hdr, pw.rl)
-	} else {
-		// Only the gateway counts: a key without a count (unlimited, or Redis
-		// down) carries no RateLimit fields, whatever the upstream says.
-		delete(hdr, "Ratelimit")
-		delete(hdr, "Ratelimit-Policy")
-	}
+	rateLimitHeaders(hdr, pw.rl)
 	weakenETag(hdr)
 
 	// Any Content-Type value saying JSON makes the body JSON. Every other body is
@@ -103,7 +96,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	}
 	switch {
 	case status >= 400 && !isJSON:
-		pw.replace(status)
+		pw.writeError(status)
 		return
 	case status == http.StatusSwitchingProtocols:
 		pw.passthrough(status)
@@ -124,22 +117,22 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	switch encoding {
 	case "", "identity":
 		hdr.Del("Content-Encoding")
-		pw.filter = newJSONFilter(pw.ResponseWriter, pw.h.fields, !isJSON)
+		pw.filter = newJSONFilter(pw.ResponseWriter, pw.fields, !isJSON)
 		pw.mode = modeFilter
 		pw.ResponseWriter.WriteHeader(status)
 	case "gzip", "x-gzip", "deflate":
 		hdr.Del("Content-Encoding")
-		pw.filter = newJSONFilter(pw.ResponseWriter, pw.h.fields, !isJSON)
+		pw.filter = newJSONFilter(pw.ResponseWriter, pw.fields, !isJSON)
 		pw.mode = modeDecode
 		pw.ResponseWriter.WriteHeader(status)
 		pw.startDecoder(encoding)
 	default:
 		// br, zstd, a list of codings: not decoded here, and never passed on
 		// unfiltered.
-		if c := pw.h.sampled.Check(zapcore.ErrorLevel, "upstream sent JSON in an unsupported content encoding; answering 502"); c != nil {
+		if c := pw.log.Check(zapcore.ErrorLevel, "upstream sent JSON in an unsupported content encoding; answering 502"); c != nil {
 			c.Write(zap.String("content_encoding", redactKeys(encoding)), zap.String("path", redactKeys(pw.r.URL.Path)))
 		}
-		pw.replace(http.StatusBadGateway)
+		pw.writeError(http.StatusBadGateway)
 	}
 }
 
@@ -148,21 +141,44 @@ func (pw *proxyWriter) passthrough(status int) {
 	pw.ResponseWriter.WriteHeader(status)
 }
 
-// replace answers status with the module's JSON body for it; the upstream's body is
-// discarded.
-func (pw *proxyWriter) replace(status int) {
+// upstreamBodyHeaders are the upstream's header fields that describe its body: a
+// body of the module's in its place drops them.
+var upstreamBodyHeaders = []string{"Content-Encoding", "Content-Range", "Accept-Ranges", "Etag", "Last-Modified", "Content-Disposition"}
+
+// writeError answers status with the module's JSON body for it (statusBody), with
+// the request's RateLimit fields; the upstream's body, if any, is discarded.
+func (pw *proxyWriter) writeError(status int) {
 	pw.mode = modeDiscard
 	hdr := pw.Header()
-	for _, name := range []string{"Content-Encoding", "Content-Range", "Accept-Ranges", "Etag", "Last-Modified", "Content-Disposition"} {
-		hdr.Del(name)
+	rateLimitHeaders(hdr, pw.rl)
+	for _, name := range upstreamBodyHeaders {
+		delete(hdr, name)
 	}
-	body := statusBody(status)
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
-	pw.ResponseWriter.WriteHeader(status)
-	if pw.r.Method != http.MethodHead {
-		_, _ = pw.ResponseWriter.Write(body)
+	writeJSON(pw.ResponseWriter, status, statusBody(status))
+}
+
+// nextFailed turns an error returned by the next handler (a dead or slow upstream)
+// into the contract's JSON answer, if nothing has been written yet; otherwise a
+// response is already under way and the error goes back to Caddy.
+func (pw *proxyWriter) nextFailed(err error) error {
+	if pw.mode != modeUndecided {
+		return err
 	}
+	// The reverse proxy's errors carry their status (502 for an upstream it cannot
+	// reach, 504 for one that timed out); any other error is the server's own.
+	status := http.StatusInternalServerError
+	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
+		status = he.StatusCode
+	}
+	lvl := zapcore.ErrorLevel
+	if status == 499 {
+		lvl = zapcore.DebugLevel // the client went away
+	}
+	if c := pw.log.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
+		c.Write(zap.Int("status", status), zap.String("path", redactKeys(pw.r.URL.Path)), zap.Error(err))
+	}
+	pw.writeError(status)
+	return nil
 }
 
 func (pw *proxyWriter) Write(p []byte) (int, error) {
@@ -300,3 +316,19 @@ var (
 	_ http.Flusher        = (*proxyWriter)(nil)
 	_ io.ReaderFrom       = (*proxyWriter)(nil)
 )
+
+// isJSONType reports whether a Content-Type names a JSON body: application/json,
+// any +json suffix (application/problem+json), and the JSON streaming types
+// (application/x-ndjson, application/jsonl, application/json-seq). Anything whose
+// media type mentions json counts: when in doubt the body is filtered.
+func isJSONType(ct string) bool {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	for i := 0; i+4 <= len(ct); i++ {
+		if (ct[i]|0x20) == 'j' && (ct[i+1]|0x20) == 's' && (ct[i+2]|0x20) == 'o' && (ct[i+3]|0x20) == 'n' {
+			return true
+		}
+	}
+	return false
+}

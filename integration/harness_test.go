@@ -162,6 +162,7 @@ type Stack struct {
 	keyPrefix  string
 	redisPrefx string
 	redisMode  string // redis_mode of the gateways
+	redisTLSCA string // redis_tls_ca of the gateways started from now on
 }
 
 type gateway struct {
@@ -179,21 +180,48 @@ func (s *Stack) URL(i int) string { return "http://" + s.gateways[i].addr }
 // both share the Redis.
 func newStack(t *testing.T) *Stack {
 	t.Helper()
-	return newStackOn(t, os.Getenv("REDIS_URL"), "single")
+	return newStackWith(t, stackOptions{})
 }
 
 // newStackOn is newStack with the gateways' redis_url and redis_mode given.
 func newStackOn(t *testing.T, redisURL, redisMode string) *Stack {
 	t.Helper()
+	return newStackWith(t, stackOptions{redisURL: redisURL, redisMode: redisMode})
+}
+
+// stackOptions change the world newStackWith starts; each empty field is newStack's.
+type stackOptions struct {
+	redisURL   string // the gateways' redis_url (REDIS_URL)
+	redisMode  string // their redis_mode (single)
+	redisTLSCA string // their redis_tls_ca (none)
+	// databaseVia maps the URL of the test's fresh database to the one the upstream,
+	// the gateways and the operator CLI use (e.g. the same database through
+	// PgBouncer). The migrations always run on the direct URL.
+	databaseVia func(direct string) string
+}
+
+// newStackWith is newStack with options.
+func newStackWith(t *testing.T, o stackOptions) *Stack {
+	t.Helper()
+	if o.redisURL == "" {
+		o.redisURL = os.Getenv("REDIS_URL")
+	}
+	if o.redisMode == "" {
+		o.redisMode = "single"
+	}
 	s := &Stack{
-		t:         t,
-		bin:       binaries(t),
-		dbURL:     schematest.NewDatabase(t),
-		redisURL:  redisURL,
-		redisMode: redisMode,
-		stackDir:  os.Getenv("STACK_DIR"),
-		keyPrefix: "mon",
-		secrets:   []string{gatewaySecret},
+		t:          t,
+		bin:        binaries(t),
+		dbURL:      schematest.NewDatabase(t),
+		redisURL:   o.redisURL,
+		redisMode:  o.redisMode,
+		redisTLSCA: o.redisTLSCA,
+		stackDir:   os.Getenv("STACK_DIR"),
+		keyPrefix:  "mon",
+		secrets:    []string{gatewaySecret},
+	}
+	if o.databaseVia != nil {
+		s.dbURL = o.databaseVia(s.dbURL)
 	}
 	if s.redisURL == "" {
 		t.Fatal("the Redis URL is not set: run the tests with `make test`")
@@ -276,6 +304,7 @@ http://{{.Addr}} {
 			database_url   {env.DATABASE_URL}
 			redis_url      {env.REDIS_URL}
 			redis_mode     {{.RedisMode}}
+			{{with .RedisTLSCA}}redis_tls_ca {{.}}{{end}}
 			key_prefix     {{.Prefix}}
 			gateway_secret {env.GATEWAY_SECRET}
 			limiter_failure {{.Mode}}
@@ -299,7 +328,7 @@ func (s *Stack) startGateway(mode string) *gateway {
 	var cfg bytes.Buffer
 	caddyfileTmpl.Execute(&cfg, map[string]any{
 		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": mode, "Upstream": s.upAddr,
-		"RedisMode": s.redisMode,
+		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA,
 	})
 	dir := s.t.TempDir()
 	g.config = filepath.Join(dir, "Caddyfile")

@@ -6,16 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
-
-// batchSQL is verifySQL for many key ids at once.
-const batchSQL = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
-FROM api_keys k
-JOIN orgs o ON o.id = k.org_id
-JOIN plans p ON p.name = o.plan
-WHERE k.key_id = ANY($1) AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`
 
 // Batcher verifies keys like Store.Verify, but gathers the lookups of concurrent
 // requests into one query (WHERE key_id = ANY($1)), so that under load PostgreSQL
@@ -87,8 +78,13 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 	if !ok {
 		return Key{}, false, nil
 	}
-	sum := HashSecret(secret)
+	return b.VerifyParsed(ctx, keyID, secret)
+}
 
+// VerifyParsed is Verify for a key that Format.Parse has already split; see
+// Store.VerifyParsed.
+func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
+	sum := HashSecret(secret)
 	bt := b.join(keyID)
 	select {
 	case <-bt.done:
@@ -191,30 +187,5 @@ func (b *Batcher) query(ids []string) (map[string]row, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	out, err := b.queryOnce(ctx, ids)
-	if retryable(ctx, err) {
-		out, err = b.queryOnce(ctx, ids)
-	}
-	return out, err
-}
-
-func (b *Batcher) queryOnce(ctx context.Context, ids []string) (map[string]row, error) {
-	rows, err := b.store.pool.Query(ctx, batchSQL, ids)
-	if err != nil {
-		return nil, fmt.Errorf("looking up keys: %w", err)
-	}
-	out := make(map[string]row, len(ids))
-	var (
-		id, org, role string
-		hash          []byte
-		limit         int
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit}, func() error {
-		out[id] = row{orgID: org, role: Role(role), hash: hash, rateLimit: limit}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("looking up keys: %w", err)
-	}
-	return out, nil
+	return b.store.lookup(ctx, ids)
 }

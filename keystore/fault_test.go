@@ -42,7 +42,7 @@ func slowStore(t *testing.T) (*keystore.Store, string, *latencyproxy.Proxy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return keystore.New(pool, s.Format()), full, p
+	return keystore.New(pool, mustFormat(t, "mon")), full, p
 }
 
 func TestASlowDatabaseInsideTheTimeoutAnswersEveryLookup(t *testing.T) {

@@ -25,16 +25,14 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 	return &Store{pool: pool, format: format}
 }
 
-// Format returns the key format of s.
-func (s *Store) Format() Format { return s.format }
-
-// verifySQL finds a live key and its plan's rate limit. Revocation and expiry are
-// decided by the database's clock, on this very request.
-const verifySQL = `SELECT k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
+// lookupSQL finds the live keys among key ids, with their plans' rate limits.
+// Revocation and expiry are decided by the database's clock, on this very request.
+// Verify sends it for one key id, a Batcher for many.
+const lookupSQL = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
-WHERE k.key_id = $1 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`
+WHERE k.key_id = ANY($1) AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`
 
 // dummyHash is compared against when no live key has the presented key id, so that an
 // unknown key costs the same hashing and comparison as a known one.
@@ -48,29 +46,50 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 	if !ok {
 		return Key{}, false, nil
 	}
-	sum := HashSecret(secret)
+	return s.VerifyParsed(ctx, keyID, secret)
+}
 
-	var (
-		r    row
-		role string
-	)
-	scan := func() error {
-		return s.pool.QueryRow(ctx, verifySQL, keyID).Scan(&r.orgID, &role, &r.hash, &r.rateLimit)
+// VerifyParsed is Verify for a key that Format.Parse has already split into its key id
+// and secret, so that a caller that parsed the key does not parse it again.
+func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
+	rows, err := s.lookup(ctx, []string{keyID})
+	if err != nil {
+		return Key{}, false, err
 	}
-	err := scan()
+	r, found := rows[keyID]
+	k, ok := check(keyID, HashSecret(secret), r, found)
+	return k, ok, nil
+}
+
+// lookup runs lookupSQL for ids, once more if the first attempt fails (see
+// retryable), and returns the live keys it found by key id.
+func (s *Store) lookup(ctx context.Context, ids []string) (map[string]row, error) {
+	out, err := s.lookupOnce(ctx, ids)
 	if retryable(ctx, err) {
-		err = scan()
-	}
-	found := err == nil
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = nil
+		out, err = s.lookupOnce(ctx, ids)
 	}
 	if err != nil {
-		return Key{}, false, fmt.Errorf("looking up key: %w", err)
+		return nil, fmt.Errorf("looking up keys: %w", err)
 	}
-	r.role = Role(role)
-	k, ok := check(keyID, sum, r, found)
-	return k, ok, nil
+	return out, nil
+}
+
+func (s *Store) lookupOnce(ctx context.Context, ids []string) (map[string]row, error) {
+	rows, err := s.pool.Query(ctx, lookupSQL, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]row, len(ids))
+	var (
+		id, org, role string
+		hash          []byte
+		limit         int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit}, func() error {
+		out[id] = row{orgID: org, role: Role(role), hash: hash, rateLimit: limit}
+		return nil
+	})
+	return out, err
 }
 
 // row is what a lookup finds of a live key.
@@ -97,10 +116,10 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 
 // retryable reports whether a failed lookup should be tried once more: the lookup is a
 // read, so trying again is always safe, and after a PostgreSQL restart the pool's idle
-// connections are dead and fail their first query. A lookup whose context has ended, or
-// that found nothing, is not tried again.
+// connections are dead and fail their first query. A lookup whose context has ended
+// is not tried again.
 func retryable(ctx context.Context, err error) bool {
-	return err != nil && !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil
+	return err != nil && ctx.Err() == nil
 }
 
 // Create makes a new key and returns its record and the full key, which is never

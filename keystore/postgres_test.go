@@ -80,12 +80,12 @@ func testVerifyOutcomes(t *testing.T, kind string) {
 		t.Errorf("Verify(valid) = %+v, want %+v", k, want)
 	}
 
-	keyID, secret, _ := store.Format().Parse(full)
+	keyID, secret, _ := mustFormat(t, "mon").Parse(full)
 	t.Run("unknown key id", func(t *testing.T) {
 		wantRefused(t, s, "mon_live_"+strings.Repeat("Q", 22)+"."+secret)
 	})
 	t.Run("wrong secret", func(t *testing.T) {
-		_, _, other, _ := store.Format().Generate()
+		_, _, other, _ := mustFormat(t, "mon").Generate()
 		wantRefused(t, s, "mon_live_"+keyID+"."+other)
 	})
 	t.Run("case-flipped secret", func(t *testing.T) {
@@ -148,7 +148,7 @@ func TestVerifyTellsADeadDatabaseFromABadKey(t *testing.T) {
 	s, _, org := newStore(t, "pro")
 	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 
-	for name, ds := range verifiers(keystore.New(schematest.UnreachablePool(t), s.Format())) {
+	for name, ds := range verifiers(keystore.New(schematest.UnreachablePool(t), mustFormat(t, "mon"))) {
 		if _, ok, err := ds.Verify(context.Background(), full); ok || err == nil {
 			t.Errorf("%s: Verify against a dead database = %v, %v; want an error", name, ok, err)
 		}
@@ -209,7 +209,7 @@ func TestCreateListRevoke(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT secret_hash FROM api_keys WHERE key_id = $1`, a.ID).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
-	_, secretA, _ := s.Format().Parse(fullA)
+	_, secretA, _ := mustFormat(t, "mon").Parse(fullA)
 	if sum := keystore.HashSecret(secretA); string(stored) != string(sum[:]) {
 		t.Errorf("stored %x, want SHA-256 of the secret", stored)
 	}

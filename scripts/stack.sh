@@ -159,18 +159,39 @@ start_extra_redis() {
 	echo "$dir/$name/redis.pid" >>"$dir/extra.pids"
 }
 
+# start_cluster_node I starts cluster node I and prints its port: a free one at most
+# 55535 whose bus port (port + 10000) is free too. A port that turns out to be taken
+# (by another process's outgoing connection, say, which free_port cannot see) is
+# given up for another.
+start_cluster_node() {
+	local i=$1 p try n
+	for try in 1 2 3 4 5; do
+		p=$(free_port)
+		[ "$p" -le 55535 ] || continue
+		! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 10000))") 2>/dev/null || continue
+		rm -rf "$dir/cluster$i"
+		start_extra_redis "cluster$i" "$p" --cluster-enabled yes \
+			--cluster-config-file "$dir/cluster$i/nodes.conf" --cluster-node-timeout 2000
+		for n in $(seq 1 50); do
+			if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+				echo "$p"
+				return 0
+			fi
+			sleep 0.1
+		done
+		echo "stack.sh: cluster node $i did not listen on $p (try $try): $(tail -n 1 "$dir/cluster$i/redis.log" 2>/dev/null)" >&2
+		kill "$(cat "$dir/cluster$i/redis.pid" 2>/dev/null)" 2>/dev/null || true
+	done
+	die "cluster node $i did not start"
+}
+
 # up_cluster starts three cluster masters (ports at most 55535: the bus port is
 # port + 10000) and joins them with redis-cli --cluster create.
 up_cluster() {
 	dir=$(cd "$dir" && pwd)
-	local ports=() p i
+	local ports=() i
 	for i in 1 2 3; do
-		p=$(free_port)
-		[ "$p" -le 55535 ] || die "cluster port $p above 55535"
-		ports+=("$p")
-		start_extra_redis "cluster$i" "$p" --cluster-enabled yes \
-			--cluster-config-file "$dir/cluster$i/nodes.conf" --cluster-node-timeout 2000
-		wait_port "$p" "cluster node $i"
+		ports+=("$(start_cluster_node "$i")")
 	done
 	redis-cli --cluster create "127.0.0.1:${ports[0]}" "127.0.0.1:${ports[1]}" "127.0.0.1:${ports[2]}" \
 		--cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1 ||

@@ -28,7 +28,10 @@ const (
 var defaultLocations = []string{"us-east"}
 
 // monitorWrite is a decoded monitor write body. A nil field is one the body does not
-// set; config and assertions hold JSON re-encoded by decodeFreeJSON.
+// set; config and assertions hold JSON re-encoded by decodeFreeJSON, typed
+// json.RawMessage so that pgx sends them as JSON text in every query exec mode: a
+// []byte would go as bytea ('\x7b7d') where pgx does not prepare the statement first
+// (exec and simple_protocol, the modes for PgBouncer's transaction pooling).
 type monitorWrite struct {
 	name            *string
 	typ             *string
@@ -36,8 +39,8 @@ type monitorWrite struct {
 	intervalSeconds *int
 	locations       []string
 	paused          *bool
-	config          []byte
-	assertions      []byte
+	config          json.RawMessage
+	assertions      json.RawMessage
 }
 
 // empty reports whether w sets no field at all.
