@@ -4,11 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"errors"
-	"fmt"
 	"net/http"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/keygate/keygate/keystore"
 )
@@ -57,56 +53,58 @@ func (s *Server) member(r *http.Request) (principal, error) {
 	if !validUUID(orgID) {
 		return principal{}, errNotFound
 	}
-	var role string
-	err = s.pool.QueryRow(r.Context(), `SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2`,
-		orgID, userID).Scan(&role)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return principal{}, errNotFound
-	}
+	role, err := s.memberRole(r.Context(), orgID, userID)
 	if err != nil {
-		return principal{}, fmt.Errorf("looking up membership: %w", err)
+		return principal{}, err
 	}
 	infoOf(r.Context()).orgID = orgID
 	return principal{orgID: orgID, role: role, userID: userID}, nil
 }
 
-// monitorHandler is a monitor route's implementation, shared by both doors: it acts for
-// p, who has been authenticated and, for writes, authorised.
-type monitorHandler func(w http.ResponseWriter, r *http.Request, p principal)
+// principalHandler is a route acting for p, whom its door (memberRoute,
+// gatewayRoute) has authenticated and authorised: it writes its answer or returns the
+// error to answer with.
+type principalHandler func(w http.ResponseWriter, r *http.Request, p principal) error
 
-// dashboardDoor serves h to members of the path's organisation: session (401), then
-// membership (404), then, for a write, a role that may write (Viewer: 403).
-func (s *Server) dashboardDoor(write bool, h monitorHandler) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+// anyRole lets every principal through: the routes that only read.
+func anyRole(principal) bool { return true }
+
+// memberRoute serves h to members of the path's organisation whose role may pass, in
+// the contract's order: session (401), then membership (404), then role (403).
+func (s *Server) memberRoute(may func(principal) bool, h principalHandler) http.HandlerFunc {
+	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		p, err := s.member(r)
 		if err != nil {
-			s.writeError(w, r, err)
-			return
+			return err
 		}
-		if write && !p.canWriteMonitors() {
-			s.writeError(w, r, errForbidden)
-			return
+		if !may(p) {
+			return errForbidden
 		}
-		h(w, r, p)
-	}
+		return h(w, r, p)
+	})
 }
 
-// gatewayDoor serves h to the key that gatewayAuth found in r's context; a write by a
-// Viewer key is refused with 403, although the gateway refuses it first.
-func (s *Server) gatewayDoor(write bool, h monitorHandler) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+// keyRoute is the preamble of every dashboard key route: a member holding
+// api_key:manage (session 401, membership 404, role 403).
+func (s *Server) keyRoute(h principalHandler) http.HandlerFunc {
+	return s.memberRoute(principal.canManageKeys, h)
+}
+
+// gatewayRoute serves h to the key that gatewayAuth found in r's context whose role may
+// pass; a write by a Viewer key is refused with 403, although the gateway refuses it
+// first.
+func (s *Server) gatewayRoute(may func(principal) bool, h principalHandler) http.HandlerFunc {
+	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		p, ok := r.Context().Value(principalKey{}).(principal)
 		if !ok {
 			// gatewayAuth runs before every /v1 route; this is a wiring mistake.
-			s.writeError(w, r, errKeyUnauth)
-			return
+			return errKeyUnauth
 		}
-		if write && !p.canWriteMonitors() {
-			s.writeError(w, r, errForbidden)
-			return
+		if !may(p) {
+			return errForbidden
 		}
-		h(w, r, p)
-	}
+		return h(w, r, p)
+	})
 }
 
 type principalKey struct{}

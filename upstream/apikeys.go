@@ -2,12 +2,8 @@ package upstream
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/keygate/keygate/keystore"
 )
@@ -33,60 +29,29 @@ type createdKeyJSON struct {
 	Key       string  `json:"key"`
 }
 
-// keyManager runs the checks every dashboard key route starts with, in the contract's
-// order: session (401), membership (404), api_key:manage (403).
-func (s *Server) keyManager(r *http.Request) (principal, error) {
-	p, err := s.member(r)
-	if err != nil {
-		return principal{}, err
-	}
-	if !p.canManageKeys() {
-		return principal{}, errForbidden
-	}
-	return p, nil
-}
-
 // handleCreateKey answers POST /orgs/{orgId}/api-keys
-// {"name","role","expires_at"?}: 201 with the full key. After the checks of keyManager
+// {"name","role","expires_at"?}: 201 with the full key. After the checks of keyRoute
 // come the plan's API access (403 feature_gated) and then the body (400).
-func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request) {
-	p, err := s.keyManager(r)
+func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p principal) error {
+	rateLimit, err := s.apiRateLimit(r.Context(), p.orgID)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var rateLimit int
-	err = s.pool.QueryRow(r.Context(), `SELECT p.api_rate_limit FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.id = $1`,
-		p.orgID).Scan(&rateLimit)
-	if errors.Is(err, pgx.ErrNoRows) {
-		// The org was deleted since the membership was read.
-		s.writeError(w, r, errNotFound)
-		return
-	}
-	if err != nil {
-		s.writeError(w, r, fmt.Errorf("looking up plan: %w", err))
-		return
+		return err
 	}
 	if rateLimit == 0 {
-		s.writeError(w, r, errAPIFeatureGated)
-		return
+		return errAPIFeatureGated
 	}
-
 	body, err := readBody(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	nk, err := s.decodeNewKey(body)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	nk.OrgID, nk.CreatedBy = p.orgID, p.userID
 	rec, full, err := s.keys.Create(r.Context(), nk)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusCreated, createdKeyJSON{
 		ID:        rec.ID,
@@ -96,6 +61,7 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request) {
 		ExpiresAt: optionalTimeJSON(rec.ExpiresAt),
 		Key:       full,
 	})
+	return nil
 }
 
 // decodeNewKey decodes and checks a key creation body. expires_at may be absent or
@@ -145,16 +111,10 @@ func (s *Server) decodeNewKey(body []byte) (keystore.NewKey, error) {
 
 // handleListKeys answers GET /orgs/{orgId}/api-keys: every key of the org, revoked and
 // expired ones included, oldest first, masked.
-func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request) {
-	p, err := s.keyManager(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
+func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request, p principal) error {
 	recs, err := s.keys.List(r.Context(), p.orgID)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	data := make([]keyJSON, 0, len(recs))
 	for _, rec := range recs {
@@ -171,24 +131,19 @@ func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Data []keyJSON `json:"data"`
 	}{data})
+	return nil
 }
 
 // handleRevokeKey answers DELETE /orgs/{orgId}/api-keys/{id}: 204, also for a key
 // already revoked; 404 for an id that is not one of the org's keys.
-func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request) {
-	p, err := s.keyManager(r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
+func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request, p principal) error {
 	found, err := s.keys.Revoke(r.Context(), p.orgID, r.PathValue("id"))
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	if !found {
-		s.writeError(w, r, errNotFound)
-		return
+		return errNotFound
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }

@@ -74,24 +74,6 @@ type cli struct {
 	getenv func(string) string
 }
 
-// command is one subcommand: its words ("plan put"), a line of description, and what it
-// does with the arguments after its words.
-type command struct {
-	name    string
-	summary string
-	run     func(c *cli, name string, args []string) error
-}
-
-var commands = []command{
-	{"serve", "serve the upstream's HTTP interface", (*cli).serve},
-	{"migrate", "apply the database schema to DATABASE_URL (idempotent)", (*cli).migrate},
-	{"plan put", "create a plan or replace its limits", (*cli).planPut},
-	{"org create", "create an organisation on a plan", (*cli).orgCreate},
-	{"org set-plan", "move an organisation to another plan", (*cli).orgSetPlan},
-	{"user create", "create a user, the password read from standard input", (*cli).userCreate},
-	{"member add", "make a user a member of an organisation, or change their role", (*cli).memberAdd},
-}
-
 // dispatch finds the command named by the first one or two words of args and runs it.
 // It returns the name to prefix messages with.
 func (c *cli) dispatch(args []string) (string, error) {
@@ -201,13 +183,8 @@ func (c *cli) databaseURL() (string, error) {
 }
 
 // connect opens a pool of maxConns connections (0: the default of poolConfig) on
-// DATABASE_URL, with each database wait bounded by DefaultDatabaseTimeout, and pings it.
-func (c *cli) connect(maxConns int32) (*pgxpool.Pool, error) {
-	return c.connectWith(maxConns, DefaultDatabaseTimeout)
-}
-
-// connectWith is connect with each database wait bounded by timeout.
-func (c *cli) connectWith(maxConns int32, timeout time.Duration) (*pgxpool.Pool, error) {
+// DATABASE_URL, with each database wait bounded by timeout, and pings it.
+func (c *cli) connect(maxConns int32, timeout time.Duration) (*pgxpool.Pool, error) {
 	u, err := c.databaseURL()
 	if err != nil {
 		return nil, err

@@ -169,20 +169,44 @@ var (
 	errHashQueueFull     = &Error{Code: EUNAVAILABLE, Message: "password hashing queue full"}
 )
 
-// statusOf maps each code to its HTTP status.
-var statusOf = map[string]int{
-	EINVALID:      http.StatusBadRequest,
-	EUNAUTHORIZED: http.StatusUnauthorized,
-	EQUOTA:        http.StatusPaymentRequired,
-	EFORBIDDEN:    http.StatusForbidden,
-	EFEATUREGATED: http.StatusForbidden,
-	ENOTFOUND:     http.StatusNotFound,
-	EMETHOD:       http.StatusMethodNotAllowed,
-	ECONFLICT:     http.StatusConflict,
-	ETOOLARGE:     http.StatusRequestEntityTooLarge,
-	ERATELIMITED:  http.StatusTooManyRequests,
-	EUNAVAILABLE:  http.StatusServiceUnavailable,
-	EINTERNAL:     http.StatusInternalServerError,
+// errorResponse is how one code answers over HTTP: a status and the body built from
+// the *Error.
+type errorResponse struct {
+	status int
+	body   func(e *Error) errorBody
+}
+
+// fixedBody is the body {"error":text}, whatever the *Error says.
+func fixedBody(text string) func(*Error) errorBody {
+	return func(*Error) errorBody { return errorBody{Error: text} }
+}
+
+// messageBody is the body {"error":Message}, for the codes whose routes choose the words.
+func messageBody(e *Error) errorBody { return errorBody{Error: e.Message} }
+
+// errorResponses is the one table from an error's code to its HTTP status and body
+// (CONTRACT §6); the comments of the codes above say the same.
+var errorResponses = map[string]errorResponse{
+	EINVALID: {http.StatusBadRequest, func(e *Error) errorBody {
+		return errorBody{Error: "invalid_request", Message: e.Message}
+	}},
+	EUNAUTHORIZED: {http.StatusUnauthorized, messageBody},
+	EQUOTA: {http.StatusPaymentRequired, func(e *Error) errorBody {
+		return errorBody{Error: "quota_exceeded", Metric: e.Detail, Upgrade: true}
+	}},
+	EFORBIDDEN: {http.StatusForbidden, fixedBody("forbidden")},
+	EFEATUREGATED: {http.StatusForbidden, func(e *Error) errorBody {
+		return errorBody{Error: "feature_gated", Feature: e.Detail, Upgrade: true}
+	}},
+	ENOTFOUND: {http.StatusNotFound, messageBody},
+	EMETHOD:   {http.StatusMethodNotAllowed, fixedBody("method not allowed")},
+	ECONFLICT: {http.StatusConflict, messageBody},
+	ETOOLARGE: {http.StatusRequestEntityTooLarge, fixedBody("request_too_large")},
+	ERATELIMITED: {http.StatusTooManyRequests, func(e *Error) errorBody {
+		return errorBody{Error: "rate_limited", RetryAfter: e.RetryAfter}
+	}},
+	EUNAVAILABLE: {http.StatusServiceUnavailable, fixedBody("service_unavailable")},
+	EINTERNAL:    {http.StatusInternalServerError, fixedBody("internal")},
 }
 
 // errorBody is every error body's shape; the optional fields appear only for the codes
@@ -197,57 +221,45 @@ type errorBody struct {
 	RetryAfter int `json:"retryAfter,omitempty"`
 }
 
-// writeError answers r with the status and JSON body of err's code. Internal errors are
-// logged with their cause and answered with {"error":"internal"} only.
+// writeError answers r with the status and JSON body of err's code (errorResponses).
+// A plan gate's refusal is counted, a throttled login gets Retry-After.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e := s.callerError(r, err)
+	resp := errorResponses[e.Code]
+	switch e.Code {
+	case EQUOTA, EFEATUREGATED:
+		s.metrics.gateRejected(e.Detail)
+	case ERATELIMITED:
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	writeJSON(w, resp.status, resp.body(e))
+}
+
+// callerError returns the *Error to answer err with. A database that cannot be reached
+// is logged with its cause and answered with errUnavailable; anything without a code of
+// errorResponses is logged with its cause and answered with errInternalForClient, so
+// that no internal detail reaches the caller.
+func (s *Server) callerError(r *http.Request, err error) *Error {
 	code := ErrorCode(err)
 	var e *Error
+	_, known := errorResponses[code]
 	switch {
 	case code == EUNAVAILABLE && errors.As(err, &e):
 		// An overload this package detected itself (a full hashing queue): the request
 		// log shows the 503; an error line per refused request would flood the log.
+		return e
 	case code == EUNAVAILABLE:
 		s.logger.Error("database unavailable",
 			zap.String("method", r.Method),
 			zap.String("path", r.URL.Path),
 			zap.Error(err))
-		e = errUnavailable
-	case !errors.As(err, &e) || code == EINTERNAL:
+		return errUnavailable
+	case !errors.As(err, &e) || code == EINTERNAL || !known:
 		s.logger.Error("internal error",
 			zap.String("method", r.Method),
 			zap.String("path", r.URL.Path),
 			zap.Error(err))
-		code, e = EINTERNAL, errInternalForClient
+		return errInternalForClient
 	}
-	var body errorBody
-	switch code {
-	case EINVALID:
-		body = errorBody{Error: "invalid_request", Message: e.Message}
-	case EQUOTA:
-		s.metrics.gateRejected(e.Detail)
-		body = errorBody{Error: "quota_exceeded", Metric: e.Detail, Upgrade: true}
-	case EFEATUREGATED:
-		s.metrics.gateRejected(e.Detail)
-		body = errorBody{Error: "feature_gated", Feature: e.Detail, Upgrade: true}
-	case EFORBIDDEN:
-		body = errorBody{Error: "forbidden"}
-	case EMETHOD:
-		body = errorBody{Error: "method not allowed"}
-	case ETOOLARGE:
-		body = errorBody{Error: "request_too_large"}
-	case ERATELIMITED:
-		body = errorBody{Error: "rate_limited", RetryAfter: e.RetryAfter}
-		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
-	case EUNAVAILABLE:
-		body = errorBody{Error: "service_unavailable"}
-	case EINTERNAL:
-		body = errorBody{Error: "internal"}
-	default:
-		body = errorBody{Error: e.Message}
-	}
-	status, ok := statusOf[code]
-	if !ok {
-		status = http.StatusInternalServerError
-	}
-	writeJSON(w, status, body)
+	return e
 }

@@ -18,14 +18,13 @@ const (
 // handleListMonitors answers GET …/monitors?limit=&cursor=: 200
 // {"data":[monitor…],"next_cursor":string or null}. An empty limit or cursor counts as
 // absent.
-func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p principal) {
+func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p principal) error {
 	q := r.URL.Query()
 	limit := defaultPageSize
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxPageSize {
-			s.writeError(w, r, invalid("limit", "must be an integer from 1 to %d", maxPageSize))
-			return
+			return invalid("limit", "must be an integer from 1 to %d", maxPageSize)
 		}
 		limit = n
 	}
@@ -33,15 +32,13 @@ func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p pr
 	if v := q.Get("cursor"); v != "" {
 		c, err := decodeCursor(v)
 		if err != nil {
-			s.writeError(w, r, err)
-			return
+			return err
 		}
 		after = &c
 	}
 	ms, next, err := s.listMonitors(r.Context(), p.orgID, limit, after)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	page := struct {
 		Data       []monitor `json:"data"`
@@ -55,85 +52,90 @@ func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p pr
 		page.NextCursor = &c
 	}
 	writeJSON(w, http.StatusOK, page)
+	return nil
 }
 
 // handleCreateMonitor answers POST …/monitors: 201 with the monitor, after the body
 // (400, 413) and the plan's gates (402, 403).
-func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p principal) {
-	body, err := readBody(w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	in, err := decodeMonitorWrite(body)
+func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
+	in, err := readMonitorWrite(w, r)
 	if err == nil {
 		in, err = in.forCreate()
 	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	m, err := s.createMonitor(r.Context(), p.orgID, in)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusCreated, m)
+	return nil
+}
+
+// readMonitorWrite reads r's body (413) and decodes it as a monitor write (400).
+func readMonitorWrite(w http.ResponseWriter, r *http.Request) (monitorWrite, error) {
+	body, err := readBody(w, r)
+	if err != nil {
+		return monitorWrite{}, err
+	}
+	return decodeMonitorWrite(body)
+}
+
+// monitorID returns the path's {id}, or errMonitorNotFound when it is not a UUID: a
+// malformed id is answered before anything else is read.
+func monitorID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if !validUUID(id) {
+		return "", errMonitorNotFound
+	}
+	return id, nil
 }
 
 // handleGetMonitor answers GET …/monitors/{id}: 200 with the monitor.
-func (s *Server) handleGetMonitor(w http.ResponseWriter, r *http.Request, p principal) {
-	id := r.PathValue("id")
-	if !validUUID(id) {
-		s.writeError(w, r, errMonitorNotFound)
-		return
+func (s *Server) handleGetMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
+	id, err := monitorID(r)
+	if err != nil {
+		return err
 	}
 	m, err := s.getMonitor(r.Context(), p.orgID, id)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, m)
+	return nil
 }
 
 // handlePatchMonitor answers PATCH …/monitors/{id}: 200 with the monitor. A malformed
 // id is 404 before the body is read; then come the body (400, 413), the monitor (404),
 // the target's fit to the type (400) and the gates of the fields the body sets.
-func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p principal) {
-	id := r.PathValue("id")
-	if !validUUID(id) {
-		s.writeError(w, r, errMonitorNotFound)
-		return
-	}
-	body, err := readBody(w, r)
+func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
+	id, err := monitorID(r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
-	in, err := decodeMonitorWrite(body)
+	in, err := readMonitorWrite(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	m, err := s.patchMonitor(r.Context(), p.orgID, id, in)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, m)
+	return nil
 }
 
 // handleDeleteMonitor answers DELETE …/monitors/{id}: 204; the monitor is kept,
 // marked deleted, and is not found from then on.
-func (s *Server) handleDeleteMonitor(w http.ResponseWriter, r *http.Request, p principal) {
-	id := r.PathValue("id")
-	if !validUUID(id) {
-		s.writeError(w, r, errMonitorNotFound)
-		return
+func (s *Server) handleDeleteMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
+	id, err := monitorID(r)
+	if err != nil {
+		return err
 	}
 	if err := s.deleteMonitor(r.Context(), p.orgID, id); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }

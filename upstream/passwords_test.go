@@ -144,16 +144,21 @@ func TestNewPasswordsHaveAtLeastTenCharacters(t *testing.T) {
 		{"10 characters in 20 bytes", "éééééééééé", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := createUser(context.Background(), e.pool, e.srv.passwords, fmt.Sprintf("u%d@example.com", e.seq.Add(1)), tc.password)
+			// Users are created by the command line, which checks the password once.
+			code, _, stderr := run(t, map[string]string{"DATABASE_URL": e.dbURL}, tc.password+"\n",
+				"user", "create", "--email", fmt.Sprintf("u%d@example.com", e.seq.Add(1)), "--password-stdin")
 			if tc.ok {
-				if err != nil {
-					t.Fatalf("createUser: %v", err)
+				if code != 0 {
+					t.Fatalf("user create: exit %d, stderr %q", code, stderr)
 				}
 				return
 			}
+			if code != 2 || stderr != "upstream user create: password: must be at least 10 characters\n" {
+				t.Errorf("user create: exit %d, stderr %q; want 2 and the password rule", code, stderr)
+			}
 			// Set over HTTP, the refusal is a 400 naming the field.
 			rec := httptest.NewRecorder()
-			e.srv.writeError(rec, httptest.NewRequest("POST", "/", nil), err)
+			e.srv.writeError(rec, httptest.NewRequest("POST", "/", nil), checkNewPassword(tc.password))
 			want(t, response{status: rec.Code, header: rec.Header(), body: rec.Body.String()}, 400,
 				`{"error":"invalid_request","message":"password: must be at least 10 characters"}`)
 		})

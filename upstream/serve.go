@@ -2,14 +2,12 @@ package upstream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -82,7 +80,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 			return err
 		}
 	}
-	pool, err := c.connectWith(0, *dbTimeout)
+	pool, err := c.connect(0, *dbTimeout)
 	if err != nil {
 		return err
 	}
@@ -162,53 +160,6 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 			v, requiredSchemaVersion)
 	}
 	return nil
-}
-
-// schemaVersion returns the version tern recorded, 0 for a database never migrated.
-func schemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
-	var present bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('schema_version') IS NOT NULL`).Scan(&present); err != nil {
-		return 0, fmt.Errorf("reading schema version: %w", err)
-	}
-	if !present {
-		return 0, nil
-	}
-	var v int
-	err := pool.QueryRow(ctx, `SELECT version FROM schema_version`).Scan(&v)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("reading schema version: %w", err)
-	}
-	return v, nil
-}
-
-func (c *cli) migrate(name string, args []string) error {
-	fs := c.flags(name, "",
-		`Applies every migration of the schema not yet applied to DATABASE_URL. Idempotent; safe to run from several processes at once. Prints {"schema_version":N}.`)
-	if err := c.parse(fs, args); err != nil {
-		return err
-	}
-	dbURL, err := c.databaseURL()
-	if err != nil {
-		return err
-	}
-	if err := schema.Migrate(c.ctx, dbURL); err != nil {
-		return err
-	}
-	pool, err := c.connect(1)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	v, err := schemaVersion(c.ctx, pool)
-	if err != nil {
-		return err
-	}
-	return c.printJSON(struct {
-		SchemaVersion int `json:"schema_version"`
-	}{v})
 }
 
 // newLogger returns a zap logger writing JSON lines to w at info level and above.

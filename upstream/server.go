@@ -148,32 +148,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 
-	mux.HandleFunc("POST /auth/login", s.handleLogin)
-	mux.HandleFunc("POST /auth/logout", s.handleLogout)
+	mux.HandleFunc("POST /auth/login", s.handle(s.handleLogin))
+	mux.HandleFunc("POST /auth/logout", s.handle(s.handleLogout))
 
-	mux.HandleFunc("POST /orgs/{orgId}/api-keys", s.handleCreateKey)
-	mux.HandleFunc("GET /orgs/{orgId}/api-keys", s.handleListKeys)
-	mux.HandleFunc("DELETE /orgs/{orgId}/api-keys/{id}", s.handleRevokeKey)
+	mux.HandleFunc("POST /orgs/{orgId}/api-keys", s.keyRoute(s.handleCreateKey))
+	mux.HandleFunc("GET /orgs/{orgId}/api-keys", s.keyRoute(s.handleListKeys))
+	mux.HandleFunc("DELETE /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleRevokeKey))
 
+	read, write := anyRole, principal.canWriteMonitors
 	for _, door := range []struct {
 		prefix string
-		wrap   func(write bool, h monitorHandler) http.HandlerFunc
+		route  func(may func(principal) bool, h principalHandler) http.HandlerFunc
 	}{
-		{"/orgs/{orgId}/monitors", s.dashboardDoor},
-		{"/v1/monitors", s.gatewayDoor},
+		{"/orgs/{orgId}/monitors", s.memberRoute},
+		{"/v1/monitors", s.gatewayRoute},
 	} {
-		mux.HandleFunc("GET "+door.prefix, door.wrap(false, s.handleListMonitors))
-		mux.HandleFunc("POST "+door.prefix, door.wrap(true, s.handleCreateMonitor))
-		mux.HandleFunc("GET "+door.prefix+"/{id}", door.wrap(false, s.handleGetMonitor))
-		mux.HandleFunc("PATCH "+door.prefix+"/{id}", door.wrap(true, s.handlePatchMonitor))
-		mux.HandleFunc("DELETE "+door.prefix+"/{id}", door.wrap(true, s.handleDeleteMonitor))
+		mux.HandleFunc("GET "+door.prefix, door.route(read, s.handleListMonitors))
+		mux.HandleFunc("POST "+door.prefix, door.route(write, s.handleCreateMonitor))
+		mux.HandleFunc("GET "+door.prefix+"/{id}", door.route(read, s.handleGetMonitor))
+		mux.HandleFunc("PATCH "+door.prefix+"/{id}", door.route(write, s.handlePatchMonitor))
+		mux.HandleFunc("DELETE "+door.prefix+"/{id}", door.route(write, s.handleDeleteMonitor))
 	}
 
 	routed := s.jsonFallbacks(mux)
 	cop := http.NewCrossOriginProtection()
-	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, errForbidden)
-	}))
+	cop.SetDenyHandler(s.handle(func(http.ResponseWriter, *http.Request) error { return errForbidden }))
 	dashboard := cop.Handler(routed)
 	v1 := s.gatewayAuth(routed)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -183,6 +182,20 @@ func (s *Server) routes() http.Handler {
 		}
 		dashboard.ServeHTTP(w, r)
 	})
+}
+
+// handlerFunc is a route: it writes its answer, or returns the error to answer with
+// having written nothing.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// handle adapts h to net/http: the one place where a route's error becomes a response
+// (writeError).
+func (s *Server) handle(h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	}
 }
 
 // isV1 reports whether path is under /v1, the gateway's side.
@@ -196,16 +209,15 @@ func isV1(path string) bool {
 // unknown too (404), where mux would redirect to its clean form with an HTML body: no
 // answer of this API is a redirect.
 func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		if !cleanPath(r.URL.Path) {
-			s.writeError(w, r, errNotFound)
-			return
+			return errNotFound
 		}
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
 			infoOf(r.Context()).route = pattern // for Metrics
 			mux.ServeHTTP(w, r)
-			return
+			return nil
 		}
 		// mux's own 404 and 405 handlers are run against a scratch writer only to learn
 		// which of the two applies and the Allow header of a 405.
@@ -213,10 +225,9 @@ func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 		h.ServeHTTP(probe, r)
 		if probe.status == http.StatusMethodNotAllowed {
 			w.Header().Set("Allow", probe.header.Get("Allow"))
-			s.writeError(w, r, errMethodNotAllowed)
-			return
+			return errMethodNotAllowed
 		}
-		s.writeError(w, r, errNotFound)
+		return errNotFound
 	})
 }
 

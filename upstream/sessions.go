@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
 
@@ -27,55 +25,27 @@ const sessionTokenBytes = 32
 // wrong; both cost one argon2id derivation, so timing does not tell them apart either.
 // Past the login throttle's limits it answers 429 without deriving anything, and 503
 // when the hashing queue is full.
-func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	body, err := readBody(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var email, password *string
-	err = decodeObject(body, func(name string, raw json.RawMessage) error {
-		var err error
-		var v string
-		switch name {
-		case "email":
-			v, err = decodeString(name, raw)
-			email = &v
-		case "password":
-			v, err = decodeString(name, raw)
-			password = &v
-		default:
-			err = invalid(name, "unknown field")
-		}
 		return err
-	})
-	switch {
-	case err != nil:
-		s.writeError(w, r, err)
-		return
-	case email == nil || *email == "":
-		s.writeError(w, r, invalid("email", "required"))
-		return
-	case password == nil || *password == "":
-		s.writeError(w, r, invalid("password", "required"))
-		return
 	}
-
-	client, emailHash := s.clientAddr(r), emailKey(*email)
+	email, password, err := decodeLogin(body)
+	if err != nil {
+		return err
+	}
+	client, emailHash := s.clientAddr(r), emailKey(email)
 	attempt, wait, err := s.reserveLogin(r.Context(), client, emailHash, s.now())
 	switch {
 	case err != nil:
-		s.writeError(w, r, err)
-		return
+		return err
 	case wait > 0:
-		s.writeError(w, r, rateLimited(wait))
-		return
+		return rateLimited(wait)
 	}
-	userID, err := s.checkPassword(r.Context(), *email, *password)
+	userID, err := s.checkPassword(r.Context(), email, password)
 	switch {
 	case errors.Is(err, errBadCredentials):
-		s.writeError(w, r, err)
-		return
+		return err
 	case err != nil:
 		// Not a failure of the caller's: the attempt must not count against them. The
 		// request's context may be over (the client left); the database timeout still
@@ -83,17 +53,14 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		if rerr := s.releaseLogin(context.WithoutCancel(r.Context()), attempt); rerr != nil {
 			s.logger.Warn("releasing login attempt failed", zap.Error(rerr))
 		}
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	if err := s.forgetLogins(r.Context(), client, emailHash); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	token, err := s.createSession(r.Context(), userID)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	infoOf(r.Context()).userID = userID
 	http.SetCookie(w, &http.Cookie{
@@ -106,22 +73,46 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		SameSite: http.SameSiteLaxMode,
 	})
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// decodeLogin decodes a login body: both fields required and non-empty.
+func decodeLogin(body []byte) (email, password string, err error) {
+	err = decodeObject(body, func(name string, raw json.RawMessage) error {
+		var err error
+		switch name {
+		case "email":
+			email, err = decodeString(name, raw)
+		case "password":
+			password, err = decodeString(name, raw)
+		default:
+			err = invalid(name, "unknown field")
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return "", "", err
+	case email == "":
+		return "", "", invalid("email", "required")
+	case password == "":
+		return "", "", invalid("password", "required")
+	}
+	return email, password, nil
 }
 
 // checkPassword returns the id of the user with email if password is theirs, and
 // errBadCredentials otherwise.
 func (s *Server) checkPassword(ctx context.Context, email, password string) (string, error) {
-	var userID, encoded string
-	err := s.pool.QueryRow(ctx, `SELECT id::text, password_hash FROM users WHERE lower(email) = lower($1)`,
-		email).Scan(&userID, &encoded)
-	if errors.Is(err, pgx.ErrNoRows) {
+	userID, encoded, err := s.passwordHash(ctx, email)
+	if errors.Is(err, errBadCredentials) {
 		if err := s.passwords.burn(ctx, password); err != nil {
 			return "", fmt.Errorf("hashing for an unknown email: %w", err)
 		}
-		return "", errBadCredentials
+		return "", err
 	}
 	if err != nil {
-		return "", fmt.Errorf("looking up user: %w", err)
+		return "", err
 	}
 	ok, err := s.passwords.verify(ctx, encoded, password)
 	if errors.Is(err, errBadHash) {
@@ -139,32 +130,12 @@ func (s *Server) checkPassword(ctx context.Context, email, password string) (str
 	return userID, nil
 }
 
-// createSession stores a new session of userID and returns its token. Only the token's
-// SHA-256 is stored. The user's expired sessions are deleted on the way.
-func (s *Server) createSession(ctx context.Context, userID string) (string, error) {
-	var raw [sessionTokenBytes]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", fmt.Errorf("reading random bytes: %w", err)
-	}
-	token := base64.RawURLEncoding.EncodeToString(raw[:])
-	sum := sha256.Sum256([]byte(token))
-	batch := &pgx.Batch{}
-	batch.Queue(`DELETE FROM sessions WHERE user_id = $1 AND expires_at <= now()`, userID)
-	batch.Queue(`INSERT INTO sessions (token_hash, user_id, expires_at) VALUES ($1, $2, now() + $3::interval)`,
-		sum[:], userID, s.sessionTTL)
-	if err := s.pool.SendBatch(ctx, batch).Close(); err != nil {
-		return "", fmt.Errorf("creating session: %w", err)
-	}
-	return token, nil
-}
-
 // handleLogout answers POST /auth/logout: the session, if any, is deleted and the
 // cookie cleared. It answers 204 with or without a valid session.
-func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
+func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 	if sum, ok := sessionTokenHash(r); ok {
-		if _, err := s.pool.Exec(r.Context(), `DELETE FROM sessions WHERE token_hash = $1`, sum[:]); err != nil {
-			s.writeError(w, r, fmt.Errorf("deleting session: %w", err))
-			return
+		if err := s.deleteSession(r.Context(), sum); err != nil {
+			return err
 		}
 	}
 	http.SetCookie(w, &http.Cookie{
@@ -177,6 +148,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) {
 		SameSite: http.SameSiteLaxMode,
 	})
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // sessionTokenHash returns the SHA-256 of r's session token, and false when r carries no
@@ -200,14 +172,9 @@ func (s *Server) authenticate(r *http.Request) (string, error) {
 	if !ok {
 		return "", errUnauthenticated
 	}
-	var userID string
-	err := s.pool.QueryRow(r.Context(), `SELECT user_id::text FROM sessions WHERE token_hash = $1 AND expires_at > now()`,
-		sum[:]).Scan(&userID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", errUnauthenticated
-	}
+	userID, err := s.sessionUser(r.Context(), sum)
 	if err != nil {
-		return "", fmt.Errorf("looking up session: %w", err)
+		return "", err
 	}
 	infoOf(r.Context()).userID = userID
 	return userID, nil

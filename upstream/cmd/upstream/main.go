@@ -1,6 +1,7 @@
 // Command upstream is keygate's upstream service and its operator command line:
 // `upstream serve`, `upstream migrate`, and the plan, org, user and member commands.
-// Run `upstream --help` for the list. The commands live in package upstream (cli.go).
+// Run `upstream --help` for the list. The commands live in package upstream
+// (commands.go and serve.go; cli.go parses and dispatches them).
 package main
 
 import (

@@ -4,20 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"slices"
-	"strings"
-	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The operator's operations behind the CLI (CONTRACT §7). Each checks its input,
-// changes the database in one statement or transaction, and returns what it wrote, which
-// the CLI prints as JSON. Bad input is EINVALID, a missing referent ENOTFOUND, a
-// duplicate ECONFLICT.
+// The operator's writes behind the commands of commands.go (CONTRACT §7). Each changes
+// the database in one statement or transaction and returns what it wrote, which the
+// command prints as JSON. Their input has been checked by the command; a missing
+// referent is ENOTFOUND, a duplicate ECONFLICT.
 
 // planRecord is a plan as `plan put` writes and prints it.
 type planRecord struct {
@@ -50,47 +46,8 @@ type memberRecord struct {
 	Role   string `json:"role"`
 }
 
-var planNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
-
-// check reports the first thing wrong with p, naming its flag.
-func (p planRecord) check() error {
-	switch {
-	case !planNameRE.MatchString(p.Name):
-		return invalid("--name", "must match [a-z][a-z0-9_-]{0,62}")
-	case p.APIRateLimit < -1:
-		return invalid("--api-rate-limit", "must be -1 (unlimited), 0 (no API access) or a positive number of requests a minute")
-	case p.MaxMonitors < -1:
-		return invalid("--max-monitors", "must be -1 (no cap) or a number of monitors")
-	case p.MinIntervalSeconds < minInterval || p.MinIntervalSeconds > maxInterval:
-		return invalid("--min-interval", "must be from %d to %d seconds", minInterval, maxInterval)
-	}
-	if err := checkList("--locations", p.Locations, monitorLocations); err != nil {
-		return err
-	}
-	return checkList("--check-types", p.CheckTypes, monitorTypes)
-}
-
-// checkList checks that list is non-empty, without repeats, and drawn from known.
-func checkList(flag string, list, known []string) error {
-	if len(list) == 0 {
-		return invalid(flag, "must list at least one of %s", strings.Join(known, ","))
-	}
-	for i, v := range list {
-		if !slices.Contains(known, v) {
-			return invalid(flag, "unknown value %q; known: %s", v, strings.Join(known, ","))
-		}
-		if slices.Contains(list[:i], v) {
-			return invalid(flag, "lists %q more than once", v)
-		}
-	}
-	return nil
-}
-
-// putPlan creates the plan p.Name or replaces its limits.
+// putPlan creates the plan p.Name or replaces its limits; p has passed checkPlan.
 func putPlan(ctx context.Context, pool *pgxpool.Pool, p planRecord) (planRecord, error) {
-	if err := p.check(); err != nil {
-		return planRecord{}, err
-	}
 	_, err := pool.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (name) DO UPDATE SET
@@ -107,19 +64,8 @@ ON CONFLICT (name) DO UPDATE SET
 	return p, nil
 }
 
-// checkOrgName checks an organisation's name: 1 to 200 characters, no control ones.
-func checkOrgName(name string) error {
-	if n := len([]rune(name)); n < 1 || n > 200 || strings.IndexFunc(name, unicode.IsControl) >= 0 {
-		return invalid("--name", "must be 1 to 200 characters, none of them control characters")
-	}
-	return nil
-}
-
-// createOrg creates an organisation on an existing plan.
+// createOrg creates an organisation on an existing plan; name has passed checkOrgName.
 func createOrg(ctx context.Context, pool *pgxpool.Pool, name, planName string) (orgRecord, error) {
-	if err := checkOrgName(name); err != nil {
-		return orgRecord{}, err
-	}
 	o := orgRecord{Name: name, Plan: planName}
 	err := pool.QueryRow(ctx, `INSERT INTO orgs (name, plan) SELECT $1, name FROM plans WHERE name = $2 RETURNING id::text`,
 		name, planName).Scan(&o.ID)
@@ -132,11 +78,8 @@ func createOrg(ctx context.Context, pool *pgxpool.Pool, name, planName string) (
 	return o, nil
 }
 
-// setOrgPlan moves an organisation to another existing plan.
+// setOrgPlan moves the organisation orgID, a UUID, to another existing plan.
 func setOrgPlan(ctx context.Context, pool *pgxpool.Pool, orgID, planName string) (orgRecord, error) {
-	if !validUUID(orgID) {
-		return orgRecord{}, invalid("--org", "must be an org id (a UUID)")
-	}
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM plans WHERE name = $1)`, planName).Scan(&exists); err != nil {
 		return orgRecord{}, fmt.Errorf("looking up plan: %w", err)
@@ -156,27 +99,9 @@ func setOrgPlan(ctx context.Context, pool *pgxpool.Pool, orgID, planName string)
 	return o, nil
 }
 
-// checkEmail checks the shape of an email address: 3 to 254 characters, no white space
-// or control characters, an @ with something on both sides. Whether it receives mail is
-// not this program's business.
-func checkEmail(email string) error {
-	at := strings.LastIndexByte(email, '@')
-	if len(email) < 3 || len(email) > 254 || at < 1 || at == len(email)-1 ||
-		strings.IndexFunc(email, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
-		return invalid("--email", "must be an email address")
-	}
-	return nil
-}
-
-// createUser creates a user with an argon2id hash of password, which must pass
-// checkNewPassword. Emails are unique whatever their case.
+// createUser creates a user with an argon2id hash of password; email has passed
+// checkEmail and password checkNewPassword. Emails are unique whatever their case.
 func createUser(ctx context.Context, pool *pgxpool.Pool, hasher *passwordHasher, email, password string) (userRecord, error) {
-	if err := checkEmail(email); err != nil {
-		return userRecord{}, err
-	}
-	if err := checkNewPassword(password); err != nil {
-		return userRecord{}, err
-	}
 	encoded, err := hasher.hash(ctx, password)
 	if err != nil {
 		return userRecord{}, fmt.Errorf("hashing password: %w", err)
@@ -194,23 +119,9 @@ func createUser(ctx context.Context, pool *pgxpool.Pool, hasher *passwordHasher,
 	return u, nil
 }
 
-// checkMember checks the input of addMember.
-func checkMember(orgID, email, role string) error {
-	switch {
-	case !validUUID(orgID):
-		return invalid("--org", "must be an org id (a UUID)")
-	case !validMemberRole(role):
-		return invalid("--role", "must be one of Owner, Admin, Editor, Viewer")
-	}
-	return checkEmail(email)
-}
-
-// addMember makes the user with email a member of orgID with role; a user who is
-// already a member gets the new role.
+// addMember makes the user with email a member of orgID with role, which have passed
+// checkMember; a user who is already a member gets the new role.
 func addMember(ctx context.Context, pool *pgxpool.Pool, orgID, email, role string) (memberRecord, error) {
-	if err := checkMember(orgID, email, role); err != nil {
-		return memberRecord{}, err
-	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return memberRecord{}, fmt.Errorf("beginning transaction: %w", err)

@@ -1,0 +1,241 @@
+package upstream
+
+import (
+	"context"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/schema"
+)
+
+// The commands of the command line (CONTRACT §7). Each operator command parses its
+// flags, checks them once, here, and runs its write of operatorstore.go on DATABASE_URL
+// through withPool, which prints the result as one JSON object. serve is in serve.go.
+
+// command is one subcommand: its words ("plan put"), a line of description, and what it
+// does with the arguments after its words.
+type command struct {
+	name    string
+	summary string
+	run     func(c *cli, name string, args []string) error
+}
+
+var commands = []command{
+	{"serve", "serve the upstream's HTTP interface", (*cli).serve},
+	{"migrate", "apply the database schema to DATABASE_URL (idempotent)", (*cli).migrate},
+	{"plan put", "create a plan or replace its limits", (*cli).planPut},
+	{"org create", "create an organisation on a plan", (*cli).orgCreate},
+	{"org set-plan", "move an organisation to another plan", (*cli).orgSetPlan},
+	{"user create", "create a user, the password read from standard input", (*cli).userCreate},
+	{"member add", "make a user a member of an organisation, or change their role", (*cli).memberAdd},
+}
+
+// withPool runs op on a small pool of DATABASE_URL, each database wait bounded by
+// DefaultDatabaseTimeout, closes the pool and prints what op returns as one line of
+// JSON. Commands check their flags before they call it, so that bad flags are reported
+// without a database.
+func (c *cli) withPool(op func(ctx context.Context, pool *pgxpool.Pool) (any, error)) error {
+	pool, err := c.connect(2, DefaultDatabaseTimeout)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	out, err := op(c.ctx, pool)
+	if err != nil {
+		return err
+	}
+	return c.printJSON(out)
+}
+
+func (c *cli) migrate(name string, args []string) error {
+	fs := c.flags(name, "",
+		`Applies every migration of the schema not yet applied to DATABASE_URL. Idempotent; safe to run from several processes at once. Prints {"schema_version":N}.`)
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	dbURL, err := c.databaseURL()
+	if err != nil {
+		return err
+	}
+	if err := schema.Migrate(c.ctx, dbURL); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
+		v, err := schemaVersion(ctx, pool)
+		return struct {
+			SchemaVersion int `json:"schema_version"`
+		}{v}, err
+	})
+}
+
+func (c *cli) planPut(name string, args []string) error {
+	fs := c.flags(name,
+		"--name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y",
+		"Creates plan P, or replaces all the limits of an existing plan P. Prints the plan as JSON.")
+	var p planRecord
+	var locations, checkTypes string
+	fs.StringVar(&p.Name, "name", "", "plan name `P`, [a-z][a-z0-9_-]{0,62} (required)")
+	fs.IntVar(&p.APIRateLimit, "api-rate-limit", 0, "API requests per key per minute, `N`: 0 no API access, -1 unlimited (required)")
+	fs.IntVar(&p.MaxMonitors, "max-monitors", 0, "live monitors per organisation, `M`: -1 for no cap (required)")
+	fs.IntVar(&p.MinIntervalSeconds, "min-interval", 0, "smallest monitor interval in seconds, `S`: 10..86400 (required)")
+	fs.StringVar(&locations, "locations", "", "comma-separated probe locations, `a,b`: "+strings.Join(monitorLocations, ",")+" (required)")
+	fs.StringVar(&checkTypes, "check-types", "", "comma-separated check types, `x,y`: "+strings.Join(monitorTypes, ",")+" (required)")
+	if err := c.parse(fs, args, "name", "api-rate-limit", "max-monitors", "min-interval", "locations", "check-types"); err != nil {
+		return err
+	}
+	p.Locations, p.CheckTypes = splitList(locations), splitList(checkTypes)
+	if err := checkPlan(p); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
+		return putPlan(ctx, pool, p)
+	})
+}
+
+func (c *cli) orgCreate(name string, args []string) error {
+	fs := c.flags(name, "--name NAME --plan P",
+		`Creates an organisation on plan P. Prints {"id","name","plan"}.`)
+	orgName := fs.String("name", "", "organisation `name`, 1..200 characters (required)")
+	planName := fs.String("plan", "", "`plan` name, e.g. free, pro or enterprise (required)")
+	if err := c.parse(fs, args, "name", "plan"); err != nil {
+		return err
+	}
+	if err := checkOrgName(*orgName); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
+		return createOrg(ctx, pool, *orgName, *planName)
+	})
+}
+
+func (c *cli) orgSetPlan(name string, args []string) error {
+	fs := c.flags(name, "--org ID --plan P",
+		`Moves organisation ID to plan P; its API keys and monitors follow the new plan's limits from the next request. Prints {"id","name","plan"}.`)
+	orgID := fs.String("org", "", "organisation `id` (required)")
+	planName := fs.String("plan", "", "`plan` name (required)")
+	if err := c.parse(fs, args, "org", "plan"); err != nil {
+		return err
+	}
+	if !validUUID(*orgID) {
+		return invalid("--org", "must be an org id (a UUID)")
+	}
+	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
+		return setOrgPlan(ctx, pool, *orgID, *planName)
+	})
+}
+
+func (c *cli) userCreate(name string, args []string) error {
+	fs := c.flags(name, "--email E --password-stdin",
+		`Creates a user. The password is the first line of standard input, without its line ending, at least 10 characters; it is stored as an argon2id hash. Prints {"id","email"}.
+
+example: printf '%s\n' "$PASSWORD" | upstream user create --email ada@example.com --password-stdin`)
+	email := fs.String("email", "", "the user's `email`, unique whatever its case (required)")
+	fromStdin := fs.Bool("password-stdin", false, "read the password from the first line of standard input (required)")
+	if err := c.parse(fs, args, "email", "password-stdin"); err != nil {
+		return err
+	}
+	if !*fromStdin {
+		return usageErrorf("--password-stdin is required: the password is read from standard input, never from the command line")
+	}
+	if err := checkEmail(*email); err != nil {
+		return err
+	}
+	password, err := readPasswordLine(c.stdin)
+	if err != nil {
+		return err
+	}
+	if err := checkNewPassword(password); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
+		return createUser(ctx, pool, newPasswordHasher(), *email, password)
+	})
+}
+
+func (c *cli) memberAdd(name string, args []string) error {
+	fs := c.flags(name, "--org ID --email E --role Owner|Admin|Editor|Viewer",
+		`Makes the user with email E a member of organisation ID with the role; a user who is already a member gets the new role. Prints {"org_id","user_id","email","role"}.`)
+	orgID := fs.String("org", "", "organisation `id` (required)")
+	email := fs.String("email", "", "the user's `email` (required)")
+	role := fs.String("role", "", "`role`: Owner, Admin, Editor or Viewer (required)")
+	if err := c.parse(fs, args, "org", "email", "role"); err != nil {
+		return err
+	}
+	if err := checkMember(*orgID, *email, *role); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
+		return addMember(ctx, pool, *orgID, *email, *role)
+	})
+}
+
+var planNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
+
+// checkPlan reports the first thing wrong with p, naming its flag.
+func checkPlan(p planRecord) error {
+	switch {
+	case !planNameRE.MatchString(p.Name):
+		return invalid("--name", "must match [a-z][a-z0-9_-]{0,62}")
+	case p.APIRateLimit < -1:
+		return invalid("--api-rate-limit", "must be -1 (unlimited), 0 (no API access) or a positive number of requests a minute")
+	case p.MaxMonitors < -1:
+		return invalid("--max-monitors", "must be -1 (no cap) or a number of monitors")
+	case p.MinIntervalSeconds < minInterval || p.MinIntervalSeconds > maxInterval:
+		return invalid("--min-interval", "must be from %d to %d seconds", minInterval, maxInterval)
+	}
+	if err := checkList("--locations", p.Locations, monitorLocations); err != nil {
+		return err
+	}
+	return checkList("--check-types", p.CheckTypes, monitorTypes)
+}
+
+// checkList checks that list is non-empty, without repeats, and drawn from known.
+func checkList(flag string, list, known []string) error {
+	if len(list) == 0 {
+		return invalid(flag, "must list at least one of %s", strings.Join(known, ","))
+	}
+	for i, v := range list {
+		if !slices.Contains(known, v) {
+			return invalid(flag, "unknown value %q; known: %s", v, strings.Join(known, ","))
+		}
+		if slices.Contains(list[:i], v) {
+			return invalid(flag, "lists %q more than once", v)
+		}
+	}
+	return nil
+}
+
+// checkOrgName checks an organisation's name: 1 to 200 characters, no control ones.
+func checkOrgName(name string) error {
+	if n := len([]rune(name)); n < 1 || n > 200 || strings.IndexFunc(name, unicode.IsControl) >= 0 {
+		return invalid("--name", "must be 1 to 200 characters, none of them control characters")
+	}
+	return nil
+}
+
+// checkEmail checks the shape of an email address: 3 to 254 characters, no white space
+// or control characters, an @ with something on both sides. Whether it receives mail is
+// not this program's business.
+func checkEmail(email string) error {
+	at := strings.LastIndexByte(email, '@')
+	if len(email) < 3 || len(email) > 254 || at < 1 || at == len(email)-1 ||
+		strings.IndexFunc(email, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+		return invalid("--email", "must be an email address")
+	}
+	return nil
+}
+
+// checkMember checks the input of addMember.
+func checkMember(orgID, email, role string) error {
+	switch {
+	case !validUUID(orgID):
+		return invalid("--org", "must be an org id (a UUID)")
+	case !validMemberRole(role):
+		return invalid("--role", "must be one of Owner, Admin, Editor, Viewer")
+	}
+	return checkEmail(email)
+}

@@ -1,0 +1,42 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The queries of organisations, their plans and their memberships that the routes make.
+// The operator's writes to the same tables are in operatorstore.go.
+
+// memberRole returns the role of userID in orgID, or errNotFound when userID is not a
+// member (or orgID does not exist).
+func (s *Server) memberRole(ctx context.Context, orgID, userID string) (string, error) {
+	var role string
+	err := s.pool.QueryRow(ctx, `SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2`,
+		orgID, userID).Scan(&role)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", errNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("looking up membership: %w", err)
+	}
+	return role, nil
+}
+
+// apiRateLimit returns the api_rate_limit of orgID's plan (0: no API access), or
+// errNotFound when the org does not exist (it was deleted since its membership was read).
+func (s *Server) apiRateLimit(ctx context.Context, orgID string) (int, error) {
+	var rateLimit int
+	err := s.pool.QueryRow(ctx, `SELECT p.api_rate_limit FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.id = $1`,
+		orgID).Scan(&rateLimit)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, errNotFound
+	}
+	if err != nil {
+		return 0, fmt.Errorf("looking up plan: %w", err)
+	}
+	return rateLimit, nil
+}
