@@ -18,7 +18,7 @@ import (
 
 // requiredSchemaVersion is the newest migration of schema/ this code relies
 // on; serve refuses an older database rather than fail on its first request.
-const requiredSchemaVersion = 2
+const requiredSchemaVersion = 3
 
 // shutdownTimeout is how long serve waits for requests in flight after SIGINT or SIGTERM.
 const shutdownTimeout = 15 * time.Second
