@@ -3,6 +3,7 @@ package keystore_test
 import (
 	"hash/crc32"
 	"math/big"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -134,6 +135,22 @@ func TestParseOfAChecksummedKeyDoesNotAllocate(t *testing.T) {
 // scannerRegexp is the README's regular expression for secret scanners, for the
 // default prefix.
 var scannerRegexp = regexp.MustCompile(`\bmon_live_[A-Za-z0-9]{16,64}\.[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048][0-4][0-9A-Za-z]{5}\b`)
+
+func TestTheREADMEGivesTheTestedRegexp(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(readme), "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, `\bmon_live_`) {
+			if line != scannerRegexp.String() {
+				t.Errorf("the README gives %s, the tests test %s", line, scannerRegexp)
+			}
+			return
+		}
+	}
+	t.Error("the README gives no regular expression for secret scanners")
+}
 
 func TestScannerRegexpFindsGeneratedKeys(t *testing.T) {
 	f := mustFormat(t, "mon")
