@@ -317,7 +317,7 @@ for round in $(seq 1 "$ROUNDS"); do
 		prof_pids+=($!)
 	fi
 	c_runs+=("$(measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
-	if [ -n "${prof_pids[*]:-}" ]; then wait "${prof_pids[@]}"; prof_pids=(); fi
+	if [ -n "${prof_pids[*]:-}" ]; then wait "${prof_pids[@]}" || true; prof_pids=(); fi
 	echo "measuring (b) plain reverse_proxy, round $round…" >&2
 	b_runs+=("$(measure_cpu ok "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
 	echo "measuring (c401) random keys, round $round…" >&2
