@@ -34,7 +34,8 @@
 # Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT,
 # FAULT_DURATION (5s, each run of (f)).
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
-# endpoint, during the first (c) run) and DIR/top.txt (CPU by process meanwhile).
+# endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
+# meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -306,18 +307,10 @@ cpu_header() {
 echo "measuring (a) upstream alone…" >&2
 a_run=$(measure_cpu ok "http://$up/v1/monitors/$monitor" "${ident[@]}")
 read -r a_rps a_p50 a_p99 _ <<<"$a_run"
-b_runs=() c_runs=() e401_runs=() e429_runs=() rounds_report="" prof_pids=()
+b_runs=() c_runs=() e401_runs=() e429_runs=() rounds_report=""
 for round in $(seq 1 "$ROUNDS"); do
 	echo "measuring (c) gateway, round $round…" >&2
-	if [ -n "${PROFILE:-}" ] && [ "$round" = 1 ]; then
-		secs=$(( ${DURATION%s} > 2 ? ${DURATION%s} - 2 : 1 ))
-		(sleep 1; curl -s -o "$PROFILE/gateway.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=$secs") &
-		prof_pids=($!)
-		(sleep 1; top -b -d "$secs" -n 2 -w 200 | awk '/^top -/ {n++} n == 2' | head -n 20 >"$PROFILE/top.txt") &
-		prof_pids+=($!)
-	fi
 	c_runs+=("$(measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
-	if [ -n "${prof_pids[*]:-}" ]; then wait "${prof_pids[@]}" || true; prof_pids=(); fi
 	echo "measuring (b) plain reverse_proxy, round $round…" >&2
 	b_runs+=("$(measure_cpu ok "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
 	echo "measuring (c401) random keys, round $round…" >&2
@@ -332,6 +325,17 @@ for round in $(seq 1 "$ROUNDS"); do
 		cpu_row "(c429) over its limit" "${e429_runs[-1]}"
 	)
 done
+# PROFILE: one more run of (c), outside the rounds (profiling costs CPU of its own).
+if [ -n "${PROFILE:-}" ]; then
+	echo "profiling (c)…" >&2
+	secs=$(( ${DURATION%s} > 2 ? ${DURATION%s} - 2 : 1 ))
+	(sleep 1; curl -s -o "$PROFILE/gateway.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=$secs") &
+	prof_pids=($!)
+	(sleep 1; top -b -d "$secs" -n 2 -w 200 | awk '/^top -/ {n++} n == 2' | head -n 20 >"$PROFILE/top.txt") &
+	prof_pids+=($!)
+	measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}" >"$PROFILE/run.txt"
+	wait "${prof_pids[@]}" || true # top ends on SIGPIPE
+fi
 echo "measuring (c0) gateway without batching or pipelining…" >&2
 read -r c0_rps c0_p50 c0_p99 < <(measure "http://$unbatched/v1/monitors/$monitor" "${auth[@]}")
 echo "measuring (d) /v1/me…" >&2
@@ -360,11 +364,12 @@ for i in "${!c_runs[@]}"; do
 	p99_extras+=("$(awk -v c="$c3" -v b="$b3" 'BEGIN {printf "%.3f", c - b}')")
 	pg_module+=("$(awk -v c="$c6" -v b="$b6" 'BEGIN {printf "%.1f", c - b}')")
 done
-overhead=$(median 1 "${overheads[@]}") overhead_spread=$(spread "${overheads[@]}")
+overhead=$(median 1 "${overheads[@]}" | xargs printf %.1f) overhead_spread=$(spread "${overheads[@]}")
 ratio=$(median 1 "${ratios[@]}") ratio_spread=$(spread "${ratios[@]}")
 p99_extra=$(median 1 "${p99_extras[@]}")
-pg_mod=$(median 1 "${pg_module[@]}") pg_mod_spread=$(spread "${pg_module[@]}")
+pg_mod=$(median 1 "${pg_module[@]}" | xargs printf %.1f) pg_mod_spread=$(spread "${pg_module[@]}")
 read -r _ _ _ _ _ _ redis_gw <<<"$c_med"
+redis_gw=$(printf %.1f "$redis_gw")
 cpu_report=$(
 	echo "CPU per request by process, $ROUNDS rounds (gateway, plain, 401, 429 in turn; CPU us / requests):"
 	echo "$rounds_report"
