@@ -48,6 +48,11 @@ ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
 need_tools wrk curl
 
+# bench_port picks the bench's listening ports below the ephemeral range (32768 and
+# up), where wrk's and the proxies' thousands of outgoing connections take their local
+# ports: a port free when picked could be taken by one of them before Caddy binds it.
+bench_port() { free_port 20000 12000; }
+
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-bench.XXXXXX")
 pids=()
 cleanup() {
@@ -68,11 +73,11 @@ org=$(bin/upstream org create --name bench --plan bench | json_field id)
 printf 'bench-password\n' | bin/upstream user create --email bench@example.com --password-stdin >/dev/null
 bin/upstream member add --org "$org" --email bench@example.com --role Owner >/dev/null
 
-up="127.0.0.1:$(free_port)"
-gw="127.0.0.1:$(free_port)"
-plain="127.0.0.1:$(free_port)"
-unbatched="127.0.0.1:$(free_port)"
-big="127.0.0.1:$(free_port)"
+up="127.0.0.1:$(bench_port)"
+gw="127.0.0.1:$(bench_port)"
+plain="127.0.0.1:$(bench_port)"
+unbatched="127.0.0.1:$(bench_port)"
+big="127.0.0.1:$(bench_port)"
 
 bin/upstream serve --addr "$up" >"$stack/upstream.log" 2>&1 &
 upstream_pid=$!
@@ -113,7 +118,7 @@ gateway_site() {
 admin=off
 if [ -n "${PROFILE:-}" ]; then
 	mkdir -p "$PROFILE"
-	admin="127.0.0.1:$(free_port)"
+	admin="127.0.0.1:$(bench_port)"
 fi
 {
 	cat <<EOF
@@ -399,8 +404,8 @@ verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 metrics_site() { gateway_site "$@"; } # ADDR [disable_metrics]
 bench_metrics() {
 	local on off pid addr round
-	on="127.0.0.1:$(free_port)"
-	off="127.0.0.1:$(free_port)"
+	on="127.0.0.1:$(bench_port)"
+	off="127.0.0.1:$(bench_port)"
 	{
 		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
 		metrics_site "$on"
@@ -488,7 +493,7 @@ fault_run() {
 	for _ in $(seq 50); do [ -s "$stack/rproxy.addr" ] && [ -s "$stack/pproxy.addr" ] && break; sleep 0.1; done
 	rproxy=$(cat "$stack/rproxy.addr")
 	pproxy=$(cat "$stack/pproxy.addr")
-	local f_open="127.0.0.1:$(free_port)" f_local="127.0.0.1:$(free_port)" f_pg="127.0.0.1:$(free_port)"
+	local f_open="127.0.0.1:$(bench_port)" f_local="127.0.0.1:$(bench_port)" f_pg="127.0.0.1:$(bench_port)"
 	local redis_via=${REDIS_URL/$redis_hp/$rproxy} pg_via=${DATABASE_URL/$pg_hp/$pproxy}
 	local site name db redis policy
 	{
@@ -585,8 +590,8 @@ bench_cluster() {
 	scripts/stack.sh up-cluster "$stack" >/dev/null
 	local cluster_url single cluster spid cpid addr round path
 	cluster_url=$(. "$stack/env" && echo "$REDIS_CLUSTER_URL")
-	single="127.0.0.1:$(free_port)"
-	cluster="127.0.0.1:$(free_port)"
+	single="127.0.0.1:$(bench_port)"
+	cluster="127.0.0.1:$(bench_port)"
 	{
 		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
 		metrics_site "$single"
