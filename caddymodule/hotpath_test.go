@@ -141,9 +141,6 @@ var maxHotAllocs = map[string]float64{
 }
 
 func TestServeHTTPAllocs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocation counts: not in -short")
-	}
 	for _, p := range hotPaths {
 		t.Run(p.name, func(t *testing.T) {
 			hr := newHotRequest(t, p.method, p.path, p.auth)
