@@ -28,16 +28,10 @@ import (
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
-	onBatch func(size int) // BatcherOptions.OnBatch; may be nil
-	batches *gather.Gatherer[string, lookupResult]
+	onBatch func(size int)                           // BatcherOptions.OnBatch; may be nil
+	batches *gather.Gatherer[string, map[string]row] // a key id in, its batch's live keys out
 
 	queries, lookups atomic.Uint64 // for tests, through export_test.go
-}
-
-// lookupResult is what a batch query found of one request's key id.
-type lookupResult struct {
-	row   row
-	found bool
 }
 
 // BatcherOptions tunes a Batcher. The zero value is usable.
@@ -77,20 +71,22 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 // Store.VerifyParsed.
 func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	sum := HashSecret(secret)
-	res, err := b.batches.Do(ctx, keyID)
+	rows, err := b.batches.Do(ctx, keyID)
 	if err != nil && err == ctx.Err() {
 		return Key{}, false, fmt.Errorf("looking up key: %w", err)
 	}
 	if err != nil {
 		return Key{}, false, err // the batch's, already saying what failed
 	}
-	k, ok := check(keyID, sum, res.row, res.found)
+	r, found := rows[keyID]
+	k, ok := check(keyID, sum, r, found)
 	return k, ok, nil
 }
 
 // query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids,
-// under the Batcher's own timeout.
-func (b *Batcher) query(keyIDs []string) ([]lookupResult, error) {
+// under the Batcher's own timeout. Every request of the batch gets the live keys it
+// found, by key id.
+func (b *Batcher) query(keyIDs []string) ([]map[string]row, error) {
 	ids := distinct(keyIDs)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(len(ids)))
@@ -103,9 +99,9 @@ func (b *Batcher) query(keyIDs []string) ([]lookupResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]lookupResult, len(keyIDs))
-	for i, id := range keyIDs {
-		out[i].row, out[i].found = rows[id]
+	out := make([]map[string]row, len(keyIDs))
+	for i := range out {
+		out[i] = rows
 	}
 	return out, nil
 }
@@ -116,8 +112,8 @@ func distinct(ids []string) []string {
 	if len(ids) == 1 {
 		return ids
 	}
-	seen := make(map[string]struct{}, len(ids))
-	out := make([]string, 0, len(ids))
+	seen := make(map[string]struct{})
+	var out []string
 	for _, id := range ids {
 		if _, dup := seen[id]; !dup {
 			seen[id] = struct{}{}

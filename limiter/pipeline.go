@@ -35,9 +35,9 @@ type pipeline struct {
 // pipelinedCount is one Allow call's count in a round.
 type pipelinedCount struct {
 	counterKey     string
-	ttl            int64     // milliseconds
-	redisDeadline  int64     // the caller's deadline on Redis's clock, for the script; 0 for none
-	callerDeadline time.Time // the caller's deadline on ours; zero for none
+	ttl            int64 // milliseconds
+	redisDeadline  int64 // the caller's deadline on Redis's clock, for the script; 0 for none
+	callerDeadline int64 // the caller's deadline on our clock in Unix nanoseconds; 0 for none
 }
 
 // countReply is the script's answer to one count.
@@ -55,7 +55,9 @@ func newPipeline(rdb pipeliner, timeout time.Duration, clock *redisClock) *pipel
 // count adds one count of counterKey to the next round and waits for its answer.
 func (p *pipeline) count(ctx context.Context, counterKey string, ttl, deadline int64) (int64, error) {
 	c := pipelinedCount{counterKey: counterKey, ttl: ttl, redisDeadline: deadline}
-	c.callerDeadline, _ = ctx.Deadline()
+	if d, ok := ctx.Deadline(); ok {
+		c.callerDeadline = d.UnixNano()
+	}
 	reply, err := p.rounds.Do(ctx, c)
 	if err != nil {
 		return 0, err
@@ -111,14 +113,12 @@ func (p *pipeline) send(round []pipelinedCount) ([]countReply, error) {
 // roundDeadline is the latest deadline of round's callers, or timeout from now if one
 // of them has none.
 func (p *pipeline) roundDeadline(round []pipelinedCount) time.Time {
-	var latest time.Time
+	var latest int64
 	for _, c := range round {
-		if c.callerDeadline.IsZero() {
+		if c.callerDeadline == 0 {
 			return time.Now().Add(p.timeout)
 		}
-		if c.callerDeadline.After(latest) {
-			latest = c.callerDeadline
-		}
+		latest = max(latest, c.callerDeadline)
 	}
-	return latest
+	return time.Unix(0, latest)
 }

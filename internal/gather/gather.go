@@ -29,7 +29,8 @@ import (
 // Errors of single requests belong in Resp. A batch serves many callers, so Flush
 // runs under no caller's context: it bounds its own round trip. It runs on a goroutine
 // of the Gatherer, once per batch, possibly for several batches at once (see
-// Options.Lanes). The Gatherer does not touch reqs once Flush has returned.
+// Options.Lanes). Flush must neither keep reqs nor return it as the responses: its
+// array serves a later batch.
 type Flush[Req, Resp any] func(reqs []Req) ([]Resp, error)
 
 // Options tunes a Gatherer.
@@ -50,6 +51,7 @@ type Gatherer[Req, Resp any] struct {
 	mu      sync.Mutex
 	pending *batch[Req, Resp] // the batch taking new calls; guarded by mu
 	free    int               // lanes not running a batch; guarded by mu
+	spare   []Req             // the requests array of a batch sent, for the next one; guarded by mu
 }
 
 // batch is one round trip's worth of calls.
@@ -90,8 +92,8 @@ func (g *Gatherer[Req, Resp]) join(req Req) (*batch[Req, Resp], int) {
 	g.mu.Lock()
 	b := g.pending
 	if b == nil {
-		b = &batch[Req, Resp]{done: make(chan struct{})}
-		g.pending = b
+		b = &batch[Req, Resp]{reqs: g.spare, done: make(chan struct{})}
+		g.pending, g.spare = b, nil
 		if g.free == 0 {
 			b.timer = time.AfterFunc(g.maxWait, func() { g.overflow(b) })
 		}
@@ -146,12 +148,21 @@ func (g *Gatherer[Req, Resp]) overflow(b *batch[Req, Resp]) {
 	g.send(b)
 }
 
-// send flushes b and hands the answers to its callers.
+// send flushes b, hands the answers to its callers and keeps b's requests array for a
+// later batch: callers only read their response.
 func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
-	resps, err := g.flush(b.reqs)
-	if err == nil && len(resps) != len(b.reqs) {
-		err = fmt.Errorf("gather: flush answered %d responses for %d requests", len(resps), len(b.reqs))
+	reqs := b.reqs
+	resps, err := g.flush(reqs)
+	if err == nil && len(resps) != len(reqs) {
+		err = fmt.Errorf("gather: flush answered %d responses for %d requests", len(resps), len(reqs))
 	}
-	b.resps, b.err = resps, err
+	b.reqs, b.resps, b.err = nil, resps, err
 	close(b.done)
+
+	clear(reqs) // let go of what the requests point to
+	g.mu.Lock()
+	if cap(reqs) > cap(g.spare) {
+		g.spare = reqs[:0]
+	}
+	g.mu.Unlock()
 }

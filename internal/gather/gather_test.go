@@ -192,7 +192,7 @@ func TestABatchWaitsAtMostMaxWaitForALane(t *testing.T) {
 		if reqs[0] == 1 {
 			<-unstick
 		}
-		return reqs, nil
+		return append([]int(nil), reqs...), nil
 	}
 	const maxWait = 30 * time.Millisecond
 	g := gather.New(flush, gather.Options{MaxWait: maxWait})
