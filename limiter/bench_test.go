@@ -15,16 +15,13 @@ func BenchmarkPipelinedAllow(b *testing.B) {
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
 	b.SetParallelism(16)
 	b.ReportAllocs()
-	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		i := 0
-		for pb.Next() {
+		for i := 0; pb.Next(); i++ {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			if _, err := l.Allow(ctx, keys[i%len(keys)], 1<<30); err != nil {
 				b.Errorf("Allow: %v", err)
 			}
 			cancel()
-			i++
 		}
 	})
 }
