@@ -19,11 +19,11 @@ type pipeliner interface {
 // pipeline gathers the counts of concurrent Allow calls into one Redis pipeline, so
 // that under load Redis reads and answers many counts per round trip.
 //
-// A round is sent as soon as no round is in flight, or when one returns, or at the
-// latest maxWait after its first count joined (no timer runs while Redis is quick).
-// So a caller waits for a slow round in flight at most maxWait before its own round
-// goes out, never for the whole of the other round: its own timeout is for its own
-// answer. Each count carries its caller's deadline, which the script checks. (The
+// A round is sent at once on the one lane if it is free, or when the lane's round
+// returns, or at the latest maxWait after its first count joined, on its own (no timer
+// runs while Redis is quick). So a caller waits for a slow round in flight at most
+// maxWait before its own round goes out, never for the whole of the other round: its
+// own timeout is for its own answer. Each count carries its caller's deadline, which the script checks. (The
 // gathering is internal/gather's; the pipeline adds the script.)
 type pipeline struct {
 	rdb     pipeliner
