@@ -209,6 +209,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	store := keystore.New(pool, h.format)
 	h.verifier = store
 	if !h.DisableLookupBatching {
+		// database_timeout serves two layers, each bounding its own wait once: verify
+		// bounds how long a request waits for its answer, and Timeout bounds the batch
+		// query, which serves many requests and so runs under none of their contexts
+		// (a request giving up must not cancel the others' query).
 		opts := keystore.BatcherOptions{
 			Lanes:   h.LookupLanes,
 			Timeout: time.Duration(h.DatabaseTimeout),
@@ -450,7 +454,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // verify looks the key up within database_timeout, unless PostgreSQL's breaker is
-// open.
+// open. This bounds the request's wait; a Batcher bounds its shared query itself (see
+// Provision).
 func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
 	through, probe := h.pgBreaker.allow()
 	if !through {

@@ -120,16 +120,6 @@ func dbUnavailable(err error) bool {
 	return false
 }
 
-// ErrorMessage returns the caller-safe message of err: the Message of an *Error, and
-// "internal error" for anything else, whose text may hold internals.
-func ErrorMessage(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Message
-	}
-	return "internal error"
-}
-
 // invalid returns the EINVALID error for field, whose message is "<field>: <what>".
 func invalid(field, format string, args ...any) *Error {
 	return &Error{Code: EINVALID, Message: field + ": " + fmt.Sprintf(format, args...)}
