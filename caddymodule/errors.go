@@ -18,13 +18,21 @@ var (
 
 // writeJSON writes a complete JSON response the module produced itself. The response
 // is never cached by shared caches: it depends on the caller's key.
+//
+// The header values share one backing array, each slice capped at its one value so
+// that appending to it (Header.Add) copies it rather than overwrite its neighbour; the
+// names are canonical, so that nothing is canonicalized on the way.
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
-	hdr := w.Header()
-	hdr.Set("Content-Type", "application/json")
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
-	hdr.Set("Cache-Control", "no-store")
+	v := make([]string, 3)
+	setJSONHeaders(w.Header(), v, len(body))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// setJSONHeaders sets the header fields of writeJSON, with their values in v[:3].
+func setJSONHeaders(hdr http.Header, v []string, length int) {
+	v[0], v[1], v[2] = "application/json", strconv.Itoa(length), "no-store"
+	hdr["Content-Type"], hdr["Content-Length"], hdr["Cache-Control"] = v[0:1:1], v[1:2:2], v[2:3:3]
 }
 
 // writeUnauthenticated writes the one 401 of the contract. Every credential failure
@@ -32,8 +40,13 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 // nowhere else, so that nothing in the status, headers or body tells them apart.
 // It is called before any RateLimit header is set.
 func writeUnauthenticated(w http.ResponseWriter) {
-	w.Header().Set("WWW-Authenticate", "Bearer")
-	writeJSON(w, http.StatusUnauthorized, bodyUnauthenticated)
+	v := make([]string, 4)
+	hdr := w.Header()
+	setJSONHeaders(hdr, v, len(bodyUnauthenticated))
+	v[3] = "Bearer"
+	hdr["Www-Authenticate"] = v[3:4:4]
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write(bodyUnauthenticated)
 }
 
 // statusBody returns the JSON error body for an HTTP status the module did not choose

@@ -231,6 +231,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	store := keystore.New(pool, h.format)
 	h.verifier = store
 	if !h.DisableLookupBatching {
+		// database_timeout serves two layers, each bounding its own wait once: verify
+		// bounds how long a request waits for its answer, and Timeout bounds the batch
+		// query, which serves many requests and so runs under none of their contexts
+		// (a request giving up must not cancel the others' query).
 		opts := keystore.BatcherOptions{
 			Lanes:   h.LookupLanes,
 			Timeout: time.Duration(h.DatabaseTimeout),
@@ -452,9 +456,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case err != nil:
 			h.limiterFailed(key, err) // open: through, without RateLimit headers
 		default:
+			// The RateLimit fields are set where the answer is written: here for a
+			// 429, by writeCounted for the module's other answers, by the proxyWriter
+			// for the upstream's.
 			counted = &rl
-			setRateLimitHeaders(w.Header(), rl)
 			if !rl.Allowed {
+				setRateLimitHeaders(w.Header(), rl)
 				if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
 					c.Write(zap.String("key_id", key.ID), zap.Int("limit", rl.Limit))
 				}
@@ -469,6 +476,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// database allows none) reads only, rather than writes.
 	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
 		h.record(r, outcomeForbidden, &key)
+		writeCounted(w, counted)
 		writeJSON(w, http.StatusForbidden, bodyForbidden)
 		return nil
 	}
@@ -476,6 +484,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 6. GET /v1/me, answered here.
 	if r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		h.record(r, outcomeMe, &key)
+		writeCounted(w, counted)
 		writeMe(w, key)
 		return nil
 	}
@@ -486,7 +495,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // verify looks the key up within database_timeout, unless PostgreSQL's breaker is
-// open.
+// open. This bounds the request's wait; a Batcher bounds its shared query itself (see
+// Provision).
 func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
 	through, probe := h.pgBreaker.allow()
 	if !through {
@@ -545,13 +555,17 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// streams (identity rather than no header: without one, Go's transport would ask
 	// for gzip itself); and whole, since a byte range of a JSON document cannot be
 	// filtered.
-	hdr["Accept-Encoding"] = []string{"identity"}
+	//
+	// The five values share one backing array, each slice capped at its value (see
+	// writeJSON).
+	v := []string{"identity", key.OrgID, key.ID, string(key.Role), h.secret}
+	hdr["Accept-Encoding"] = v[0:1:1]
 	delete(hdr, "Range")
 	delete(hdr, "If-Range")
-	hdr["X-Gateway-Org-Id"] = []string{key.OrgID}
-	hdr["X-Gateway-Key-Id"] = []string{key.ID}
-	hdr["X-Gateway-Key-Role"] = []string{string(key.Role)}
-	hdr["X-Gateway-Secret"] = []string{h.secret}
+	hdr["X-Gateway-Org-Id"] = v[1:2:2]
+	hdr["X-Gateway-Key-Id"] = v[2:3:3]
+	hdr["X-Gateway-Key-Role"] = v[3:4:4]
+	hdr["X-Gateway-Secret"] = v[4:5:5]
 
 	pw := newProxyWriter(w, r, rl, h.fields, h.floodLog)
 	defer pw.release()

@@ -165,10 +165,10 @@ type jsonFilter struct {
 	lit     string
 	litPos  int
 
-	key      []byte // the member name being read, raw, opening quote included
-	keyBuf   bool   // key is being buffered: whether the member is kept is not known yet
-	keyPlain bool   // key holds no escape and no byte above 0x7f so far
-	pend     []byte // whitespace between the previous member and this one
+	key          []byte // the member name being read, raw, opening quote included
+	keyUndecided bool   // key is being buffered: whether the member is kept is not known yet
+	keyPlain     bool   // key holds no escape and no byte above 0x7f so far
+	pendingSpace []byte // whitespace between the previous member and this one
 
 	// skipping is true while a removed member is read: nothing is written until the
 	// value at depth skipDepth ends.
@@ -192,7 +192,7 @@ func newJSONFilter(dst io.Writer, fields *fieldSet, sniff bool) *jsonFilter {
 	f := filterPool.Get().(*jsonFilter)
 	*f = jsonFilter{
 		dst: dst, fields: fields, sniff: sniff, hold: sniff,
-		out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pend: f.pend[:0],
+		out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pendingSpace: f.pendingSpace[:0],
 	}
 	return f
 }
@@ -386,8 +386,8 @@ func (f *jsonFilter) scan(p []byte) {
 			case c == '"':
 				f.startKey()
 			case c == '}' && f.state == stObjFirst:
-				f.emit(f.pend)
-				f.pend = f.pend[:0]
+				f.emit(f.pendingSpace)
+				f.pendingSpace = f.pendingSpace[:0]
 				f.closeContainer(c)
 			default:
 				f.fail(errJSONSyntax)
@@ -423,8 +423,8 @@ func (f *jsonFilter) space(ws []byte) {
 	if f.state == stObjFirst || f.state == stObjKey {
 		// Held back with the member that follows: written only if it is kept.
 		if !f.skipping {
-			n := min(len(ws), maxPendingSpace-len(f.pend))
-			f.pend = append(f.pend, ws[:max(n, 0)]...)
+			n := min(len(ws), maxPendingSpace-len(f.pendingSpace))
+			f.pendingSpace = append(f.pendingSpace, ws[:max(n, 0)]...)
 		}
 		return
 	}
@@ -503,10 +503,10 @@ func (f *jsonFilter) startKey() {
 	f.state = stKey
 	f.escaped, f.hexLeft = false, 0
 	if f.skipping {
-		f.keyBuf = false // inside a removed value: nothing to decide
+		f.keyUndecided = false // inside a removed value: nothing to decide
 		return
 	}
-	f.keyBuf, f.keyPlain = true, true
+	f.keyUndecided, f.keyPlain = true, true
 	f.key = append(f.key[:0], '"')
 }
 
@@ -573,7 +573,7 @@ func (f *jsonFilter) scanString(p []byte, i int) int {
 
 // stringBytes writes or buffers a run of a string's bytes.
 func (f *jsonFilter) stringBytes(b []byte) {
-	if f.state != stKey || !f.keyBuf {
+	if f.state != stKey || !f.keyUndecided {
 		f.emit(b)
 		return
 	}
@@ -600,14 +600,14 @@ func (f *jsonFilter) stringDone() {
 		return
 	}
 	f.state = stColon
-	if !f.keyBuf {
+	if !f.keyUndecided {
 		return
 	}
 	if f.fields.has(f.memberName()) {
 		// Removed: drop the name, the whitespace before it and the comma that
 		// was waiting for it, and skip the value that follows.
-		f.keyBuf = false
-		f.pend = f.pend[:0]
+		f.keyUndecided = false
+		f.pendingSpace = f.pendingSpace[:0]
 		f.skipping, f.skipDepth = true, len(f.stack)
 		return
 	}
@@ -622,9 +622,9 @@ func (f *jsonFilter) keepMember() {
 		f.out = append(f.out, ',')
 	}
 	*top = frameObjectWrote
-	f.out = append(f.out, f.pend...)
+	f.out = append(f.out, f.pendingSpace...)
 	f.out = append(f.out, f.key...)
-	f.pend, f.key, f.keyBuf = f.pend[:0], f.key[:0], false
+	f.pendingSpace, f.key, f.keyUndecided = f.pendingSpace[:0], f.key[:0], false
 }
 
 // memberName returns the decoded name of the buffered member, decoded as

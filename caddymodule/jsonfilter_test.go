@@ -234,7 +234,7 @@ func BenchmarkJSONFilter(b *testing.B) {
 	b.SetBytes(int64(len(in)))
 	b.ReportAllocs()
 	for b.Loop() {
-		*f = jsonFilter{dst: io.Discard, fields: testFields, out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pend: f.pend[:0]}
+		*f = jsonFilter{dst: io.Discard, fields: testFields, out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pendingSpace: f.pendingSpace[:0]}
 		for p := in; len(p) > 0; {
 			n := min(len(p), 32<<10)
 			if _, err := f.Write(p[:n]); err != nil {

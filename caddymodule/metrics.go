@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/keystore"
 )
@@ -198,11 +199,43 @@ func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
 	if !ok {
 		return
 	}
-	extra.Set(zap.String("outcome", o.String()))
+	lf := &outcomeOnly[o]
 	if key != nil {
-		extra.Set(zap.String("key_id", key.ID))
-		extra.Set(zap.String("org_id", key.OrgID))
+		lf = &logFields{outcome: o, hasKey: true, keyID: key.ID, orgID: key.OrgID}
 	}
+	extra.Set(zap.Field{Key: logFieldsKey, Type: zapcore.InlineMarshalerType, Interface: lf})
+}
+
+// logFieldsKey names record's one extra log field, so that a second record of the
+// same request replaces it. The name itself is never logged: the field is inline.
+const logFieldsKey = "keygate"
+
+// logFields are the access log fields of record: outcome, and key_id and org_id once
+// the key is known. They go in as one inline field, written at the top level of the
+// entry as three: one allocation, where three fields would grow the slice of extra
+// fields three times and clear Caddy's handler cache three times.
+type logFields struct {
+	outcome      outcome
+	hasKey       bool
+	keyID, orgID string
+}
+
+// outcomeOnly are the logFields of the requests decided before their key is known,
+// shared (never written to) so that the flood of 401s allocates none.
+var outcomeOnly = func() (lf [numOutcomes]logFields) {
+	for o := range numOutcomes {
+		lf[o].outcome = o
+	}
+	return lf
+}()
+
+func (f *logFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddString("outcome", f.outcome.String())
+	if f.hasKey {
+		enc.AddString("key_id", f.keyID)
+		enc.AddString("org_id", f.orgID)
+	}
+	return nil
 }
 
 // startTimer returns the time to pass to the observe functions, or the zero time

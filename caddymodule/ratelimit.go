@@ -17,24 +17,27 @@ func writeRateLimited(w http.ResponseWriter, res limiter.Result) {
 	b := append(buf[:0], `{"error":"rate_limited","retryAfter":`...)
 	b = strconv.AppendInt(b, int64(res.ResetAfter), 10)
 	b = append(b, '}')
-	w.Header().Set("Retry-After", strconv.Itoa(res.ResetAfter))
+	w.Header()["Retry-After"] = []string{strconv.Itoa(res.ResetAfter)}
 	writeJSON(w, http.StatusTooManyRequests, b)
 }
 
 // setRateLimitHeaders sets the header fields of draft-ietf-httpapi-ratelimit-headers-11
 // for a counted request (CONTRACT §5). Set, not Add: an upstream cannot add its own.
 func setRateLimitHeaders(hdr http.Header, res limiter.Result) {
-	var buf [64]byte
+	// Both values are built in one buffer and become one string, and their slices
+	// share one backing array (each capped at its value, see writeJSON).
+	var buf [96]byte
 	b := append(buf[:0], `"default";q=`...)
 	b = strconv.AppendInt(b, int64(res.Limit), 10)
 	b = append(b, ";w=60"...)
-	hdr["Ratelimit-Policy"] = []string{string(b)}
-
-	b = append(buf[:0], `"default";r=`...)
+	split := len(b)
+	b = append(b, `"default";r=`...)
 	b = strconv.AppendInt(b, int64(max(res.Remaining, 0)), 10)
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, int64(res.ResetAfter), 10)
-	hdr["Ratelimit"] = []string{string(b)}
+	both := string(b)
+	v := []string{both[:split], both[split:]}
+	hdr["Ratelimit-Policy"], hdr["Ratelimit"] = v[0:1:1], v[1:2:2]
 }
 
 // rateLimitHeaders makes hdr carry the count of rl and nothing else: the fields of
@@ -47,4 +50,12 @@ func rateLimitHeaders(hdr http.Header, rl *limiter.Result) {
 	}
 	delete(hdr, "Ratelimit")
 	delete(hdr, "Ratelimit-Policy")
+}
+
+// writeCounted sets the RateLimit fields of a counted request (rl not nil) on an
+// answer of the module's own.
+func writeCounted(w http.ResponseWriter, rl *limiter.Result) {
+	if rl != nil {
+		setRateLimitHeaders(w.Header(), *rl)
+	}
 }

@@ -14,6 +14,15 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
+// commandLimits returns the settings that bound every command of a client, in every
+// redis_mode: timeout on each of its parts (dial, wait for a pooled connection, write,
+// read), the caller's context deadline honoured as well, no retries (MaxRetries -1) and
+// one dial attempt per command (DialerRetries 1), so that a Redis that hangs costs a
+// request one timeout, not several (see loadRedis).
+func commandLimits(timeout time.Duration) (dial, read, write, pool time.Duration, contextTimeout bool, maxRetries, dialerRetries int) {
+	return timeout, timeout, timeout, timeout, true, -1, 1
+}
+
 // The values of redis_mode.
 const (
 	redisModeSingle   = "single"
@@ -57,10 +66,8 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 		if err := withCA(opts.TLSConfig); err != nil {
 			return nil, "", err
 		}
-		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = timeout, timeout, timeout, timeout
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries = -1   // no retries
-		opts.DialerRetries = 1 // one dial attempt per command
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout,
+			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout)
 		return redis.NewClient(opts), opts.Addr, nil
 	case redisModeCluster:
 		opts, err := redis.ParseClusterURL(url)
@@ -70,10 +77,9 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 		if err := withCA(opts.TLSConfig); err != nil {
 			return nil, "", err
 		}
-		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = timeout, timeout, timeout, timeout
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries = -1 // MOVED/ASK redirects still follow (MaxRedirects)
-		opts.DialerRetries = 1
+		// MOVED/ASK redirects still follow without retries (MaxRedirects).
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout,
+			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout)
 		return redis.NewClusterClient(opts), strings.Join(opts.Addrs, ","), nil
 	case redisModeSentinel:
 		opts, err := redis.ParseFailoverURL(url)
@@ -86,10 +92,8 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 		if err := withCA(opts.TLSConfig); err != nil {
 			return nil, "", err
 		}
-		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = timeout, timeout, timeout, timeout
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries = -1
-		opts.DialerRetries = 1
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout,
+			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout)
 		return redis.NewFailoverClient(opts), strings.Join(opts.SentinelAddrs, ","), nil
 	default:
 		return nil, "", fmt.Errorf("redis_mode %q: must be single, cluster or sentinel", mode)

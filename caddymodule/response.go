@@ -266,6 +266,10 @@ func (pw *proxyWriter) finish() error {
 		err := <-pw.done
 		pw.pipe, pw.done = nil, nil
 		return err
+	case modeUndecided:
+		// Nothing written: the server answers 200 with the header as it is, which
+		// must carry the request's RateLimit fields.
+		rateLimitHeaders(pw.Header(), pw.rl)
 	}
 	return nil
 }

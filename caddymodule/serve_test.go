@@ -250,6 +250,8 @@ func TestDecisions(t *testing.T) {
 		{name: "HEAD /v1/me", method: "HEAD", path: "/v1/me", auth: []string{bearer(admin)}, status: 200, bodyAny: true,
 			headers: ownJSON(http.Header{"Content-Length": {"33"}}), outcome: outcomeMe},
 		{name: "POST /v1/me is the upstream's", method: "POST", path: "/v1/me", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
+		{name: "an upstream that writes nothing: 200 with the RateLimit fields", path: "/v1/monitors", auth: []string{bearer(admin)},
+			upstream: func(http.ResponseWriter, *http.Request) error { return nil }, status: 200, body: "", headers: rl600, proxied: true, outcome: outcomeProxied},
 		{name: "/v1/me/ is the upstream's", path: "/v1/me/", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
 		{name: "/v1//me is the upstream's", path: "/v1//me", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
 		{name: "/v1/mE is the upstream's", path: "/v1/mE", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},

@@ -3,9 +3,10 @@ package keystore
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/keygate/keygate/internal/gather"
 )
 
 // Batcher verifies keys like Store.Verify, but gathers the lookups of concurrent
@@ -23,28 +24,14 @@ import (
 // waited a tenth of Timeout for a lane goes out on a lane of its own: a slow query in
 // flight never costs the requests of the next batch more than that on top of their
 // own query, so a PostgreSQL answering within the timeout does not turn them into 503s.
+// (The gathering is internal/gather's; a Batcher adds the query.)
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
-	onBatch func(size int) // BatcherOptions.OnBatch; may be nil
-	maxWait time.Duration  // how long a batch waits for a lane; see Batcher
+	onBatch func(size int)                           // BatcherOptions.OnBatch; may be nil
+	batches *gather.Gatherer[string, map[string]row] // a key id in, its batch's live keys out
 
-	queries, lookups atomic.Uint64
-
-	mu      sync.Mutex
-	pending *batch // the batch taking new requests; guarded by mu
-	free    int    // lanes not running a query; guarded by mu
-}
-
-// batch is one query's worth of lookups.
-type batch struct {
-	ids   []string // distinct key ids, in arrival order
-	seen  map[string]struct{}
-	timer *time.Timer   // sends the batch on a lane of its own after maxWait
-	done  chan struct{} // closed when rows and err are set
-
-	rows map[string]row
-	err  error
+	queries, lookups atomic.Uint64 // for tests, through export_test.go
 }
 
 // BatcherOptions tunes a Batcher. The zero value is usable.
@@ -62,13 +49,12 @@ type BatcherOptions struct {
 
 // NewBatcher returns a Batcher looking keys up in s.
 func NewBatcher(s *Store, opts BatcherOptions) *Batcher {
-	if opts.Lanes <= 0 {
-		opts.Lanes = 1
-	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
-	return &Batcher{store: s, timeout: opts.Timeout, maxWait: opts.Timeout / 10, free: opts.Lanes, onBatch: opts.OnBatch}
+	b := &Batcher{store: s, timeout: opts.Timeout, onBatch: opts.OnBatch}
+	b.batches = gather.New(b.query, gather.Options{Lanes: opts.Lanes, MaxWait: opts.Timeout / 10})
+	return b
 }
 
 // Verify is Store.Verify through a batch; see Store.Verify for its outcomes. If ctx ends
@@ -85,101 +71,23 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 // Store.VerifyParsed.
 func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	sum := HashSecret(secret)
-	bt := b.join(keyID)
-	select {
-	case <-bt.done:
-	case <-ctx.Done():
-		return Key{}, false, fmt.Errorf("looking up key: %w", ctx.Err())
+	rows, err := b.batches.Do(ctx, keyID)
+	if err != nil && err == ctx.Err() {
+		return Key{}, false, fmt.Errorf("looking up key: %w", err)
 	}
-	if bt.err != nil {
-		return Key{}, false, bt.err
+	if err != nil {
+		return Key{}, false, err // the batch's, already saying what failed
 	}
-	r, found := bt.rows[keyID]
+	r, found := rows[keyID]
 	k, ok := check(keyID, sum, r, found)
 	return k, ok, nil
 }
 
-// join adds keyID to the batch not yet sent, starting one if there is none, and sends it
-// at once if a lane is free. A batch holds at most one id per concurrent request, so it
-// needs no size cap.
-func (b *Batcher) join(keyID string) *batch {
-	b.mu.Lock()
-	bt := b.pending
-	if bt == nil {
-		bt = &batch{seen: make(map[string]struct{}), done: make(chan struct{})}
-		b.pending = bt
-		if b.free == 0 {
-			bt.timer = time.AfterFunc(b.maxWait, func() { b.overflow(bt) })
-		}
-	}
-	if _, dup := bt.seen[keyID]; !dup {
-		bt.seen[keyID] = struct{}{}
-		bt.ids = append(bt.ids, keyID)
-	}
-	if b.free > 0 {
-		b.free--
-		b.take(bt)
-		b.mu.Unlock()
-		go b.run(bt)
-		return bt
-	}
-	b.mu.Unlock()
-	return bt
-}
-
-// take marks bt as sent. It must be called with mu held and bt == b.pending.
-func (b *Batcher) take(bt *batch) {
-	b.pending = nil
-	if bt.timer != nil {
-		bt.timer.Stop()
-	}
-}
-
-// run sends bt, then keeps its lane busy with whatever batch gathered meanwhile.
-func (b *Batcher) run(bt *batch) {
-	for bt != nil {
-		bt.rows, bt.err = b.query(bt.ids)
-		close(bt.done)
-
-		b.mu.Lock()
-		bt = b.pending
-		if bt != nil {
-			b.take(bt)
-		} else {
-			b.free++
-		}
-		b.mu.Unlock()
-	}
-}
-
-// overflow sends bt on a lane of its own once it has waited maxWait for one, if it has
-// not gone yet.
-func (b *Batcher) overflow(bt *batch) {
-	b.mu.Lock()
-	if b.pending != bt {
-		b.mu.Unlock()
-		return
-	}
-	b.take(bt)
-	b.mu.Unlock()
-	bt.rows, bt.err = b.query(bt.ids)
-	close(bt.done)
-}
-
-// BatchStats counts a Batcher's work since it was made.
-type BatchStats struct {
-	// Queries is the number of batch queries sent.
-	Queries uint64
-	// Lookups is the number of key ids they looked up, counting each id once a batch.
-	Lookups uint64
-}
-
-// Stats returns what b has done so far.
-func (b *Batcher) Stats() BatchStats {
-	return BatchStats{Queries: b.queries.Load(), Lookups: b.lookups.Load()}
-}
-
-func (b *Batcher) query(ids []string) (map[string]row, error) {
+// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids,
+// under the Batcher's own timeout. Every request of the batch gets the live keys it
+// found, by key id.
+func (b *Batcher) query(keyIDs []string) ([]map[string]row, error) {
+	ids := distinct(keyIDs)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(len(ids)))
 	if b.onBatch != nil {
@@ -187,5 +95,30 @@ func (b *Batcher) query(ids []string) (map[string]row, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	return b.store.lookup(ctx, ids)
+	rows, err := b.store.lookup(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]map[string]row, len(keyIDs))
+	for i := range out {
+		out[i] = rows
+	}
+	return out, nil
+}
+
+// distinct returns ids without repeats, in order of first appearance. A batch of one
+// id, the common case when traffic is light, costs no allocation.
+func distinct(ids []string) []string {
+	if len(ids) == 1 {
+		return ids
+	}
+	seen := make(map[string]struct{})
+	var out []string
+	for _, id := range ids {
+		if _, dup := seen[id]; !dup {
+			seen[id] = struct{}{}
+			out = append(out, id)
+		}
+	}
+	return out
 }

@@ -67,7 +67,7 @@ func testFreshness(t *testing.T, lanes int) {
 	}
 
 	time.Sleep(300 * time.Millisecond)
-	if found, err := s.Revoke(ctx, org, victim.ID); !found || err != nil {
+	if found, err := s.Revoke(ctx, org, victim.ID, "test"); !found || err != nil {
 		t.Fatalf("Revoke = %v, %v", found, err)
 	}
 	committed := time.Now()

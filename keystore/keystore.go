@@ -61,6 +61,8 @@ type NewKey struct {
 	Role  Role
 	// ExpiresAt is optional: a key without it lives until revoked.
 	ExpiresAt *time.Time
-	// CreatedBy is the id of the user creating the key; optional.
+	// CreatedBy is the id of the user creating the key, and the actor of its
+	// key.created audit event; optional: a key made by a program, without a user,
+	// is not audited.
 	CreatedBy string
 }

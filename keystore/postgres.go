@@ -8,7 +8,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -123,30 +122,52 @@ func retryable(ctx context.Context, err error) bool {
 }
 
 // Create makes a new key and returns its record and the full key, which is never
-// readable again.
+// readable again. A key with a creator (NewKey.CreatedBy) is audited as key.created, in
+// the same transaction.
 func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if !nk.Role.Valid() {
 		return Record{}, "", fmt.Errorf("invalid role %q", nk.Role)
 	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Record{}, "", fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	r, full, err := s.insertKey(ctx, tx, nk)
+	if err != nil {
+		return Record{}, "", err
+	}
+	if nk.CreatedBy != "" {
+		if err := audit(ctx, tx, Event{OrgID: nk.OrgID, Action: ActionCreated, KeyID: r.ID, Actor: nk.CreatedBy}); err != nil {
+			return Record{}, "", err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Record{}, "", fmt.Errorf("committing key: %w", err)
+	}
+	return r, full, nil
+}
+
+// insertKey draws a new key and inserts it in tx. A key id collision is astronomically
+// unlikely (22 base62 characters), but it is no reason to fail: draw again.
+func (s *Store) insertKey(ctx context.Context, tx pgx.Tx, nk NewKey) (Record, string, error) {
 	var createdBy *string
 	if nk.CreatedBy != "" {
 		createdBy = &nk.CreatedBy
 	}
-	// A key id collision is astronomically unlikely (22 base62 characters), but it is
-	// a unique violation, not a reason to fail: draw again.
-	for attempt := 0; ; attempt++ {
+	for attempt := 0; attempt < 4; attempt++ {
 		full, keyID, secret, err := s.format.Generate()
 		if err != nil {
 			return Record{}, "", err
 		}
 		sum := HashSecret(secret)
 		r := Record{ID: keyID, OrgID: nk.OrgID, Name: nk.Name, Role: nk.Role}
-		err = s.pool.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at)
+		err = tx.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (key_id) DO NOTHING
 RETURNING created_at, expires_at`,
 			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt).Scan(&r.CreatedAt, &r.ExpiresAt)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "api_keys_pkey" && attempt < 3 {
+		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
 		if err != nil {
@@ -154,6 +175,7 @@ RETURNING created_at, expires_at`,
 		}
 		return r, full, nil
 	}
+	return Record{}, "", errors.New("inserting key: key id collisions on every attempt")
 }
 
 // List returns every key of an organisation, revoked and expired ones included,
@@ -177,17 +199,36 @@ FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 	return recs, nil
 }
 
-// Revoke revokes the key keyID of organisation orgID from now on. Revoking a revoked
-// key succeeds and keeps its first revocation time. found is false when the
-// organisation has no key keyID.
-func (s *Store) Revoke(ctx context.Context, orgID, keyID string) (found bool, err error) {
+// Revoke revokes the key keyID of organisation orgID from now on and audits it as
+// key.revoked by actor, in the same statement. Revoking a revoked key succeeds, keeps its
+// first revocation time and audits nothing. found is false when the organisation has no
+// key keyID.
+func (s *Store) Revoke(ctx context.Context, orgID, keyID, actor string) (found bool, err error) {
 	if !ValidKeyID(keyID) {
 		return false, nil
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
-WHERE org_id = $1 AND key_id = $2`, orgID, keyID)
+	// The UPDATE waits for a concurrent revocation of the same key and then finds it
+	// revoked, so that exactly one of them is audited.
+	var revoked int
+	err = s.pool.QueryRow(ctx, `WITH r AS (
+	UPDATE api_keys SET revoked_at = now()
+	WHERE org_id = $1 AND key_id = $2 AND revoked_at IS NULL
+	RETURNING org_id, key_id
+), a AS (
+	INSERT INTO audit_events (org_id, action, key_id, actor)
+	SELECT org_id, $3, key_id, $4 FROM r
+)
+SELECT count(*) FROM r`, orgID, keyID, ActionRevoked, actor).Scan(&revoked)
 	if err != nil {
 		return false, fmt.Errorf("revoking key: %w", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	if revoked == 1 {
+		return true, nil
+	}
+	err = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM api_keys WHERE org_id = $1 AND key_id = $2)`,
+		orgID, keyID).Scan(&found)
+	if err != nil {
+		return false, fmt.Errorf("revoking key: %w", err)
+	}
+	return found, nil
 }

@@ -116,7 +116,7 @@ func testVerifyOutcomes(t *testing.T, kind string) {
 		if _, ok, _ := s.Verify(ctx, full); !ok {
 			t.Fatal("fresh key refused")
 		}
-		if found, err := store.Revoke(ctx, org, rec.ID); !found || err != nil {
+		if found, err := store.Revoke(ctx, org, rec.ID, "test"); !found || err != nil {
 			t.Fatalf("Revoke = %v, %v", found, err)
 		}
 		wantRefused(t, s, full)
@@ -226,18 +226,18 @@ func TestCreateListRevoke(t *testing.T) {
 	}
 
 	// Revoking another org's key is "not found" and leaves it working.
-	if found, err := s.Revoke(ctx, org, foreign.ID); found || err != nil {
+	if found, err := s.Revoke(ctx, org, foreign.ID, "test"); found || err != nil {
 		t.Errorf("Revoke(foreign) = %v, %v; want not found", found, err)
 	}
 	if _, ok, _ := s.Verify(ctx, fullForeign); !ok {
 		t.Error("the foreign key stopped working after a refused revoke")
 	}
-	if found, err := s.Revoke(ctx, org, "not-a-key-id"); found || err != nil {
+	if found, err := s.Revoke(ctx, org, "not-a-key-id", "test"); found || err != nil {
 		t.Errorf("Revoke(malformed id) = %v, %v; want not found", found, err)
 	}
 
 	// Revoking twice succeeds and keeps the first time.
-	if found, err := s.Revoke(ctx, org, b.ID); !found || err != nil {
+	if found, err := s.Revoke(ctx, org, b.ID, "test"); !found || err != nil {
 		t.Fatalf("Revoke = %v, %v", found, err)
 	}
 	list, _ = s.List(ctx, org)
@@ -245,7 +245,7 @@ func TestCreateListRevoke(t *testing.T) {
 	if first == nil {
 		t.Fatal("revoked key lists no revoked_at")
 	}
-	if found, err := s.Revoke(ctx, org, b.ID); !found || err != nil {
+	if found, err := s.Revoke(ctx, org, b.ID, "test"); !found || err != nil {
 		t.Fatalf("second Revoke = %v, %v", found, err)
 	}
 	list, _ = s.List(ctx, org)

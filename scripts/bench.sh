@@ -6,6 +6,8 @@
 #   (b) bin/caddy with a plain reverse_proxy to it (same headers)
 #   (c) the gateway with a real key on a plan with a high but positive limit, so Redis
 #       counts every request
+#   (c401) the gateway with random well-formed keys: 401 (wrk -s, a new key a request)
+#   (c429) the gateway with a key over its limit (a plan of 1 request a minute): 429
 #   (c0) the same gateway with lookup batching and count pipelining switched off, to
 #       show what they bring (informational)
 #   (d) GET /v1/me answered by the gateway
@@ -17,14 +19,23 @@
 #   (m) the cost of metrics: the gateway with and without disable_metrics, in one Caddy
 #       of its own, ROUNDS alternating runs each (bench_metrics below)
 #
-# (b) and (c) run ROUNDS times, alternating, and their figures are averaged, since the
-# machine is small and noisy. It prints requests/s, p50 and p99 latency, the ratio (c)/(b) and
-# the targets met or missed, and writes the figures to scripts/bench-results.txt.
+# (c), (b), (c401) and (c429) run ROUNDS times, in that order, so that gateway and plain
+# alternate; the report gives the median of the rounds, since the machine is small and
+# noisy. Next to requests/s and latency, each of these runs measures the CPU time every
+# process spent (utime + stime from /proc/<pid>/stat, before and after the run) divided
+# by the requests wrk made: Caddy (one process serves the gateway and the plain sites,
+# one site at a time), the upstream, PostgreSQL (the postmaster and all its backends,
+# reaped ones included) and Redis. The module's own cost is Caddy's CPU per gateway
+# request minus Caddy's per plain request; CPU per request is far steadier than req/s
+# on a shared machine. It prints a table per round, the medians, the module overhead
+# with its spread, the targets met or missed, and writes the figures to
+# scripts/bench-results.txt.
 #
 # Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT,
 # FAULT_DURATION (5s, each run of (f)).
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
-# endpoint, during the first (c) run) and DIR/top.txt (CPU by process meanwhile).
+# endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
+# meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -36,6 +47,11 @@ WARMUP=${WARMUP:-3s}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
 need_tools wrk curl
+
+# bench_port picks the bench's listening ports below the ephemeral range (32768 and
+# up), where wrk's and the proxies' thousands of outgoing connections take their local
+# ports: a port free when picked could be taken by one of them before Caddy binds it.
+bench_port() { free_port 20000 12000; }
 
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-bench.XXXXXX")
 pids=()
@@ -57,14 +73,15 @@ org=$(bin/upstream org create --name bench --plan bench | json_field id)
 printf 'bench-password\n' | bin/upstream user create --email bench@example.com --password-stdin >/dev/null
 bin/upstream member add --org "$org" --email bench@example.com --role Owner >/dev/null
 
-up="127.0.0.1:$(free_port)"
-gw="127.0.0.1:$(free_port)"
-plain="127.0.0.1:$(free_port)"
-unbatched="127.0.0.1:$(free_port)"
-big="127.0.0.1:$(free_port)"
+up="127.0.0.1:$(bench_port)"
+gw="127.0.0.1:$(bench_port)"
+plain="127.0.0.1:$(bench_port)"
+unbatched="127.0.0.1:$(bench_port)"
+big="127.0.0.1:$(bench_port)"
 
 bin/upstream serve --addr "$up" >"$stack/upstream.log" 2>&1 &
-pids+=($!)
+upstream_pid=$!
+pids+=($upstream_pid)
 
 # The 50 MB list: 100,000 monitors, each with fields the filter must remove at depth.
 mkdir -p "$stack/www/v1"
@@ -83,51 +100,42 @@ awk 'BEGIN {
 	printf "],\"next_cursor\":null}"
 }' >"$stack/www/v1/big.json"
 
+# gateway_site ADDR [OPTION...] prints a Caddyfile site at ADDR: v1_gateway with the
+# given extra options (one a line) under /v1/*, the reverse proxy to the upstream
+# behind it and for every other path (the dashboard routes bench uses to log in and
+# create keys). SITE_DB and SITE_REDIS replace the database_url and redis_url.
+gateway_site() {
+	local addr=$1 opt
+	shift
+	printf 'http://%s {\n\tbind 127.0.0.1\n\thandle /v1/* {\n\t\tv1_gateway {\n' "$addr"
+	printf '\t\t\tdatabase_url   %s\n' "${SITE_DB:-{env.DATABASE_URL\}}"
+	printf '\t\t\tredis_url      %s\n' "${SITE_REDIS:-{env.REDIS_URL\}}"
+	printf '\t\t\tgateway_secret {env.GATEWAY_SECRET}\n'
+	for opt in "$@"; do printf '\t\t\t%s\n' "$opt"; done
+	printf '\t\t}\n\t\treverse_proxy %s\n\t}\n\thandle {\n\t\treverse_proxy %s\n\t}\n}\n' "$up" "$up"
+}
+
 admin=off
 if [ -n "${PROFILE:-}" ]; then
 	mkdir -p "$PROFILE"
-	admin="127.0.0.1:$(free_port)"
+	admin="127.0.0.1:$(bench_port)"
 fi
-cat >"$stack/Caddyfile" <<EOF
+{
+	cat <<EOF
 {
 	admin $admin
 	auto_https off
 	persist_config off
 	order v1_gateway before reverse_proxy
 }
-http://$gw {
-	bind 127.0.0.1
-	handle /v1/* {
-		v1_gateway {
-			database_url   {env.DATABASE_URL}
-			redis_url      {env.REDIS_URL}
-			gateway_secret {env.GATEWAY_SECRET}
-			lookup_lanes   ${LANES:-1}
-		}
-		reverse_proxy $up
-	}
-	handle {
-		reverse_proxy $up
-	}
-}
 http://$plain {
 	bind 127.0.0.1
 	reverse_proxy $up
 }
-http://$unbatched {
-	bind 127.0.0.1
-	handle /v1/* {
-		v1_gateway {
-			database_url   {env.DATABASE_URL}
-			redis_url      {env.REDIS_URL}
-			gateway_secret {env.GATEWAY_SECRET}
-			disable_lookup_batching
-			disable_count_pipelining
-		}
-		reverse_proxy $up
-	}
-}
 EOF
+	gateway_site "$gw" "lookup_lanes   ${LANES:-1}"
+	gateway_site "$unbatched" disable_lookup_batching disable_count_pipelining
+} >"$stack/Caddyfile"
 cat >"$stack/Caddyfile.big" <<EOF
 {
 	admin off
@@ -147,7 +155,8 @@ http://$big {
 }
 EOF
 bin/caddy run --config "$stack/Caddyfile" --adapter caddyfile >"$stack/caddy.log" 2>&1 &
-pids+=($!)
+caddy_pid=$!
+pids+=($caddy_pid)
 for addr in "$up" "$gw" "$plain" "$unbatched"; do
 	wait_http "http://$addr/" || { tail -n 20 "$stack"/*.log >&2; exit 1; }
 done
@@ -160,6 +169,39 @@ key_id=${key_id%%.*}
 monitor=$(curl -sf "http://$gw/v1/monitors" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
 	-d '{"name":"bench","type":"http","target":"https://example.com","interval_seconds":60,"config":{"a":1}}' | json_field id)
 [ -n "$monitor" ] || { echo "could not create the bench monitor" >&2; exit 1; }
+
+# A key over its limit, for (c429): an org on a plan of one request a minute.
+bin/upstream plan put --name bench-tiny --api-rate-limit 1 --max-monitors -1 --min-interval 10 \
+	--locations us-east --check-types http >/dev/null
+tiny_org=$(bin/upstream org create --name bench-tiny --plan bench-tiny | json_field id)
+bin/upstream member add --org "$tiny_org" --email bench@example.com --role Owner >/dev/null
+tiny_key=$(create_key "$tiny_org" tiny Viewer "$jar" "http://$gw")
+for _ in 1 2; do curl -s -o /dev/null -H "Authorization: Bearer $tiny_key" "http://$gw/v1/me"; done
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $tiny_key" "http://$gw/v1/monitors/$monitor")
+[ "$code" = 429 ] || { echo "bench: the key over its limit answered $code, not 429" >&2; exit 1; }
+
+# Random well-formed keys, for (c401): a new key id and secret on every request.
+cat >"$stack/random-key.lua" <<'EOF'
+local alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+local b64 = alnum .. "-_"
+local last = "AEIMQUYcgkosw048" -- a 43-character secret's last character has two zero bits
+local function pick(set, n)
+	local t = {}
+	for i = 1, n do
+		local j = math.random(1, #set)
+		t[i] = set:sub(j, j)
+	end
+	return table.concat(t)
+end
+init = function() math.randomseed(os.time() + math.floor(os.clock() * 1e6) + (tonumber(tostring({}):match("%x+$"), 16) or 0) % 1e6) end
+request = function()
+	local key = "mon_live_" .. pick(alnum, 22) .. "." .. pick(b64, 42) .. pick(last, 1)
+	return wrk.format(nil, nil, {["Authorization"] = "Bearer " .. key})
+end
+EOF
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer mon_live_AAAAAAAAAAAAAAAAAAAAAA.$(printf 'A%.0s' $(seq 43))" \
+	"http://$gw/v1/monitors/$monitor")
+[ "$code" = 401 ] || { echo "bench: an unknown well-formed key answered $code, not 401" >&2; exit 1; }
 
 ident=(-H "X-Gateway-Org-Id: $org" -H "X-Gateway-Key-Id: $key_id" -H "X-Gateway-Key-Role: Admin" -H "X-Gateway-Secret: $GATEWAY_SECRET")
 auth=(-H "Authorization: Bearer $key")
@@ -196,28 +238,161 @@ for u in "http://$up/v1/monitors/$monitor" "http://$plain/v1/monitors/$monitor";
 done
 wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$gw/v1/monitors/$monitor" >/dev/null
 
-echo "measuring (a) upstream alone…" >&2
-read -r a_rps a_p50 a_p99 < <(measure "http://$up/v1/monitors/$monitor" "${ident[@]}")
-b_runs=() c_runs=()
-for round in $(seq 1 "$ROUNDS"); do
-	echo "measuring (b) plain reverse_proxy, round $round…" >&2
-	b_runs+=("$(measure "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
-	echo "measuring (c) gateway, round $round…" >&2
-	if [ -n "${PROFILE:-}" ] && [ "$round" = 1 ]; then
-		secs=$(( ${DURATION%s} > 2 ? ${DURATION%s} - 2 : 1 ))
-		(sleep 1; curl -s -o "$PROFILE/gateway.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=$secs") &
-		(sleep 1; top -b -d "$secs" -n 2 -w 200 | awk '/^top -/ {n++} n == 2' | head -n 20 >"$PROFILE/top.txt") &
+# ---- CPU per request, per process (issue 15) -------------------------------------
+# proc_ticks PID prints the CPU time of PID and of its reaped children (utime + stime +
+# cutime + cstime, /proc/PID/stat fields 14-17) in clock ticks; 0 once it is gone.
+# pg_ticks sums the postmaster and every backend and worker it runs.
+CLK_TCK=$(getconf CLK_TCK)
+pg_pid=$(head -n1 "$stack/pg/postmaster.pid")
+redis_pid=$(cat "$stack/redis/redis.pid")
+proc_ticks() {
+	awk '{sub(/^.*\) /, ""); print $12 + $13 + $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+pg_ticks() {
+	local t=0 p
+	for p in "$pg_pid" $(ps -o pid= --ppid "$pg_pid"); do t=$((t + $(proc_ticks "$p"))); done
+	echo "$t"
+}
+cpu_snapshot() { echo "$(proc_ticks "$caddy_pid") $(proc_ticks "$upstream_pid") $(pg_ticks) $(proc_ticks "$redis_pid")"; }
+
+# measure_cpu EXPECT URL [wrk args...] runs wrk like measure and prints "rps p50 p99
+# caddy upstream postgres redis", the last four in CPU µs per request. EXPECT is ok
+# (every answer 2xx) or error (at least 99% of the answers are not 2xx: a limit of one
+# request a minute lets one a minute through).
+measure_cpu() {
+	local expect=$1 url=$2
+	shift 2
+	local out before after
+	before=$(cpu_snapshot)
+	out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$@" "$url")
+	after=$(cpu_snapshot)
+	local reqs errs
+	reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+	errs=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
+	errs=${errs:-0}
+	if { [ "$expect" = ok ] && [ "$errs" != 0 ]; } || { [ "$expect" = error ] && ((errs * 100 < reqs * 99)); }; then
+		echo "$out" >&2
+		echo "bench: $url answered $errs non-2xx of $reqs, expected $expect" >&2
+		exit 1
 	fi
-	c_runs+=("$(measure "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
+	local rps p50 p99
+	rps=$(echo "$out" | awk '/^Requests\/sec:/ {print $2}')
+	p50=$(to_ms "$(echo "$out" | awk '$1 == "50%" {print $2}')")
+	p99=$(to_ms "$(echo "$out" | awk '$1 == "99%" {print $2}')")
+	awk -v b="$before" -v a="$after" -v n="$reqs" -v hz="$CLK_TCK" -v head="$rps $p50 $p99" 'BEGIN {
+		split(b, x); split(a, y)
+		printf "%s", head
+		for (i = 1; i <= 4; i++) printf " %.1f", (y[i] - x[i]) * 1e6 / hz / n
+		print ""
+	}'
+}
+
+# median FIELD LINE... prints the median of field FIELD of the lines; spread prints
+# "min..max".
+median() {
+	local f=$1
+	shift
+	printf '%s\n' "$@" | awk -v f="$f" '{print $f}' | sort -g |
+		awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.3f", m}'
+}
+spread() {
+	printf '%s\n' "$@" | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.1f..%.1f", lo, hi}'
+}
+# cpu_row NAME LINE prints one row of a CPU table.
+cpu_row() {
+	local name=$1
+	read -r rps p50 p99 c u p r <<<"$2"
+	printf '    %-24s %8.0f %8.3f %8.3f %8.1f %8.1f %8.1f %8.1f\n' "$name" "$rps" "$p50" "$p99" "$c" "$u" "$p" "$r"
+}
+cpu_header() {
+	printf '    %-24s %8s %8s %8s %8s %8s %8s %8s\n' "$1" req/s "p50 ms" "p99 ms" caddy upstream postgres redis
+	printf '    %-24s %8s %8s %8s %8s %8s %8s %8s\n' "" "" "" "" "us/req" "us/req" "us/req" "us/req"
+}
+
+echo "measuring (a) upstream alone…" >&2
+a_run=$(measure_cpu ok "http://$up/v1/monitors/$monitor" "${ident[@]}")
+read -r a_rps a_p50 a_p99 _ <<<"$a_run"
+b_runs=() c_runs=() e401_runs=() e429_runs=() rounds_report=""
+for round in $(seq 1 "$ROUNDS"); do
+	echo "measuring (c) gateway, round $round…" >&2
+	c_runs+=("$(measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
+	echo "measuring (b) plain reverse_proxy, round $round…" >&2
+	b_runs+=("$(measure_cpu ok "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
+	echo "measuring (c401) random keys, round $round…" >&2
+	e401_runs+=("$(measure_cpu error "http://$gw/v1/monitors/$monitor" -s "$stack/random-key.lua")")
+	echo "measuring (c429) a key over its limit, round $round…" >&2
+	e429_runs+=("$(measure_cpu error "http://$gw/v1/monitors/$monitor" -H "Authorization: Bearer $tiny_key")")
+	rounds_report+=$'\n'"  round $round"$'\n'$(
+		cpu_header ""
+		cpu_row "(c) gateway 200" "${c_runs[-1]}"
+		cpu_row "(b) plain 200" "${b_runs[-1]}"
+		cpu_row "(c401) random keys" "${e401_runs[-1]}"
+		cpu_row "(c429) over its limit" "${e429_runs[-1]}"
+	)
 done
+# PROFILE: one more run of (c), outside the rounds (profiling costs CPU of its own).
+if [ -n "${PROFILE:-}" ]; then
+	echo "profiling (c)…" >&2
+	secs=$(( ${DURATION%s} > 2 ? ${DURATION%s} - 2 : 1 ))
+	(sleep 1; curl -s -o "$PROFILE/gateway.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=$secs") &
+	prof_pids=($!)
+	(sleep 1; top -b -d "$secs" -n 2 -w 200 | awk '/^top -/ {n++} n == 2' | head -n 20 >"$PROFILE/top.txt") &
+	prof_pids+=($!)
+	measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}" >"$PROFILE/run.txt"
+	wait "${prof_pids[@]}" || true # top ends on SIGPIPE
+fi
 echo "measuring (c0) gateway without batching or pipelining…" >&2
 read -r c0_rps c0_p50 c0_p99 < <(measure "http://$unbatched/v1/monitors/$monitor" "${auth[@]}")
 echo "measuring (d) /v1/me…" >&2
 read -r d_rps d_p50 d_p99 < <(measure "http://$gw/v1/me" "${auth[@]}")
 
 mean() { printf '%s\n' "$@" | awk -v f="$FIELD" '{s += $f} END {printf "%.2f", s / NR}'; }
-b_rps=$(FIELD=1 mean "${b_runs[@]}") b_p50=$(FIELD=2 mean "${b_runs[@]}") b_p99=$(FIELD=3 mean "${b_runs[@]}")
-c_rps=$(FIELD=1 mean "${c_runs[@]}") c_p50=$(FIELD=2 mean "${c_runs[@]}") c_p99=$(FIELD=3 mean "${c_runs[@]}")
+# medians LINE... prints the median of each of the 7 fields of measure_cpu's lines.
+medians() {
+	local f out=""
+	for f in 1 2 3 4 5 6 7; do out+="$(median "$f" "$@") "; done
+	echo "$out"
+}
+b_med=$(medians "${b_runs[@]}") c_med=$(medians "${c_runs[@]}")
+e401_med=$(medians "${e401_runs[@]}") e429_med=$(medians "${e429_runs[@]}")
+read -r b_rps b_p50 b_p99 _ <<<"$b_med"
+read -r c_rps c_p50 c_p99 _ <<<"$c_med"
+# Per round: the module's CPU (gateway Caddy - plain Caddy), the throughput ratio, the
+# p99 difference, and the module's share of PostgreSQL (gateway - plain: the upstream's
+# own queries are in both).
+overheads=() ratios=() p99_extras=() pg_module=()
+for i in "${!c_runs[@]}"; do
+	read -r c1 _ c3 c4 _ c6 _ <<<"${c_runs[$i]}"
+	read -r b1 _ b3 b4 _ b6 _ <<<"${b_runs[$i]}"
+	overheads+=("$(awk -v c="$c4" -v b="$b4" 'BEGIN {printf "%.1f", c - b}')")
+	ratios+=("$(awk -v c="$c1" -v b="$b1" 'BEGIN {printf "%.3f", c / b}')")
+	p99_extras+=("$(awk -v c="$c3" -v b="$b3" 'BEGIN {printf "%.3f", c - b}')")
+	pg_module+=("$(awk -v c="$c6" -v b="$b6" 'BEGIN {printf "%.1f", c - b}')")
+done
+overhead=$(median 1 "${overheads[@]}" | xargs printf %.1f) overhead_spread=$(spread "${overheads[@]}")
+ratio=$(median 1 "${ratios[@]}") ratio_spread=$(spread "${ratios[@]}")
+p99_extra=$(median 1 "${p99_extras[@]}")
+pg_mod=$(median 1 "${pg_module[@]}" | xargs printf %.1f) pg_mod_spread=$(spread "${pg_module[@]}")
+read -r _ _ _ _ _ _ redis_gw <<<"$c_med"
+redis_gw=$(printf %.1f "$redis_gw")
+cpu_report=$(
+	echo "CPU per request by process, $ROUNDS rounds (gateway, plain, 401, 429 in turn; CPU us / requests):"
+	echo "$rounds_report"
+	echo
+	echo "  medians of the rounds"
+	cpu_header ""
+	cpu_row "(a) upstream alone" "$a_run"
+	cpu_row "(c) gateway 200" "$c_med"
+	cpu_row "(b) plain 200" "$b_med"
+	cpu_row "(c401) random keys" "$e401_med"
+	cpu_row "(c429) over its limit" "$e429_med"
+	echo
+	echo "  module overhead (Caddy, gateway - plain): $overhead µs/req, rounds ${overheads[*]} (spread $overhead_spread)"
+	echo "  PostgreSQL for the module (gateway - plain): $pg_mod µs/req (spread $pg_mod_spread); Redis: $redis_gw µs/req"
+	echo "  gateway/plain throughput: median $ratio, rounds ${ratios[*]}"
+	echo "  p99 gateway - plain: median $p99_extra ms, rounds ${p99_extras[*]}"
+)
+# ---- end of CPU per request -----------------------------------------------------------
 verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 
 # ---- (m) metrics on and off (issue 11) -------------------------------------------
@@ -226,26 +401,11 @@ verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 # Both share one process, one PostgreSQL pool and one Redis client, so the only
 # difference is the metrics bookkeeping (the access-log fields are set in both).
 # BENCH_METRICS=0 skips it.
-metrics_site() { # ADDR [disable_metrics]
-	cat <<EOF
-http://$1 {
-	bind 127.0.0.1
-	handle /v1/* {
-		v1_gateway {
-			database_url   {env.DATABASE_URL}
-			redis_url      {env.REDIS_URL}
-			gateway_secret {env.GATEWAY_SECRET}
-			${2:-}
-		}
-		reverse_proxy $up
-	}
-}
-EOF
-}
+metrics_site() { gateway_site "$@"; } # ADDR [disable_metrics]
 bench_metrics() {
 	local on off pid addr round
-	on="127.0.0.1:$(free_port)"
-	off="127.0.0.1:$(free_port)"
+	on="127.0.0.1:$(bench_port)"
+	off="127.0.0.1:$(bench_port)"
 	{
 		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
 		metrics_site "$on"
@@ -333,7 +493,7 @@ fault_run() {
 	for _ in $(seq 50); do [ -s "$stack/rproxy.addr" ] && [ -s "$stack/pproxy.addr" ] && break; sleep 0.1; done
 	rproxy=$(cat "$stack/rproxy.addr")
 	pproxy=$(cat "$stack/pproxy.addr")
-	local f_open="127.0.0.1:$(free_port)" f_local="127.0.0.1:$(free_port)" f_pg="127.0.0.1:$(free_port)"
+	local f_open="127.0.0.1:$(bench_port)" f_local="127.0.0.1:$(bench_port)" f_pg="127.0.0.1:$(bench_port)"
 	local redis_via=${REDIS_URL/$redis_hp/$rproxy} pg_via=${DATABASE_URL/$pg_hp/$pproxy}
 	local site name db redis policy
 	{
@@ -342,10 +502,7 @@ fault_run() {
 			read -r name policy <<<"$site"
 			db='{env.DATABASE_URL}' redis=$redis_via
 			if [ "$name" = "$f_pg" ]; then db=$pg_via redis='{env.REDIS_URL}'; fi
-			printf 'http://%s {\n\tbind 127.0.0.1\n\thandle /v1/* {\n\t\tv1_gateway {\n' "$name"
-			printf '\t\t\tdatabase_url %s\n\t\t\tredis_url %s\n' "$db" "$redis"
-			printf '\t\t\tgateway_secret {env.GATEWAY_SECRET}\n\t\t\tlimiter_failure %s\n\t\t}\n' "$policy"
-			printf '\t\treverse_proxy %s\n\t}\n}\n' "$up"
+			SITE_DB=$db SITE_REDIS=$redis gateway_site "$name" "limiter_failure $policy"
 		done
 	} >"$stack/Caddyfile.fault"
 	bin/caddy run --config "$stack/Caddyfile.fault" --adapter caddyfile >"$stack/caddy-fault.log" 2>&1 &
@@ -383,13 +540,11 @@ f_open_share=$(awk -v h="$f_open_hung" -v b="$f_open_before" 'BEGIN {printf "%.3
 f_local_share=$(awk -v h="$f_local_hung" -v b="$f_local_before" 'BEGIN {printf "%.3f", h / b}')
 # ---- end of (f) -----------------------------------------------------------------------
 
-ratio=$(awk -v c="$c_rps" -v b="$b_rps" 'BEGIN {printf "%.3f", c / b}')
-p99_extra=$(awk -v c="$c_p99" -v b="$b_p99" 'BEGIN {printf "%.3f", c - b}')
 
 report=$(
 	cat <<EOF
 keygate benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} warm-up; (b) and (c) mean of $ROUNDS alternating runs
+machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} warm-up; (b) and (c) median of $ROUNDS alternating runs
 
                                    req/s      p50 ms    p99 ms
 (a) upstream alone              $(printf '%9.0f %11.3f %9.3f' "$a_rps" "$a_p50" "$a_p99")
@@ -398,6 +553,8 @@ machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} war
 (c0) (c) without batching or
      pipelining (informational) $(printf '%9.0f %11.3f %9.3f' "$c0_rps" "$c0_p50" "$c0_p99")
 (d) gateway GET /v1/me          $(printf '%9.0f %11.3f %9.3f' "$d_rps" "$d_p50" "$d_p99")
+
+$cpu_report
 
 (e) 50 MB list through the filter: $size_in bytes in, $size_out out, hidden fields left: $leaked;
     Caddy RSS ${rss_before} kB before, peak ${rss_peak} kB: growth ${rss_growth_mb} MB
@@ -408,8 +565,10 @@ machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} war
     PostgreSQL hung:       $(printf '%7.0f' "$f_pg_503") 503s/s
 
 targets:
-  (c)/(b) throughput ratio  $ratio   (>= 0.75: $(verdict "$ratio >= 0.75"))
-  p99 (c) - p99 (b)         ${p99_extra} ms   (<= 2 ms: $(verdict "$p99_extra <= 2"))
+  (c)/(b) throughput ratio  $ratio   (median; >= 0.85: $(verdict "$ratio >= 0.85"))
+  p99 (c) - p99 (b)         ${p99_extra} ms   (median; <= 2 ms: $(verdict "$p99_extra <= 2"))
+  module CPU overhead       ${overhead} µs/req   (median; <= 30: $(verdict "$overhead <= 30"))
+  401 and 429 vs plain 200  $(median 1 "${e401_runs[@]}" | awk '{printf "%.0f", $1}') and $(median 1 "${e429_runs[@]}" | awk '{printf "%.0f", $1}') req/s vs $(printf '%.0f' "$b_rps")   (at least as fast: $(verdict "$(median 1 "${e401_runs[@]}") >= $b_rps && $(median 1 "${e429_runs[@]}") >= $b_rps"))
   RSS growth, 50 MB list    ${rss_growth_mb} MB  (< 32 MB: $(verdict "$rss_growth_mb < 32 && $leaked == 0"))
   Redis hung, open          $f_open_share   (>= 0.5: $(verdict "$f_open_share >= 0.5"))
   Redis hung, local         $f_local_share   (>= 0.5: $(verdict "$f_local_share >= 0.5"))
@@ -431,8 +590,8 @@ bench_cluster() {
 	scripts/stack.sh up-cluster "$stack" >/dev/null
 	local cluster_url single cluster spid cpid addr round path
 	cluster_url=$(. "$stack/env" && echo "$REDIS_CLUSTER_URL")
-	single="127.0.0.1:$(free_port)"
-	cluster="127.0.0.1:$(free_port)"
+	single="127.0.0.1:$(bench_port)"
+	cluster="127.0.0.1:$(bench_port)"
 	{
 		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
 		metrics_site "$single"

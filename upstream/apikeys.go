@@ -1,7 +1,9 @@
 package upstream
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
@@ -54,15 +56,20 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p princ
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, createdKeyJSON{
+	writeJSON(w, http.StatusCreated, createdKey(rec, full))
+	return nil
+}
+
+// createdKey is the answer of a key's creation or roll.
+func createdKey(rec keystore.Record, full string) createdKeyJSON {
+	return createdKeyJSON{
 		ID:        rec.ID,
 		Name:      rec.Name,
 		Role:      string(rec.Role),
 		CreatedAt: timeJSON(rec.CreatedAt),
 		ExpiresAt: optionalTimeJSON(rec.ExpiresAt),
 		Key:       full,
-	})
-	return nil
+	}
 }
 
 // decodeNewKey decodes and checks a key creation body. expires_at may be absent or
@@ -137,9 +144,10 @@ func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request, p princi
 }
 
 // handleRevokeKey answers DELETE /orgs/{orgId}/api-keys/{id}: 204, also for a key
-// already revoked; 404 for an id that is not one of the org's keys.
+// already revoked; 404 for an id that is not one of the org's keys. The revocation is
+// audited as key.revoked by the caller; revoking again audits nothing.
 func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request, p principal) error {
-	found, err := s.keys.Revoke(r.Context(), p.orgID, r.PathValue("id"))
+	found, err := s.keys.Revoke(r.Context(), p.orgID, r.PathValue("id"), p.userID)
 	if err != nil {
 		return err
 	}
@@ -148,4 +156,66 @@ func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request, p princ
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// errKeyNotLive is the roll of a revoked or expired key.
+var errKeyNotLive = &Error{Code: ECONFLICT, Message: "the key is revoked or expired and cannot be rolled"}
+
+// handleRollKey answers POST /orgs/{orgId}/api-keys/{id}/roll {"grace_seconds"?}: 201
+// with a new key of the old one's name, role and expiry, shown once, while the old key
+// expires after the grace (never later than it would have). The checks are those of
+// creation (keyRoute, then the plan's API access, then the body); then a key id that is
+// not the org's is 404 and a revoked or expired key 409.
+func (s *Server) handleRollKey(w http.ResponseWriter, r *http.Request, p principal) error {
+	rateLimit, err := s.apiRateLimit(r.Context(), p.orgID)
+	if err != nil {
+		return err
+	}
+	if rateLimit == 0 {
+		return errAPIFeatureGated
+	}
+	body, err := readBody(w, r)
+	if err != nil {
+		return err
+	}
+	grace, err := decodeRoll(body)
+	if err != nil {
+		return err
+	}
+	rec, full, err := s.keys.Roll(r.Context(), p.orgID, r.PathValue("id"), grace, p.userID)
+	switch {
+	case errors.Is(err, keystore.ErrNotFound):
+		return errNotFound
+	case errors.Is(err, keystore.ErrNotLive):
+		return errKeyNotLive
+	case err != nil:
+		return err
+	}
+	writeJSON(w, http.StatusCreated, createdKey(rec, full))
+	return nil
+}
+
+// decodeRoll decodes a roll's body, {"grace_seconds": 0..86400}. An empty body, or one
+// without grace_seconds, is a grace of 0: the old key stops working at once.
+func decodeRoll(body []byte) (time.Duration, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return 0, nil
+	}
+	maxSecs := int(keystore.MaxGrace / time.Second)
+	var secs int
+	err := decodeObject(body, func(name string, raw json.RawMessage) error {
+		if name != "grace_seconds" {
+			return invalid(name, "unknown field")
+		}
+		n, err := decodeInt(name, raw)
+		if err == nil && (n < 0 || n > maxSecs) {
+			err = invalid(name, "must be an integer from 0 to %d", maxSecs)
+		}
+		secs = n
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(secs) * time.Second, nil
 }

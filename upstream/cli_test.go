@@ -195,6 +195,10 @@ func TestCommandsNeedTheirEnvironment(t *testing.T) {
 			"upstream serve: usage: --database-timeout must be positive\n"},
 		{"serve with a bad purge interval", nil, []string{"serve", "--purge-interval", "-1s"},
 			"upstream serve: usage: --purge-interval must be positive\n"},
+		{"serve with a short leak report token", nil, []string{"serve", "--leak-report-token", "0123456789012345678901234567890"},
+			"upstream serve: usage: --leak-report-token must be at least 32 characters\n"},
+		{"serve with a short LEAK_REPORT_TOKEN", map[string]string{"LEAK_REPORT_TOKEN": "short"}, []string{"serve"},
+			"upstream serve: usage: --leak-report-token must be at least 32 characters\n"},
 		{"serve with a bad trusted proxy", nil, []string{"serve", "--trusted-proxies", "127.0.0.1,caddy"},
 			`upstream serve: usage: --trusted-proxies: "caddy" is neither a CIDR prefix nor an IP address` + "\n"},
 	} {

@@ -37,7 +37,8 @@ const (
 	// ENOTFOUND is a resource the caller cannot see. HTTP: 404 {"error":Message}.
 	ENOTFOUND = "not_found"
 	// ECONFLICT is a write that clashes with existing data (a duplicate email in the
-	// CLI). HTTP: 409 {"error":Message}.
+	// CLI, the roll of a revoked or expired key). HTTP: 409
+	// {"error":"conflict","message":Message}.
 	ECONFLICT = "conflict"
 	// EMETHOD is a known route called with a method it does not serve. HTTP: 405
 	// {"error":"method not allowed"}.
@@ -119,16 +120,6 @@ func dbUnavailable(err error) bool {
 	return false
 }
 
-// ErrorMessage returns the caller-safe message of err: the Message of an *Error, and
-// "internal error" for anything else, whose text may hold internals.
-func ErrorMessage(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Message
-	}
-	return "internal error"
-}
-
 // invalid returns the EINVALID error for field, whose message is "<field>: <what>".
 func invalid(field, format string, args ...any) *Error {
 	return &Error{Code: EINVALID, Message: field + ": " + fmt.Sprintf(format, args...)}
@@ -200,7 +191,9 @@ var errorResponses = map[string]errorResponse{
 	}},
 	ENOTFOUND: {http.StatusNotFound, messageBody},
 	EMETHOD:   {http.StatusMethodNotAllowed, fixedBody("method not allowed")},
-	ECONFLICT: {http.StatusConflict, messageBody},
+	ECONFLICT: {http.StatusConflict, func(e *Error) errorBody {
+		return errorBody{Error: "conflict", Message: e.Message}
+	}},
 	ETOOLARGE: {http.StatusRequestEntityTooLarge, fixedBody("request_too_large")},
 	ERATELIMITED: {http.StatusTooManyRequests, func(e *Error) errorBody {
 		return errorBody{Error: "rate_limited", RetryAfter: e.RetryAfter}

@@ -14,15 +14,15 @@ type plan struct {
 	checkTypes []string
 }
 
-// noCount is passed to planGate for writes that do not add a monitor, to which the
+// skipMonitorQuota is passed to planGate for writes that do not add a monitor, to which the
 // count gate does not apply.
-const noCount = -1
+const skipMonitorQuota = -1
 
 // planGate is the one place the plan gates of CONTRACT §6 are decided, for both doors,
 // after the body has been found valid. It returns the first gate w fails, in order:
 //
 //  1. monitor count (creates only: liveMonitors is the org's count of live monitors,
-//     or noCount): 402 quota_exceeded "monitors";
+//     or skipMonitorQuota): 402 quota_exceeded "monitors";
 //  2. minimum interval: 402 quota_exceeded "min_interval_seconds";
 //  3. probe locations, the first in w's order the plan lacks: 403 feature_gated
 //     "location:<name>";
@@ -32,7 +32,7 @@ const noCount = -1
 // organisation since moved to a smaller plan still succeeds; a create sets every field
 // (defaults included) and is gated on all of them.
 func planGate(p plan, w monitorWrite, liveMonitors int) error {
-	if liveMonitors != noCount && p.maxMonitors >= 0 && liveMonitors >= p.maxMonitors {
+	if liveMonitors != skipMonitorQuota && p.maxMonitors >= 0 && liveMonitors >= p.maxMonitors {
 		return errMonitorQuota
 	}
 	if w.intervalSeconds != nil && *w.intervalSeconds < p.minInterval {

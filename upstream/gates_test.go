@@ -228,11 +228,11 @@ func TestPlanGateDecidesInOrder(t *testing.T) {
 		{"over the cap", p, everything, 4, errMonitorQuota},
 		{"below the cap, interval next", p, everything, 2, errMinIntervalQuota},
 		{"no cap", plan{maxMonitors: -1, minInterval: 60}, everything, 1000, errMinIntervalQuota},
-		{"not a create", p, everything, noCount, errMinIntervalQuota},
+		{"not a create", p, everything, skipMonitorQuota, errMinIntervalQuota},
 		{"location next", p, monitorWrite{intervalSeconds: ptr(60), locations: []string{"eu-west", "us-west", "ap-southeast"}, typ: str("dns")}, 0, featureGated("location:us-west")},
 		{"type last", p, monitorWrite{intervalSeconds: ptr(60), locations: []string{"eu-west"}, typ: str("dns")}, 0, featureGated("check_type:dns")},
 		{"all within the plan", p, monitorWrite{intervalSeconds: ptr(60), locations: []string{"eu-west"}, typ: str("http")}, 2, nil},
-		{"fields not set are not gated", p, monitorWrite{name: str("n")}, noCount, nil},
+		{"fields not set are not gated", p, monitorWrite{name: str("n")}, skipMonitorQuota, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := planGate(tc.p, tc.w, tc.live)

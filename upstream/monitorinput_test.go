@@ -3,6 +3,8 @@ package upstream
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -61,7 +63,8 @@ func FuzzDecodeMonitorWrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		w, err := decodeMonitorWrite(body)
 		if err != nil {
-			if ErrorCode(err) != EINVALID || !bytes.Contains([]byte(ErrorMessage(err)), []byte(": ")) {
+			var e *Error
+			if !errors.As(err, &e) || e.Code != EINVALID || !strings.Contains(e.Message, ": ") {
 				t.Fatalf("refusal %v is not EINVALID naming a field", err)
 			}
 			return

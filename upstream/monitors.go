@@ -11,6 +11,19 @@ const (
 	maxPageSize     = 200
 )
 
+// pageLimit parses a list's limit query parameter: 1..maxPageSize, defaultPageSize
+// when empty.
+func pageLimit(v string) (int, error) {
+	if v == "" {
+		return defaultPageSize, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxPageSize {
+		return 0, invalid("limit", "must be an integer from 1 to %d", maxPageSize)
+	}
+	return n, nil
+}
+
 // The monitor routes below are one implementation behind two doors (routes): each
 // receives the principal its door authenticated, and every query is confined to that
 // principal's organisation, so a foreign monitor is as absent as a missing one.
@@ -20,13 +33,9 @@ const (
 // absent.
 func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p principal) error {
 	q := r.URL.Query()
-	limit := defaultPageSize
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxPageSize {
-			return invalid("limit", "must be an integer from 1 to %d", maxPageSize)
-		}
-		limit = n
+	limit, err := pageLimit(q.Get("limit"))
+	if err != nil {
+		return err
 	}
 	var after *cursor
 	if v := q.Get("cursor"); v != "" {

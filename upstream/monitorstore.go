@@ -62,7 +62,7 @@ FOR NO KEY UPDATE OF o`, orgID).Scan(&p.maxMonitors, &p.minInterval, &p.location
 	if err != nil {
 		return monitor{}, fmt.Errorf("locking org: %w", err)
 	}
-	live := noCount
+	live := skipMonitorQuota
 	if p.maxMonitors >= 0 {
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM monitors WHERE org_id = $1 AND deleted_at IS NULL`,
 			orgID).Scan(&live); err != nil {
@@ -121,7 +121,7 @@ FOR UPDATE OF m`, id, orgID), &p.maxMonitors, &p.minInterval, &p.locations, &p.c
 			return monitor{}, err
 		}
 	}
-	if err := planGate(p, w, noCount); err != nil {
+	if err := planGate(p, w, skipMonitorQuota); err != nil {
 		return monitor{}, err
 	}
 	if w.empty() {

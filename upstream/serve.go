@@ -24,7 +24,7 @@ const requiredSchemaVersion = 3
 const shutdownTimeout = 15 * time.Second
 
 func (c *cli) serve(name string, args []string) error {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL and GATEWAY_SECRET (the secret the gateway sends in X-Gateway-Secret).
 Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
@@ -40,6 +40,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	dbTimeout := fs.Duration("database-timeout", DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
 	purgeEvery := fs.Duration("purge-interval", DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
 	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
+	leakToken := fs.String("leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
 	adminAddr := fs.String("admin-addr", "", "`address` of /metrics, /healthz and /readyz, apart from --addr (default: not served)")
 	if err := c.parse(fs, args); err != nil {
 		return err
@@ -52,6 +53,9 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	}
 	if *purgeEvery <= 0 {
 		return usageErrorf("--purge-interval must be positive")
+	}
+	if *leakToken != "" && len(*leakToken) < minLeakReportToken {
+		return usageErrorf("--leak-report-token must be at least %d characters", minLeakReportToken)
 	}
 	proxies, err := parseTrustedProxies(*trusted)
 	if err != nil {
@@ -93,7 +97,8 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 		metrics = NewMetrics(pool)
 	}
 	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, KeyFormat: format,
-		SessionTTL: *ttl, SecureCookies: *secureCookies, TrustedProxies: proxies, Metrics: metrics})
+		SessionTTL: *ttl, SecureCookies: *secureCookies, TrustedProxies: proxies, Metrics: metrics,
+		LeakReportToken: *leakToken})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
@@ -62,6 +63,10 @@ type Config struct {
 	// LoginThrottle bounds failed logins per (email, client address) and per client
 	// address. Zero fields take those of DefaultLoginThrottle.
 	LoginThrottle LoginThrottle
+	// LeakReportToken, if set, mounts POST /security/leaked-keys for secret scanners,
+	// who must send it as a bearer token (CONTRACT §12). At least 32 characters.
+	// Default: the route is absent.
+	LeakReportToken string
 	// Now is the clock of the checks made in Go (an API key's expires_at must be in the
 	// future; the login throttle's window). Default: time.Now.
 	Now func() time.Time
@@ -82,8 +87,11 @@ type Server struct {
 	trustedProxies []netip.Prefix
 	throttle       LoginThrottle
 	passwords      *passwordHasher
-	metrics        *Metrics // may be nil
-	handler        http.Handler
+	// leakTokenSum is SHA-256 of Config.LeakReportToken; leakReports whether it is set.
+	leakTokenSum [sha256.Size]byte
+	leakReports  bool
+	metrics      *Metrics // may be nil
+	handler      http.Handler
 }
 
 // NewServer checks cfg and returns a Server.
@@ -99,6 +107,8 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("upstream: Config.KeyFormat is required")
 	case cfg.SessionTTL < 0:
 		return nil, errors.New("upstream: Config.SessionTTL must not be negative")
+	case cfg.LeakReportToken != "" && len(cfg.LeakReportToken) < minLeakReportToken:
+		return nil, fmt.Errorf("upstream: Config.LeakReportToken must be at least %d characters", minLeakReportToken)
 	}
 	s := &Server{
 		pool:       cfg.Pool,
@@ -114,6 +124,8 @@ func NewServer(cfg Config) (*Server, error) {
 
 		trustedProxies: cfg.TrustedProxies,
 		throttle:       cfg.LoginThrottle,
+		leakTokenSum:   sha256.Sum256([]byte(cfg.LeakReportToken)),
+		leakReports:    cfg.LeakReportToken != "",
 	}
 	if s.throttle.Window <= 0 {
 		s.throttle.Window = DefaultLoginThrottle.Window
@@ -154,6 +166,11 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /orgs/{orgId}/api-keys", s.keyRoute(s.handleCreateKey))
 	mux.HandleFunc("GET /orgs/{orgId}/api-keys", s.keyRoute(s.handleListKeys))
 	mux.HandleFunc("DELETE /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleRevokeKey))
+	mux.HandleFunc("POST /orgs/{orgId}/api-keys/{id}/roll", s.keyRoute(s.handleRollKey))
+	mux.HandleFunc("GET /orgs/{orgId}/audit-events", s.keyRoute(s.handleListAuditEvents))
+	if s.leakReports {
+		mux.HandleFunc("POST /security/leaked-keys", s.handle(s.handleLeakReport))
+	}
 
 	read, write := anyRole, principal.canWriteMonitors
 	for _, door := range []struct {

@@ -1,0 +1,330 @@
+package gather_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keygate/keygate/internal/gather"
+)
+
+// gate is a Flush that doubles every request, records every batch, and, while closed,
+// holds each batch until the test lets one go.
+type gate struct {
+	mu      sync.Mutex
+	batches [][]int
+	started chan []int    // each batch as it starts, if non-nil
+	release chan struct{} // a batch waits for a value here, if non-nil
+	err     error         // the answer of every batch, if set
+	running atomic.Int32
+	most    atomic.Int32 // the most batches that ran at once
+}
+
+func (g *gate) flush(reqs []int) ([]int, error) {
+	n := g.running.Add(1)
+	defer g.running.Add(-1)
+	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
+	}
+	batch := append([]int(nil), reqs...)
+	g.mu.Lock()
+	g.batches = append(g.batches, batch)
+	g.mu.Unlock()
+	if g.started != nil {
+		g.started <- batch
+	}
+	if g.release != nil {
+		<-g.release
+	}
+	g.mu.Lock()
+	err := g.err
+	g.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, len(reqs))
+	for i, r := range reqs {
+		out[i] = 2 * r
+	}
+	return out, nil
+}
+
+func (g *gate) setErr(err error) {
+	g.mu.Lock()
+	g.err = err
+	g.mu.Unlock()
+}
+
+// await calls Do(req) on a goroutine of its own and returns where its answer will be.
+type answer struct {
+	resp int
+	err  error
+}
+
+func await(ctx context.Context, g *gather.Gatherer[int, int], req int) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := g.Do(ctx, req)
+		ch <- answer{resp, err}
+	}()
+	return ch
+}
+
+func TestALoneCallIsSentAtOnceAndGetsItsOwnAnswer(t *testing.T) {
+	f := &gate{}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
+	for i := range 3 {
+		if resp, err := g.Do(context.Background(), i); resp != 2*i || err != nil {
+			t.Fatalf("Do(%d) = %d, %v; want %d, nil", i, resp, err, 2*i)
+		}
+	}
+	if len(f.batches) != 3 {
+		t.Errorf("three calls one after the other made batches %v; want three of one", f.batches)
+	}
+}
+
+func TestCallsArrivingDuringARoundTripShareTheNextBatch(t *testing.T) {
+	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
+	first := await(context.Background(), g, 100)
+	if b := <-f.started; len(b) != 1 || b[0] != 100 {
+		t.Fatalf("first batch %v, want [100]", b)
+	}
+	// While the first batch is in flight, every call joins one pending batch.
+	var waiting []<-chan answer
+	for i := range 50 {
+		waiting = append(waiting, await(context.Background(), g, i))
+	}
+	time.Sleep(50 * time.Millisecond) // let all 50 join; none may go out meanwhile
+	select {
+	case b := <-f.started:
+		t.Fatalf("batch %v went out while the lane was busy", b)
+	default:
+	}
+	f.release <- struct{}{}
+	if a := <-first; a.resp != 200 || a.err != nil {
+		t.Errorf("first call = %+v", a)
+	}
+	if b := <-f.started; len(b) != 50 {
+		t.Errorf("second batch holds %d calls, want all 50", len(b))
+	}
+	close(f.release)
+	got := map[int]bool{}
+	for _, ch := range waiting {
+		a := <-ch
+		if a.err != nil || a.resp%2 != 0 || got[a.resp] {
+			t.Errorf("answer %+v: want a distinct doubled request and no error", a)
+		}
+		got[a.resp] = true
+	}
+}
+
+func TestACallNeverJoinsABatchAlreadySent(t *testing.T) {
+	// Freshness: a call made while a batch is in flight is in a later batch.
+	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
+	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour})
+	a := await(context.Background(), g, 1)
+	<-f.started
+	b := await(context.Background(), g, 2) // takes the second lane
+	if got := <-f.started; len(got) != 1 || got[0] != 2 {
+		t.Fatalf("second batch %v, want [2] on the second lane", got)
+	}
+	c := await(context.Background(), g, 3) // both lanes busy: waits
+	close(f.release)
+	for _, ch := range []<-chan answer{a, b, c} {
+		if r := <-ch; r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	for i, batch := range f.batches {
+		if len(batch) != 1 || batch[0] != i+1 {
+			t.Errorf("batches %v; want [[1] [2] [3]]", f.batches)
+			break
+		}
+	}
+}
+
+func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
+	for _, lanes := range []int{1, 3} {
+		f := &gate{}
+		slow := func(reqs []int) ([]int, error) {
+			time.Sleep(time.Millisecond)
+			return f.flush(reqs)
+		}
+		g := gather.New(slow, gather.Options{Lanes: lanes, MaxWait: time.Hour})
+		var wg sync.WaitGroup
+		for i := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := range 20 {
+					req := i*100 + j
+					if resp, err := g.Do(context.Background(), req); resp != 2*req || err != nil {
+						t.Errorf("Do(%d) = %d, %v", req, resp, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if most := f.most.Load(); most > int32(lanes) {
+			t.Errorf("%d lanes: %d batches ran at once", lanes, most)
+		}
+		calls := 0
+		for _, b := range f.batches {
+			calls += len(b)
+		}
+		if calls != 64*20 || len(f.batches) >= calls {
+			t.Errorf("%d lanes: %d calls in %d batches; want 1280 calls, batched", lanes, calls, len(f.batches))
+		}
+	}
+}
+
+func TestABatchWaitsAtMostMaxWaitForALane(t *testing.T) {
+	// The batch of request 1 is stuck until the end of the test; the one of request 2
+	// must go out on its own after MaxWait, and answer.
+	unstick := make(chan struct{})
+	started := make(chan time.Time, 2)
+	flush := func(reqs []int) ([]int, error) {
+		started <- time.Now()
+		if reqs[0] == 1 {
+			<-unstick
+		}
+		return append([]int(nil), reqs...), nil
+	}
+	const maxWait = 30 * time.Millisecond
+	g := gather.New(flush, gather.Options{MaxWait: maxWait})
+	stuck := await(context.Background(), g, 1)
+	<-started
+	joined := time.Now()
+	if resp, err := g.Do(context.Background(), 2); resp != 2 || err != nil {
+		t.Errorf("the call behind a stuck batch = %d, %v", resp, err)
+	}
+	if d := (<-started).Sub(joined); d < maxWait {
+		t.Errorf("the batch went out %v after its call joined, before its MaxWait %v with the lane busy", d, maxWait)
+	}
+	close(unstick)
+	if a := <-stuck; a.resp != 1 || a.err != nil {
+		t.Errorf("the stuck call = %+v", a)
+	}
+}
+
+func TestACallerWhoseContextEndsStopsWaitingAlone(t *testing.T) {
+	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	impatient := await(ctx, g, 1)
+	patient := await(context.Background(), g, 2)
+	<-f.started // one of the two is in flight, the other in it or pending
+	cancel()
+	if a := <-impatient; !errors.Is(a.err, context.Canceled) {
+		t.Errorf("cancelled call = %+v, want context.Canceled while its batch is in flight", a)
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer dcancel()
+	if _, err := g.Do(dctx, 3); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("call past its deadline = %v, want context.DeadlineExceeded", err)
+	}
+	close(f.release)
+	if a := <-patient; a.resp != 4 || a.err != nil {
+		t.Errorf("the other caller = %+v; want its answer despite the cancellation", a)
+	}
+	// The gatherer carries on.
+	if resp, err := g.Do(context.Background(), 5); resp != 10 || err != nil {
+		t.Errorf("Do after the cancellation = %d, %v", resp, err)
+	}
+}
+
+func TestABatchErrorIsEveryCallersAndTheNextBatchRecovers(t *testing.T) {
+	boom := errors.New("backend down")
+	f := &gate{started: make(chan []int, 10), release: make(chan struct{}), err: boom}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
+	first := await(context.Background(), g, 1)
+	<-f.started
+	var rest []<-chan answer
+	for i := range 5 {
+		rest = append(rest, await(context.Background(), g, 10+i))
+	}
+	close(f.release)
+	for _, ch := range append(rest, first) {
+		if a := <-ch; a.err != boom || a.resp != 0 {
+			t.Errorf("call = %+v, want its batch's error", a)
+		}
+	}
+	f.setErr(nil) // the backend is back
+	if resp, err := g.Do(context.Background(), 7); resp != 14 || err != nil {
+		t.Errorf("Do after the failed batches = %d, %v", resp, err)
+	}
+}
+
+func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
+	type reply struct {
+		n   int
+		err error
+	}
+	odd := errors.New("odd")
+	release := make(chan struct{})
+	var sizes []int
+	flush := func(reqs []int) ([]reply, error) {
+		<-release
+		sizes = append(sizes, len(reqs))
+		out := make([]reply, len(reqs))
+		for i, r := range reqs {
+			if r%2 == 1 {
+				out[i].err = odd
+			} else {
+				out[i].n = r
+			}
+		}
+		return out, nil
+	}
+	g := gather.New(flush, gather.Options{MaxWait: time.Hour})
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := g.Do(context.Background(), i)
+			if err != nil || i%2 == 1 && r.err != odd || i%2 == 0 && (r.err != nil || r.n != i) {
+				t.Errorf("Do(%d) = %+v, %v", i, r, err)
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	sum := 0
+	for _, n := range sizes {
+		sum += n
+	}
+	if sum != 20 {
+		t.Errorf("batches of %v calls; want 20 in all", sizes)
+	}
+}
+
+func TestAFlushAnsweringTheWrongNumberIsAnErrorNotAPanic(t *testing.T) {
+	g := gather.New(func(reqs []int) ([]int, error) { return nil, nil }, gather.Options{})
+	if _, err := g.Do(context.Background(), 1); err == nil {
+		t.Error("a flush answering no response for one request gave no error")
+	}
+}
+
+func BenchmarkGather(b *testing.B) {
+	flush := func(reqs []int) ([]int, error) {
+		out := make([]int, len(reqs))
+		copy(out, reqs)
+		return out, nil
+	}
+	g := gather.New(flush, gather.Options{MaxWait: time.Millisecond})
+	b.SetParallelism(16)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := g.Do(context.Background(), 1); err != nil {
+				b.Error(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,259 @@
+package keystore
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The actions of the audit trail (CONTRACT §12), the values of audit_events.action.
+const (
+	ActionCreated = "key.created"
+	ActionRolled  = "key.rolled"
+	ActionRevoked = "key.revoked"
+	ActionLeaked  = "key.leaked"
+)
+
+// ActorLeakReport is the actor of the key.leaked events: a leak report, not a person.
+const ActorLeakReport = "leak-report"
+
+// MaxGrace is the longest a rolled key may keep working.
+const MaxGrace = 24 * time.Hour
+
+// Errors of Roll.
+var (
+	// ErrNotFound is a key id that is not one of the organisation's keys.
+	ErrNotFound = errors.New("keystore: no such key")
+	// ErrNotLive is a key that is revoked or has expired.
+	ErrNotLive = errors.New("keystore: the key is revoked or expired")
+)
+
+// Event is one row of the audit trail: what happened to which key, and who did it.
+type Event struct {
+	ID     int64
+	OrgID  string
+	Action string
+	KeyID  string
+	// Actor is the acting user's id, or ActorLeakReport.
+	Actor string
+	// NewKeyID is the key a roll created (ActionRolled only).
+	NewKeyID string
+	// URL is where a leaked key was found (ActionLeaked only).
+	URL string
+	At  time.Time
+}
+
+// audit appends e to the audit trail within tx.
+func audit(ctx context.Context, tx pgx.Tx, e Event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO audit_events (org_id, action, key_id, actor, new_key_id, url)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''))`, e.OrgID, e.Action, e.KeyID, e.Actor, e.NewKeyID, e.URL)
+	if err != nil {
+		return fmt.Errorf("auditing %s: %w", e.Action, err)
+	}
+	return nil
+}
+
+// Roll replaces the live key keyID of orgID: it creates a key of the same name, role
+// and expiry, and makes the old key expire after grace (0..MaxGrace), never later than
+// it already would, auditing key.rolled by actor, all in one transaction. It answers
+// ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
+// or expired key.
+//
+// The old key's row is locked first, so concurrent rolls of one key run one after the
+// other: the second finds the key expired (grace 0) or rolls it again, which can only
+// bring its expiry closer.
+func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Duration, actor string) (Record, string, error) {
+	if grace < 0 || grace > MaxGrace {
+		return Record{}, "", fmt.Errorf("grace %v is not within 0..%v", grace, MaxGrace)
+	}
+	if !ValidKeyID(keyID) {
+		return Record{}, "", ErrNotFound
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Record{}, "", fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+
+	nk := NewKey{OrgID: orgID, CreatedBy: actor}
+	var role string
+	err = tx.QueryRow(ctx, `SELECT name, role, expires_at FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
+		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, "", ErrNotFound
+	}
+	if err != nil {
+		return Record{}, "", fmt.Errorf("locking key: %w", err)
+	}
+	nk.Role = Role(role)
+	// clock_timestamp(), not now(): the lock may have been waited for, and a key that
+	// expired meanwhile (a concurrent roll with no grace) must not be rolled again.
+	tag, err := tx.Exec(ctx, `UPDATE api_keys
+SET expires_at = LEAST(COALESCE(expires_at, 'infinity'), clock_timestamp() + $3 * interval '1 microsecond')
+WHERE org_id = $1 AND key_id = $2 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())`,
+		orgID, keyID, grace.Microseconds())
+	if err != nil {
+		return Record{}, "", fmt.Errorf("expiring rolled key: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return Record{}, "", ErrNotLive
+	}
+	r, full, err := s.insertKey(ctx, tx, nk)
+	if err != nil {
+		return Record{}, "", err
+	}
+	if err := audit(ctx, tx, Event{OrgID: orgID, Action: ActionRolled, KeyID: keyID, Actor: actor, NewKeyID: r.ID}); err != nil {
+		return Record{}, "", err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Record{}, "", fmt.Errorf("committing roll: %w", err)
+	}
+	return r, full, nil
+}
+
+// LeakReport is a string found somewhere public, and where.
+type LeakReport struct {
+	Token string
+	URL   string
+}
+
+// The outcomes of a leak report.
+const (
+	// LeakRevoked is a live key of this service, revoked by the report.
+	LeakRevoked = "revoked"
+	// LeakAlreadyRevoked is a key of this service that was already revoked or expired.
+	LeakAlreadyRevoked = "already_revoked"
+	// LeakUnknown is anything else: not a key of this format, no such key, a wrong secret.
+	LeakUnknown = "unknown"
+)
+
+// RevokeLeaked revokes every live key among the reports' tokens and audits each as
+// key.leaked by ActorLeakReport with the URL of its first report, in one statement. It
+// returns one outcome per report, in order. It reads all the keys with one query and
+// revokes with one more; a key reported twice counts once and has the same outcome
+// both times. Reporting again answers LeakAlreadyRevoked and changes nothing.
+func (s *Store) RevokeLeaked(ctx context.Context, reports []LeakReport) ([]string, error) {
+	type parsed struct {
+		keyID string
+		sum   [32]byte
+	}
+	keys := make([]parsed, len(reports))
+	var ids []string
+	for i, rep := range reports {
+		keyID, secret, ok := s.format.Parse(rep.Token)
+		if !ok {
+			continue
+		}
+		keys[i] = parsed{keyID, HashSecret(secret)}
+		ids = append(ids, keyID)
+	}
+	outcomes := make([]string, len(reports))
+	for i := range outcomes {
+		outcomes[i] = LeakUnknown
+	}
+	if len(ids) == 0 {
+		return outcomes, nil
+	}
+
+	type stored struct {
+		hash []byte
+		live bool
+	}
+	found := make(map[string]stored, len(ids))
+	rows, err := s.pool.Query(ctx, `SELECT key_id, secret_hash, revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+FROM api_keys WHERE key_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("looking up leaked keys: %w", err)
+	}
+	var (
+		id   string
+		hash []byte
+		live bool
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &hash, &live}, func() error {
+		found[id] = stored{hash: hash, live: live}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("looking up leaked keys: %w", err)
+	}
+
+	// matched: the report's key id exists and its secret is the key's, compared in
+	// constant time (against dummyHash for a key id that does not exist).
+	matched := make([]bool, len(reports))
+	var liveIDs, liveURLs []string
+	for i, k := range keys {
+		if k.keyID == "" {
+			continue
+		}
+		st, ok := found[k.keyID]
+		want := st.hash
+		if !ok {
+			want = dummyHash[:]
+		}
+		matched[i] = subtle.ConstantTimeCompare(k.sum[:], want) == 1 && ok
+		if matched[i] && st.live {
+			liveIDs, liveURLs = append(liveIDs, k.keyID), append(liveURLs, reports[i].URL)
+			st.live = false // its first report's URL is the one audited
+			found[k.keyID] = st
+		}
+	}
+
+	revoked := make(map[string]bool, len(liveIDs))
+	if len(liveIDs) > 0 {
+		// A key revoked since the lookup is not updated, not audited, and answered as
+		// already revoked.
+		rows, err := s.pool.Query(ctx, `WITH r AS (
+	UPDATE api_keys k SET revoked_at = now()
+	FROM unnest($1::text[], $2::text[]) AS u (key_id, url)
+	WHERE k.key_id = u.key_id AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())
+	RETURNING k.org_id, k.key_id, u.url
+)
+INSERT INTO audit_events (org_id, action, key_id, actor, url)
+SELECT org_id, $3, key_id, $4, url FROM r
+RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
+		if err != nil {
+			return nil, fmt.Errorf("revoking leaked keys: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+			revoked[id] = true
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("revoking leaked keys: %w", err)
+		}
+	}
+	for i, k := range keys {
+		switch {
+		case !matched[i]:
+		case revoked[k.keyID]:
+			outcomes[i] = LeakRevoked
+		default:
+			outcomes[i] = LeakAlreadyRevoked
+		}
+	}
+	return outcomes, nil
+}
+
+// Events returns up to limit events of orgID's audit trail, newest first, those with
+// an id below before when before > 0.
+func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, key_id, actor, COALESCE(new_key_id, ''), COALESCE(url, ''), at
+FROM audit_events
+WHERE org_id = $1 AND ($2 = 0 OR id < $2)
+ORDER BY id DESC LIMIT $3`, orgID, before, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing audit events: %w", err)
+	}
+	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
+		var e Event
+		err := row.Scan(&e.ID, &e.OrgID, &e.Action, &e.KeyID, &e.Actor, &e.NewKeyID, &e.URL, &e.At)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing audit events: %w", err)
+	}
+	return events, nil
+}

@@ -1,0 +1,89 @@
+package upstream
+
+import (
+	"encoding/base64"
+	"net/http"
+	"strconv"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+// eventJSON is one audit event as the dashboard shows it. new_key_id appears on
+// key.rolled, url on key.leaked.
+type eventJSON struct {
+	ID       string `json:"id"`
+	Action   string `json:"action"`
+	KeyID    string `json:"key_id"`
+	Actor    string `json:"actor"`
+	NewKeyID string `json:"new_key_id,omitempty"`
+	URL      string `json:"url,omitempty"`
+	At       string `json:"at"`
+}
+
+// handleListAuditEvents answers GET /orgs/{orgId}/audit-events?limit=&cursor=: 200
+// {"data":[event…],"next_cursor":string or null}, newest first. An empty limit or
+// cursor counts as absent.
+func (s *Server) handleListAuditEvents(w http.ResponseWriter, r *http.Request, p principal) error {
+	q := r.URL.Query()
+	limit, err := pageLimit(q.Get("limit"))
+	if err != nil {
+		return err
+	}
+	var before int64
+	if v := q.Get("cursor"); v != "" {
+		if before, err = decodeEventCursor(v); err != nil {
+			return err
+		}
+	}
+	events, err := s.keys.Events(r.Context(), p.orgID, before, limit+1)
+	if err != nil {
+		return err
+	}
+	page := struct {
+		Data       []eventJSON `json:"data"`
+		NextCursor *string     `json:"next_cursor"`
+	}{Data: make([]eventJSON, 0, min(len(events), limit))}
+	if len(events) > limit {
+		events = events[:limit]
+		c := encodeEventCursor(events[limit-1].ID)
+		page.NextCursor = &c
+	}
+	for _, e := range events {
+		page.Data = append(page.Data, toEventJSON(e))
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+func toEventJSON(e keystore.Event) eventJSON {
+	return eventJSON{
+		ID:       strconv.FormatInt(e.ID, 10),
+		Action:   e.Action,
+		KeyID:    e.KeyID,
+		Actor:    e.Actor,
+		NewKeyID: e.NewKeyID,
+		URL:      e.URL,
+		At:       timeJSON(e.At),
+	}
+}
+
+// encodeEventCursor returns the cursor of the page after the event id: base64url text
+// of "e<id>", opaque to clients.
+func encodeEventCursor(id int64) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(id, 10)))
+}
+
+// decodeEventCursor is the inverse of encodeEventCursor; anything else is an EINVALID
+// error naming "cursor".
+func decodeEventCursor(s string) (int64, error) {
+	bad := invalid("cursor", "is not a cursor this API returned")
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	if err != nil || len(raw) < 2 || raw[0] != 'e' {
+		return 0, bad
+	}
+	id, err := strconv.ParseInt(string(raw[1:]), 10, 64)
+	if err != nil || id < 1 || strconv.FormatInt(id, 10) != string(raw[1:]) {
+		return 0, bad
+	}
+	return id, nil
+}

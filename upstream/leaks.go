@@ -1,0 +1,163 @@
+package upstream
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+// Bounds of a leak report (CONTRACT §12).
+const (
+	// maxLeakReports is the most tokens one request may report; more is 413.
+	maxLeakReports = 1000
+	// maxLeakReportBytes bounds a leak report's body: 1000 reports with URLs of 2048
+	// characters do not fit in maxBodyBytes.
+	maxLeakReportBytes = 4 << 20
+	// minLeakReportToken is the shortest --leak-report-token accepted.
+	minLeakReportToken = 32
+	// maxLeakURL is the longest URL a report may give (audit_events.url).
+	maxLeakURL = 2048
+)
+
+// leakOutcomeJSON is the answer for one reported token: never the token, nor any part
+// of it.
+type leakOutcomeJSON struct {
+	URL     string `json:"url"`
+	Outcome string `json:"outcome"`
+}
+
+// handleLeakReport answers POST /security/leaked-keys, the route of secret scanners:
+// a bearer token equal to --leak-report-token (401 otherwise), then a JSON array of
+// 1..1000 {"token","url"} (400, 413 above 1000), then 200 {"data":[{"url","outcome"}…]}
+// in the order of the reports. Every live key among the tokens is revoked and audited
+// as key.leaked.
+func (s *Server) handleLeakReport(w http.ResponseWriter, r *http.Request) error {
+	if !s.leakReporter(r.Header) {
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		return errUnauthenticated
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLeakReportBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return errRequestTooLarge
+	case err != nil:
+		return invalid("body", "could not be read")
+	}
+	reports, err := decodeLeakReports(body)
+	if err != nil {
+		return err
+	}
+	outcomes, err := s.keys.RevokeLeaked(r.Context(), reports)
+	if err != nil {
+		return err
+	}
+	data := make([]leakOutcomeJSON, len(reports))
+	for i, rep := range reports {
+		data[i] = leakOutcomeJSON{URL: rep.URL, Outcome: outcomes[i]}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Data []leakOutcomeJSON `json:"data"`
+	}{data})
+	return nil
+}
+
+// leakReporter reports whether h carries exactly one Authorization header
+// "Bearer <--leak-report-token>", compared as SHA-256 digests in constant time.
+func (s *Server) leakReporter(h http.Header) bool {
+	values := h.Values("Authorization")
+	presented := ""
+	if len(values) == 1 {
+		if scheme, token, ok := strings.Cut(values[0], " "); ok && strings.EqualFold(scheme, "Bearer") {
+			presented = token
+		}
+	}
+	sum := sha256.Sum256([]byte(presented))
+	return subtle.ConstantTimeCompare(sum[:], s.leakTokenSum[:]) == 1 && presented != ""
+}
+
+// decodeLeakReports decodes a leak report's body: a JSON array of 1..maxLeakReports
+// objects {"token": non-empty string, "url": 1..2048 characters}. More reports than
+// maxLeakReports is errRequestTooLarge; anything else wrong is EINVALID naming the
+// report's index and field.
+func decodeLeakReports(body []byte) ([]keystore.LeakReport, error) {
+	notArray := invalid("body", `must be a JSON array of {"token","url"} objects`)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, notArray
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '[' {
+		return nil, notArray
+	}
+	var reports []keystore.LeakReport
+	for dec.More() {
+		if len(reports) == maxLeakReports {
+			return nil, errRequestTooLarge
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, invalid("body", "is not valid JSON")
+		}
+		rep, err := decodeLeakReport(len(reports), raw)
+		if err != nil {
+			return nil, err
+		}
+		reports = append(reports, rep)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, invalid("body", "is not valid JSON")
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, invalid("body", "must hold a single JSON array and nothing after it")
+	}
+	if len(reports) == 0 {
+		return nil, invalid("body", "must list 1 to %d reports", maxLeakReports)
+	}
+	return reports, nil
+}
+
+// decodeLeakReport decodes the report at index i of the array.
+func decodeLeakReport(i int, raw json.RawMessage) (keystore.LeakReport, error) {
+	at := fmt.Sprintf("[%d]", i)
+	if len(raw) == 0 || raw[0] != '{' {
+		return keystore.LeakReport{}, invalid(at, "must be an object, not %s", kindOf(raw))
+	}
+	var rep keystore.LeakReport
+	var haveToken, haveURL bool
+	err := decodeObject(raw, func(name string, raw json.RawMessage) error {
+		var err error
+		field := at + "." + name
+		switch name {
+		case "token":
+			rep.Token, err = decodeString(field, raw)
+			if err == nil && rep.Token == "" {
+				err = invalid(field, "must not be empty")
+			}
+			haveToken = true
+		case "url":
+			rep.URL, err = decodeText(field, raw, 1, maxLeakURL)
+			haveURL = true
+		default:
+			err = invalid(field, "unknown field")
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return keystore.LeakReport{}, err
+	case !haveToken:
+		return keystore.LeakReport{}, invalid(at+".token", "required")
+	case !haveURL:
+		return keystore.LeakReport{}, invalid(at+".url", "required")
+	}
+	return rep, nil
+}
