@@ -34,6 +34,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    redis_mode       single|cluster|sentinel
 //	    redis_tls_ca     <pem file>
 //	    key_prefix       <prefix>
+//	    legacy_keys      accept|reject
 //	    gateway_secret   <secret>
 //	    strip_fields     <name...>
 //	    limiter_failure  open|closed|local
@@ -43,6 +44,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    disable_lookup_batching
 //	    disable_count_pipelining
 //	    disable_metrics
+//	    last_used_interval <duration>|off
 //	}
 //
 // database_url and gateway_secret are required, typically as {env.DATABASE_URL} and
@@ -76,6 +78,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.RedisTLSCA, err = oneArg(d, h.RedisTLSCA != "")
 		case "key_prefix":
 			h.KeyPrefix, err = oneArg(d, h.KeyPrefix != "")
+		case "legacy_keys":
+			if h.LegacyKeys, err = oneArg(d, h.LegacyKeys != ""); err == nil && h.LegacyKeys != legacyKeysAccept && h.LegacyKeys != legacyKeysReject {
+				return d.Errf("legacy_keys must be accept or reject, not %q", h.LegacyKeys)
+			}
+		case "last_used_interval":
+			err = lastUsedIntervalArg(d, &h.LastUsedInterval)
 		case "gateway_secret":
 			h.GatewaySecret, err = oneArg(d, h.GatewaySecret != "")
 		case "strip_fields":
@@ -143,6 +151,28 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	}
 	if dur <= 0 {
 		return d.Errf("%s must be positive", opt)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// lastUsedIntervalArg reads last_used_interval: off (stored as -1) or a duration of at
+// least minLastUsedInterval.
+func lastUsedIntervalArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	arg, err := oneArg(d, *dst != 0)
+	if err != nil {
+		return err
+	}
+	if arg == "off" {
+		*dst = -1
+		return nil
+	}
+	dur, err := caddy.ParseDuration(arg)
+	if err != nil {
+		return d.Errf("parsing last_used_interval: %v", err)
+	}
+	if dur < minLastUsedInterval {
+		return d.Errf("last_used_interval must be at least %s, or off", minLastUsedInterval)
 	}
 	*dst = caddy.Duration(dur)
 	return nil

@@ -46,8 +46,12 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				lookup_lanes     3
 				disable_lookup_batching
 				disable_count_pipelining
+				legacy_keys      reject
+				last_used_interval 30s
 			}`,
 			want: Handler{
+				LegacyKeys:             "reject",
+				LastUsedInterval:       caddy.Duration(30 * time.Second),
 				DatabaseURL:            "{env.DATABASE_URL}",
 				RedisURL:               "rediss://127.0.0.1:6379/0?addr=127.0.0.1:6380",
 				RedisMode:              "cluster",
@@ -91,6 +95,21 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: Handler{DatabaseTimeout: caddy.Duration(24 * time.Hour)},
 		},
+		{
+			name: "last_used_interval off",
+			input: `v1_gateway {
+				last_used_interval off
+				legacy_keys accept
+			}`,
+			want: Handler{LastUsedInterval: -1, LegacyKeys: "accept"},
+		},
+		{
+			name: "last_used_interval at its minimum",
+			input: `v1_gateway {
+				last_used_interval 1s
+			}`,
+			want: Handler{LastUsedInterval: caddy.Duration(time.Second)},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got Handler
@@ -129,6 +148,12 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"sentinel without master_name, mode first", "v1_gateway {\n\tredis_mode sentinel\n\tredis_url redis://127.0.0.1:26379\n}", "redis_mode sentinel needs ?master_name=<name>", 3},
 		{"sentinel without master_name, url first", "v1_gateway {\n\tredis_url redis://127.0.0.1:26379\n\tredis_mode sentinel\n}", "redis_mode sentinel needs ?master_name=<name>", 3},
 		{"duplicate redis_tls_ca", "v1_gateway {\n\tredis_tls_ca a.pem\n\tredis_tls_ca b.pem\n}", "redis_tls_ca already specified", 3},
+		{"unknown legacy_keys", "v1_gateway {\n\tlegacy_keys maybe\n}", `legacy_keys must be accept or reject, not "maybe"`, 2},
+		{"duplicate legacy_keys", "v1_gateway {\n\tlegacy_keys accept\n\tlegacy_keys reject\n}", "legacy_keys already specified", 3},
+		{"last_used_interval too short", "v1_gateway {\n\tlast_used_interval 500ms\n}", "last_used_interval must be at least 1s, or off", 2},
+		{"last_used_interval zero", "v1_gateway {\n\tlast_used_interval 0\n}", "last_used_interval must be at least 1s, or off", 2},
+		{"last_used_interval not a duration", "v1_gateway {\n\tlast_used_interval never\n}", "parsing last_used_interval", 2},
+		{"duplicate last_used_interval", "v1_gateway {\n\tlast_used_interval off\n\tlast_used_interval 1m\n}", "last_used_interval already specified", 3},
 		{"duplicate switch", "v1_gateway {\n\tdisable_count_pipelining\n\tdisable_count_pipelining\n}", "disable_count_pipelining already specified", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

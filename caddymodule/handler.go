@@ -39,6 +39,8 @@ const (
 	limiterFailureOpen     = "open"
 	limiterFailureClosed   = "closed"
 	limiterFailureLocal    = "local"
+	legacyKeysAccept       = "accept"
+	legacyKeysReject       = "reject"
 )
 
 // defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
@@ -92,6 +94,13 @@ type Handler struct {
 	// <key_prefix>_live_<keyId>.<secret>; it must match [a-z][a-z0-9]{0,15}.
 	// Default: mon
 	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// LegacyKeys is what happens to a key made before secrets carried a checksum
+	// (README, Key format): "accept" looks it up as any other key, "reject" answers
+	// it the one 401 without a database query. Keys with a checksum are checked
+	// before any query either way: a wrong checksum is the 401 at once.
+	// Default: accept
+	LegacyKeys string `json:"legacy_keys,omitempty"`
 
 	// GatewaySecret is sent to the upstream in X-Gateway-Secret on every proxied
 	// request; the upstream refuses /v1 requests without it. Placeholders such as
@@ -149,6 +158,13 @@ type Handler struct {
 	// fields outcome, key_id and org_id stay. Default: false
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
+	// LastUsedInterval is how often the gateway writes the last_used_at of the keys
+	// it verified since the last write, with one UPDATE, off the request path: a
+	// key's last_used_at lags its last use by up to this much, and is written at most
+	// once per interval. At least 1s; negative (Caddyfile: off) disables it.
+	// Default: 1m
+	LastUsedInterval caddy.Duration `json:"last_used_interval,omitempty"`
+
 	// The runtime state, built by Provision.
 	databaseURL string // DatabaseURL with placeholders replaced
 	redisURL    string
@@ -162,6 +178,7 @@ type Handler struct {
 	metrics     *metrics       // nil with DisableMetrics
 	fallback    *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
 	pgBreaker   *breaker       // around key lookups
+	lastUsed    recorder       // nil with last_used_interval off
 	poolKeys    []string       // what to give back to pools in Cleanup
 	logger      *zap.Logger    // from ctx.Logger()
 	floodLog    *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
@@ -206,6 +223,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.poolKeys = append(h.poolKeys, key)
+	if h.LastUsedInterval > 0 {
+		lu, key := h.loadLastUsed(pool)
+		h.poolKeys = append(h.poolKeys, key)
+		h.lastUsed = lu
+	}
 	store := keystore.New(pool, h.format)
 	h.verifier = store
 	if !h.DisableLookupBatching {
@@ -276,6 +298,12 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	if h.LookupLanes == 0 {
 		h.LookupLanes = defaultLookupLanes
 	}
+	if h.LegacyKeys == "" {
+		h.LegacyKeys = legacyKeysAccept
+	}
+	if h.LastUsedInterval == 0 {
+		h.LastUsedInterval = caddy.Duration(keystore.DefaultLastUsedInterval)
+	}
 
 	// ReplaceKnown, not ReplaceAll: a password with braces in it is not a
 	// placeholder and must survive.
@@ -288,6 +316,9 @@ func (h *Handler) configure(logger *zap.Logger) error {
 		return err
 	}
 	h.format, _ = keystore.NewFormat(h.KeyPrefix) // valid: checked by Validate
+	if h.LegacyKeys == legacyKeysReject {
+		h.format = h.format.RejectingLegacy()
+	}
 	h.fields = newFieldSet(h.StripFields)
 	h.failClosed = h.LimiterFailure == limiterFailureClosed
 	h.failLocal = h.LimiterFailure == limiterFailureLocal
@@ -338,6 +369,12 @@ func (h *Handler) Validate() error {
 	if h.LookupLanes < 0 {
 		return fmt.Errorf("lookup_lanes %d: must be positive", h.LookupLanes)
 	}
+	if h.LegacyKeys != legacyKeysAccept && h.LegacyKeys != legacyKeysReject {
+		return fmt.Errorf("legacy_keys %q: must be accept or reject", h.LegacyKeys)
+	}
+	if h.LastUsedInterval > 0 && time.Duration(h.LastUsedInterval) < minLastUsedInterval {
+		return fmt.Errorf("last_used_interval %s: must be at least %s, or off", time.Duration(h.LastUsedInterval), minLastUsedInterval)
+	}
 	if len(h.StripFields) == 0 {
 		return errors.New("strip_fields: at least one name is required")
 	}
@@ -349,11 +386,12 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup gives back the pools Provision took; the last handler using one closes
-// it. It tolerates a Provision that stopped half-way.
+// Cleanup gives back the pools Provision took, in the reverse order (the last-used
+// flusher before the PostgreSQL pool it writes through); the last handler using one
+// closes it. It tolerates a Provision that stopped half-way.
 func (h *Handler) Cleanup() error {
 	var errs []error
-	for _, key := range h.poolKeys {
+	for _, key := range slices.Backward(h.poolKeys) {
 		if _, err := pools.Delete(key); err != nil {
 			errs = append(errs, err)
 		}
@@ -388,6 +426,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	setIdentityPlaceholders(r, key)
+	if h.lastUsed != nil {
+		h.lastUsed.Record(key.ID) // in memory; written later, off the request path
+	}
 
 	// 3. API access.
 	if key.RateLimit == 0 {

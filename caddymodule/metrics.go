@@ -48,6 +48,8 @@ const (
 	metricLimiterDuration = "keygate_limiter_duration_seconds"
 	metricLimiterErrors   = "keygate_limiter_errors_total"
 	metricDependencyUp    = "keygate_dependency_up"
+	metricLastUsedDropped = "keygate_last_used_dropped_total"
+	metricLastUsedErrors  = "keygate_last_used_flush_errors_total"
 )
 
 // latencyBuckets suit a lookup or a count that takes about a millisecond and is cut
@@ -67,6 +69,9 @@ type metrics struct {
 	limiterDuration prometheus.Histogram
 	limiterErrors   prometheus.Counter
 	dependencyUp    *prometheus.GaugeVec
+
+	lastUsedDropped     prometheus.Counter
+	lastUsedFlushErrors prometheus.Counter
 
 	// The children of the vectors, resolved once: the hot path does not hash labels.
 	byOutcome [numOutcomes]prometheus.Counter
@@ -118,6 +123,14 @@ func newMetrics() *metrics {
 			Name: metricDependencyUp,
 			Help: "1 while the last attempt to use the dependency succeeded, else 0.",
 		}, []string{"dependency"}),
+		lastUsedDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricLastUsedDropped,
+			Help: "Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached.",
+		}),
+		lastUsedFlushErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricLastUsedErrors,
+			Help: "Writes of last_used_at that failed or timed out; their keys are written by the next one.",
+		}),
 	}
 	// Every outcome is there from the start, at 0, so that rate() and alerts see the
 	// first request of each.
@@ -130,7 +143,8 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.limiterDuration, m.limiterErrors, m.dependencyUp}
+	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.limiterDuration, m.limiterErrors, m.dependencyUp,
+		m.lastUsedDropped, m.lastUsedFlushErrors}
 }
 
 // register adds m's collectors to reg. A collector already there (another handler of

@@ -163,6 +163,7 @@ type Stack struct {
 	redisPrefx string
 	redisMode  string // redis_mode of the gateways
 	redisTLSCA string // redis_tls_ca of the gateways started from now on
+	gwOptions  string // more v1_gateway option lines for the gateways started from now on
 }
 
 type gateway struct {
@@ -308,6 +309,7 @@ http://{{.Addr}} {
 			key_prefix     {{.Prefix}}
 			gateway_secret {env.GATEWAY_SECRET}
 			limiter_failure {{.Mode}}
+			{{.Extra}}
 		}
 		reverse_proxy {{.Upstream}}
 	}
@@ -328,7 +330,7 @@ func (s *Stack) startGateway(mode string) *gateway {
 	var cfg bytes.Buffer
 	caddyfileTmpl.Execute(&cfg, map[string]any{
 		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": mode, "Upstream": s.upAddr,
-		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA,
+		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": s.gwOptions,
 	})
 	dir := s.t.TempDir()
 	g.config = filepath.Join(dir, "Caddyfile")

@@ -17,9 +17,13 @@ const (
 	MaxKeyIDLen = 64
 
 	// SecretBytes is the number of random bytes of a generated secret, which is written
-	// in unpadded base64url (43 characters). Parse accepts MinSecretLen..MaxSecretLen
-	// characters, that is at least 32 bytes.
+	// in unpadded base64url (43 characters) followed by a ChecksumLen-character
+	// checksum: a generated secret has SecretLen characters. Parse also accepts legacy
+	// secrets, without a checksum: MinSecretLen..MaxSecretLen characters of unpadded
+	// base64url, that is at least 32 bytes.
 	SecretBytes  = 32
+	ChecksumLen  = 6
+	SecretLen    = 43 + ChecksumLen
 	MinSecretLen = 43
 	MaxSecretLen = 128
 
@@ -48,8 +52,9 @@ func ValidPrefix(prefix string) bool {
 // Format knows the keys of one prefix: it generates, parses and masks them.
 // The zero Format is not usable; build one with NewFormat.
 type Format struct {
-	prefix string
-	head   string // prefix + "_live_", built once so that Parse does not allocate
+	prefix       string
+	head         string // prefix + "_live_", built once so that Parse does not allocate
+	rejectLegacy bool
 }
 
 // NewFormat returns the Format of keys starting with prefix.
@@ -63,10 +68,24 @@ func NewFormat(prefix string) (Format, error) {
 // Prefix returns the key prefix of f.
 func (f Format) Prefix() string { return f.prefix }
 
+// RejectingLegacy returns f refusing legacy keys: keys made before secrets carried a
+// checksum. Parse then accepts checksummed keys only.
+func (f Format) RejectingLegacy() Format {
+	f.rejectLegacy = true
+	return f
+}
+
 // Parse splits a presented key into its key id and secret, which share presented's
 // memory. It reports ok == false for anything that is not exactly
-// <prefix>_live_<keyId>.<secret> with keyId [A-Za-z0-9]{16,64} and secret a
-// 43..128 character canonical unpadded base64url string. Parse does not allocate.
+// <prefix>_live_<keyId>.<secret> with keyId [A-Za-z0-9]{16,64} and secret either
+//
+//   - checksummed: SecretLen (49) characters, 43 of canonical unpadded base64url (32
+//     bytes) then the ChecksumLen (6) base62 characters of the CRC-32 of everything
+//     before them in the key (see Checksum), which must match; or
+//   - legacy, unless f rejects legacy keys: a 43..128 character canonical unpadded
+//     base64url string. No such string has 49 characters, so the two never overlap.
+//
+// A key that fails here costs no database query. Parse does not allocate.
 func (f Format) Parse(presented string) (keyID, secret string, ok bool) {
 	if f.head == "" || !strings.HasPrefix(presented, f.head) {
 		return "", "", false
@@ -77,7 +96,17 @@ func (f Format) Parse(presented string) (keyID, secret string, ok bool) {
 		return "", "", false
 	}
 	keyID, secret = rest[:dot], rest[dot+1:]
-	if !ValidKeyID(keyID) || !validSecret(secret) {
+	if !ValidKeyID(keyID) {
+		return "", "", false
+	}
+	if len(secret) == SecretLen {
+		body := presented[:len(presented)-ChecksumLen]
+		if !validSecret(secret[:SecretLen-ChecksumLen]) || !checksumMatches(body, secret[SecretLen-ChecksumLen:]) {
+			return "", "", false
+		}
+		return keyID, secret, true
+	}
+	if f.rejectLegacy || !validSecret(secret) {
 		return "", "", false
 	}
 	return keyID, secret, true
@@ -114,8 +143,9 @@ func (f Format) Generate() (full, keyID, secret string, err error) {
 		return "", "", "", fmt.Errorf("reading random bytes: %w", err)
 	}
 	keyID = string(id)
-	secret = base64.RawURLEncoding.EncodeToString(raw[:])
-	return f.head + keyID + "." + secret, keyID, secret, nil
+	body := f.head + keyID + "." + base64.RawURLEncoding.EncodeToString(raw[:])
+	full = body + Checksum(body)
+	return full, keyID, full[len(f.head)+len(keyID)+1:], nil
 }
 
 // HashSecret returns the SHA-256 digest of a key's secret, the only form in which a

@@ -59,7 +59,7 @@ func TestGeneratedKeysParseBack(t *testing.T) {
 		if want := "mon_live_" + id + "." + secret; full != want {
 			t.Fatalf("full key %q, want %q", full, want)
 		}
-		if len(id) != keystore.KeyIDLen || len(secret) != 43 {
+		if len(id) != keystore.KeyIDLen || len(secret) != keystore.SecretLen {
 			t.Fatalf("key id %q (%d chars), secret %d chars", id, len(id), len(secret))
 		}
 		gotID, gotSecret, ok := f.Parse(full)

@@ -49,6 +49,9 @@ type Record struct {
 	CreatedAt time.Time
 	ExpiresAt *time.Time
 	RevokedAt *time.Time
+	// LastUsedAt is when a gateway last flushed a use of the key (see LastUsed); nil
+	// if it never did.
+	LastUsedAt *time.Time
 }
 
 // NewKey is what a person supplies to create a key.

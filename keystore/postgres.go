@@ -181,7 +181,7 @@ RETURNING created_at, expires_at`,
 // List returns every key of an organisation, revoked and expired ones included,
 // oldest first.
 func (s *Store) List(ctx context.Context, orgID string) ([]Record, error) {
-	rows, err := s.pool.Query(ctx, `SELECT key_id, org_id::text, name, role, created_at, expires_at, revoked_at
+	rows, err := s.pool.Query(ctx, `SELECT key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at
 FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
@@ -189,7 +189,7 @@ FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
 		var r Record
 		var role string
-		err := row.Scan(&r.ID, &r.OrgID, &r.Name, &role, &r.CreatedAt, &r.ExpiresAt, &r.RevokedAt)
+		err := row.Scan(&r.ID, &r.OrgID, &r.Name, &role, &r.CreatedAt, &r.ExpiresAt, &r.RevokedAt, &r.LastUsedAt)
 		r.Role = Role(role)
 		return r, err
 	})

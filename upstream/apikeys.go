@@ -12,13 +12,14 @@ import (
 
 // keyJSON is a key in the dashboard's list: never its secret, never its hash.
 type keyJSON struct {
-	ID        string  `json:"id"`
-	Name      string  `json:"name"`
-	Role      string  `json:"role"`
-	CreatedAt string  `json:"created_at"`
-	ExpiresAt *string `json:"expires_at"`
-	RevokedAt *string `json:"revoked_at"`
-	MaskedKey string  `json:"masked_key"`
+	ID         string  `json:"id"`
+	Name       string  `json:"name"`
+	Role       string  `json:"role"`
+	CreatedAt  string  `json:"created_at"`
+	ExpiresAt  *string `json:"expires_at"`
+	RevokedAt  *string `json:"revoked_at"`
+	LastUsedAt *string `json:"last_used_at"`
+	MaskedKey  string  `json:"masked_key"`
 }
 
 // createdKeyJSON is the answer to a key's creation, the only place its full key appears.
@@ -126,13 +127,14 @@ func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request, p princi
 	data := make([]keyJSON, 0, len(recs))
 	for _, rec := range recs {
 		data = append(data, keyJSON{
-			ID:        rec.ID,
-			Name:      rec.Name,
-			Role:      string(rec.Role),
-			CreatedAt: timeJSON(rec.CreatedAt),
-			ExpiresAt: optionalTimeJSON(rec.ExpiresAt),
-			RevokedAt: optionalTimeJSON(rec.RevokedAt),
-			MaskedKey: s.format.Mask(rec.ID),
+			ID:         rec.ID,
+			Name:       rec.Name,
+			Role:       string(rec.Role),
+			CreatedAt:  timeJSON(rec.CreatedAt),
+			ExpiresAt:  optionalTimeJSON(rec.ExpiresAt),
+			RevokedAt:  optionalTimeJSON(rec.RevokedAt),
+			LastUsedAt: optionalTimeJSON(rec.LastUsedAt),
+			MaskedKey:  s.format.Mask(rec.ID),
 		})
 	}
 	writeJSON(w, http.StatusOK, struct {

@@ -121,7 +121,7 @@ func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
 		t.Fatalf("create answered fields %s", got)
 	}
 	id, full := created["id"].(string), created["key"].(string)
-	if !regexp.MustCompile(`^mon_live_` + id + `\.[A-Za-z0-9_-]{43}$`).MatchString(full) {
+	if !regexp.MustCompile(`^mon_live_` + id + `\.[A-Za-z0-9_-]{43}[0-9A-Za-z]{6}$`).MatchString(full) {
 		t.Errorf("key %q is not mon_live_<id>.<secret>", full)
 	}
 	if created["name"] != "ci" || created["role"] != "Editor" || created["expires_at"] != expires.Format(time.RFC3339) {
@@ -143,7 +143,7 @@ func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
 	secret := full[strings.IndexByte(full, '.')+1:]
 	r = owner.do("GET", "/orgs/"+org+"/api-keys", "")
 	want(t, r, 200, `{"data":[{"id":"`+id+`","name":"ci","role":"Editor","created_at":`+jsonBody(created["created_at"])+
-		`,"expires_at":"`+expires.Format(time.RFC3339)+`","revoked_at":null,"masked_key":"mon_live_`+id+`.********"}]}`)
+		`,"expires_at":"`+expires.Format(time.RFC3339)+`","revoked_at":null,"last_used_at":null,"masked_key":"mon_live_`+id+`.********"}]}`)
 	if strings.Contains(r.body, secret) {
 		t.Error("the list shows the secret")
 	}

@@ -139,7 +139,10 @@ func TestLeakReportRevokesLiveKeysOnceAndNeverEchoesThem(t *testing.T) {
 	// The bystander's id with the leaked key's secret: not the bystander's key.
 	wrongSecret := bystander[:strings.IndexByte(bystander, '.')] + live[strings.IndexByte(live, '.'):]
 	acme, _ := keystore.NewFormat("acme")
-	otherPrefix := "acme" + live[len("mon"):]
+	// The live key's id and secret under another prefix, with the checksum that
+	// prefix needs (the checksum covers the whole key).
+	otherBody := "acme" + live[len("mon"):len(live)-keystore.ChecksumLen]
+	otherPrefix := otherBody + keystore.Checksum(otherBody)
 	if _, _, ok := acme.Parse(otherPrefix); !ok {
 		t.Fatalf("%q does not parse as an acme key", otherPrefix)
 	}

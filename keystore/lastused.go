@@ -1,0 +1,167 @@
+package keystore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of LastUsedOptions.
+const (
+	DefaultLastUsedInterval   = time.Minute
+	DefaultLastUsedMaxPending = 100_000
+	maxLastUsedTimeout        = 10 * time.Second
+)
+
+// LastUsedOptions tune a LastUsed. The zero value takes every default.
+type LastUsedOptions struct {
+	// Interval is the time between two flushes, and so the most a key's last_used_at
+	// lags its last use. Default: DefaultLastUsedInterval (1m)
+	Interval time.Duration
+	// Timeout bounds one flush. Default: Interval, at most 10s
+	Timeout time.Duration
+	// MaxPending caps the key ids remembered between two flushes; the ids of further
+	// keys are dropped until the next flush. Default: DefaultLastUsedMaxPending
+	MaxPending int
+	// OnFlush, if set, is called after every flush that had ids to write, with their
+	// number and the flush's error. It runs on the flushing goroutine.
+	OnFlush func(ids int, err error)
+	// OnDrop, if set, is called for every id Record drops because MaxPending ids are
+	// already waiting. It runs on Record's caller: it must be quick.
+	OnDrop func()
+}
+
+// LastUsed records which keys were used and writes their api_keys.last_used_at in
+// batches, off the request path: Record only notes a key id in memory, and Run
+// flushes the noted ids every Interval with one UPDATE. A key is written at most once
+// per Interval, with the database's clock at the flush. What was noted since the last
+// flush is lost if the process dies, which CONTRACT §12 accepts. A flush that fails
+// keeps its ids for the next one (as long as MaxPending allows).
+//
+// A nil *LastUsed records nothing. A LastUsed is safe for concurrent use.
+type LastUsed struct {
+	pool *pgxpool.Pool
+	opts LastUsedOptions
+
+	mu      sync.Mutex
+	pending map[string]struct{}
+}
+
+// NewLastUsed returns a LastUsed writing through pool. Start it with Run.
+func NewLastUsed(pool *pgxpool.Pool, opts LastUsedOptions) *LastUsed {
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultLastUsedInterval
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = min(opts.Interval, maxLastUsedTimeout)
+	}
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = DefaultLastUsedMaxPending
+	}
+	return &LastUsed{pool: pool, opts: opts, pending: make(map[string]struct{})}
+}
+
+// Record notes that the key keyID was used. It never waits on the database: it takes
+// a mutex held only for a map lookup, and allocates only the first time a key id is
+// noted between two flushes.
+func (l *LastUsed) Record(keyID string) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	if _, ok := l.pending[keyID]; ok {
+		l.mu.Unlock()
+		return
+	}
+	if len(l.pending) >= l.opts.MaxPending {
+		l.mu.Unlock()
+		if l.opts.OnDrop != nil {
+			l.opts.OnDrop()
+		}
+		return
+	}
+	// keyID may share the memory of a request's header: keep a copy of its own.
+	l.pending[strings.Clone(keyID)] = struct{}{}
+	l.mu.Unlock()
+}
+
+// Run flushes every Interval until ctx ends, then flushes once more (within Timeout)
+// and returns.
+func (l *LastUsed) Run(ctx context.Context) {
+	tick := time.NewTicker(l.opts.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			l.flushWithTimeout(ctx)
+		case <-ctx.Done():
+			l.flushWithTimeout(context.WithoutCancel(ctx))
+			return
+		}
+	}
+}
+
+func (l *LastUsed) flushWithTimeout(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	_ = l.Flush(ctx) // reported through OnFlush
+}
+
+// lastUsedSQL sets last_used_at of the keys among $1 to the flush's time. The time
+// never goes back: a slower gateway's older flush does not undo a newer one.
+const lastUsedSQL = `UPDATE api_keys SET last_used_at = now()
+WHERE key_id = ANY($1) AND (last_used_at IS NULL OR last_used_at < now())`
+
+// Flush writes the ids noted since the last flush with one UPDATE, and forgets them.
+// If the UPDATE fails they are noted again, for the next flush.
+func (l *LastUsed) Flush(ctx context.Context) error {
+	l.mu.Lock()
+	if len(l.pending) == 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	batch := l.pending
+	l.pending = make(map[string]struct{}, len(batch))
+	l.mu.Unlock()
+
+	ids := make([]string, 0, len(batch))
+	for id := range batch {
+		ids = append(ids, id)
+	}
+	// In one order, so that two gateways flushing at once lock rows in one order.
+	slices.Sort(ids)
+	_, err := l.pool.Exec(ctx, lastUsedSQL, ids)
+	if err != nil {
+		err = fmt.Errorf("writing last_used_at: %w", err)
+		l.requeue(ids)
+	}
+	if l.opts.OnFlush != nil {
+		l.opts.OnFlush(len(ids), err)
+	}
+	return err
+}
+
+// requeue notes ids again after a failed flush, as far as MaxPending allows; the
+// others count as dropped.
+func (l *LastUsed) requeue(ids []string) {
+	l.mu.Lock()
+	dropped := 0
+	for _, id := range ids {
+		if len(l.pending) >= l.opts.MaxPending {
+			dropped++
+			continue
+		}
+		l.pending[id] = struct{}{}
+	}
+	l.mu.Unlock()
+	for range dropped {
+		if l.opts.OnDrop != nil {
+			l.opts.OnDrop()
+		}
+	}
+}
