@@ -6,7 +6,8 @@
 #   (b) bin/caddy with a plain reverse_proxy to it (same headers)
 #   (c) the gateway with a real key on a plan with a high but positive limit, so Redis
 #       counts every request
-#   (c401) the gateway with random well-formed keys: 401 (wrk -s, a new key a request)
+#   (c401) the gateway with random well-formed keys: 401 (wrk -s, a new key a request,
+#          its checksum random too: no database query)
 #   (c429) the gateway with a key over its limit (a plan of 1 request a minute): 429
 #   (c0) the same gateway with lookup batching and count pipelining switched off, to
 #       show what they bring (informational)
@@ -180,7 +181,10 @@ for _ in 1 2; do curl -s -o /dev/null -H "Authorization: Bearer $tiny_key" "http
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $tiny_key" "http://$gw/v1/monitors/$monitor")
 [ "$code" = 429 ] || { echo "bench: the key over its limit answered $code, not 429" >&2; exit 1; }
 
-# Random well-formed keys, for (c401): a new key id and secret on every request.
+# Random well-formed keys, for (c401): a new key id and secret on every request, in
+# today's format (43 base64url characters and a 6-character checksum, CONTRACT §12).
+# Their checksums are random too, so all but one in 62^6 fail it: the flood an attacker
+# can send, which the gateway answers without a database query.
 cat >"$stack/random-key.lua" <<'EOF'
 local alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 local b64 = alnum .. "-_"
@@ -195,7 +199,7 @@ local function pick(set, n)
 end
 init = function() math.randomseed(os.time() + math.floor(os.clock() * 1e6) + (tonumber(tostring({}):match("%x+$"), 16) or 0) % 1e6) end
 request = function()
-	local key = "mon_live_" .. pick(alnum, 22) .. "." .. pick(b64, 42) .. pick(last, 1)
+	local key = "mon_live_" .. pick(alnum, 22) .. "." .. pick(b64, 42) .. pick(last, 1) .. pick(alnum, 6)
 	return wrk.format(nil, nil, {["Authorization"] = "Bearer " .. key})
 end
 EOF
