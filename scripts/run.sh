@@ -93,15 +93,23 @@ Stop with Ctrl-C: everything started here is stopped and its data removed.
 EOF
 
 if [ "${RUN_CHECK:-}" = 1 ]; then
+	# expect PATTERN CURL-ARGS... fetches with curl and greps the whole answer: a grep -q
+	# reading from curl's pipe could close it before curl wrote all (curl exit 23).
+	expect() {
+		local pattern=$1 out
+		shift
+		out=$(curl -sf "$@") || { echo "run check: curl $* failed" >&2; return 1; }
+		grep -q -- "$pattern" <<<"$out" || { echo "run check: no $pattern in: $out" >&2; return 1; }
+	}
 	set -x
-	curl -sf "$base/v1/me" -H "Authorization: Bearer $key" | grep -q "\"org_id\":\"$org\""
-	curl -sf "$base/v1/monitors" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
-		-d '{"name":"example","type":"http","target":"https://example.com","interval_seconds":60,"config":{"method":"GET"}}' | grep -q '"id"'
-	curl -sf "$base/v1/monitors" -H "Authorization: Bearer $key" | grep -q '"name":"example"'
-	curl -sf -b "$jar" "$base/orgs/$org/api-keys" | grep -q '"masked_key"'
-	curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -q '^keygate_requests_total{outcome="me"} 1$'
-	curl -sf "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/metrics" | grep -q '^keygate_upstream_http_requests_total{code="201",route="POST /v1/monitors"} 1$'
-	curl -sf "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/readyz" | grep -q '"ready"'
+	expect "\"org_id\":\"$org\"" "$base/v1/me" -H "Authorization: Bearer $key"
+	expect '"id"' "$base/v1/monitors" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+		-d '{"name":"example","type":"http","target":"https://example.com","interval_seconds":60,"config":{"method":"GET"}}'
+	expect '"name":"example"' "$base/v1/monitors" -H "Authorization: Bearer $key"
+	expect '"masked_key"' -b "$jar" "$base/orgs/$org/api-keys"
+	expect '^keygate_requests_total{outcome="me"} 1$' "http://127.0.0.1:$METRICS_PORT/metrics"
+	expect '^keygate_upstream_http_requests_total{code="201",route="POST /v1/monitors"} 1$' "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/metrics"
+	expect '"ready"' "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/readyz"
 	set +x
 	echo "run check passed"
 	exit 0
