@@ -189,7 +189,7 @@ func byCounter(round []pipelinedCount) [][]int {
 				index[k] = c
 			} else if len(calls) > 8 {
 				index = make(map[string]int, len(round))
-				for g := range calls {
+				for g := range calls[:c] {
 					index[round[calls[g][0]].counterKey] = g
 				}
 				index[k] = c

@@ -89,6 +89,7 @@ func TestPipelinedCountsOfOneKeyShareACallAndEachGetsItsOwnNumber(t *testing.T) 
 		{"one key, every number seen", map[string]int{"k": 150}, map[string]int{"k": 1 << 30}},
 		{"mixed keys", map[string]int{"a": 60, "b": 40, "c": 1, "d": 30},
 			map[string]int{"a": 10, "b": 40, "c": 1, "d": 100}},
+		{"more keys than a round scans for", manyKeys(12, 15), manyKeys(12, 7)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
@@ -180,4 +181,13 @@ func seq(lo, hi int) []int {
 		s = append(s, i)
 	}
 	return s
+}
+
+// manyKeys is keys k0 … k(n-1), each mapped to v.
+func manyKeys(n, v int) map[string]int {
+	m := map[string]int{}
+	for i := range n {
+		m[fmt.Sprint("k", i)] = v
+	}
+	return m
 }
