@@ -107,13 +107,26 @@ func (b *Batcher) query(keyIDs []string) ([]map[string]row, error) {
 }
 
 // distinct returns ids without repeats, in order of first appearance. A batch of one
-// id, the common case when traffic is light, costs no allocation.
+// id, the common case when traffic is light, costs no allocation; a small one is
+// checked by scanning what it has kept, a map only pays off beyond that.
 func distinct(ids []string) []string {
 	if len(ids) == 1 {
 		return ids
 	}
-	seen := make(map[string]struct{})
-	var out []string
+	out := make([]string, 0, len(ids))
+	if len(ids) <= 32 {
+	next:
+		for _, id := range ids {
+			for _, kept := range out {
+				if kept == id {
+					continue next
+				}
+			}
+			out = append(out, id)
+		}
+		return out
+	}
+	seen := make(map[string]struct{}, len(ids))
 	for _, id := range ids {
 		if _, dup := seen[id]; !dup {
 			seen[id] = struct{}{}

@@ -2,10 +2,14 @@ package limiter
 
 import "github.com/redis/go-redis/v9"
 
-// incrScript counts one request in a window's counter and returns the new count and
-// Redis's clock. It runs as one atomic step on the Redis server, so concurrent gateways
-// never lose or double a count, and it touches only KEYS[1], so it works on Redis
-// Cluster.
+// incrScript counts requests in a window's counter and returns the new count and Redis's
+// clock. It runs as one atomic step on the Redis server, so concurrent gateways never lose
+// or double a count, and it touches only KEYS[1], so it works on Redis Cluster.
+//
+// One call may count several requests of the same counter (a pipelined round gathers
+// them): one deadline each. The requests counted get the numbers count-n+1 … count, in
+// the order of their deadlines in ARGV, skipping those not counted; the caller tells
+// which were not by comparing each deadline with the now returned, as the script did.
 //
 // A count that arrives after its caller's deadline is not made: the caller has already
 // given up on it (and, under limiter_failure open, let the request through), so writing
@@ -15,22 +19,36 @@ var incrScript = redis.NewScript(`
 -- ARGV[1]: how long the counter must live from now, in milliseconds: the rest of its
 --          window and one window more. Relative, so that a gateway clock behind Redis's
 --          cannot write a counter that is already expired.
--- ARGV[2]: the caller's deadline on Redis's clock, in Unix milliseconds; 0 for none.
--- Returns {count, now} with now Redis's clock in Unix milliseconds; count is -1 when the
--- deadline had passed and nothing was counted.
+-- ARGV[2], ARGV[3], …: one per request to count, its caller's deadline on Redis's
+--          clock, in Unix milliseconds; 0 for none.
+-- Returns {count, now} with now Redis's clock in Unix milliseconds and count the
+-- counter after this call; count is -1 when every deadline had passed and nothing was
+-- counted. A request is counted when its deadline is 0 or not before now.
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local deadline = tonumber(ARGV[2])
-if deadline > 0 and now > deadline then
+local live = 0
+for i = 2, #ARGV do
+	local deadline = tonumber(ARGV[i])
+	if deadline <= 0 or now <= deadline then
+		live = live + 1
+	end
+end
+if live == 0 then
 	return {-1, now}
 end
-local n = redis.call("INCR", KEYS[1])
-if n == 1 then
-	-- The first request of a window creates the counter: make it expire on its own.
+local n = redis.call("INCRBY", KEYS[1], live)
+if n == live then
+	-- The first requests of a window create the counter: make it expire on its own.
 	redis.call("PEXPIRE", KEYS[1], ARGV[1])
 end
 return {n, now}
 `)
+
+// late reports whether the script, running at redisNow, refused the count of a request
+// with this deadline (as incrScript decides it).
+func late(deadline, redisNow int64) bool {
+	return deadline > 0 && redisNow > deadline
+}
 
 // clockScript reads Redis's clock, in Unix milliseconds.
 var clockScript = redis.NewScript(`

@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,6 +32,8 @@ type pipeline struct {
 	timeout time.Duration
 	clock   *redisClock
 	rounds  *gather.Gatherer[pipelinedCount, countReply]
+
+	calls atomic.Uint64 // script calls sent, for tests through export_test.go
 }
 
 // pipelinedCount is one Allow call's count in a round.
@@ -66,8 +70,10 @@ func (p *pipeline) count(ctx context.Context, counterKey string, ttl, deadline i
 }
 
 // send is the pipeline's gather.Flush: it runs a round's counts as EVALSHA in one
-// pipeline; counts refused with NOSCRIPT (after a SCRIPT FLUSH or a failover) did not
-// run, and go again as EVAL.
+// pipeline, one script call per counter: the counts of one counter share a call, which
+// adds them all at once, and they take the numbers it made in the order they joined
+// (see incrScript). Each call still touches one key, as Cluster wants. Calls refused
+// with NOSCRIPT (after a SCRIPT FLUSH or a failover) did not run, and go again as EVAL.
 //
 // The round runs until the last of its callers gives up (or for timeout if one has no
 // deadline): a round serves many callers, so no one caller's context may cut it short.
@@ -75,39 +81,123 @@ func (p *pipeline) send(round []pipelinedCount) ([]countReply, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), p.roundDeadline(round))
 	defer cancel()
 	replies := make([]countReply, len(round))
-	counterKeys := make([]string, len(round)) // each count's KEYS is one of these, sliced
-	todo := make([]int, len(round))
-	for i := range round {
-		counterKeys[i], todo[i] = round[i].counterKey, i
+	calls := byCounter(round)
+	keys := make([]string, len(calls)) // each call's KEYS is one of these, sliced
+	todo := make([]int, len(calls))
+	for c := range calls {
+		keys[c], todo[c] = round[calls[c][0]].counterKey, c
 	}
 	for attempt := 0; attempt < 2 && len(todo) > 0; attempt++ {
 		pipe := p.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(todo))
-		for j, i := range todo {
-			c, keys := &round[i], counterKeys[i:i+1]
+		for j, c := range todo {
+			var ttl int64 // any member's will do; the longest is safest
+			args := make([]any, 1, 1+len(calls[c]))
+			for _, i := range calls[c] {
+				ttl = max(ttl, round[i].ttl)
+				args = append(args, round[i].redisDeadline)
+			}
+			args[0] = ttl
 			if attempt == 0 {
-				cmds[j] = incrScript.EvalSha(ctx, pipe, keys, c.ttl, c.redisDeadline)
+				cmds[j] = incrScript.EvalSha(ctx, pipe, keys[c:c+1], args...)
 			} else {
-				cmds[j] = incrScript.Eval(ctx, pipe, keys, c.ttl, c.redisDeadline)
+				cmds[j] = incrScript.Eval(ctx, pipe, keys[c:c+1], args...)
 			}
 		}
+		p.calls.Add(uint64(len(todo)))
 		pipe.Exec(ctx) // errors are read per command below
 		var again []int
-		for j, i := range todo {
+		for j, c := range todo {
 			v, err := cmds[j].Int64Slice()
 			if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				again = append(again, i)
+				again = append(again, c)
 				continue
 			}
-			var n int64
-			if err == nil {
-				n, err = p.clock.reply(v)
-			}
-			replies[i] = countReply{count: n, err: err}
+			p.number(round, calls[c], v, err, replies)
 		}
 		todo = again
 	}
 	return replies, nil
+}
+
+// number hands the counts of one script call (members, indices of round in the order
+// of its ARGV) their replies: the script's error, ErrLate for those it did not count,
+// and to the others the numbers count-n+1 … count, in order.
+func (p *pipeline) number(round []pipelinedCount, members []int, v []int64, err error, replies []countReply) {
+	if err == nil && len(v) != 2 {
+		err = fmt.Errorf("unexpected reply %v", v)
+	}
+	if err != nil {
+		for _, i := range members {
+			replies[i].err = err
+		}
+		return
+	}
+	count, now := v[0], v[1]
+	p.clock.observe(now)
+	var live int64
+	for _, i := range members {
+		if !late(round[i].redisDeadline, now) {
+			live++
+		}
+	}
+	if count < 0 && live == 0 || count >= live && live > 0 {
+		next := count - live + 1
+		for _, i := range members {
+			if late(round[i].redisDeadline, now) {
+				replies[i].err = ErrLate
+			} else {
+				replies[i].count = next
+				next++
+			}
+		}
+		return
+	}
+	err = fmt.Errorf("unexpected reply %v for %d counts", v, live)
+	for _, i := range members {
+		replies[i].err = err
+	}
+}
+
+// byCounter groups the indices of round by counter key, each group and the groups in
+// the order of arrival. A round of one count, the common case when traffic is light,
+// costs one small allocation.
+func byCounter(round []pipelinedCount) [][]int {
+	if len(round) == 1 {
+		return [][]int{{0}}
+	}
+	var calls [][]int
+	var index map[string]int // counter key to its group, once there are many groups
+	for i := range round {
+		k, c := round[i].counterKey, -1
+		if index != nil {
+			if g, ok := index[k]; ok {
+				c = g
+			}
+		} else {
+			for g := range calls {
+				if round[calls[g][0]].counterKey == k {
+					c = g
+					break
+				}
+			}
+		}
+		if c < 0 {
+			c = len(calls)
+			calls = append(calls, nil)
+			if index != nil {
+				index[k] = c
+			} else if len(calls) > 8 {
+				index = make(map[string]int, len(round))
+				for g := range calls[:c] {
+					index[round[calls[g][0]].counterKey] = g
+				}
+				index[k] = c
+			}
+		}
+		calls[c] = append(calls[c], i)
+	}
+	return calls
 }
 
 // roundDeadline is the latest deadline of round's callers, or timeout from now if one

@@ -1,0 +1,10 @@
+package limiter
+
+// ScriptCalls is how many script calls l's pipeline has sent, for tests that check that
+// the counts of one key in a round share one call; 0 without pipelining.
+func ScriptCalls(l *Redis) uint64 {
+	if l.pipe == nil {
+		return 0
+	}
+	return l.pipe.calls.Load()
+}
