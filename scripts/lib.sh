@@ -1,10 +1,12 @@
 # lib.sh: shell functions shared by stack.sh, run.sh and bench.sh. Source it; it
 # expects the caller to have set -euo pipefail.
 
-# free_port [LOW SPAN] prints a loopback TCP port in LOW..LOW+SPAN-1 (default
-# 20000..49999) nobody is listening on.
+# free_port [LOW SPAN] prints a loopback TCP port in LOW..LOW+SPAN-1 nobody is
+# listening on. The default, 20000..32767, lies below the kernel's ephemeral range
+# (32768..), so that no outgoing connection can hold the port before its server
+# binds it (a Sentinel once failed to start so).
 free_port() {
-	local low=${1:-20000} span=${2:-30000} p i
+	local low=${1:-20000} span=${2:-12768} p i
 	for i in $(seq 1 200); do
 		p=$((low + RANDOM % span))
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
