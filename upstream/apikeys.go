@@ -32,18 +32,24 @@ type createdKeyJSON struct {
 	Key       string  `json:"key"`
 }
 
+// keyWriteBody reads the body of a key creation or roll once the plan's API access is
+// checked (403 feature_gated): the checks that follow keyRoute's on both routes.
+func (s *Server) keyWriteBody(w http.ResponseWriter, r *http.Request, p principal) ([]byte, error) {
+	rateLimit, err := s.apiRateLimit(r.Context(), p.orgID)
+	if err != nil {
+		return nil, err
+	}
+	if rateLimit == 0 {
+		return nil, errAPIFeatureGated
+	}
+	return readBody(w, r)
+}
+
 // handleCreateKey answers POST /orgs/{orgId}/api-keys
 // {"name","role","expires_at"?}: 201 with the full key. After the checks of keyRoute
 // come the plan's API access (403 feature_gated) and then the body (400).
 func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p principal) error {
-	rateLimit, err := s.apiRateLimit(r.Context(), p.orgID)
-	if err != nil {
-		return err
-	}
-	if rateLimit == 0 {
-		return errAPIFeatureGated
-	}
-	body, err := readBody(w, r)
+	body, err := s.keyWriteBody(w, r, p)
 	if err != nil {
 		return err
 	}
@@ -167,14 +173,7 @@ var errKeyNotLive = &Error{Code: ECONFLICT, Message: "the key is revoked or expi
 // creation (keyRoute, then the plan's API access, then the body); then a key id that is
 // not the org's is 404 and a revoked or expired key 409.
 func (s *Server) handleRollKey(w http.ResponseWriter, r *http.Request, p principal) error {
-	rateLimit, err := s.apiRateLimit(r.Context(), p.orgID)
-	if err != nil {
-		return err
-	}
-	if rateLimit == 0 {
-		return errAPIFeatureGated
-	}
-	body, err := readBody(w, r)
+	body, err := s.keyWriteBody(w, r, p)
 	if err != nil {
 		return err
 	}
