@@ -20,7 +20,6 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-
 // withGateway starts one more gateway (index returned) with extra v1_gateway options.
 func (s *Stack) withGateway(options string) int {
 	s.t.Helper()
