@@ -37,7 +37,8 @@
 #
 # Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT,
 # FAULT_DURATION (5s, each run of (f)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
-# ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate).
+# ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
+# MATCHED_CONNS (CONNS: hey's workers in (r)).
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
 # meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
