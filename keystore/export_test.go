@@ -1,5 +1,11 @@
 package keystore
 
+import (
+	"context"
+	"maps"
+	"slices"
+)
+
 // BatchStats counts a Batcher's work since it was made; for the tests' checks that
 // batching happens.
 type BatchStats struct {
@@ -12,4 +18,15 @@ type BatchStats struct {
 // Stats returns what b has done so far.
 func (b *Batcher) Stats() BatchStats {
 	return BatchStats{Queries: b.queries.Load(), Lookups: b.lookups.Load()}
+}
+
+// LookupAnySQL is the lookup as one `= ANY($1)` statement, which the store sends only
+// for large batches; benchmarks compare it with the store's statements.
+var LookupAnySQL = lookupAnySQL
+
+// Lookup runs s's lookup of ids (distinct key ids) and returns the ids of the live keys
+// it found, sorted.
+func (s *Store) Lookup(ctx context.Context, ids []string) ([]string, error) {
+	rows, err := s.lookup(ctx, ids)
+	return slices.Sorted(maps.Keys(rows)), err
 }

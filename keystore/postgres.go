@@ -6,6 +6,9 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"math/bits"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,14 +27,63 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 	return &Store{pool: pool, format: format}
 }
 
-// lookupSQL finds the live keys among key ids, with their plans' rate limits.
-// Revocation and expiry are decided by the database's clock, on this very request.
-// Verify sends it for one key id, a Batcher for many.
-const lookupSQL = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
+// lookupSelect finds the live keys with their plans' rate limits, up to the condition
+// on the key id that lookupStatement completes. Revocation and expiry are decided by
+// the database's clock, on this very request.
+const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
-WHERE k.key_id = ANY($1) AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`
+WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AND k.key_id `
+
+// The lookup's statements, one per shape of batch. PostgreSQL keeps a generic plan
+// (planned once per connection) only for a statement whose generic plan it estimates
+// no dearer than its custom ones: it does for `= $1` and `IN ($1, …, $n)`, where it
+// knows how many ids come, but not for `= ANY($1)` once api_keys has more than a few
+// pages of analysed rows, and then plans the three-table join anew on every execution
+// (README, Performance). So a batch of one id is `= $1`, a batch of up to
+// maxInListIDs ids is an IN list of the next power of two of parameters (the last id
+// repeated: a handful of statements per connection, and a repeated id matches once),
+// and only a larger batch, whose planning is shared by its many ids, is `= ANY($1)`.
+var (
+	lookupOneSQL = lookupSelect + "= $1"
+	lookupAnySQL = lookupSelect + "= ANY($1)"
+	lookupInSQL  = func() (sqls [maxInListLog + 1]string) {
+		for i := 1; i < len(sqls); i++ {
+			params := make([]string, 1<<i)
+			for j := range params {
+				params[j] = "$" + strconv.Itoa(j+1)
+			}
+			sqls[i] = lookupSelect + "IN (" + strings.Join(params, ", ") + ")"
+		}
+		return sqls
+	}()
+)
+
+// maxInListIDs is the largest batch looked up with an IN list.
+const (
+	maxInListLog = 6
+	maxInListIDs = 1 << maxInListLog
+)
+
+// lookupStatement returns the statement and arguments that look ids up; ids is not
+// empty and has no repeats.
+func lookupStatement(ids []string) (string, []any) {
+	n := len(ids)
+	switch {
+	case n == 1:
+		return lookupOneSQL, []any{ids[0]}
+	case n <= maxInListIDs:
+		i := bits.Len(uint(n - 1)) // 2^i is the smallest power of two >= n
+		args := make([]any, 1<<i)
+		for j := range args {
+			args[j] = ids[min(j, n-1)]
+		}
+		return lookupInSQL[i], args
+	default:
+		return lookupAnySQL, []any{ids}
+	}
+}
 
 // dummyHash is compared against when no live key has the presented key id, so that an
 // unknown key costs the same hashing and comparison as a known one.
@@ -60,7 +112,7 @@ func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bo
 	return k, ok, nil
 }
 
-// lookup runs lookupSQL for ids, once more if the first attempt fails (see
+// lookup runs the lookup statement for ids, once more if the first attempt fails (see
 // retryable), and returns the live keys it found by key id.
 func (s *Store) lookup(ctx context.Context, ids []string) (map[string]row, error) {
 	out, err := s.lookupOnce(ctx, ids)
@@ -74,7 +126,8 @@ func (s *Store) lookup(ctx context.Context, ids []string) (map[string]row, error
 }
 
 func (s *Store) lookupOnce(ctx context.Context, ids []string) (map[string]row, error) {
-	rows, err := s.pool.Query(ctx, lookupSQL, ids)
+	sql, args := lookupStatement(ids)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}

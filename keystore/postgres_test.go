@@ -2,6 +2,8 @@ package keystore_test
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -291,6 +293,50 @@ WHERE datname = $1 AND pid <> pg_backend_pid()`, pool.Config().ConnConfig.Databa
 		}
 		if _, ok, err := v.Verify(ctx, full); !ok || err != nil {
 			t.Errorf("%s: Verify after its connections were killed = %v, %v; want ok", name, ok, err)
+		}
+	}
+}
+
+// TestLookupFindsExactlyTheLiveKeysOfEveryBatchSize looks up batches of every shape the
+// store sends (one id, IN lists of 2 to 64 parameters with the last id repeated, ANY
+// beyond), each mixing live, revoked, expired and unknown key ids, after enough
+// lookups of each that PostgreSQL has moved every statement to its generic plan.
+func TestLookupFindsExactlyTheLiveKeysOfEveryBatchSize(t *testing.T) {
+	ctx := context.Background()
+	store, pool, org := newStore(t, "pro")
+	var ids, live []string
+	for i := range 80 {
+		rec, _ := create(t, store, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleViewer})
+		ids = append(ids, rec.ID)
+		switch i % 4 {
+		case 1:
+			if _, err := store.Revoke(ctx, org, rec.ID, "test"); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			if _, err := pool.Exec(ctx, `UPDATE api_keys SET expires_at = now() - interval '1 ms' WHERE key_id = $1`, rec.ID); err != nil {
+				t.Fatal(err)
+			}
+		case 3:
+			ids[i] = strings.Repeat("Q", 20) + strconv.Itoa(10+i) // unknown
+		default:
+			live = append(live, rec.ID)
+		}
+	}
+	for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 63, 64, 65, 80} {
+		batch := ids[len(ids)-n:] // ending with an unknown id, so that padding repeats it
+		var want []string
+		for _, id := range batch {
+			if slices.Contains(live, id) {
+				want = append(want, id)
+			}
+		}
+		slices.Sort(want)
+		for range 8 { // PostgreSQL plans the first five executions on their own
+			got, err := store.Lookup(ctx, batch)
+			if err != nil || !slices.Equal(got, want) {
+				t.Fatalf("Lookup(%d ids) = %v, %v; want %v", n, got, err, want)
+			}
 		}
 	}
 }
