@@ -86,7 +86,12 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 // query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids,
 // under the Batcher's own timeout. Every request of the batch gets the live keys it
 // found, by key id.
-func (b *Batcher) query(keyIDs []string) ([]map[string]row, error) {
+//
+// It runs on the Gatherer's goroutine, never inline (gather.Options.Inline): pgx cancels
+// a query whose context ends by asking PostgreSQL to, and gives it a grace before
+// dropping the connection (caddymodule's tunePostgres), so a lookup does not return by
+// its context's deadline; the requests waiting for it must.
+func (b *Batcher) query(_ context.Context, keyIDs []string) ([]map[string]row, error) {
 	ids := distinct(keyIDs)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(len(ids)))
