@@ -4,12 +4,15 @@ import (
 	"context"
 	"testing"
 
+	"github.com/keygate/keygate/internal/benchcpu"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
-// BenchmarkBatcherVerify verifies keys from many goroutines at once through a Batcher
-// over the real PostgreSQL; allocs/op is what one verification costs, batching included.
+// BenchmarkBatcherVerify verifies keys from 1, 4 and 32 goroutines at once through a
+// Batcher over the real PostgreSQL; allocs/op is what one verification costs, batching
+// included, cpu-µs/op this process's CPU per verification and pg-µs/op PostgreSQL's
+// (benchcpu: run on a stack of its own, -benchtime 3s or more).
 func BenchmarkBatcherVerify(b *testing.B) {
 	pool, _ := schematest.NewPool(b)
 	s := keystore.New(pool, mustFormat(b, "mon"))
@@ -27,17 +30,13 @@ func BenchmarkBatcherVerify(b *testing.B) {
 		keys = append(keys, full)
 	}
 	v := keystore.NewBatcher(s, keystore.BatcherOptions{})
-	b.SetParallelism(16)
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		i := 0
-		for pb.Next() {
-			if _, ok, err := v.Verify(context.Background(), keys[i%len(keys)]); !ok || err != nil {
-				b.Errorf("Verify = %v, %v", ok, err)
-				return
-			}
-			i++
+	pg, err := benchcpu.Postgres(pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchcpu.Run(b, func(b *testing.B, i int) {
+		if _, ok, err := v.Verify(context.Background(), keys[i%len(keys)]); !ok || err != nil {
+			b.Errorf("Verify = %v, %v", ok, err)
 		}
-	})
+	}, benchcpu.Self(), pg)
 }

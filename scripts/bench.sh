@@ -17,6 +17,9 @@
 #       of its rate just before, under limiter_failure open and local; and the rate of
 #       503s while PostgreSQL hangs. A hang is internal/latencyproxy's hang mode (no
 #       byte forwarded, as with SIGSTOP) in front of the real servers.
+#   (r) (c) and (b) again at one equal rate, below their full-load rates, through hey's
+#       rate limit: the module's CPU per request without the throughput effect
+#       (bench_matched below; informational)
 #   (m) the cost of metrics: the gateway with and without disable_metrics, in one Caddy
 #       of its own, ROUNDS alternating runs each (bench_metrics below)
 #
@@ -33,7 +36,9 @@
 # scripts/bench-results.txt.
 #
 # Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT,
-# FAULT_DURATION (5s, each run of (f)).
+# FAULT_DURATION (5s, each run of (f)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
+# ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
+# MATCHED_CONNS (CONNS: hey's workers in (r)).
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
 # meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
@@ -48,6 +53,7 @@ WARMUP=${WARMUP:-3s}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
 need_tools wrk curl
+[ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
 # bench_port picks the bench's listening ports below the ephemeral range (32768 and
 # up), where wrk's and the proxies' thousands of outgoing connections take their local
@@ -345,6 +351,94 @@ if [ -n "${PROFILE:-}" ]; then
 	measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}" >"$PROFILE/run.txt"
 	wait "${prof_pids[@]}" || true # top ends on SIGPIPE
 fi
+# ---- (r) CPU per request at an equal rate (informational) ---------------------------
+# At full load the gateway serves fewer requests a second than plain Caddy, and on 2
+# cores every process spends more CPU per request at a lower rate (fewer events per
+# wake-up, more scheduler and futex time per request): the upstream, whose work is the
+# same behind either, shows it. So part of the module overhead above is a throughput
+# effect, not the module's code. bench_matched runs (c) and (b) again, ROUNDS times
+# alternating, at one fixed rate both reach (MATCHED_RATE, or MATCHED_SHARE (0.6) of
+# the median (c) rate of the rounds, rounded to 50: hey, a Go client, costs more CPU a
+# request than wrk, so 80% was often out of the gateway's reach) through hey's rate
+# limit, measures the same CPU per request and sets matched_report. BENCH_MATCHED=0
+# skips it.
+
+# measure_rate RATE URL [hey args...] runs hey with MATCHED_CONNS (CONNS) workers for
+# DURATION at RATE requests a second in all (hey's -q is per worker; a worker whose
+# request outlasts two of its periods loses ticks, so a long latency tail lowers the
+# rate reached) and prints measure_cpu's fields
+# (req/s being the rate reached); every answer must be a 200.
+measure_rate() {
+	local rate=$1 url=$2
+	shift 2
+	local qps out before after reqs ok
+	qps=$(awk -v r="$rate" -v c="${MATCHED_CONNS:-$CONNS}" 'BEGIN {printf "%.3f", r / c}')
+	before=$(cpu_snapshot)
+	out=$(hey -z "$DURATION" -c "${MATCHED_CONNS:-$CONNS}" -q "$qps" "$@" "$url")
+	after=$(cpu_snapshot)
+	reqs=$(echo "$out" | awk '/^ *\[[0-9]+\][ \t]+[0-9]+ responses/ {n += $2} END {print n + 0}')
+	ok=$(echo "$out" | awk '$1 == "[200]" {print $2}')
+	if [ "$reqs" = 0 ] || [ "${ok:-0}" != "$reqs" ] || echo "$out" | grep -q '^Error distribution'; then
+		echo "$out" >&2
+		echo "bench: $url at $rate req/s answered ${ok:-0} 200s of $reqs (or hey saw errors)" >&2
+		exit 1
+	fi
+	echo "$out" | awk -v b="$before" -v a="$after" -v n="$reqs" -v hz="$CLK_TCK" '
+		/Requests\/sec:/ {rps = $2}
+		$1 == "50%" && $2 == "in" {p50 = $3 * 1000}
+		$1 == "99%" && $2 == "in" {p99 = $3 * 1000}
+		END {
+			split(b, x); split(a, y)
+			printf "%s %.3f %.3f", rps, p50, p99
+			for (i = 1; i <= 4; i++) printf " %.1f", (y[i] - x[i]) * 1e6 / hz / n
+			print ""
+		}'
+}
+bench_matched() {
+	local rate round i mc_runs=() mb_runs=() m_over=() m_pg=() rounds=""
+	rate=${MATCHED_RATE:-$(median 1 "${c_runs[@]}" |
+		awk -v s="${MATCHED_SHARE:-0.6}" '{printf "%d", int($1 * s / 50 + 0.5) * 50}')}
+	((rate > 0)) || { echo "bench: no rate for (r)" >&2; exit 1; }
+	for round in $(seq 1 "$ROUNDS"); do
+		echo "measuring (r) gateway and plain at $rate req/s, round $round…" >&2
+		mc_runs+=("$(measure_rate "$rate" "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
+		mb_runs+=("$(measure_rate "$rate" "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
+		rounds+=$'\n'"  round $round"$'\n'$(
+			cpu_header ""
+			cpu_row "(c) gateway 200" "${mc_runs[-1]}"
+			cpu_row "(b) plain 200" "${mb_runs[-1]}"
+		)
+	done
+	for i in "${!mc_runs[@]}"; do
+		read -r _ _ _ c4 _ c6 _ <<<"${mc_runs[$i]}"
+		read -r _ _ _ b4 _ b6 _ <<<"${mb_runs[$i]}"
+		m_over+=("$(awk -v c="$c4" -v b="$b4" 'BEGIN {printf "%.1f", c - b}')")
+		m_pg+=("$(awk -v c="$c6" -v b="$b6" 'BEGIN {printf "%.1f", c - b}')")
+	done
+	local over pg redis up_c up_b full_up_c full_up_b
+	over=$(median 1 "${m_over[@]}" | xargs printf %.1f)
+	pg=$(median 1 "${m_pg[@]}" | xargs printf %.1f)
+	redis=$(median 7 "${mc_runs[@]}" | xargs printf %.1f)
+	up_c=$(median 5 "${mc_runs[@]}" | xargs printf %.1f) up_b=$(median 5 "${mb_runs[@]}" | xargs printf %.1f)
+	full_up_c=$(median 5 "${c_runs[@]}" | xargs printf %.1f) full_up_b=$(median 5 "${b_runs[@]}" | xargs printf %.1f)
+	local reach_c reach_b
+	reach_c=$(median 1 "${mc_runs[@]}" | xargs printf %.0f) reach_b=$(median 1 "${mb_runs[@]}" | xargs printf %.0f)
+	matched_report=$'\n\n'$(
+		echo "(r) CPU per request at an equal rate, $ROUNDS rounds (hey -c${MATCHED_CONNS:-$CONNS} -z$DURATION, $rate req/s in all; gateway, plain in turn; informational):"
+		echo "$rounds"
+		echo
+		echo "  module overhead at equal rate ($rate req/s): $over µs/req, rounds ${m_over[*]} (spread $(spread "${m_over[@]}"))"
+		echo "  PostgreSQL for the module at equal rate: $pg µs/req (spread $(spread "${m_pg[@]}")); Redis: $redis µs/req"
+		echo "  rates reached (median): gateway $reach_c, plain $reach_b req/s of $rate$(
+			awk -v c="$reach_c" -v b="$reach_b" -v r="$rate" 'BEGIN {
+				if (c < 0.9 * r || b < 0.9 * r) printf " (one below 90%%: not an equal rate, compare with care)"
+			}')"
+		echo "  upstream CPU per request, gateway vs plain: $up_c vs $up_b µs/req at equal rate; $full_up_c vs $full_up_b at full load (the rounds above)"
+	)
+}
+matched_report=""
+[ "${BENCH_MATCHED:-1}" = 1 ] && bench_matched
+# ---- end of (r) ----------------------------------------------------------------------
 echo "measuring (c0) gateway without batching or pipelining…" >&2
 read -r c0_rps c0_p50 c0_p99 < <(measure "http://$unbatched/v1/monitors/$monitor" "${auth[@]}")
 echo "measuring (d) /v1/me…" >&2
@@ -397,6 +491,7 @@ cpu_report=$(
 	echo "  p99 gateway - plain: median $p99_extra ms, rounds ${p99_extras[*]}"
 )
 # ---- end of CPU per request -----------------------------------------------------------
+cpu_report+=$matched_report
 verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 
 # ---- (m) metrics on and off (issue 11) -------------------------------------------
