@@ -315,3 +315,31 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 		})
 	}
 }
+
+func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
+	// Lone requests, one after the other: each lookup runs on its request's goroutine
+	// (keystore.Batcher, inline). It must end at database_timeout, not a grace later as
+	// a batch's cancelled query may (tunePostgres: a quarter timeout, here 200ms).
+	const timeout = 800 * time.Millisecond
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	gw := startGateway(t, gatewayConfig{
+		handler:  gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{"database_timeout": "800ms"}),
+		upstream: newUpstream(t).addr(),
+	})
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("before the hang: %d %s", res.StatusCode, body)
+	}
+	pg.Hang()
+	defer pg.Resume()
+	for i := range breakerThreshold {
+		var res *http.Response
+		var body []byte
+		took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
+		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
+		if took < timeout || took > timeout+120*time.Millisecond {
+			t.Errorf("request %d: the 503 took %v; want database_timeout (%v), not a grace more", i, took, timeout)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -101,15 +102,47 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 // deadline to now, which breaks the connection: under a slow database every late
 // lookup then costs a new connection (several round trips more), and late lookups
 // breed more. Instead PostgreSQL is asked to cancel the query, and the connection is
-// only given up if it has not answered a fraction of the timeout later.
+// only given up if it has not answered a fraction of the timeout later. The exception
+// is a lookup a keystore.Batcher runs on its request's goroutine (keystore.RequestLookup):
+// the request answers when that lookup returns, so it ends at its deadline, as with
+// pgx's default. Such a lookup only runs while no batch is in flight, so a slow
+// database gives up at most one connection a timeout that way.
 func tunePostgres(cfg *pgxpool.Config, timeout time.Duration) {
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration > time.Minute
 	}
 	grace := max(timeout/4, 50*time.Millisecond)
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: grace}
+		return &lookupCancel{
+			cancel: pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: grace},
+			conn:   c,
+		}
 	}
+}
+
+// lookupCancel is the context watcher handler of tunePostgres: CancelRequest handling,
+// but a deadline now for a request's own lookup.
+type lookupCancel struct {
+	cancel pgconn.CancelRequestContextWatcherHandler
+	conn   *pgconn.PgConn
+	now    bool // the last HandleCancel set the deadline to now
+}
+
+func (h *lookupCancel) HandleCancel(ctx context.Context) {
+	h.now = keystore.RequestLookup(ctx)
+	if h.now {
+		h.conn.Conn().SetDeadline(time.Now())
+		return
+	}
+	h.cancel.HandleCancel(ctx)
+}
+
+func (h *lookupCancel) HandleUnwatchAfterCancel() {
+	if h.now {
+		h.conn.Conn().SetDeadline(time.Time{})
+		return
+	}
+	h.cancel.HandleUnwatchAfterCancel()
 }
 
 // loadRedis returns the shared Redis client for url, creating it if needed, and its

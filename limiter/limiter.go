@@ -68,8 +68,12 @@ func WithPrefix(prefix string) Option {
 // tenth of timeout after its first count joined: a slow round in flight never costs a
 // caller more than that on top of its own round. Each pipeline runs under timeout,
 // since it serves many callers; each caller still stops waiting when its own context
-// ends, and its count carries its own deadline (see Redis). It needs a client with a Pipeline method (Client, Ring, ClusterClient,
-// UniversalClient) and is ignored otherwise, and by Local.
+// ends, and its count carries its own deadline (see Redis). A count that finds no round
+// in flight is sent at once as a round of its own, on its caller's goroutine and
+// under its caller's context: give the client ContextTimeoutEnabled, so that such a
+// round ends at the caller's deadline, not at the client's ReadTimeout. It needs a
+// client with a Pipeline method (Client, Ring, ClusterClient, UniversalClient) and is
+// ignored otherwise, and by Local.
 func WithPipelining(timeout time.Duration) Option {
 	return func(o *options) { o.pipelineTimeout = timeout }
 }

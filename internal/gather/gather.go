@@ -14,6 +14,11 @@
 // a lane is sent on a goroutine of its own, so that a slow round trip in flight never
 // costs the calls of the next batch more than MaxWait on top of their own round trip.
 //
+// Inline (Options.Inline): a call that finds a lane free is alone in its batch, and may
+// run it on its own goroutine under its own context rather than hand it to a goroutine
+// of the Gatherer and wait to be woken: one goroutine hand-off less, the cost that
+// matters when traffic is light and batches are of one.
+//
 // A batch has no size cap: it holds at most one call per concurrent caller.
 package gather
 
@@ -27,11 +32,13 @@ import (
 // Flush sends one batch of requests as one round trip and returns one response per
 // request, in order, or an error that is the answer of every request of the batch.
 // Errors of single requests belong in Resp. A batch serves many callers, so Flush
-// runs under no caller's context: it bounds its own round trip. It runs on a goroutine
-// of the Gatherer, once per batch, possibly for several batches at once (see
-// Options.Lanes). Flush must neither keep reqs nor return it as the responses: its
-// array serves a later batch.
-type Flush[Req, Resp any] func(reqs []Req) ([]Resp, error)
+// runs under no caller's context (ctx is context.Background()) and bounds its own
+// round trip. It runs on a goroutine of the Gatherer, once per batch, possibly for
+// several batches at once (see Options.Lanes); with Options.Inline, a batch of one
+// may instead run on its caller's goroutine, and ctx is then that caller's. Flush
+// must neither keep reqs nor return it as the responses: its array serves a later
+// batch.
+type Flush[Req, Resp any] func(ctx context.Context, reqs []Req) ([]Resp, error)
 
 // Options tunes a Gatherer.
 type Options struct {
@@ -41,12 +48,18 @@ type Options struct {
 	// MaxWait is how long a batch waits for a free lane before it is sent on a
 	// goroutine of its own; it should be positive. Default: 0 (at once)
 	MaxWait time.Duration
+	// Inline runs a call that finds a lane free (it is then alone in its batch) on the
+	// caller's goroutine, Flush getting the caller's context, instead of on a
+	// goroutine of the Gatherer. Do then returns when Flush does, not when ctx ends:
+	// set it only if Flush returns by ctx's deadline. Default: false
+	Inline bool
 }
 
 // Gatherer runs calls in batches through its Flush. It is safe for concurrent use.
 type Gatherer[Req, Resp any] struct {
 	flush   Flush[Req, Resp]
 	maxWait time.Duration
+	inline  bool
 
 	mu      sync.Mutex
 	pending *batch[Req, Resp] // the batch taking new calls; guarded by mu
@@ -66,13 +79,19 @@ type batch[Req, Resp any] struct {
 
 // New returns a Gatherer sending its batches through flush.
 func New[Req, Resp any](flush Flush[Req, Resp], opts Options) *Gatherer[Req, Resp] {
-	return &Gatherer[Req, Resp]{flush: flush, maxWait: opts.MaxWait, free: max(opts.Lanes, 1)}
+	return &Gatherer[Req, Resp]{flush: flush, maxWait: opts.MaxWait, inline: opts.Inline, free: max(opts.Lanes, 1)}
 }
 
 // Do adds req to the batch not yet sent and waits for its answer: its response, or the
 // error of its whole batch. If ctx ends first, Do returns ctx.Err() at once; the batch
-// still runs for its other callers.
+// still runs for its other callers. (With Options.Inline, a call that runs its batch
+// of one itself returns what Flush does, when Flush does.)
 func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
+	if g.inline {
+		if resp, err, ran := g.alone(ctx, req); ran {
+			return resp, err
+		}
+	}
 	b, i := g.join(req)
 	var zero Resp
 	select {
@@ -84,6 +103,43 @@ func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 		return zero, b.err
 	}
 	return b.resps[i], nil
+}
+
+// alone runs req as a batch of its own on the caller's goroutine, under ctx, if a lane
+// is free (and so no batch is pending: one is sent as soon as a lane is); ran is false
+// if none is. The lane then goes to whatever batch gathered meanwhile.
+func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (resp Resp, err error, ran bool) {
+	g.mu.Lock()
+	if g.free == 0 {
+		g.mu.Unlock()
+		return resp, nil, false
+	}
+	g.free--
+	g.mu.Unlock()
+	defer g.handOn()
+	resps, err := g.flush(ctx, []Req{req})
+	if err == nil && len(resps) != 1 {
+		err = fmt.Errorf("gather: flush answered %d responses for 1 request", len(resps))
+	}
+	if err != nil {
+		return resp, err, true
+	}
+	return resps[0], nil, true
+}
+
+// handOn gives the lane of a batch sent inline to the batch that gathered meanwhile,
+// if any, or frees it.
+func (g *Gatherer[Req, Resp]) handOn() {
+	g.mu.Lock()
+	b := g.pending
+	if b == nil {
+		g.free++
+		g.mu.Unlock()
+		return
+	}
+	g.take(b)
+	g.mu.Unlock()
+	go g.run(b)
 }
 
 // join adds req to the pending batch, starting one if there is none, sends the batch at
@@ -152,7 +208,7 @@ func (g *Gatherer[Req, Resp]) overflow(b *batch[Req, Resp]) {
 // later batch: callers only read their response.
 func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 	reqs := b.reqs
-	resps, err := g.flush(reqs)
+	resps, err := g.flush(context.Background(), reqs)
 	if err == nil && len(resps) != len(reqs) {
 		err = fmt.Errorf("gather: flush answered %d responses for %d requests", len(resps), len(reqs))
 	}

@@ -3,6 +3,7 @@ package gather_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,7 +24,7 @@ type gate struct {
 	most    atomic.Int32 // the most batches that ran at once
 }
 
-func (g *gate) flush(reqs []int) ([]int, error) {
+func (g *gate) flush(_ context.Context, reqs []int) ([]int, error) {
 	n := g.running.Add(1)
 	defer g.running.Add(-1)
 	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
@@ -149,9 +150,9 @@ func TestACallNeverJoinsABatchAlreadySent(t *testing.T) {
 func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		f := &gate{}
-		slow := func(reqs []int) ([]int, error) {
+		slow := func(ctx context.Context, reqs []int) ([]int, error) {
 			time.Sleep(time.Millisecond)
-			return f.flush(reqs)
+			return f.flush(ctx, reqs)
 		}
 		g := gather.New(slow, gather.Options{Lanes: lanes, MaxWait: time.Hour})
 		var wg sync.WaitGroup
@@ -187,7 +188,7 @@ func TestABatchWaitsAtMostMaxWaitForALane(t *testing.T) {
 	// must go out on its own after MaxWait, and answer.
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
-	flush := func(reqs []int) ([]int, error) {
+	flush := func(_ context.Context, reqs []int) ([]int, error) {
 		started <- time.Now()
 		if reqs[0] == 1 {
 			<-unstick
@@ -267,7 +268,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 	odd := errors.New("odd")
 	release := make(chan struct{})
 	var sizes []int
-	flush := func(reqs []int) ([]reply, error) {
+	flush := func(_ context.Context, reqs []int) ([]reply, error) {
 		<-release
 		sizes = append(sizes, len(reqs))
 		out := make([]reply, len(reqs))
@@ -305,26 +306,120 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 }
 
 func TestAFlushAnsweringTheWrongNumberIsAnErrorNotAPanic(t *testing.T) {
-	g := gather.New(func(reqs []int) ([]int, error) { return nil, nil }, gather.Options{})
-	if _, err := g.Do(context.Background(), 1); err == nil {
-		t.Error("a flush answering no response for one request gave no error")
+	for _, opts := range []gather.Options{{}, {Inline: true}} {
+		g := gather.New(func(context.Context, []int) ([]int, error) { return nil, nil }, opts)
+		if _, err := g.Do(context.Background(), 1); err == nil {
+			t.Errorf("%+v: a flush answering no response for one request gave no error", opts)
+		}
 	}
 }
 
 func BenchmarkGather(b *testing.B) {
-	flush := func(reqs []int) ([]int, error) {
+	flush := func(_ context.Context, reqs []int) ([]int, error) {
 		out := make([]int, len(reqs))
 		copy(out, reqs)
 		return out, nil
 	}
-	g := gather.New(flush, gather.Options{MaxWait: time.Millisecond})
-	b.SetParallelism(16)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, err := g.Do(context.Background(), 1); err != nil {
-				b.Error(err)
+	for _, inline := range []bool{false, true} {
+		for _, par := range []int{1, 16} {
+			b.Run(fmt.Sprintf("inline=%v/parallelism=%d", inline, par), func(b *testing.B) {
+				g := gather.New(flush, gather.Options{MaxWait: time.Millisecond, Inline: inline})
+				b.SetParallelism(par)
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if _, err := g.Do(context.Background(), 1); err != nil {
+							b.Error(err)
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+// callerKey marks a caller's context, so that a Flush can tell whose context it got.
+type callerKey struct{}
+
+// ctxGate is a gate that also records, for every batch, the caller mark of the context
+// its Flush got: 0 for none (the Gatherer's own context.Background()).
+type ctxGate struct {
+	gate
+	marks []int // guarded by gate.mu
+}
+
+func (g *ctxGate) flush(ctx context.Context, reqs []int) ([]int, error) {
+	mark, _ := ctx.Value(callerKey{}).(int)
+	g.mu.Lock()
+	g.marks = append(g.marks, mark)
+	g.mu.Unlock()
+	return g.gate.flush(ctx, reqs)
+}
+
+func marked(n int) context.Context { return context.WithValue(context.Background(), callerKey{}, n) }
+
+func TestInlineRunsALoneCallUnderItsCallersContextAndBatchesUnderNone(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		f := &ctxGate{gate: gate{started: make(chan []int, 10), release: make(chan struct{})}}
+		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline})
+		lone := await(marked(1), g, 1)
+		<-f.started
+		var waiting []<-chan answer // join the pending batch while the lane is busy
+		for i := range 5 {
+			waiting = append(waiting, await(marked(10+i), g, 10+i))
+		}
+		time.Sleep(20 * time.Millisecond)
+		f.release <- struct{}{}
+		if a := <-lone; a.resp != 2 || a.err != nil {
+			t.Errorf("inline %v: the lone call = %+v", inline, a)
+		}
+		select {
+		case b := <-f.started:
+			if len(b) != 5 {
+				t.Errorf("inline %v: the batch gathered meanwhile holds %v, want all 5 calls", inline, b)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("inline %v: the batch gathered meanwhile was not sent when the lone call's lane came free", inline)
+		}
+		close(f.release)
+		for _, ch := range waiting {
+			if a := <-ch; a.err != nil || a.resp < 20 {
+				t.Errorf("inline %v: a batched call = %+v", inline, a)
 			}
 		}
-	})
+		// The lane is free again: the next lone call runs as the first did.
+		if resp, err := g.Do(marked(2), 3); resp != 6 || err != nil {
+			t.Errorf("inline %v: Do after the batch = %d, %v", inline, resp, err)
+		}
+		want := []int{0, 0, 0}
+		if inline {
+			want = []int{1, 0, 2}
+		}
+		if fmt.Sprint(f.marks) != fmt.Sprint(want) {
+			t.Errorf("inline %v: the flushes got the contexts of callers %v, want %v (0: none)", inline, f.marks, want)
+		}
+	}
+}
+
+func TestInlineFreesTheLaneWhenFlushPanics(t *testing.T) {
+	flush := func(_ context.Context, reqs []int) ([]int, error) {
+		if reqs[0] < 0 {
+			panic("flush failed")
+		}
+		return append([]int(nil), reqs...), nil
+	}
+	g := gather.New(flush, gather.Options{MaxWait: time.Hour, Inline: true})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the panic of an inline flush did not reach its caller")
+			}
+		}()
+		g.Do(context.Background(), -1)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if resp, err := g.Do(ctx, 4); resp != 4 || err != nil {
+		t.Errorf("Do after a panicking inline flush = %d, %v; want the lane free again", resp, err)
+	}
 }
