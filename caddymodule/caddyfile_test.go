@@ -240,14 +240,16 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 	h = Handler(withName.Handler2)
 	want := Handler{
-		DatabaseURL:     "{env.DATABASE_URL}",
-		RedisURL:        "{env.REDIS_URL}",
-		KeyPrefix:       "mon",
-		GatewaySecret:   "{env.GATEWAY_SECRET}",
-		StripFields:     defaultStripFields,
-		LimiterFailure:  "open",
-		DatabaseTimeout: caddy.Duration(2 * time.Second),
-		RedisTimeout:    caddy.Duration(200 * time.Millisecond),
+		DatabaseURL:      "{env.DATABASE_URL}",
+		RedisURL:         "{env.REDIS_URL}",
+		KeyPrefix:        "mon",
+		GatewaySecret:    "{env.GATEWAY_SECRET}",
+		StripFields:      defaultStripFields,
+		LimiterFailure:   "open",
+		DatabaseTimeout:  caddy.Duration(2 * time.Second),
+		RedisTimeout:     caddy.Duration(200 * time.Millisecond),
+		LegacyKeys:       "accept",
+		LastUsedInterval: caddy.Duration(time.Minute),
 	}
 	if !reflect.DeepEqual(h, want) {
 		t.Errorf("the example's gateway is\n%+v\nwant\n%+v", h, want)
