@@ -29,6 +29,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/redistest"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema/schematest"
 )
@@ -37,14 +38,7 @@ import (
 const testSecret = "s3cret-gateway-value-for-tests"
 
 // redisURL returns REDIS_URL, failing the test when it is not set.
-func redisURL(t testing.TB) string {
-	t.Helper()
-	u := os.Getenv("REDIS_URL")
-	if u == "" {
-		t.Fatal("REDIS_URL is not set: run the tests with `make test`, which starts PostgreSQL and Redis")
-	}
-	return u
-}
+func redisURL(t testing.TB) string { return redistest.URL(t) }
 
 // db is a fresh migrated database with helpers to create orgs, plans and keys.
 type db struct {

@@ -79,7 +79,7 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
 		defer cancel()
 		if err := pool.Ping(ctx); err != nil {
-			logger.Warn("postgres unreachable at start; key lookups answer 503 until it is back",
+			logger.Warn("postgres did not answer at start; key lookups answer 503 until it does",
 				zap.String("host", cfg.ConnConfig.Host), zap.Uint16("port", cfg.ConnConfig.Port), zap.Error(err))
 		}
 		return pgEntry{pool}, nil
@@ -163,7 +163,7 @@ func loadRedis(mode, url, caFile string, timeout time.Duration, logger *zap.Logg
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if err := client.Ping(ctx).Err(); err != nil {
-			logger.Warn("redis unreachable at start; limiter_failure applies until it is back",
+			logger.Warn("redis did not answer at start; limiter_failure applies until it does",
 				zap.String("mode", mode), zap.String("addr", addr), zap.Error(err))
 		}
 		return redisEntry{client}, nil

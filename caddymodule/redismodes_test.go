@@ -148,6 +148,7 @@ func TestSentinelFailoverKeepsCounting(t *testing.T) {
 	if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	os.Remove(pidfile) // so that stack.sh down never signals a reused pid
 	failed, deadline := 0, time.Now().Add(60*time.Second)
 	for {
 		_, err := l.Allow(ctx, key, 1000)

@@ -45,7 +45,7 @@ func TestGatewayOnTLSRedisNeedsTheRightCA(t *testing.T) {
 	// Each gateway says so once, at start, in its own log (beside go-redis's dial
 	// errors on stderr), and again with every sampled limiter failure.
 	for _, g := range s.gateways {
-		start := moduleLogLines(t, g.proc.logs(), "redis unreachable at start; limiter_failure applies until it is back")
+		start := moduleLogLines(t, g.proc.logs(), "redis did not answer at start; limiter_failure applies until it does")
 		if len(start) != 1 || start[0]["error"] != "tls: failed to verify certificate: x509: certificate signed by unknown authority" ||
 			start[0]["level"] != "warn" || start[0]["addr"] != strings.TrimSuffix(strings.TrimPrefix(tlsURL, "rediss://"), "/0") {
 			t.Errorf("%s logged %v at start; want one warning naming the Redis and its unverified certificate", g.proc.name, start)

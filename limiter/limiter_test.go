@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,27 +13,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keygate/keygate/internal/redistest"
 	"github.com/keygate/keygate/limiter"
 )
 
 // redisClient returns a client of the Redis named by REDIS_URL, started by `make test`.
-func redisClient(t testing.TB) *redis.Client {
-	t.Helper()
-	u := os.Getenv("REDIS_URL")
-	if u == "" {
-		t.Fatal("REDIS_URL is not set: run the tests with `make test`, which starts PostgreSQL and Redis")
-	}
-	opt, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(opt)
-	t.Cleanup(func() { c.Close() })
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("pinging redis: %v", err)
-	}
-	return c
-}
+func redisClient(t testing.TB) *redis.Client { return redistest.Client(t) }
 
 // uniquePrefix keeps tests sharing one Redis apart.
 func uniquePrefix(t testing.TB) string {

@@ -51,23 +51,35 @@ func (s *Server) fromTrustedProxy(r *http.Request) (netip.Addr, bool) {
 	return a, false
 }
 
-// clientAddr returns the address login throttling counts r against: the last hop of
-// X-Forwarded-For when the connection comes from a trusted proxy (the address that
-// proxy saw; earlier hops are the client's to write), otherwise the connection's own
-// address. A trusted proxy that sends no usable X-Forwarded-For leaves its own address.
+// clientAddr returns the client login throttling counts r against: the address of
+// the last hop of X-Forwarded-For when the connection comes from a trusted proxy (the
+// address that proxy saw; earlier hops are the client's to write), otherwise the
+// connection's own address. A trusted proxy that sends no usable X-Forwarded-For
+// leaves its own address. See throttleClient for IPv6.
 func (s *Server) clientAddr(r *http.Request) string {
 	conn, trusted := s.fromTrustedProxy(r)
 	if trusted {
 		if hop := lastHop(r.Header.Values("X-Forwarded-For")); hop != "" {
 			if a, err := netip.ParseAddr(hop); err == nil {
-				return a.Unmap().String()
+				return throttleClient(a.Unmap())
 			}
 		}
 	}
 	if !conn.IsValid() {
 		return r.RemoteAddr
 	}
-	return conn.String()
+	return throttleClient(conn)
+}
+
+// throttleClient is the client an address belongs to: the address itself for IPv4
+// and IPv6 loopback, its /64 for any other IPv6 address. A /64 is one subscriber's
+// network (the smallest prefix ISPs assign): counting its 2^64 addresses one by one
+// would give an attacker 2^64 fresh budgets.
+func throttleClient(a netip.Addr) string {
+	if !a.Is6() || a.IsLoopback() {
+		return a.String()
+	}
+	return netip.PrefixFrom(a, 64).Masked().String()
 }
 
 // secureRequest reports whether r reached the service over TLS: directly, or through a

@@ -98,7 +98,7 @@ func TestLoginThrottleCountsEveryEmailOfAnAddress(t *testing.T) {
 			`{"error":"invalid credentials"}`)
 	}
 	want(t, e.loginFrom(sprayer, email, password), 429, `{"error":"rate_limited","retryAfter":60}`)
-	want(t, e.loginFrom("2001:db8::8", email, password), 204, "")
+	want(t, e.loginFrom("2001:db8:0:1::8", email, password), 204, "") // another /64
 }
 
 func TestLoginThrottleIsExactUnderConcurrentGuesses(t *testing.T) {
@@ -147,5 +147,37 @@ func TestLoginThrottleIgnoresForwardedForFromAnUntrustedPeer(t *testing.T) {
 	want(t, e.loginFrom("203.0.113.9", email, password), 429, `{"error":"rate_limited","retryAfter":60}`)
 	if got := scalar[string](e, `SELECT DISTINCT client FROM login_attempts`); got != "127.0.0.1" {
 		t.Errorf("attempts recorded for %q, want 127.0.0.1", got)
+	}
+}
+
+func TestLoginThrottleCountsAnIPv6AddressByItsSlash64(t *testing.T) {
+	// An IPv6 client has a /64 to pick addresses from: each must not be a new budget.
+	clock := newFakeClock()
+	e := newThrottleEnv(t, clock)
+	email, password := e.user()
+	for i := range 3 {
+		addr := "2001:db8:1:2::" + string(rune('1'+i))
+		want(t, e.loginFrom(addr, email, "wrong password"), 401, `{"error":"invalid credentials"}`)
+	}
+	want(t, e.loginFrom("2001:db8:1:2:aaaa:bbbb:cccc:dddd", email, password), 429, `{"error":"rate_limited","retryAfter":60}`)
+	if got := scalar[string](e, `SELECT DISTINCT client FROM login_attempts`); got != "2001:db8:1:2::/64" {
+		t.Errorf("attempts recorded for %q, want 2001:db8:1:2::/64", got)
+	}
+	// The next /64 is another client.
+	wantStatus(t, e.loginFrom("2001:db8:1:3::1", email, password), 204)
+}
+
+func TestThrottleClient(t *testing.T) {
+	for in, want := range map[string]string{
+		"203.0.113.7":                   "203.0.113.7",
+		"::1":                           "::1",
+		"2001:db8:1:2:3:4:5:6":          "2001:db8:1:2::/64",
+		"2001:db8:1:2::":                "2001:db8:1:2::/64",
+		"fe80::1":                       "fe80::/64",
+		"2001:db8:ffff:ffff:ffff::ffff": "2001:db8:ffff:ffff::/64",
+	} {
+		if got := throttleClient(netip.MustParseAddr(in)); got != want {
+			t.Errorf("throttleClient(%s) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/internal/redistest"
 )
 
 func TestParseStat(t *testing.T) {
@@ -118,16 +119,7 @@ func TestParallel(t *testing.T) {
 
 // TestRedis reads the CPU time of the stack's Redis (REDIS_URL) around 2000 PINGs.
 func TestRedis(t *testing.T) {
-	u := os.Getenv("REDIS_URL")
-	if u == "" {
-		t.Fatal("REDIS_URL is not set: run the tests with `make test`, which starts PostgreSQL and Redis")
-	}
-	opt, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(opt)
-	defer c.Close()
+	c := redistest.Client(t)
 	p := Redis(c)
 	if p.Unit != "redis-µs/op" {
 		t.Errorf("Unit = %q", p.Unit)
