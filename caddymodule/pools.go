@@ -105,8 +105,8 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 // only given up if it has not answered a fraction of the timeout later. The exception
 // is a lookup a keystore.Batcher runs on its request's goroutine (keystore.RequestLookup):
 // the request answers when that lookup returns, so it ends at its deadline, as with
-// pgx's default. Such a lookup only runs while no batch is in flight, so a slow
-// database gives up at most one connection a timeout that way.
+// pgx's default. Such a lookup only runs on a lane with no batch in flight, so a slow
+// database gives up at most one connection per lane (lookup_lanes) a timeout that way.
 func tunePostgres(cfg *pgxpool.Config, timeout time.Duration) {
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration > time.Minute
