@@ -199,6 +199,10 @@ func TestCommandsNeedTheirEnvironment(t *testing.T) {
 			"upstream serve: usage: --leak-report-token must be at least 32 characters\n"},
 		{"serve with a short LEAK_REPORT_TOKEN", map[string]string{"LEAK_REPORT_TOKEN": "short"}, []string{"serve"},
 			"upstream serve: usage: --leak-report-token must be at least 32 characters\n"},
+		{"serve with a bad login window", nil, []string{"serve", "--login-window", "0s"},
+			"upstream serve: usage: --login-window must be positive\n"},
+		{"serve with no login failures allowed", nil, []string{"serve", "--login-failures-per-client", "0"},
+			"upstream serve: usage: --login-failures-per-email and --login-failures-per-client must be positive\n"},
 		{"serve with a bad trusted proxy", nil, []string{"serve", "--trusted-proxies", "127.0.0.1,caddy"},
 			`upstream serve: usage: --trusted-proxies: "caddy" is neither a CIDR prefix nor an IP address` + "\n"},
 	} {
@@ -269,7 +273,8 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate", "--purge-interval", "50ms"}, strings.NewReader(""), io.Discard, pw,
+		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate", "--purge-interval", "50ms",
+			"--login-window", "1m", "--login-failures-per-email", "1", "--login-failures-per-client", "5"}, strings.NewReader(""), io.Discard, pw,
 			func(k string) string { return env[k] })
 		pw.Close()
 		done <- code
@@ -319,6 +324,20 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 404 || res.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("GET /nope = %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+
+	// The login throttle of the flags: one failure per (email, address) in a minute.
+	for i, want := range []string{`{"error":"invalid credentials"}`, `{"error":"rate_limited","retryAfter":60}`} {
+		res, err := http.Post("http://"+addr+"/auth/login", "application/json",
+			strings.NewReader(`{"email":"nobody@example.com","password":"wrong password"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if got := strings.TrimSpace(string(body)); got != want {
+			t.Errorf("login %d = %d %s, want %s", i+1, res.StatusCode, got, want)
+		}
 	}
 
 	// serve purges expired sessions on its own schedule.

@@ -24,7 +24,7 @@ const requiredSchemaVersion = 3
 const shutdownTimeout = 15 * time.Second
 
 func (c *cli) serve(name string, args []string) error {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL and GATEWAY_SECRET (the secret the gateway sends in X-Gateway-Secret).
 Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
@@ -39,6 +39,9 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	trusted := fs.String("trusted-proxies", DefaultTrustedProxies, "comma-separated `CIDRs` of the proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (empty: none)")
 	dbTimeout := fs.Duration("database-timeout", DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
 	purgeEvery := fs.Duration("purge-interval", DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
+	loginWindow := fs.Duration("login-window", DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
+	perEmail := fs.Int("login-failures-per-email", DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
+	perClient := fs.Int("login-failures-per-client", DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
 	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
 	leakToken := fs.String("leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
 	adminAddr := fs.String("admin-addr", "", "`address` of /metrics, /healthz and /readyz, apart from --addr (default: not served)")
@@ -53,6 +56,12 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	}
 	if *purgeEvery <= 0 {
 		return usageErrorf("--purge-interval must be positive")
+	}
+	if *loginWindow <= 0 {
+		return usageErrorf("--login-window must be positive")
+	}
+	if *perEmail <= 0 || *perClient <= 0 {
+		return usageErrorf("--login-failures-per-email and --login-failures-per-client must be positive")
 	}
 	if *leakToken != "" && len(*leakToken) < minLeakReportToken {
 		return usageErrorf("--leak-report-token must be at least %d characters", minLeakReportToken)
@@ -98,7 +107,8 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	}
 	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, KeyFormat: format,
 		SessionTTL: *ttl, SecureCookies: *secureCookies, TrustedProxies: proxies, Metrics: metrics,
-		LeakReportToken: *leakToken})
+		LeakReportToken: *leakToken,
+		LoginThrottle:   LoginThrottle{Window: *loginWindow, PerEmail: *perEmail, PerClient: *perClient}})
 	if err != nil {
 		return err
 	}
@@ -135,7 +145,9 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	}
 	logger.Info("serving", zap.String("addr", ln.Addr().String()),
 		zap.String("key_prefix", format.Prefix()), zap.Duration("session_ttl", *ttl),
-		zap.Duration("database_timeout", *dbTimeout), zap.Int32("pool_max_conns", pool.Config().MaxConns))
+		zap.Duration("database_timeout", *dbTimeout), zap.Int32("pool_max_conns", pool.Config().MaxConns),
+		zap.Duration("login_window", *loginWindow), zap.Int("login_failures_per_email", *perEmail),
+		zap.Int("login_failures_per_client", *perClient))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
