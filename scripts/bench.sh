@@ -289,10 +289,15 @@ measure_cpu() {
 	rps=$(echo "$out" | awk '/^Requests\/sec:/ {print $2}')
 	p50=$(to_ms "$(echo "$out" | awk '$1 == "50%" {print $2}')")
 	p99=$(to_ms "$(echo "$out" | awk '$1 == "99%" {print $2}')")
-	awk -v b="$before" -v a="$after" -v n="$reqs" -v hz="$CLK_TCK" -v head="$rps $p50 $p99" 'BEGIN {
+	echo "$rps $p50 $p99 $(cpu_per_request "$before" "$after" "$reqs")"
+}
+
+# cpu_per_request BEFORE AFTER N prints the CPU µs per request of each process of two
+# cpu_snapshot lines taken around N requests.
+cpu_per_request() {
+	awk -v b="$1" -v a="$2" -v n="$3" -v hz="$CLK_TCK" 'BEGIN {
 		split(b, x); split(a, y)
-		printf "%s", head
-		for (i = 1; i <= 4; i++) printf " %.1f", (y[i] - x[i]) * 1e6 / hz / n
+		for (i = 1; i <= 4; i++) printf "%s%.1f", (i > 1 ? " " : ""), (y[i] - x[i]) * 1e6 / hz / n
 		print ""
 	}'
 }
@@ -383,16 +388,13 @@ measure_rate() {
 		echo "bench: $url at $rate req/s answered ${ok:-0} 200s of $reqs (or hey saw errors)" >&2
 		exit 1
 	fi
-	echo "$out" | awk -v b="$before" -v a="$after" -v n="$reqs" -v hz="$CLK_TCK" '
+	local head
+	head=$(echo "$out" | awk '
 		/Requests\/sec:/ {rps = $2}
 		$1 == "50%" && $2 == "in" {p50 = $3 * 1000}
 		$1 == "99%" && $2 == "in" {p99 = $3 * 1000}
-		END {
-			split(b, x); split(a, y)
-			printf "%s %.3f %.3f", rps, p50, p99
-			for (i = 1; i <= 4; i++) printf " %.1f", (y[i] - x[i]) * 1e6 / hz / n
-			print ""
-		}'
+		END {printf "%s %.3f %.3f", rps, p50, p99}')
+	echo "$head $(cpu_per_request "$before" "$after" "$reqs")"
 }
 bench_matched() {
 	local rate round i mc_runs=() mb_runs=() m_over=() m_pg=() rounds=""
