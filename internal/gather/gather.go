@@ -19,6 +19,16 @@
 // of the Gatherer and wait to be woken: one goroutine hand-off less, the cost that
 // matters when traffic is light and batches are of one.
 //
+// Linger (Options.Linger): by default a batch goes out the moment a lane is free, so on
+// a busy machine whose round trips are quick most batches hold one or two calls and
+// every call pays a round trip of its own. With Linger, a batch that finds a lane free
+// may wait up to Linger for more calls, as Kafka's linger.ms or Nagle's algorithm do,
+// but only while calls are coming fast: while the moving average of the time between
+// calls is at most Linger/4. It then goes out as soon as it holds as many calls as one
+// Linger brings at that rate, or when Linger has passed. When calls slow down, batches
+// go out at once again. A lingering batch still takes only calls that arrive before it
+// is sent, so the freshness above holds; a call may wait up to Linger longer.
+//
 // A batch has no size cap: it holds at most one call per concurrent caller.
 package gather
 
@@ -53,25 +63,41 @@ type Options struct {
 	// goroutine of the Gatherer. Do then returns when Flush does, not when ctx ends:
 	// set it only if Flush returns by ctx's deadline. Default: false
 	Inline bool
+	// Linger is how long a batch that could go out may wait for more calls, while calls
+	// come at least four per Linger (see the package documentation). It adds up to
+	// Linger to a call's wait. Default: 0 (never wait)
+	Linger time.Duration
 }
+
+// lingerCalls is how many calls one Linger must bring, at the recent rate, for a batch
+// to wait for them; maxLingerCalls caps the count a lingering batch waits for.
+const (
+	lingerCalls    = 4
+	maxLingerCalls = 64
+)
 
 // Gatherer runs calls in batches through its Flush. It is safe for concurrent use.
 type Gatherer[Req, Resp any] struct {
 	flush   Flush[Req, Resp]
 	maxWait time.Duration
 	inline  bool
+	linger  time.Duration
+	now     func() time.Time // time.Now; tests set another through export_test.go
 
 	mu      sync.Mutex
 	pending *batch[Req, Resp] // the batch taking new calls; guarded by mu
 	free    int               // lanes not running a batch; guarded by mu
 	spare   []Req             // the requests array of a batch sent, for the next one; guarded by mu
+	last    time.Time         // when the latest call arrived, with Linger; guarded by mu
+	gap     time.Duration     // moving average of the time between calls, with Linger; guarded by mu
 }
 
 // batch is one round trip's worth of calls.
 type batch[Req, Resp any] struct {
-	reqs  []Req
-	timer *time.Timer   // sends the batch on a goroutine of its own after maxWait; nil if sent at once
-	done  chan struct{} // closed when resps and err are set
+	reqs   []Req
+	timer  *time.Timer   // sends the batch after maxWait (no lane free) or Linger (lingering); nil if sent at once
+	target int           // a lingering batch goes out when it holds this many calls; 0 if not lingering
+	done   chan struct{} // closed when resps and err are set
 
 	resps []Resp
 	err   error
@@ -79,20 +105,30 @@ type batch[Req, Resp any] struct {
 
 // New returns a Gatherer sending its batches through flush.
 func New[Req, Resp any](flush Flush[Req, Resp], opts Options) *Gatherer[Req, Resp] {
-	return &Gatherer[Req, Resp]{flush: flush, maxWait: opts.MaxWait, inline: opts.Inline, free: max(opts.Lanes, 1)}
+	return &Gatherer[Req, Resp]{
+		flush: flush, maxWait: opts.MaxWait, inline: opts.Inline, free: max(opts.Lanes, 1),
+		linger: opts.Linger, now: time.Now, gap: maxGap(opts.Linger),
+	}
 }
+
+// maxGap is the longest time between two calls that the moving average counts: an idle
+// spell weighs no more than this, so that a burst after it is seen to be one within a
+// few dozen calls.
+func maxGap(linger time.Duration) time.Duration { return 8 * linger }
 
 // Do adds req to the batch not yet sent and waits for its answer: its response, or the
 // error of its whole batch. If ctx ends first, Do returns ctx.Err() at once; the batch
 // still runs for its other callers. (With Options.Inline, a call that runs its batch
 // of one itself returns what Flush does, when Flush does.)
 func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
-	if g.inline {
-		if resp, err, ran := g.alone(ctx, req); ran {
-			return resp, err
-		}
+	g.mu.Lock()
+	target := g.arrive()
+	if g.inline && target == 0 && g.free > 0 && g.pending == nil {
+		g.free--
+		g.mu.Unlock()
+		return g.alone(ctx, req)
 	}
-	b, i := g.join(req)
+	b, i := g.join(req, target)
 	var zero Resp
 	select {
 	case <-b.done:
@@ -105,26 +141,36 @@ func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	return b.resps[i], nil
 }
 
-// alone runs req as a batch of its own on the caller's goroutine, under ctx, if a lane
-// is free (and so no batch is pending: one is sent as soon as a lane is); ran is false
-// if none is. The lane then goes to whatever batch gathered meanwhile.
-func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (resp Resp, err error, ran bool) {
-	g.mu.Lock()
-	if g.free == 0 {
-		g.mu.Unlock()
-		return resp, nil, false
+// arrive counts a call's arrival into the moving average of the time between calls and
+// returns how many calls a batch started now should wait for (0: it should go at once).
+// It must be called with mu held.
+func (g *Gatherer[Req, Resp]) arrive() int {
+	if g.linger <= 0 {
+		return 0
 	}
-	g.free--
-	g.mu.Unlock()
+	now := g.now()
+	d := min(now.Sub(g.last), maxGap(g.linger))
+	g.last = now
+	g.gap += (d - g.gap) / 8
+	if g.gap*lingerCalls > g.linger {
+		return 0
+	}
+	return int(min(g.linger/max(g.gap, 1), maxLingerCalls))
+}
+
+// alone runs req as a batch of its own on the caller's goroutine, under ctx, on a lane
+// the caller has taken. The lane then goes to whatever batch gathered meanwhile.
+func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (Resp, error) {
 	defer g.handOn()
+	var zero Resp
 	resps, err := g.flush(ctx, []Req{req})
 	if err == nil && len(resps) != 1 {
 		err = fmt.Errorf("gather: flush answered %d responses for 1 request", len(resps))
 	}
 	if err != nil {
-		return resp, err, true
+		return zero, err
 	}
-	return resps[0], nil, true
+	return resps[0], nil
 }
 
 // handOn gives the lane of a batch sent inline to the batch that gathered meanwhile,
@@ -132,7 +178,7 @@ func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (resp Resp, er
 func (g *Gatherer[Req, Resp]) handOn() {
 	g.mu.Lock()
 	b := g.pending
-	if b == nil {
+	if b == nil || b.target > 0 { // a lingering batch keeps to its own target and timer
 		g.free++
 		g.mu.Unlock()
 		return
@@ -142,21 +188,26 @@ func (g *Gatherer[Req, Resp]) handOn() {
 	go g.run(b)
 }
 
-// join adds req to the pending batch, starting one if there is none, sends the batch at
-// once if a lane is free, and returns the batch and req's index in it.
-func (g *Gatherer[Req, Resp]) join(req Req) (*batch[Req, Resp], int) {
-	g.mu.Lock()
+// join adds req to the pending batch, starting one if there is none (lingering for
+// target calls if target > 0 and a lane is free), sends the batch at once if a lane is
+// free and it is not lingering for more, and returns the batch and req's index in it.
+// It must be called with mu held, and unlocks it.
+func (g *Gatherer[Req, Resp]) join(req Req, target int) (*batch[Req, Resp], int) {
 	b := g.pending
 	if b == nil {
 		b = &batch[Req, Resp]{reqs: g.spare, done: make(chan struct{})}
 		g.pending, g.spare = b, nil
-		if g.free == 0 {
+		switch {
+		case g.free == 0:
 			b.timer = time.AfterFunc(g.maxWait, func() { g.overflow(b) })
+		case target > 1:
+			b.target = target
+			b.timer = time.AfterFunc(g.linger, func() { g.expire(b) })
 		}
 	}
 	i := len(b.reqs)
 	b.reqs = append(b.reqs, req)
-	if g.free == 0 {
+	if g.free == 0 || len(b.reqs) < b.target {
 		g.mu.Unlock()
 		return b, i
 	}
@@ -182,9 +233,10 @@ func (g *Gatherer[Req, Resp]) run(b *batch[Req, Resp]) {
 		g.send(b)
 		g.mu.Lock()
 		b = g.pending
-		if b != nil {
+		if b != nil && b.target == 0 {
 			g.take(b)
 		} else {
+			b = nil // none, or a lingering batch, which keeps to its own target and timer
 			g.free++
 		}
 		g.mu.Unlock()
@@ -202,6 +254,26 @@ func (g *Gatherer[Req, Resp]) overflow(b *batch[Req, Resp]) {
 	g.take(b)
 	g.mu.Unlock()
 	g.send(b)
+}
+
+// expire sends b on the timer's goroutine once it has lingered Linger, if it has not
+// gone yet. A lingering batch only starts with a lane free, and no other batch can take
+// that lane while it is pending; should none be free, b goes as an overflow would.
+func (g *Gatherer[Req, Resp]) expire(b *batch[Req, Resp]) {
+	g.mu.Lock()
+	if g.pending != b {
+		g.mu.Unlock()
+		return
+	}
+	g.take(b)
+	if g.free == 0 {
+		g.mu.Unlock()
+		g.send(b)
+		return
+	}
+	g.free--
+	g.mu.Unlock()
+	g.run(b)
 }
 
 // send flushes b, hands the answers to its callers and keeps b's requests array for a

@@ -423,3 +423,188 @@ func TestInlineFreesTheLaneWhenFlushPanics(t *testing.T) {
 		t.Errorf("Do after a panicking inline flush = %d, %v; want the lane free again", resp, err)
 	}
 }
+
+// stepClock returns a clock that moves on by step each time it is read. A Gatherer
+// reads it under its lock, one read a call.
+func stepClock(step time.Duration) func() time.Time {
+	t := time.Unix(0, 0)
+	return func() time.Time {
+		t = t.Add(step)
+		return t
+	}
+}
+
+func TestALingeringBatchGoesOutWhenItHoldsWhatOneLingerBrings(t *testing.T) {
+	f := &gate{started: make(chan []int, 25)}
+	const linger = 210 * time.Millisecond
+	g := gather.New(f.flush, gather.Options{Lanes: 4, MaxWait: time.Hour, Inline: true, Linger: linger})
+	gather.Prime(g, 20*time.Millisecond, stepClock(20*time.Millisecond)) // 10.5 calls a Linger
+	start := time.Now()
+	var waiting []<-chan answer
+	for i := range 25 {
+		waiting = append(waiting, await(context.Background(), g, i))
+	}
+	// With lanes free, the first ten calls go out together as the tenth joins, and so do
+	// the next ten; the last five wait out Linger.
+	for n, want := range []int{10, 10, 5} {
+		select {
+		case b := <-f.started:
+			if len(b) != want {
+				t.Errorf("batch %d holds %v, want %d calls", n, b, want)
+			}
+			if elapsed := time.Since(start); n == 2 && elapsed < linger {
+				t.Errorf("the last batch, short of its target, went out after %v, before Linger (%v)", elapsed, linger)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("batch %d never went out", n)
+		}
+	}
+	got := map[int]bool{}
+	for _, ch := range waiting {
+		a := <-ch
+		if a.err != nil || a.resp%2 != 0 || got[a.resp] {
+			t.Errorf("answer %+v: want a distinct doubled request and no error", a)
+		}
+		got[a.resp] = true
+	}
+}
+
+func TestCallsComingFewerThanFourALingerGoAtOnce(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		f := &gate{}
+		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline, Linger: time.Hour})
+		// Calls come 20 minutes apart: three a Linger, too few to wait for.
+		gather.Prime(g, 20*time.Minute, stepClock(20*time.Minute))
+		for i := range 3 {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			resp, err := g.Do(ctx, i)
+			cancel()
+			if resp != 2*i || err != nil {
+				t.Fatalf("inline %v: Do(%d) = %d, %v; want %d at once", inline, i, resp, err, 2*i)
+			}
+		}
+		if len(f.batches) != 3 {
+			t.Errorf("inline %v: three slow calls made batches %v; want three of one", inline, f.batches)
+		}
+	}
+}
+
+func TestABurstAfterALongIdleSpellLingersWithinADozenCalls(t *testing.T) {
+	g := gather.New((&gate{}).flush, gather.Options{Linger: time.Hour})
+	now := time.Unix(0, 0)
+	gather.Prime(g, time.Minute, func() time.Time { return now }) // lingering
+	now = now.Add(1000 * time.Hour)
+	if n := gather.Arrive(g); n != 0 {
+		t.Fatalf("the first call after 1000 idle hours would wait for %d calls, want 0", n)
+	}
+	for i := range 16 {
+		now = now.Add(time.Minute)
+		if n := gather.Arrive(g); n > 0 {
+			t.Logf("lingering again at the %d. call of the burst, for %d calls", i+1, n)
+			return
+		}
+	}
+	t.Error("16 calls a minute apart after a long idle spell, and still no lingering: the idle spell weighs too much")
+}
+
+func TestALaneComingFreeLeavesALingeringBatchToItsTimer(t *testing.T) {
+	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
+	const linger = 300 * time.Millisecond
+	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: linger})
+	gather.Prime(g, 20*time.Millisecond, stepClock(20*time.Millisecond)) // 15 calls a Linger
+	var first, second []<-chan answer
+	for i := range 15 {
+		first = append(first, await(context.Background(), g, i))
+	}
+	if b := <-f.started; len(b) != 15 {
+		t.Fatalf("the first batch holds %v, want 15 calls", b)
+	}
+	start := time.Now()
+	for i := range 3 {
+		second = append(second, await(context.Background(), g, 100+i))
+	}
+	time.Sleep(20 * time.Millisecond) // let the three join the second batch, which lingers
+	f.release <- struct{}{}           // the first batch returns and frees its lane
+	for _, ch := range first {
+		<-ch
+	}
+	close(f.release)
+	select {
+	case b := <-f.started:
+		if elapsed := time.Since(start); elapsed < linger || len(b) != 3 {
+			t.Errorf("the second batch went out with %v after %v; want its three calls after Linger (%v)", b, elapsed, linger)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second batch never went out")
+	}
+	for _, ch := range second {
+		if a := <-ch; a.err != nil || a.resp < 200 {
+			t.Errorf("a call of the second batch = %+v", a)
+		}
+	}
+}
+
+func TestAfterAnIdleSpellCallsGoAtOnce(t *testing.T) {
+	f := &gate{}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: time.Hour})
+	// Primed as if calls had come a minute apart (60 a Linger, so lingering); then
+	// ten hours pass, and the call after them finds the rate too low to wait for.
+	gather.Prime(g, time.Minute, stepClock(10*time.Hour))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if resp, err := g.Do(ctx, 1); resp != 2 || err != nil {
+		t.Fatalf("Do after an idle spell = %d, %v; want 2 at once", resp, err)
+	}
+}
+
+func TestACallerWhoseContextEndsStopsLingering(t *testing.T) {
+	f := &gate{started: make(chan []int, 10)}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: 300 * time.Millisecond})
+	gather.Prime(g, 20*time.Millisecond, stepClock(20*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	impatient := await(ctx, g, 1)
+	patient := await(context.Background(), g, 2)
+	if a := <-impatient; !errors.Is(a.err, context.DeadlineExceeded) {
+		t.Errorf("the call whose context ended = %+v, want context.DeadlineExceeded", a)
+	}
+	select {
+	case b := <-f.started:
+		t.Errorf("batch %v went out before Linger, short of its target", b)
+	default:
+	}
+	if a := <-patient; a.resp != 4 || a.err != nil {
+		t.Errorf("the other call of the lingering batch = %+v, want 4", a)
+	}
+	if b := <-f.started; len(b) != 2 {
+		t.Errorf("the lingering batch held %v, want both calls", b)
+	}
+}
+
+func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
+	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
+	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: time.Hour})
+	// The clock stands still, so every call shortens the average gap by an eighth:
+	// the first call finds just under four calls a Linger and goes alone; the second
+	// finds more and lingers.
+	gather.Prime(g, 17*time.Minute+12*time.Second, func() time.Time { return time.Unix(0, 0) })
+	lone := await(context.Background(), g, 1)
+	if b := <-f.started; len(b) != 1 {
+		t.Fatalf("the first call went out as %v, want alone", b)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	lingering := await(ctx, g, 2)
+	time.Sleep(20 * time.Millisecond)
+	f.release <- struct{}{} // the lone call returns and frees its lane
+	<-lone
+	select {
+	case b := <-f.started:
+		t.Errorf("batch %v went out when the lone call's lane came free, short of its target and before Linger", b)
+	case <-time.After(100 * time.Millisecond):
+	}
+	cancel()
+	if a := <-lingering; !errors.Is(a.err, context.Canceled) {
+		t.Errorf("the lingering call = %+v, want context.Canceled", a)
+	}
+	close(f.release)
+}

@@ -1,0 +1,19 @@
+package gather
+
+import "time"
+
+// Prime sets g's clock and the moving average of the time between calls, as if calls
+// had been arriving gap apart until now().
+func Prime[Req, Resp any](g *Gatherer[Req, Resp], gap time.Duration, now func() time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.now, g.gap, g.last = now, gap, now()
+}
+
+// Arrive counts one call's arrival, as Do does, and returns how many calls a batch
+// started now would wait for (0: none).
+func Arrive[Req, Resp any](g *Gatherer[Req, Resp]) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.arrive()
+}
