@@ -41,6 +41,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    database_timeout <duration>
 //	    redis_timeout    <duration>
 //	    lookup_lanes     <n>
+//	    batch_linger     <duration>
 //	    disable_lookup_batching
 //	    disable_count_pipelining
 //	    disable_metrics
@@ -108,6 +109,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if h.LookupLanes, err = strconv.Atoi(arg); err != nil || h.LookupLanes <= 0 {
 				return d.Errf("lookup_lanes must be a positive whole number, not %q", arg)
 			}
+		case "batch_linger":
+			err = durationArg(d, &h.BatchLinger)
 		case "disable_lookup_batching":
 			err = flagArg(d, &h.DisableLookupBatching)
 		case "disable_count_pipelining":

@@ -44,6 +44,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				database_timeout 1500ms
 				redis_timeout    150ms
 				lookup_lanes     3
+				batch_linger     2ms
 				disable_lookup_batching
 				disable_count_pipelining
 				legacy_keys      reject
@@ -63,6 +64,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				DatabaseTimeout:        caddy.Duration(1500 * time.Millisecond),
 				RedisTimeout:           caddy.Duration(150 * time.Millisecond),
 				LookupLanes:            3,
+				BatchLinger:            caddy.Duration(2 * time.Millisecond),
 				DisableLookupBatching:  true,
 				DisableCountPipelining: true,
 			},
@@ -141,6 +143,8 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"arguments on the directive", "v1_gateway postgres://x {\n}", "wrong argument count", 1},
 		{"lookup_lanes not a number", "v1_gateway {\n\tlookup_lanes many\n}", `lookup_lanes must be a positive whole number, not "many"`, 2},
 		{"lookup_lanes zero", "v1_gateway {\n\tlookup_lanes 0\n}", `lookup_lanes must be a positive whole number, not "0"`, 2},
+		{"batch_linger zero", "v1_gateway {\n\tbatch_linger 0\n}", "batch_linger must be positive", 2},
+		{"duplicate batch_linger", "v1_gateway {\n\tbatch_linger 1ms\n\tbatch_linger 2ms\n}", "batch_linger already specified", 3},
 		{"duplicate lookup_lanes", "v1_gateway {\n\tlookup_lanes 1\n\tlookup_lanes 2\n}", "lookup_lanes already specified", 3},
 		{"a switch with an argument", "v1_gateway {\n\tdisable_lookup_batching yes\n}", "wrong argument count", 2},
 		{"unknown redis_mode", "v1_gateway {\n\tredis_mode ring\n}", `redis_mode must be single, cluster or sentinel, not "ring"`, 2},

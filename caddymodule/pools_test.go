@@ -245,6 +245,9 @@ func TestInvalidConfigIsRefusedAtLoad(t *testing.T) {
 		{"limiter_failure unknown", map[string]any{"limiter_failure": "sometimes"}, `limiter_failure "sometimes": must be open, closed or local`},
 		{"redis_url not redis", map[string]any{"redis_url": "http://localhost:6379"}, "parsing redis_url"},
 		{"negative database_timeout", map[string]any{"database_timeout": "-1s"}, "database_timeout -1s: must be positive"},
+		{"batch_linger over a tenth of redis_timeout", map[string]any{"batch_linger": "21ms"}, "batch_linger 21ms: must be at most a tenth of database_timeout (2s) and of redis_timeout (200ms)"},
+		{"batch_linger over a tenth of database_timeout", map[string]any{"batch_linger": "15ms", "database_timeout": "100ms"}, "batch_linger 15ms: must be at most a tenth of database_timeout (100ms)"},
+		{"negative batch_linger", map[string]any{"batch_linger": "-1ms"}, "batch_linger -1ms: must be at most a tenth"},
 		{"empty strip_fields name", map[string]any{"strip_fields": []any{"config", ""}}, "strip_fields: names must not be empty"},
 		{"unknown option", map[string]any{"databse_url": "x"}, `unknown field "databse_url"`},
 	} {

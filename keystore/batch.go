@@ -43,6 +43,11 @@ type BatcherOptions struct {
 	// Timeout bounds each batch query, which serves many requests and so does not run
 	// under any one request's context. Default: 5s.
 	Timeout time.Duration
+	// Linger lets a batch query that could go out wait up to Linger for more lookups,
+	// but only while lookups come at least four a Linger; it goes out as soon as it
+	// holds as many as one Linger brings at that rate (internal/gather,
+	// Options.Linger). Default: 0 (never wait).
+	Linger time.Duration
 	// OnBatch, if set, is called with the number of distinct key ids of every batch
 	// query as it is sent, for metrics. It runs on the batch's goroutine and must be
 	// fast. Default: none.
@@ -55,7 +60,7 @@ func NewBatcher(s *Store, opts BatcherOptions) *Batcher {
 		opts.Timeout = 5 * time.Second
 	}
 	b := &Batcher{store: s, timeout: opts.Timeout, onBatch: opts.OnBatch}
-	b.batches = gather.New(b.query, gather.Options{Lanes: opts.Lanes, MaxWait: opts.Timeout / 10, Inline: true})
+	b.batches = gather.New(b.query, gather.Options{Lanes: opts.Lanes, MaxWait: opts.Timeout / 10, Inline: true, Linger: opts.Linger})
 	return b
 }
 

@@ -50,6 +50,7 @@ type options struct {
 	now             func() time.Time
 	prefix          string
 	pipelineTimeout time.Duration // 0: no pipelining
+	linger          time.Duration // WithLinger; 0: none
 }
 
 // WithClock makes the limiter read the time from now instead of time.Now; for tests of
@@ -76,6 +77,16 @@ func WithPrefix(prefix string) Option {
 // ignored otherwise, and by Local.
 func WithPipelining(timeout time.Duration) Option {
 	return func(o *options) { o.pipelineTimeout = timeout }
+}
+
+// WithLinger lets a pipeline round that could go out wait up to d for more counts, but
+// only while counts come at least four every d; it goes out as soon as it holds as
+// many as one d brings at that rate. Fewer, larger rounds cost Redis and the gateway
+// less CPU per count, for up to d of latency; when counts come slower, rounds go out
+// at once as without it. It only applies with WithPipelining. (See internal/gather,
+// Options.Linger.)
+func WithLinger(d time.Duration) Option {
+	return func(o *options) { o.linger = d }
 }
 
 func buildOptions(opts []Option) options {

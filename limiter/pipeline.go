@@ -50,9 +50,9 @@ type countReply struct {
 	err   error
 }
 
-func newPipeline(rdb pipeliner, timeout time.Duration, clock *redisClock) *pipeline {
+func newPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redisClock) *pipeline {
 	p := &pipeline{rdb: rdb, timeout: timeout, clock: clock}
-	p.rounds = gather.New(p.send, gather.Options{Lanes: 1, MaxWait: max(timeout/10, time.Millisecond), Inline: true})
+	p.rounds = gather.New(p.send, gather.Options{Lanes: 1, MaxWait: max(timeout/10, time.Millisecond), Inline: true, Linger: linger})
 	return p
 }
 

@@ -194,3 +194,50 @@ func manyKeys(n, v int) map[string]int {
 	}
 	return m
 }
+
+func TestWithLingerBusyCallersShareRoundsAndStayExact(t *testing.T) {
+	// 16 callers count back to back on one key, each its next count as soon as it
+	// has its answer. With a linger, a round waits until they pause, that is until all
+	// of them wait, so the counts share a few script calls; each number is still
+	// counted once.
+	const timeout = 2 * time.Second
+	rdb, _ := slowRedis(t, timeout)
+	const callers, each, limit = 16, 10, 100
+	for _, linger := range []time.Duration{0, 100 * time.Millisecond} {
+		clock := newClock(at(base, 20*time.Second))
+		l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
+			limiter.WithPipelining(timeout), limiter.WithLinger(linger))
+		run := func(key string) []limiter.Result {
+			var mu sync.Mutex
+			var results []limiter.Result
+			var wg sync.WaitGroup
+			for range callers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range each {
+						r, err := l.Allow(context.Background(), key, limit)
+						if err != nil {
+							t.Errorf("Allow: %v", err)
+							return
+						}
+						mu.Lock()
+						results = append(results, r)
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			return results
+		}
+		run("warm") // the rate the linger goes by
+		before := limiter.ScriptCalls(l)
+		checkNumbered(t, "k", run("k"), callers*each, limit, 40)
+		calls := limiter.ScriptCalls(l) - before
+		t.Logf("linger %v: %d counts in %d script calls", linger, callers*each, calls)
+		// Ten rounds of all 16 at best; without a linger, about twice as many here.
+		if linger > 0 && calls > each+3 {
+			t.Errorf("linger %v: %d counts made %d script calls; want the rounds to wait for all callers (at most %d calls)", linger, callers*each, calls, each+3)
+		}
+	}
+}

@@ -39,7 +39,7 @@ type Redis struct {
 func NewRedis(rdb redis.Scripter, opts ...Option) *Redis {
 	l := &Redis{rdb: rdb, opts: buildOptions(opts), clock: redisClock{once: make(chan struct{}, 1)}}
 	if p, ok := rdb.(pipeliner); ok && l.opts.pipelineTimeout > 0 {
-		l.pipe = newPipeline(p, l.opts.pipelineTimeout, &l.clock)
+		l.pipe = newPipeline(p, l.opts.pipelineTimeout, l.opts.linger, &l.clock)
 	}
 	return l
 }

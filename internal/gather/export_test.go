@@ -10,10 +10,11 @@ func Prime[Req, Resp any](g *Gatherer[Req, Resp], gap time.Duration, now func() 
 	g.now, g.gap, g.last = now, gap, now()
 }
 
-// Arrive counts one call's arrival, as Do does, and returns how many calls a batch
-// started now would wait for (0: none).
-func Arrive[Req, Resp any](g *Gatherer[Req, Resp]) int {
+// Arrive counts one call's arrival, as Do does, and tells whether a batch started now
+// would linger.
+func Arrive[Req, Resp any](g *Gatherer[Req, Resp]) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.arrive()
+	_, fast := g.arrive()
+	return fast
 }

@@ -21,13 +21,15 @@
 //
 // Linger (Options.Linger): by default a batch goes out the moment a lane is free, so on
 // a busy machine whose round trips are quick most batches hold one or two calls and
-// every call pays a round trip of its own. With Linger, a batch that finds a lane free
-// may wait up to Linger for more calls, as Kafka's linger.ms or Nagle's algorithm do,
-// but only while calls are coming fast: while the moving average of the time between
-// calls is at most Linger/4. It then goes out as soon as it holds as many calls as one
-// Linger brings at that rate, or when Linger has passed. When calls slow down, batches
-// go out at once again. A lingering batch still takes only calls that arrive before it
-// is sent, so the freshness above holds; a call may wait up to Linger longer.
+// every call pays a round trip of its own. With Linger, a batch started while calls
+// come fast (the moving average of the time between calls, the gap, at most Linger/4)
+// lingers, as with Kafka's linger.ms: even with a lane free it goes out only once calls
+// pause (no call for twice the gap, and for at least Linger/8) or once Linger has
+// passed since its first call, whichever comes first. Under a closed loop of clients
+// (each sends its next request when it has its answer) the pause comes when every
+// client is waiting, so the batch takes them all. When calls slow down, batches go out
+// at once again. A lingering batch still takes only calls that arrive before it is
+// sent, so the freshness above holds; a call may wait up to Linger longer.
 //
 // A batch has no size cap: it holds at most one call per concurrent caller.
 package gather
@@ -63,18 +65,15 @@ type Options struct {
 	// goroutine of the Gatherer. Do then returns when Flush does, not when ctx ends:
 	// set it only if Flush returns by ctx's deadline. Default: false
 	Inline bool
-	// Linger is how long a batch that could go out may wait for more calls, while calls
-	// come at least four per Linger (see the package documentation). It adds up to
-	// Linger to a call's wait. Default: 0 (never wait)
+	// Linger is how long a batch may wait for more calls after its first, while calls
+	// come at least four a Linger; it goes out sooner when they pause (see the package
+	// documentation). It adds up to Linger to a call's wait. Default: 0 (never wait)
 	Linger time.Duration
 }
 
 // lingerCalls is how many calls one Linger must bring, at the recent rate, for a batch
-// to wait for them; maxLingerCalls caps the count a lingering batch waits for.
-const (
-	lingerCalls    = 4
-	maxLingerCalls = 64
-)
+// to linger.
+const lingerCalls = 4
 
 // Gatherer runs calls in batches through its Flush. It is safe for concurrent use.
 type Gatherer[Req, Resp any] struct {
@@ -95,8 +94,10 @@ type Gatherer[Req, Resp any] struct {
 // batch is one round trip's worth of calls.
 type batch[Req, Resp any] struct {
 	reqs   []Req
-	timer  *time.Timer   // sends the batch after maxWait (no lane free) or Linger (lingering); nil if sent at once
-	target int           // a lingering batch goes out when it holds this many calls; 0 if not lingering
+	timer  *time.Timer   // runs fire: after maxWait if no lane was free, or when a lingering batch is due
+	linger bool          // waits for more calls even with a lane free, until due
+	first  time.Time     // when the first call joined, if lingering
+	latest time.Time     // when the latest call joined, if lingering
 	done   chan struct{} // closed when resps and err are set
 
 	resps []Resp
@@ -122,13 +123,13 @@ func maxGap(linger time.Duration) time.Duration { return 8 * linger }
 // of one itself returns what Flush does, when Flush does.)
 func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	g.mu.Lock()
-	target := g.arrive()
-	if g.inline && target == 0 && g.free > 0 && g.pending == nil {
+	now, fast := g.arrive()
+	if g.inline && !fast && g.free > 0 && g.pending == nil {
 		g.free--
 		g.mu.Unlock()
 		return g.alone(ctx, req)
 	}
-	b, i := g.join(req, target)
+	b, i := g.join(req, now, fast)
 	var zero Resp
 	select {
 	case <-b.done:
@@ -142,20 +143,38 @@ func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 }
 
 // arrive counts a call's arrival into the moving average of the time between calls and
-// returns how many calls a batch started now should wait for (0: it should go at once).
-// It must be called with mu held.
-func (g *Gatherer[Req, Resp]) arrive() int {
+// returns the time and whether calls come fast enough for a batch started now to
+// linger. It must be called with mu held.
+func (g *Gatherer[Req, Resp]) arrive() (now time.Time, fast bool) {
 	if g.linger <= 0 {
-		return 0
+		return now, false
 	}
-	now := g.now()
+	now = g.now()
 	d := min(now.Sub(g.last), maxGap(g.linger))
 	g.last = now
 	g.gap += (d - g.gap) / 8
-	if g.gap*lingerCalls > g.linger {
-		return 0
+	return now, g.gap*lingerCalls <= g.linger
+}
+
+// due is when lingering batch b is to go out: Linger after its first call, or once
+// calls have paused for twice the gap (at least Linger/8) after its latest, whichever
+// is sooner. It must be called with mu held.
+func (g *Gatherer[Req, Resp]) due(b *batch[Req, Resp]) time.Time {
+	pause := max(2*g.gap, g.linger/8)
+	return minTime(b.first.Add(g.linger), b.latest.Add(pause))
+}
+
+// ready tells whether b may take a lane now: it is not lingering, or is due. It must be
+// called with mu held.
+func (g *Gatherer[Req, Resp]) ready(b *batch[Req, Resp]) bool {
+	return !b.linger || !g.now().Before(g.due(b))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
 	}
-	return int(min(g.linger/max(g.gap, 1), maxLingerCalls))
+	return b
 }
 
 // alone runs req as a batch of its own on the caller's goroutine, under ctx, on a lane
@@ -178,7 +197,7 @@ func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (Resp, error) 
 func (g *Gatherer[Req, Resp]) handOn() {
 	g.mu.Lock()
 	b := g.pending
-	if b == nil || b.target > 0 { // a lingering batch keeps to its own target and timer
+	if b == nil || !g.ready(b) { // a lingering batch not due goes when its timer says
 		g.free++
 		g.mu.Unlock()
 		return
@@ -188,26 +207,29 @@ func (g *Gatherer[Req, Resp]) handOn() {
 	go g.run(b)
 }
 
-// join adds req to the pending batch, starting one if there is none (lingering for
-// target calls if target > 0 and a lane is free), sends the batch at once if a lane is
-// free and it is not lingering for more, and returns the batch and req's index in it.
-// It must be called with mu held, and unlocks it.
-func (g *Gatherer[Req, Resp]) join(req Req, target int) (*batch[Req, Resp], int) {
+// join adds req, arrived at now, to the pending batch, starting one if there is none
+// (lingering if calls come fast), sends the batch at once if a lane is free and it is
+// not lingering, and returns the batch and req's index in it. It must be called with
+// mu held, and unlocks it.
+func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, fast bool) (*batch[Req, Resp], int) {
 	b := g.pending
 	if b == nil {
 		b = &batch[Req, Resp]{reqs: g.spare, done: make(chan struct{})}
 		g.pending, g.spare = b, nil
 		switch {
+		case fast:
+			b.linger, b.first, b.latest = true, now, now
+			b.timer = time.AfterFunc(g.due(b).Sub(now), func() { g.fire(b) })
 		case g.free == 0:
-			b.timer = time.AfterFunc(g.maxWait, func() { g.overflow(b) })
-		case target > 1:
-			b.target = target
-			b.timer = time.AfterFunc(g.linger, func() { g.expire(b) })
+			b.timer = time.AfterFunc(g.maxWait, func() { g.fire(b) })
 		}
+	}
+	if b.linger {
+		b.latest = now
 	}
 	i := len(b.reqs)
 	b.reqs = append(b.reqs, req)
-	if g.free == 0 || len(b.reqs) < b.target {
+	if g.free == 0 || b.linger {
 		g.mu.Unlock()
 		return b, i
 	}
@@ -233,47 +255,48 @@ func (g *Gatherer[Req, Resp]) run(b *batch[Req, Resp]) {
 		g.send(b)
 		g.mu.Lock()
 		b = g.pending
-		if b != nil && b.target == 0 {
+		if b != nil && g.ready(b) {
 			g.take(b)
 		} else {
-			b = nil // none, or a lingering batch, which keeps to its own target and timer
+			b = nil // none, or a lingering batch not due, which goes when its timer says
 			g.free++
 		}
 		g.mu.Unlock()
 	}
 }
 
-// overflow sends b on the timer's goroutine once it has waited maxWait for a lane, if
-// it has not gone yet. It takes no lane and sends nothing after b.
-func (g *Gatherer[Req, Resp]) overflow(b *batch[Req, Resp]) {
+// fire runs on b's timer. A batch that waited maxWait for a lane is sent on the timer's
+// goroutine, taking no lane and sending nothing after it. A lingering batch not yet due
+// waits on; one due takes a free lane, or, with none free, waits for one as any batch
+// does, at most maxWait more.
+func (g *Gatherer[Req, Resp]) fire(b *batch[Req, Resp]) {
 	g.mu.Lock()
 	if g.pending != b {
 		g.mu.Unlock()
+		return
+	}
+	if b.linger {
+		now := g.now()
+		if due := g.due(b); now.Before(due) {
+			b.timer.Reset(due.Sub(now))
+			g.mu.Unlock()
+			return
+		}
+		if g.free == 0 {
+			b.linger = false
+			b.timer.Reset(g.maxWait)
+			g.mu.Unlock()
+			return
+		}
+		g.free--
+		g.take(b)
+		g.mu.Unlock()
+		g.run(b)
 		return
 	}
 	g.take(b)
 	g.mu.Unlock()
 	g.send(b)
-}
-
-// expire sends b on the timer's goroutine once it has lingered Linger, if it has not
-// gone yet. A lingering batch only starts with a lane free, and no other batch can take
-// that lane while it is pending; should none be free, b goes as an overflow would.
-func (g *Gatherer[Req, Resp]) expire(b *batch[Req, Resp]) {
-	g.mu.Lock()
-	if g.pending != b {
-		g.mu.Unlock()
-		return
-	}
-	g.take(b)
-	if g.free == 0 {
-		g.mu.Unlock()
-		g.send(b)
-		return
-	}
-	g.free--
-	g.mu.Unlock()
-	g.run(b)
 }
 
 // send flushes b, hands the answers to its callers and keeps b's requests array for a

@@ -434,38 +434,54 @@ func stepClock(step time.Duration) func() time.Time {
 	}
 }
 
-func TestALingeringBatchGoesOutWhenItHoldsWhatOneLingerBrings(t *testing.T) {
-	f := &gate{started: make(chan []int, 25)}
-	const linger = 210 * time.Millisecond
-	g := gather.New(f.flush, gather.Options{Lanes: 4, MaxWait: time.Hour, Inline: true, Linger: linger})
-	gather.Prime(g, 20*time.Millisecond, stepClock(20*time.Millisecond)) // 10.5 calls a Linger
+func TestALingeringBatchGoesOutWhenCallsPause(t *testing.T) {
+	// Ten calls at once, with a lane free: without Linger the first would go alone.
+	// With it, the batch waits until calls pause (at least Linger/8 with none) and
+	// takes all ten.
+	f := &gate{started: make(chan []int, 10)}
+	const linger = time.Second
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
+	gather.Prime(g, time.Millisecond, time.Now) // calls were coming a millisecond apart
 	start := time.Now()
 	var waiting []<-chan answer
-	for i := range 25 {
+	for i := range 10 {
 		waiting = append(waiting, await(context.Background(), g, i))
 	}
-	// With lanes free, the first ten calls go out together as the tenth joins, and so do
-	// the next ten; the last five wait out Linger.
-	for n, want := range []int{10, 10, 5} {
-		select {
-		case b := <-f.started:
-			if len(b) != want {
-				t.Errorf("batch %d holds %v, want %d calls", n, b, want)
-			}
-			if elapsed := time.Since(start); n == 2 && elapsed < linger {
-				t.Errorf("the last batch, short of its target, went out after %v, before Linger (%v)", elapsed, linger)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("batch %d never went out", n)
+	select {
+	case b := <-f.started:
+		if elapsed := time.Since(start); len(b) != 10 || elapsed < linger/8 || elapsed >= linger {
+			t.Errorf("the batch went out with %v after %v; want all ten calls once they paused, after Linger/8 (%v), before Linger", b, elapsed, linger/8)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lingering batch never went out")
+	}
+	for _, ch := range waiting {
+		if a := <-ch; a.err != nil || a.resp%2 != 0 {
+			t.Errorf("answer %+v: want a doubled request and no error", a)
 		}
 	}
-	got := map[int]bool{}
+}
+
+func TestALingeringBatchGoesOutAfterLingerWhileCallsKeepComing(t *testing.T) {
+	// A call every millisecond for 300 ms never pauses for Linger/8 (12.5 ms), so
+	// batches go out Linger (100 ms) after their first call: a few large ones.
+	f := &gate{}
+	const linger = 100 * time.Millisecond
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
+	gather.Prime(g, time.Millisecond, time.Now)
+	var waiting []<-chan answer
+	for end := time.Now().Add(3 * linger); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		waiting = append(waiting, await(context.Background(), g, len(waiting)))
+	}
 	for _, ch := range waiting {
-		a := <-ch
-		if a.err != nil || a.resp%2 != 0 || got[a.resp] {
-			t.Errorf("answer %+v: want a distinct doubled request and no error", a)
+		if a := <-ch; a.err != nil {
+			t.Fatalf("a call = %+v", a)
 		}
-		got[a.resp] = true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.batches); n < 3 || n > len(waiting)/10 {
+		t.Errorf("%d calls over 3 Lingers went in %d batches; want 3 or a few more (Linger ends each), not one a call", len(waiting), n)
 	}
 }
 
@@ -494,13 +510,13 @@ func TestABurstAfterALongIdleSpellLingersWithinADozenCalls(t *testing.T) {
 	now := time.Unix(0, 0)
 	gather.Prime(g, time.Minute, func() time.Time { return now }) // lingering
 	now = now.Add(1000 * time.Hour)
-	if n := gather.Arrive(g); n != 0 {
-		t.Fatalf("the first call after 1000 idle hours would wait for %d calls, want 0", n)
+	if gather.Arrive(g) {
+		t.Fatal("the first call after 1000 idle hours would linger")
 	}
 	for i := range 16 {
 		now = now.Add(time.Minute)
-		if n := gather.Arrive(g); n > 0 {
-			t.Logf("lingering again at the %d. call of the burst, for %d calls", i+1, n)
+		if gather.Arrive(g) {
+			t.Logf("lingering again at the %d. call of the burst", i+1)
 			return
 		}
 	}
@@ -509,30 +525,24 @@ func TestABurstAfterALongIdleSpellLingersWithinADozenCalls(t *testing.T) {
 
 func TestALaneComingFreeLeavesALingeringBatchToItsTimer(t *testing.T) {
 	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
-	const linger = 300 * time.Millisecond
+	const linger = time.Second
 	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: linger})
-	gather.Prime(g, 20*time.Millisecond, stepClock(20*time.Millisecond)) // 15 calls a Linger
-	var first, second []<-chan answer
-	for i := range 15 {
-		first = append(first, await(context.Background(), g, i))
-	}
-	if b := <-f.started; len(b) != 15 {
-		t.Fatalf("the first batch holds %v, want 15 calls", b)
-	}
+	gather.Prime(g, time.Millisecond, time.Now)
+	first := await(context.Background(), g, 1)
+	<-f.started // the first batch, held
 	start := time.Now()
+	var second []<-chan answer
 	for i := range 3 {
 		second = append(second, await(context.Background(), g, 100+i))
 	}
 	time.Sleep(20 * time.Millisecond) // let the three join the second batch, which lingers
 	f.release <- struct{}{}           // the first batch returns and frees its lane
-	for _, ch := range first {
-		<-ch
-	}
+	<-first
 	close(f.release)
 	select {
 	case b := <-f.started:
-		if elapsed := time.Since(start); elapsed < linger || len(b) != 3 {
-			t.Errorf("the second batch went out with %v after %v; want its three calls after Linger (%v)", b, elapsed, linger)
+		if elapsed := time.Since(start); elapsed < linger/8 || len(b) != 3 {
+			t.Errorf("the second batch went out with %v after %v; want its three calls once they paused for Linger/8 (%v)", b, elapsed, linger/8)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the second batch never went out")
@@ -559,8 +569,8 @@ func TestAfterAnIdleSpellCallsGoAtOnce(t *testing.T) {
 
 func TestACallerWhoseContextEndsStopsLingering(t *testing.T) {
 	f := &gate{started: make(chan []int, 10)}
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: 300 * time.Millisecond})
-	gather.Prime(g, 20*time.Millisecond, stepClock(20*time.Millisecond))
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: time.Second})
+	gather.Prime(g, time.Millisecond, time.Now)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	impatient := await(ctx, g, 1)
@@ -570,7 +580,7 @@ func TestACallerWhoseContextEndsStopsLingering(t *testing.T) {
 	}
 	select {
 	case b := <-f.started:
-		t.Errorf("batch %v went out before Linger, short of its target", b)
+		t.Errorf("batch %v went out before its calls paused for Linger/8", b)
 	default:
 	}
 	if a := <-patient; a.resp != 4 || a.err != nil {
@@ -586,7 +596,7 @@ func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
 	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: time.Hour})
 	// The clock stands still, so every call shortens the average gap by an eighth:
 	// the first call finds just under four calls a Linger and goes alone; the second
-	// finds more and lingers.
+	// finds more and lingers, and with the clock still it is never due.
 	gather.Prime(g, 17*time.Minute+12*time.Second, func() time.Time { return time.Unix(0, 0) })
 	lone := await(context.Background(), g, 1)
 	if b := <-f.started; len(b) != 1 {
@@ -599,7 +609,7 @@ func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
 	<-lone
 	select {
 	case b := <-f.started:
-		t.Errorf("batch %v went out when the lone call's lane came free, short of its target and before Linger", b)
+		t.Errorf("batch %v went out when the lone call's lane came free, before it was due", b)
 	case <-time.After(100 * time.Millisecond):
 	}
 	cancel()
