@@ -11,6 +11,8 @@
 #   (c429) the gateway with a key over its limit (a plan of 1 request a minute): 429
 #   (c0) the same gateway with lookup batching and count pipelining switched off, to
 #       show what they bring (informational)
+#   (cL) the same gateway with batch_linger BENCH_LINGER (2ms): its batches wait for
+#       more requests while requests come fast (informational; BENCH_LINGER=off skips)
 #   (d) GET /v1/me answered by the gateway
 #   (e) a 50 MB JSON list through the gateway's field filter: Caddy's peak RSS growth
 #   (f) the fault run (fault_run below): the gateway's rate while Redis hangs, as a share
@@ -23,7 +25,7 @@
 #   (m) the cost of metrics: the gateway with and without disable_metrics, in one Caddy
 #       of its own, ROUNDS alternating runs each (bench_metrics below)
 #
-# (c), (b), (c401) and (c429) run ROUNDS times, in that order, so that gateway and plain
+# (c), (cL), (b), (c401) and (c429) run ROUNDS times, in that order, so that gateway and plain
 # alternate; the report gives the median of the rounds, since the machine is small and
 # noisy. Next to requests/s and latency, each of these runs measures the CPU time every
 # process spent (utime + stime from /proc/<pid>/stat, before and after the run) divided
@@ -36,7 +38,8 @@
 # scripts/bench-results.txt.
 #
 # Environment: CONNS (32), THREADS (2), DURATION (10s), WARMUP (3s), ROUNDS (3), OUT,
-# FAULT_DURATION (5s, each run of (f)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
+# FAULT_DURATION (5s, each run of (f)), BENCH_LINGER ((cL)'s batch_linger, 2ms; off skips
+# (cL)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
 # MATCHED_CONNS (CONNS: hey's workers in (r)).
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
@@ -84,6 +87,8 @@ up="127.0.0.1:$(bench_port)"
 gw="127.0.0.1:$(bench_port)"
 plain="127.0.0.1:$(bench_port)"
 unbatched="127.0.0.1:$(bench_port)"
+lingering="127.0.0.1:$(bench_port)"
+linger=${BENCH_LINGER:-2ms}
 big="127.0.0.1:$(bench_port)"
 
 bin/upstream serve --addr "$up" >"$stack/upstream.log" 2>&1 &
@@ -142,6 +147,7 @@ http://$plain {
 EOF
 	gateway_site "$gw" "lookup_lanes   ${LANES:-1}"
 	gateway_site "$unbatched" disable_lookup_batching disable_count_pipelining
+	[ "$linger" = off ] || gateway_site "$lingering" "batch_linger $linger"
 } >"$stack/Caddyfile"
 cat >"$stack/Caddyfile.big" <<EOF
 {
@@ -164,7 +170,9 @@ EOF
 bin/caddy run --config "$stack/Caddyfile" --adapter caddyfile >"$stack/caddy.log" 2>&1 &
 caddy_pid=$!
 pids+=($caddy_pid)
-for addr in "$up" "$gw" "$plain" "$unbatched"; do
+addrs=("$up" "$gw" "$plain" "$unbatched")
+[ "$linger" = off ] || addrs+=("$lingering")
+for addr in "${addrs[@]}"; do
 	wait_http "http://$addr/" || { tail -n 20 "$stack"/*.log >&2; exit 1; }
 done
 
@@ -327,10 +335,14 @@ cpu_header() {
 echo "measuring (a) upstream alone…" >&2
 a_run=$(measure_cpu ok "http://$up/v1/monitors/$monitor" "${ident[@]}")
 read -r a_rps a_p50 a_p99 _ <<<"$a_run"
-b_runs=() c_runs=() e401_runs=() e429_runs=() rounds_report=""
+b_runs=() c_runs=() cl_runs=() e401_runs=() e429_runs=() rounds_report=""
 for round in $(seq 1 "$ROUNDS"); do
 	echo "measuring (c) gateway, round $round…" >&2
 	c_runs+=("$(measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}")")
+	if [ "$linger" != off ]; then
+		echo "measuring (cL) gateway with batch_linger $linger, round $round…" >&2
+		cl_runs+=("$(measure_cpu ok "http://$lingering/v1/monitors/$monitor" "${auth[@]}")")
+	fi
 	echo "measuring (b) plain reverse_proxy, round $round…" >&2
 	b_runs+=("$(measure_cpu ok "http://$plain/v1/monitors/$monitor" "${ident[@]}")")
 	echo "measuring (c401) random keys, round $round…" >&2
@@ -340,6 +352,7 @@ for round in $(seq 1 "$ROUNDS"); do
 	rounds_report+=$'\n'"  round $round"$'\n'$(
 		cpu_header ""
 		cpu_row "(c) gateway 200" "${c_runs[-1]}"
+		[ "$linger" = off ] || cpu_row "(cL) batch_linger $linger" "${cl_runs[-1]}"
 		cpu_row "(b) plain 200" "${b_runs[-1]}"
 		cpu_row "(c401) random keys" "${e401_runs[-1]}"
 		cpu_row "(c429) over its limit" "${e429_runs[-1]}"
@@ -470,6 +483,24 @@ for i in "${!c_runs[@]}"; do
 	pg_module+=("$(awk -v c="$c6" -v b="$b6" 'BEGIN {printf "%.1f", c - b}')")
 done
 overhead=$(median 1 "${overheads[@]}" | xargs printf %.1f) overhead_spread=$(spread "${overheads[@]}")
+# The same for (cL): its module overhead and Redis per request, and its throughput
+# against plain's.
+linger_report=""
+if [ "$linger" != off ]; then
+	cl_overheads=() cl_ratios=()
+	for i in "${!cl_runs[@]}"; do
+		read -r l1 _ _ l4 _ _ _ <<<"${cl_runs[$i]}"
+		read -r b1 _ _ b4 _ _ _ <<<"${b_runs[$i]}"
+		cl_overheads+=("$(awk -v c="$l4" -v b="$b4" 'BEGIN {printf "%.1f", c - b}')")
+		cl_ratios+=("$(awk -v c="$l1" -v b="$b1" 'BEGIN {printf "%.3f", c / b}')")
+	done
+	cl_med=$(medians "${cl_runs[@]}")
+	read -r _ _ _ _ _ _ redis_cl <<<"$cl_med"
+	linger_report=$(
+		echo "  with batch_linger $linger (cL): module overhead $(median 1 "${cl_overheads[@]}" | xargs printf %.1f) µs/req, rounds ${cl_overheads[*]}; Redis $(printf %.1f "$redis_cl") µs/req;"
+		echo "    throughput/plain median $(median 1 "${cl_ratios[@]}"), rounds ${cl_ratios[*]} (informational)"
+	)
+fi
 ratio=$(median 1 "${ratios[@]}") ratio_spread=$(spread "${ratios[@]}")
 p99_extra=$(median 1 "${p99_extras[@]}")
 pg_mod=$(median 1 "${pg_module[@]}" | xargs printf %.1f) pg_mod_spread=$(spread "${pg_module[@]}")
@@ -483,6 +514,7 @@ cpu_report=$(
 	cpu_header ""
 	cpu_row "(a) upstream alone" "$a_run"
 	cpu_row "(c) gateway 200" "$c_med"
+	[ "$linger" = off ] || cpu_row "(cL) batch_linger $linger" "$cl_med"
 	cpu_row "(b) plain 200" "$b_med"
 	cpu_row "(c401) random keys" "$e401_med"
 	cpu_row "(c429) over its limit" "$e429_med"
@@ -491,6 +523,7 @@ cpu_report=$(
 	echo "  PostgreSQL for the module (gateway - plain): $pg_mod µs/req (spread $pg_mod_spread); Redis: $redis_gw µs/req"
 	echo "  gateway/plain throughput: median $ratio, rounds ${ratios[*]}"
 	echo "  p99 gateway - plain: median $p99_extra ms, rounds ${p99_extras[*]}"
+	[ -z "$linger_report" ] || echo "$linger_report"
 )
 # ---- end of CPU per request -----------------------------------------------------------
 cpu_report+=$matched_report
