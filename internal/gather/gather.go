@@ -28,8 +28,12 @@
 // passed since its first call, whichever comes first. Under a closed loop of clients
 // (each sends its next request when it has its answer) the pause comes when every
 // client is waiting, so the batch takes them all. When calls slow down, batches go out
-// at once again. A lingering batch still takes only calls that arrive before it is
-// sent, so the freshness above holds; a call may wait up to Linger longer.
+// at once again. And a rate is not enough: a few clients in a closed loop can send fast
+// and yet have nobody left to send while a batch waits. So the Gatherer keeps a moving
+// average of the calls its lingering batches gathered; while it is under three, batches
+// go out at once, and only one in 64 lingers, to find out whether lingering pays again.
+// A lingering batch still takes only calls that arrive before it is sent, so the
+// freshness above holds; a call may wait up to Linger longer.
 //
 // A batch has no size cap: it holds at most one call per concurrent caller.
 package gather
@@ -72,8 +76,13 @@ type Options struct {
 }
 
 // lingerCalls is how many calls one Linger must bring, at the recent rate, for a batch
-// to linger.
-const lingerCalls = 4
+// to linger; a lingering batch must gather minYield calls on average for the next to
+// linger, and while they do not, one batch in yieldRetry lingers all the same.
+const (
+	lingerCalls = 4
+	minYield    = 3
+	yieldRetry  = 64
+)
 
 // Gatherer runs calls in batches through its Flush. It is safe for concurrent use.
 type Gatherer[Req, Resp any] struct {
@@ -89,6 +98,8 @@ type Gatherer[Req, Resp any] struct {
 	spare   []Req             // the requests array of a batch sent, for the next one; guarded by mu
 	last    time.Time         // when the latest call arrived, with Linger; guarded by mu
 	gap     time.Duration     // moving average of the time between calls, with Linger; guarded by mu
+	yield   int               // moving average of the calls per lingering batch, in eighths; guarded by mu
+	retry   int               // batches to start before one lingers again, while yield is low; guarded by mu
 }
 
 // batch is one round trip's worth of calls.
@@ -108,7 +119,7 @@ type batch[Req, Resp any] struct {
 func New[Req, Resp any](flush Flush[Req, Resp], opts Options) *Gatherer[Req, Resp] {
 	return &Gatherer[Req, Resp]{
 		flush: flush, maxWait: opts.MaxWait, inline: opts.Inline, free: max(opts.Lanes, 1),
-		linger: opts.Linger, now: time.Now, gap: maxGap(opts.Linger),
+		linger: opts.Linger, now: time.Now, gap: maxGap(opts.Linger), yield: 8 * minYield,
 	}
 }
 
@@ -124,12 +135,13 @@ func maxGap(linger time.Duration) time.Duration { return 8 * linger }
 func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	g.mu.Lock()
 	now, fast := g.arrive()
-	if g.inline && !fast && g.free > 0 && g.pending == nil {
+	linger := fast && g.pending == nil && g.pays()
+	if g.inline && !linger && g.free > 0 && g.pending == nil {
 		g.free--
 		g.mu.Unlock()
 		return g.alone(ctx, req)
 	}
-	b, i := g.join(req, now, fast)
+	b, i := g.join(req, now, linger)
 	var zero Resp
 	select {
 	case <-b.done:
@@ -154,6 +166,18 @@ func (g *Gatherer[Req, Resp]) arrive() (now time.Time, fast bool) {
 	g.last = now
 	g.gap += (d - g.gap) / 8
 	return now, g.gap*lingerCalls <= g.linger
+}
+
+// pays tells whether a batch about to start while calls come fast should linger: while
+// lingering batches gather minYield calls on average, or, while they do not, once
+// yieldRetry batches have gone at once since the last that lingered. It must be called
+// with mu held, once per batch started.
+func (g *Gatherer[Req, Resp]) pays() bool {
+	if g.yield >= 8*minYield || g.retry == 0 {
+		return true
+	}
+	g.retry--
+	return false
 }
 
 // due is when lingering batch b is to go out: Linger after its first call, or once
@@ -208,16 +232,16 @@ func (g *Gatherer[Req, Resp]) handOn() {
 }
 
 // join adds req, arrived at now, to the pending batch, starting one if there is none
-// (lingering if calls come fast), sends the batch at once if a lane is free and it is
-// not lingering, and returns the batch and req's index in it. It must be called with
-// mu held, and unlocks it.
-func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, fast bool) (*batch[Req, Resp], int) {
+// (lingering if linger), sends the batch at once if a lane is free and it is not
+// lingering, and returns the batch and req's index in it. It must be called with mu
+// held, and unlocks it.
+func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, linger bool) (*batch[Req, Resp], int) {
 	b := g.pending
 	if b == nil {
 		b = &batch[Req, Resp]{reqs: g.spare, done: make(chan struct{})}
 		g.pending, g.spare = b, nil
 		switch {
-		case fast:
+		case linger:
 			b.linger, b.first, b.latest = true, now, now
 			b.timer = time.AfterFunc(g.due(b).Sub(now), func() { g.fire(b) })
 		case g.free == 0:
@@ -240,11 +264,18 @@ func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, fast bool) (*batch[Re
 	return b, i
 }
 
-// take marks b as sent. It must be called with mu held and b == g.pending.
+// take marks b as sent, and counts the calls of a batch that lingered into the yield.
+// It must be called with mu held and b == g.pending.
 func (g *Gatherer[Req, Resp]) take(b *batch[Req, Resp]) {
 	g.pending = nil
 	if b.timer != nil {
 		b.timer.Stop()
+	}
+	if !b.first.IsZero() { // it lingered: count what that gathered
+		g.yield += (8*len(b.reqs) - g.yield) / 4
+		if g.yield < 8*minYield {
+			g.retry = yieldRetry
+		}
 	}
 }
 

@@ -528,7 +528,10 @@ func TestALaneComingFreeLeavesALingeringBatchToItsTimer(t *testing.T) {
 	const linger = time.Second
 	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: linger})
 	gather.Prime(g, time.Millisecond, time.Now)
-	first := await(context.Background(), g, 1)
+	var first []<-chan answer
+	for i := range 5 {
+		first = append(first, await(context.Background(), g, i))
+	}
 	<-f.started // the first batch, held
 	start := time.Now()
 	var second []<-chan answer
@@ -537,7 +540,9 @@ func TestALaneComingFreeLeavesALingeringBatchToItsTimer(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond) // let the three join the second batch, which lingers
 	f.release <- struct{}{}           // the first batch returns and frees its lane
-	<-first
+	for _, ch := range first {
+		<-ch
+	}
 	close(f.release)
 	select {
 	case b := <-f.started:
@@ -617,4 +622,34 @@ func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
 		t.Errorf("the lingering call = %+v, want context.Canceled", a)
 	}
 	close(f.release)
+}
+
+func TestLingeringStopsWhileItGathersTooLittle(t *testing.T) {
+	// One caller calling back to back: fast, but a lingering batch never gathers
+	// more than its one call. After such a batch the next 64 go at once; then one
+	// lingers again, to see whether that pays now.
+	f := &gate{}
+	const linger = 400 * time.Millisecond
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
+	gather.Prime(g, time.Millisecond, time.Now)
+	call := func(i int) time.Duration {
+		start := time.Now()
+		if resp, err := g.Do(context.Background(), i); resp != 2*i || err != nil {
+			t.Fatalf("Do(%d) = %d, %v", i, resp, err)
+		}
+		return time.Since(start)
+	}
+	if took := call(1); took < linger/8 {
+		t.Fatalf("the first call took %v; want it to linger, at least Linger/8 (%v)", took, linger/8)
+	}
+	var took time.Duration
+	for i := range 64 {
+		took += call(2 + i)
+	}
+	if took >= linger/8 {
+		t.Errorf("the 64 calls after a lingering batch of one took %v in all; want them at once", took)
+	}
+	if took := call(66); took < linger/8 {
+		t.Errorf("the 66th call took %v; want it to linger again, at least Linger/8 (%v)", took, linger/8)
+	}
 }
