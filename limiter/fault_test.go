@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,7 +111,10 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
 		t.Run(name, func(t *testing.T) {
 			prefix := uniquePrefix(t)
-			opts := []limiter.Option{limiter.WithPrefix(prefix)}
+			// A fixed clock for the window, so that the test never straddles a minute
+			// (deadlines use the real clock whatever WithClock says).
+			clock := newClock(at(base, 20*time.Second))
+			opts := []limiter.Option{limiter.WithPrefix(prefix), limiter.WithClock(clock.now)}
 			if pipelined {
 				opts = append(opts, limiter.WithPipelining(timeout))
 			}
@@ -162,5 +166,50 @@ func TestCountersExpireRelativeToRedis(t *testing.T) {
 	ttl, _ := rdb.PTTL(context.Background(), keys[0]).Result()
 	if ttl < 89*time.Second || ttl > 90*time.Second {
 		t.Errorf("TTL %v, want 90s (30s left in the window, and one more)", ttl)
+	}
+}
+
+func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testing.T) {
+	// Both clocks are compared in whole milliseconds, truncated, so a script reading
+	// now = n may run up to a millisecond after n, and the offset between the clocks
+	// may be up to one too large: without a margin Redis could count a request up to
+	// 2 ms after its caller gave up on it. Deadlines go to Redis 2 ms early, so a count
+	// reaching it in the last 2 ms before its deadline is refused, and one after it a
+	// fortiori. Here Redis hangs while the count is sent and resumes 0.7 ms before the
+	// caller's deadline, 20 times (without the margin about one in eight is written).
+	const timeout = 20 * time.Millisecond
+	rdb, proxy := slowRedis(t, timeout)
+	direct := redisClient(t)
+	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
+		t.Run(name, func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			opts := []limiter.Option{limiter.WithPrefix(prefix), limiter.WithClock(newClock(at(base, 20*time.Second)).now)}
+			if pipelined {
+				opts = append(opts, limiter.WithPipelining(timeout))
+			}
+			l := limiter.NewRedis(rdb, opts...)
+			if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
+				t.Fatal(err)
+			}
+			for i := range 20 {
+				key := fmt.Sprintf("k%d", i)
+				proxy.Hang()
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				deadline, _ := ctx.Deadline()
+				done := make(chan error, 1)
+				go func() {
+					_, err := l.Allow(ctx, key, 10)
+					done <- err
+				}()
+				time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond)))
+				proxy.Resume()
+				err := <-done
+				cancel()
+				time.Sleep(5 * time.Millisecond) // the held command runs
+				if keys, _ := direct.Keys(context.Background(), prefix+"{"+key+"}*").Result(); len(keys) != 0 {
+					t.Errorf("attempt %d (Allow: %v): counter %v written, in the last 2 ms of its timeout", i, err, keys)
+				}
+			}
+		})
 	}
 }

@@ -132,13 +132,22 @@ func (c *redisClock) observe(redisNow int64) {
 }
 
 // deadline is ctx's deadline on Redis's clock in Unix milliseconds, or 0 for none.
+//
+// Both clocks are read in whole milliseconds, truncated: offset may be up to 1 ms more
+// than the true difference, and a script reading now = n may run up to 1 ms after n.
+// So a script could count a request up to 2 ms after its caller gave up on it; the
+// deadline sent is 2 ms earlier (clockSlack) to rule that out. A count arriving in the
+// last 2 ms of its timeout is refused as late.
 func (c *redisClock) deadline(ctx context.Context) int64 {
 	d, ok := ctx.Deadline()
 	if !ok {
 		return 0
 	}
-	return max(d.UnixMilli()+c.offset.Load(), 1)
+	return max(d.UnixMilli()+c.offset.Load()-clockSlack, 1)
 }
+
+// clockSlack is how many milliseconds early a deadline goes to Redis (see deadline).
+const clockSlack = 2
 
 // reply reads the script's {count, now} answer.
 func (c *redisClock) reply(v []int64) (int64, error) {
