@@ -310,6 +310,18 @@ cpu_per_request() {
 	}'
 }
 
+# per_round FIELD OP FORMAT RUNS_A RUNS_B prints, for each round i, field FIELD of
+# RUNS_A[i] minus (OP -) or over (OP /) that of RUNS_B[i] (two arrays of measure_cpu's
+# lines, named), one a line, in FORMAT: the per-round gateway − plain figures.
+per_round() {
+	local f=$1 op=$2 fmt=$3 i
+	local -n _runs_a=$4 _runs_b=$5
+	for i in "${!_runs_a[@]}"; do
+		awk -v x="${_runs_a[$i]}" -v y="${_runs_b[$i]}" -v f="$f" -v op="$op" -v fmt="$fmt" \
+			'BEGIN {split(x, a); split(y, b); printf fmt "\n", op == "/" ? a[f] / b[f] : a[f] - b[f]}'
+	done
+}
+
 # median FIELD LINE... prints the median of field FIELD of the lines; spread prints
 # "min..max".
 median() {
@@ -410,7 +422,7 @@ measure_rate() {
 	echo "$head $(cpu_per_request "$before" "$after" "$reqs")"
 }
 bench_matched() {
-	local rate round i mc_runs=() mb_runs=() m_over=() m_pg=() rounds=""
+	local rate round mc_runs=() mb_runs=() m_over=() m_pg=() rounds=""
 	rate=${MATCHED_RATE:-$(median 1 "${c_runs[@]}" |
 		awk -v s="${MATCHED_SHARE:-0.6}" '{printf "%d", int($1 * s / 50 + 0.5) * 50}')}
 	((rate > 0)) || { echo "bench: no rate for (r)" >&2; exit 1; }
@@ -424,12 +436,8 @@ bench_matched() {
 			cpu_row "(b) plain 200" "${mb_runs[-1]}"
 		)
 	done
-	for i in "${!mc_runs[@]}"; do
-		read -r _ _ _ c4 _ c6 _ <<<"${mc_runs[$i]}"
-		read -r _ _ _ b4 _ b6 _ <<<"${mb_runs[$i]}"
-		m_over+=("$(awk -v c="$c4" -v b="$b4" 'BEGIN {printf "%.1f", c - b}')")
-		m_pg+=("$(awk -v c="$c6" -v b="$b6" 'BEGIN {printf "%.1f", c - b}')")
-	done
+	mapfile -t m_over < <(per_round 4 - %.1f mc_runs mb_runs)
+	mapfile -t m_pg < <(per_round 6 - %.1f mc_runs mb_runs)
 	local over pg redis up_c up_b full_up_c full_up_b
 	over=$(median 1 "${m_over[@]}" | xargs printf %.1f)
 	pg=$(median 1 "${m_pg[@]}" | xargs printf %.1f)
@@ -473,27 +481,17 @@ read -r c_rps c_p50 c_p99 _ <<<"$c_med"
 # Per round: the module's CPU (gateway Caddy - plain Caddy), the throughput ratio, the
 # p99 difference, and the module's share of PostgreSQL (gateway - plain: the upstream's
 # own queries are in both).
-overheads=() ratios=() p99_extras=() pg_module=()
-for i in "${!c_runs[@]}"; do
-	read -r c1 _ c3 c4 _ c6 _ <<<"${c_runs[$i]}"
-	read -r b1 _ b3 b4 _ b6 _ <<<"${b_runs[$i]}"
-	overheads+=("$(awk -v c="$c4" -v b="$b4" 'BEGIN {printf "%.1f", c - b}')")
-	ratios+=("$(awk -v c="$c1" -v b="$b1" 'BEGIN {printf "%.3f", c / b}')")
-	p99_extras+=("$(awk -v c="$c3" -v b="$b3" 'BEGIN {printf "%.3f", c - b}')")
-	pg_module+=("$(awk -v c="$c6" -v b="$b6" 'BEGIN {printf "%.1f", c - b}')")
-done
+mapfile -t overheads < <(per_round 4 - %.1f c_runs b_runs)
+mapfile -t ratios < <(per_round 1 / %.3f c_runs b_runs)
+mapfile -t p99_extras < <(per_round 3 - %.3f c_runs b_runs)
+mapfile -t pg_module < <(per_round 6 - %.1f c_runs b_runs)
 overhead=$(median 1 "${overheads[@]}" | xargs printf %.1f) overhead_spread=$(spread "${overheads[@]}")
 # The same for (cL): its module overhead and Redis per request, and its throughput
 # against plain's.
 linger_report=""
 if [ "$linger" != off ]; then
-	cl_overheads=() cl_ratios=()
-	for i in "${!cl_runs[@]}"; do
-		read -r l1 _ _ l4 _ _ _ <<<"${cl_runs[$i]}"
-		read -r b1 _ _ b4 _ _ _ <<<"${b_runs[$i]}"
-		cl_overheads+=("$(awk -v c="$l4" -v b="$b4" 'BEGIN {printf "%.1f", c - b}')")
-		cl_ratios+=("$(awk -v c="$l1" -v b="$b1" 'BEGIN {printf "%.3f", c / b}')")
-	done
+	mapfile -t cl_overheads < <(per_round 4 - %.1f cl_runs b_runs)
+	mapfile -t cl_ratios < <(per_round 1 / %.3f cl_runs b_runs)
 	cl_med=$(medians "${cl_runs[@]}")
 	read -r _ _ _ _ _ _ redis_cl <<<"$cl_med"
 	linger_report=$(
