@@ -31,7 +31,8 @@
 // at once again. And a rate is not enough: a few clients in a closed loop can send fast
 // and yet have nobody left to send while a batch waits. So the Gatherer keeps a moving
 // average of the calls its lingering batches gathered; while it is under three, batches
-// go out at once, and only one in 64 lingers, to find out whether lingering pays again.
+// go out at once, and after every 64 of them one lingers, to find out whether lingering
+// pays again.
 // A lingering batch still takes only calls that arrive before it is sent, so the
 // freshness above holds; a call may wait up to Linger longer.
 //
