@@ -144,15 +144,14 @@ type Handler struct {
 	// performance section). Default: 1
 	LookupLanes int `json:"lookup_lanes,omitempty"`
 
-	// BatchLinger lets a batch of key lookups or a pipeline of counts that could go
-	// out wait up to this long for more requests, but only while requests come at
-	// least four per BatchLinger; it goes out as soon as it holds as many as one
-	// BatchLinger brings at that rate. Fewer, larger round trips cost the gateway,
-	// PostgreSQL and Redis less CPU per request, for up to twice BatchLinger of
-	// latency (lookup and count); at lower rates round trips go out at once, as
-	// without it. Freshness holds: a request still only joins a round trip not yet
-	// sent. At most a tenth of database_timeout and of redis_timeout (README,
-	// Performance). Default: 0 (off)
+	// BatchLinger lets a batch of key lookups or a round of counts started while
+	// requests come fast (at least four per BatchLinger) wait for more: it goes out
+	// once requests pause or BatchLinger after its first, and lingering stops while
+	// it gathers too little (internal/gather, Options.Linger). Fewer, larger round
+	// trips cost the gateway, PostgreSQL and Redis less CPU per request, for up to
+	// twice BatchLinger of latency (lookup and count). Freshness holds: a request
+	// still only joins a round trip not yet sent. At most a tenth of database_timeout
+	// and of redis_timeout (README, Performance). Default: 0 (off)
 	BatchLinger caddy.Duration `json:"batch_linger,omitempty"`
 
 	// DisableLookupBatching sends one query per request instead of batching them

@@ -43,10 +43,8 @@ type BatcherOptions struct {
 	// Timeout bounds each batch query, which serves many requests and so does not run
 	// under any one request's context. Default: 5s.
 	Timeout time.Duration
-	// Linger lets a batch query that could go out wait up to Linger for more lookups,
-	// but only while lookups come at least four a Linger; it goes out as soon as it
-	// holds as many as one Linger brings at that rate (internal/gather,
-	// Options.Linger). Default: 0 (never wait).
+	// Linger lets a batch query started while lookups come fast wait up to Linger
+	// for more (internal/gather, Options.Linger). Default: 0 (never wait).
 	Linger time.Duration
 	// OnBatch, if set, is called with the number of distinct key ids of every batch
 	// query as it is sent, for metrics. It runs on the batch's goroutine and must be

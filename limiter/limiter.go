@@ -79,12 +79,10 @@ func WithPipelining(timeout time.Duration) Option {
 	return func(o *options) { o.pipelineTimeout = timeout }
 }
 
-// WithLinger lets a pipeline round that could go out wait up to d for more counts, but
-// only while counts come at least four every d; it goes out as soon as it holds as
-// many as one d brings at that rate. Fewer, larger rounds cost Redis and the gateway
-// less CPU per count, for up to d of latency; when counts come slower, rounds go out
-// at once as without it. It only applies with WithPipelining. (See internal/gather,
-// Options.Linger.)
+// WithLinger lets a pipeline round started while counts come fast wait up to d for
+// more (internal/gather, Options.Linger): fewer, larger rounds cost Redis and the
+// gateway less CPU per count, for up to d of latency. It only applies with
+// WithPipelining.
 func WithLinger(d time.Duration) Option {
 	return func(o *options) { o.linger = d }
 }
