@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -651,5 +652,50 @@ func TestLingeringStopsWhileItGathersTooLittle(t *testing.T) {
 	}
 	if took := call(66); took < linger/8 {
 		t.Errorf("the 66th call took %v; want it to linger again, at least Linger/8 (%v)", took, linger/8)
+	}
+}
+
+func TestALingeringBatchBehindAStuckOneGoesOutAfterLingerAndMaxWait(t *testing.T) {
+	// The batch of requests 1 and 10–13 is stuck until the end of the test. Request 2
+	// starts a lingering batch while the lane is busy; once due (the calls pause for
+	// Linger/8) it waits for the lane as any batch does, and goes out on its own after
+	// MaxWait. (Five calls in the first batch, so that lingering pays and goes on.)
+	unstick := make(chan struct{})
+	started := make(chan time.Time, 2)
+	flush := func(_ context.Context, reqs []int) ([]int, error) {
+		started <- time.Now()
+		if slices.Contains(reqs, 1) {
+			<-unstick
+		}
+		return append([]int(nil), reqs...), nil
+	}
+	const linger, maxWait = 80 * time.Millisecond, 30 * time.Millisecond
+	g := gather.New(flush, gather.Options{MaxWait: maxWait, Linger: linger})
+	gather.Prime(g, time.Millisecond, time.Now)
+	var stuck []<-chan answer
+	for _, req := range []int{1, 10, 11, 12, 13} {
+		stuck = append(stuck, await(context.Background(), g, req))
+	}
+	<-started
+	joined := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if resp, err := g.Do(ctx, 2); resp != 2 || err != nil {
+		t.Errorf("the call behind a stuck batch = %d, %v", resp, err)
+	}
+	select {
+	case at := <-started:
+		if d := at.Sub(joined); d < linger/8+maxWait {
+			t.Errorf("the batch went out %v after its call joined, before Linger/8 + MaxWait (%v) with the lane busy", d, linger/8+maxWait)
+		}
+	case <-time.After(5 * time.Second):
+		close(unstick)
+		t.Fatal("the lingering batch behind the stuck one never went out")
+	}
+	close(unstick)
+	for _, ch := range stuck {
+		if a := <-ch; a.err != nil {
+			t.Errorf("a stuck call = %+v", a)
+		}
 	}
 }
