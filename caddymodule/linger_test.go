@@ -18,9 +18,9 @@ func TestBatchLingerGathersBusyTrafficAndStaysExact(t *testing.T) {
 	d.plan("six", 6)
 	up := newUpstream(t)
 	const clients, each = 16, 10
-	for _, linger := range []string{"", "100ms"} {
+	for _, linger := range []string{"", "200ms"} {
 		t.Run("batch_linger="+linger, func(t *testing.T) {
-			opts := map[string]any{"redis_url": redisURL(t), "redis_timeout": "1s"}
+			opts := map[string]any{"redis_url": redisURL(t), "redis_timeout": "2s"}
 			if linger != "" {
 				opts["batch_linger"] = linger
 			}

@@ -203,7 +203,7 @@ func TestWithLingerBusyCallersShareRoundsAndStayExact(t *testing.T) {
 	const timeout = 2 * time.Second
 	rdb, _ := slowRedis(t, timeout)
 	const callers, each, limit = 16, 10, 100
-	for _, linger := range []time.Duration{0, 100 * time.Millisecond} {
+	for _, linger := range []time.Duration{0, 200 * time.Millisecond} {
 		clock := newClock(at(base, 20*time.Second))
 		l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
 			limiter.WithPipelining(timeout), limiter.WithLinger(linger))
