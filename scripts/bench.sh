@@ -25,9 +25,9 @@
 #   (m) the cost of metrics: the gateway with and without disable_metrics, in one Caddy
 #       of its own, ROUNDS alternating runs each (bench_metrics below)
 #
-# (c), (cL), (b), (c401) and (c429) run ROUNDS times, in that order, so that gateway and plain
-# alternate; the report gives the median of the rounds, since the machine is small and
-# noisy. Next to requests/s and latency, each of these runs measures the CPU time every
+# (c), (cL), (b), (c401) and (c429) run ROUNDS times, in that order, so that gateway and
+# plain alternate; the report gives the median of the rounds, since the machine is small
+# and noisy. Next to requests/s and latency, each of these runs measures the CPU time every
 # process spent (utime + stime from /proc/<pid>/stat, before and after the run) divided
 # by the requests wrk made: Caddy (one process serves the gateway and the plain sites,
 # one site at a time), the upstream, PostgreSQL (the postmaster and all its backends,
