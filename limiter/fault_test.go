@@ -73,32 +73,24 @@ func TestASlowRedisInsideTheTimeoutCountsExactly(t *testing.T) {
 	const timeout = 1500 * time.Millisecond
 	rdb, proxy := slowRedis(t, timeout)
 	direct := redisClient(t)
-	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
-		t.Run(name, func(t *testing.T) {
-			prefix := uniquePrefix(t)
-			var opts = []limiter.Option{limiter.WithPrefix(prefix)}
-			if pipelined {
-				opts = append(opts, limiter.WithPipelining(timeout))
-			}
-			l := limiter.NewRedis(rdb, opts...)
-			// Warm: a pool of connections (a new one costs a round trip of its own, for
-			// HELLO) and the clock reading, at this speed.
-			proxy.SetDelay(timeout * 55 / 100)
-			defer proxy.SetDelay(0)
-			burst(l, "warm", 200, 1000, 4*timeout)
-			allowed, refused, failed := burst(l, "k", 200, 50, timeout)
-			if allowed != 50 || refused != 150 || failed != 0 {
-				t.Errorf("allowed %d, refused %d, failed %d; want 50, 150 and 0", allowed, refused, failed)
-			}
-			keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
-			if len(keys) != 1 {
-				t.Fatalf("counters %v", keys)
-			}
-			if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 200 {
-				t.Errorf("counter %d, want 200", n)
-			}
-		})
-	}
+	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
+		// Warm: a pool of connections (a new one costs a round trip of its own, for
+		// HELLO) and the clock reading, at this speed.
+		proxy.SetDelay(timeout * 55 / 100)
+		defer proxy.SetDelay(0)
+		burst(l, "warm", 200, 1000, 4*timeout)
+		allowed, refused, failed := burst(l, "k", 200, 50, timeout)
+		if allowed != 50 || refused != 150 || failed != 0 {
+			t.Errorf("allowed %d, refused %d, failed %d; want 50, 150 and 0", allowed, refused, failed)
+		}
+		keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
+		if len(keys) != 1 {
+			t.Fatalf("counters %v", keys)
+		}
+		if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 200 {
+			t.Errorf("counter %d, want 200", n)
+		}
+	})
 }
 
 func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
@@ -108,41 +100,33 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	rdb, proxy := slowRedis(t, timeout)
 	direct := redisClient(t)
-	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
-		t.Run(name, func(t *testing.T) {
-			prefix := uniquePrefix(t)
-			// A fixed clock for the window, so that the test never straddles a minute
-			// (deadlines use the real clock whatever WithClock says).
-			clock := newClock(at(base, 20*time.Second))
-			opts := []limiter.Option{limiter.WithPrefix(prefix), limiter.WithClock(clock.now)}
-			if pipelined {
-				opts = append(opts, limiter.WithPipelining(timeout))
-			}
-			l := limiter.NewRedis(rdb, opts...)
-			if a, _, f := burst(l, "k", 5, 100, timeout); a != 5 || f != 0 {
-				t.Fatalf("before the hang: allowed %d, failed %d", a, f)
-			}
-			proxy.Hang()
-			_, _, failed := burst(l, "k", 20, 100, timeout)
-			proxy.Resume()
-			if failed != 20 {
-				t.Errorf("%d of 20 counts failed while Redis hung", failed)
-			}
-			time.Sleep(500 * time.Millisecond) // the held commands arrive and run
-			keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
-			if len(keys) != 1 {
-				t.Fatalf("counters %v", keys)
-			}
-			if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 5 {
-				t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
-			}
-			// And Redis counts again once it answers.
-			res, err := l.Allow(context.Background(), "k", 100)
-			if err != nil || res.Remaining != 94 {
-				t.Errorf("after the hang: %+v, %v; want remaining 94", res, err)
-			}
-		})
-	}
+	// A fixed clock for the window, so that the test never straddles a minute
+	// (deadlines use the real clock whatever WithClock says).
+	clock := newClock(at(base, 20*time.Second))
+	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
+		if a, _, f := burst(l, "k", 5, 100, timeout); a != 5 || f != 0 {
+			t.Fatalf("before the hang: allowed %d, failed %d", a, f)
+		}
+		proxy.Hang()
+		_, _, failed := burst(l, "k", 20, 100, timeout)
+		proxy.Resume()
+		if failed != 20 {
+			t.Errorf("%d of 20 counts failed while Redis hung", failed)
+		}
+		time.Sleep(500 * time.Millisecond) // the held commands arrive and run
+		keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
+		if len(keys) != 1 {
+			t.Fatalf("counters %v", keys)
+		}
+		if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 5 {
+			t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
+		}
+		// And Redis counts again once it answers.
+		res, err := l.Allow(context.Background(), "k", 100)
+		if err != nil || res.Remaining != 94 {
+			t.Errorf("after the hang: %+v, %v; want remaining 94", res, err)
+		}
+	}, limiter.WithClock(clock.now))
 }
 
 func TestCountersExpireRelativeToRedis(t *testing.T) {
@@ -180,36 +164,43 @@ func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testin
 	const timeout = 20 * time.Millisecond
 	rdb, proxy := slowRedis(t, timeout)
 	direct := redisClient(t)
+	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
+		if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
+			t.Fatal(err)
+		}
+		for i := range 20 {
+			key := fmt.Sprintf("k%d", i)
+			proxy.Hang()
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			deadline, _ := ctx.Deadline()
+			done := make(chan error, 1)
+			go func() {
+				_, err := l.Allow(ctx, key, 10)
+				done <- err
+			}()
+			time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond)))
+			proxy.Resume()
+			err := <-done
+			cancel()
+			time.Sleep(5 * time.Millisecond) // the held command runs
+			if keys, _ := direct.Keys(context.Background(), prefix+"{"+key+"}*").Result(); len(keys) != 0 {
+				t.Errorf("attempt %d (Allow: %v): counter %v written, in the last 2 ms of its timeout", i, err, keys)
+			}
+		}
+	}, limiter.WithClock(newClock(at(base, 20*time.Second)).now))
+}
+
+// bothModes runs f twice, as subtests "plain" and "pipelined" (WithPipelining(timeout)),
+// each with a limiter on rdb under a prefix of its own, and opts.
+func bothModes(t *testing.T, rdb *redis.Client, timeout time.Duration, f func(t *testing.T, l *limiter.Redis, prefix string), opts ...limiter.Option) {
 	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
 		t.Run(name, func(t *testing.T) {
 			prefix := uniquePrefix(t)
-			opts := []limiter.Option{limiter.WithPrefix(prefix), limiter.WithClock(newClock(at(base, 20*time.Second)).now)}
+			o := append([]limiter.Option{limiter.WithPrefix(prefix)}, opts...)
 			if pipelined {
-				opts = append(opts, limiter.WithPipelining(timeout))
+				o = append(o, limiter.WithPipelining(timeout))
 			}
-			l := limiter.NewRedis(rdb, opts...)
-			if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
-				t.Fatal(err)
-			}
-			for i := range 20 {
-				key := fmt.Sprintf("k%d", i)
-				proxy.Hang()
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				deadline, _ := ctx.Deadline()
-				done := make(chan error, 1)
-				go func() {
-					_, err := l.Allow(ctx, key, 10)
-					done <- err
-				}()
-				time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond)))
-				proxy.Resume()
-				err := <-done
-				cancel()
-				time.Sleep(5 * time.Millisecond) // the held command runs
-				if keys, _ := direct.Keys(context.Background(), prefix+"{"+key+"}*").Result(); len(keys) != 0 {
-					t.Errorf("attempt %d (Allow: %v): counter %v written, in the last 2 ms of its timeout", i, err, keys)
-				}
-			}
+			f(t, limiter.NewRedis(rdb, o...), prefix)
 		})
 	}
 }
