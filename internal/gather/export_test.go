@@ -18,3 +18,9 @@ func Arrive[Req, Resp any](g *Gatherer[Req, Resp]) bool {
 	_, fast := g.arrive()
 	return fast
 }
+
+// SetWorkerIdle sets how long g's worker goroutines wait for another batch before
+// they end; call it before g's first call.
+func SetWorkerIdle[Req, Resp any](g *Gatherer[Req, Resp], idle time.Duration) {
+	g.idle = idle
+}

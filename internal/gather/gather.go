@@ -13,6 +13,8 @@
 // taking only calls that arrived before it was sent. A batch that has waited MaxWait for
 // a lane is sent on a goroutine of its own, so that a slow round trip in flight never
 // costs the calls of the next batch more than MaxWait on top of their own round trip.
+// A lane's batches run on a worker goroutine that waits a second for the next batch
+// before it ends, rather than each on a new goroutine (see dispatch).
 //
 // Inline (Options.Inline): a call that finds a lane free is alone in its batch, and may
 // run it on its own goroutine under its own context rather than hand it to a goroutine
@@ -101,6 +103,9 @@ type Gatherer[Req, Resp any] struct {
 	gap     time.Duration     // moving average of the time between calls, with Linger; guarded by mu
 	yield   int               // moving average of the calls per lingering batch, in eighths; guarded by mu
 	retry   int               // batches to start before one lingers again, while yield is low; guarded by mu
+
+	work chan *batch[Req, Resp] // hands a batch to an idle worker (see dispatch)
+	idle time.Duration          // workerIdle; tests set another through export_test.go
 }
 
 // batch is one round trip's worth of calls.
@@ -121,6 +126,7 @@ func New[Req, Resp any](flush Flush[Req, Resp], opts Options) *Gatherer[Req, Res
 	return &Gatherer[Req, Resp]{
 		flush: flush, maxWait: opts.MaxWait, inline: opts.Inline, free: max(opts.Lanes, 1),
 		linger: opts.Linger, now: time.Now, gap: maxGap(opts.Linger), yield: 8 * minYield,
+		work: make(chan *batch[Req, Resp]), idle: workerIdle,
 	}
 }
 
@@ -229,7 +235,7 @@ func (g *Gatherer[Req, Resp]) handOn() {
 	}
 	g.take(b)
 	g.mu.Unlock()
-	go g.run(b)
+	g.dispatch(b)
 }
 
 // join adds req, arrived at now, to the pending batch, starting one if there is none
@@ -261,7 +267,7 @@ func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, linger bool) (*batch[
 	g.free--
 	g.take(b)
 	g.mu.Unlock()
-	go g.run(b)
+	g.dispatch(b)
 	return b, i
 }
 
@@ -276,6 +282,36 @@ func (g *Gatherer[Req, Resp]) take(b *batch[Req, Resp]) {
 		g.yield += (8*len(b.reqs) - g.yield) / 4
 		if g.yield < 8*minYield {
 			g.retry = yieldRetry
+		}
+	}
+}
+
+// dispatch runs b on a lane (see run) on a worker goroutine: one left idle by an earlier
+// batch if there is one, else a new one. A worker waits workerIdle for another batch
+// before it ends, so that under load batches are not each run on a fresh goroutine
+// whose stack the round trip's client library grows anew, copy by copy (a few
+// microseconds a batch, measured).
+func (g *Gatherer[Req, Resp]) dispatch(b *batch[Req, Resp]) {
+	select {
+	case g.work <- b:
+	default:
+		go g.worker(b)
+	}
+}
+
+// workerIdle is how long a worker goroutine waits for another batch before it ends.
+const workerIdle = time.Second
+
+func (g *Gatherer[Req, Resp]) worker(b *batch[Req, Resp]) {
+	idle := time.NewTimer(g.idle)
+	defer idle.Stop()
+	for {
+		g.run(b)
+		idle.Reset(g.idle)
+		select {
+		case b = <-g.work:
+		case <-idle.C:
+			return
 		}
 	}
 }
@@ -323,7 +359,7 @@ func (g *Gatherer[Req, Resp]) fire(b *batch[Req, Resp]) {
 		g.free--
 		g.take(b)
 		g.mu.Unlock()
-		g.run(b)
+		g.dispatch(b)
 		return
 	}
 	g.take(b)

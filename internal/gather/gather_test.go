@@ -1,9 +1,11 @@
 package gather_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -697,5 +699,46 @@ func TestALingeringBatchBehindAStuckOneGoesOutAfterLingerAndMaxWait(t *testing.T
 		if a := <-ch; a.err != nil {
 			t.Errorf("a stuck call = %+v", a)
 		}
+	}
+}
+
+// goroutineID is the id of the calling goroutine, from the first line of its stack.
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	id, _, _ := bytes.Cut(bytes.TrimPrefix(buf, []byte("goroutine ")), []byte(" "))
+	return string(id)
+}
+
+func TestBatchesRunOnAWorkerThatOutlivesThemAndEndsWhenIdle(t *testing.T) {
+	before := runtime.NumGoroutine()
+	var mu sync.Mutex
+	ran := map[string]int{} // goroutine id -> batches it ran
+	flush := func(_ context.Context, reqs []int) ([]int, error) {
+		mu.Lock()
+		ran[goroutineID()]++
+		mu.Unlock()
+		return slices.Clone(reqs), nil
+	}
+	g := gather.New(flush, gather.Options{MaxWait: time.Hour})
+	gather.SetWorkerIdle(g, 100*time.Millisecond)
+	for i := range 20 {
+		if resp, err := g.Do(context.Background(), i); resp != i || err != nil {
+			t.Fatalf("call %d: %d, %v", i, resp, err)
+		}
+		time.Sleep(2 * time.Millisecond) // the worker goes back to wait for the next
+	}
+	mu.Lock()
+	if len(ran) != 1 {
+		t.Errorf("20 batches one after another ran on %d goroutines (%v), want 1", len(ran), ran)
+	}
+	mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines 5 s after the last batch, %d before the first: the idle worker did not end",
+				runtime.NumGoroutine(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
