@@ -69,19 +69,28 @@ func TestASlowRedisInsideTheTimeoutCountsExactly(t *testing.T) {
 	// Redis answers in a bit more than half the timeout: every count must come back in
 	// time, and a limit of 50 must let exactly 50 of 200 concurrent requests through,
 	// pipelined or not. Before each round had its own deadline, pipelined callers
-	// waited for the round in flight and then their own, and timed out. (The timeout
-	// leaves 200 plain counts under -race on a busy machine 0.9 s of slack; a fixed
-	// window clock keeps the burst from straddling a minute.)
-	const timeout = 2 * time.Second
+	// waited for the round in flight and then their own, and timed out. (A fixed window
+	// clock keeps the burst from straddling a minute.)
+	const timeout = 1500 * time.Millisecond
 	rdb, proxy := slowRedis(t, timeout)
 	direct := redisClient(t)
 	clock := newClock(at(base, 20*time.Second))
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
-		// Warm: a pool of connections (a new one costs a round trip of its own, for
-		// HELLO) and the clock reading, at this speed.
+		// Warm: a pool of connections, then the clock reading at this speed. A new
+		// connection costs round trips of its own (HELLO, CLIENT SETINFO), so the
+		// burst must find its connections made, and a count that failed takes its
+		// connection with it. So the pool is filled while Redis is fast (200 dials at
+		// this speed, 20 at a time, once outlasted the warm-up under -race), and
+		// neither warm-up may fail.
+		warm := func(n int) {
+			if _, _, failed := burst(l, "warm", n, 1000, 20*timeout); failed != 0 {
+				t.Fatalf("%d of %d warm-up counts failed", failed, n)
+			}
+		}
+		warm(200)
 		proxy.SetDelay(timeout * 55 / 100)
 		defer proxy.SetDelay(0)
-		burst(l, "warm", 200, 1000, 4*timeout)
+		warm(200)
 		allowed, refused, failed := burst(l, "k", 200, 50, timeout)
 		if allowed != 50 || refused != 150 || failed != 0 {
 			t.Errorf("allowed %d, refused %d, failed %d; want 50, 150 and 0", allowed, refused, failed)
