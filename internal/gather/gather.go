@@ -289,8 +289,8 @@ func (g *Gatherer[Req, Resp]) take(b *batch[Req, Resp]) {
 // dispatch runs b on a lane (see run) on a worker goroutine: one left idle by an earlier
 // batch if there is one, else a new one. A worker waits workerIdle for another batch
 // before it ends, so that under load batches are not each run on a fresh goroutine
-// whose stack the round trip's client library grows anew, copy by copy (a few
-// microseconds a batch, measured).
+// whose stack the round trip's client library grows anew, copy by copy (README,
+// Performance: measured).
 func (g *Gatherer[Req, Resp]) dispatch(b *batch[Req, Resp]) {
 	select {
 	case g.work <- b:
