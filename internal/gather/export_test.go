@@ -24,3 +24,24 @@ func Arrive[Req, Resp any](g *Gatherer[Req, Resp]) bool {
 func SetWorkerIdle[Req, Resp any](g *Gatherer[Req, Resp], idle time.Duration) {
 	g.idle = idle
 }
+
+// WaitFree waits until every lane of g is free and no batch is pending: a worker that
+// sent the last batch has looked for another and found none.
+func WaitFree[Req, Resp any](g *Gatherer[Req, Resp], lanes int) {
+	for {
+		g.mu.Lock()
+		free := g.free == lanes && g.pending == nil
+		g.mu.Unlock()
+		if free {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Pending tells whether the batch not yet sent holds n calls.
+func Pending[Req, Resp any](g *Gatherer[Req, Resp], n int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pending != nil && len(g.pending.reqs) == n
+}

@@ -9,6 +9,15 @@
 // nothing. (A singleflight-style share of the round trip in progress would break this:
 // it can hand a call the answer of a round trip that began before it.)
 //
+// Ready callers: "as soon as a lane is free" is after one yield (runtime.Gosched) of the
+// goroutine that is to send the batch, the call that finds the lane free or the worker
+// whose round just returned. The goroutines ready to run then run first, and those of
+// them about to call Do join the batch: the callers one round trip answered at once (a
+// key lookup's, on their way to the count) or one netpoll woke, and the callers just
+// answered, on their way back in a closed loop. Without the yield the first of them
+// goes alone and the others wait for its round trip (README, Performance: measured).
+// With nothing else ready to run, the yield returns at once.
+//
 // Lanes: with one lane one batch is in flight at a time, with more several, each still
 // taking only calls that arrived before it was sent. A batch that has waited MaxWait for
 // a lane is sent on a goroutine of its own, so that a slow round trip in flight never
@@ -16,10 +25,10 @@
 // A lane's batches run on a worker goroutine that waits a second for the next batch
 // before it ends, rather than each on a new goroutine (see dispatch).
 //
-// Inline (Options.Inline): a call that finds a lane free is alone in its batch, and may
-// run it on its own goroutine under its own context rather than hand it to a goroutine
-// of the Gatherer and wait to be woken: one goroutine hand-off less, the cost that
-// matters when traffic is light and batches are of one.
+// Inline (Options.Inline): a call that finds a lane free, and is still alone in its
+// batch after the yield, may run it on its own goroutine under its own context rather
+// than hand it to a goroutine of the Gatherer and wait to be woken: one goroutine
+// hand-off less, the cost that matters when traffic is light and batches are of one.
 //
 // Linger (Options.Linger): by default a batch goes out the moment a lane is free, so on
 // a busy machine whose round trips are quick most batches hold one or two calls and
@@ -44,6 +53,7 @@ package gather
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -99,6 +109,7 @@ type Gatherer[Req, Resp any] struct {
 	pending *batch[Req, Resp] // the batch taking new calls; guarded by mu
 	free    int               // lanes not running a batch; guarded by mu
 	spare   []Req             // the requests array of a batch sent, for the next one; guarded by mu
+	opened  *batch[Req, Resp] // a batch opened that no call joined, for the next open; guarded by mu
 	last    time.Time         // when the latest call arrived, with Linger; guarded by mu
 	gap     time.Duration     // moving average of the time between calls, with Linger; guarded by mu
 	yield   int               // moving average of the calls per lingering batch, in eighths; guarded by mu
@@ -110,12 +121,13 @@ type Gatherer[Req, Resp any] struct {
 
 // batch is one round trip's worth of calls.
 type batch[Req, Resp any] struct {
-	reqs   []Req
-	timer  *time.Timer   // runs fire: after maxWait if no lane was free, or when a lingering batch is due
-	linger bool          // waits for more calls even with a lane free, until due
-	first  time.Time     // when the first call joined, if lingering
-	latest time.Time     // when the latest call joined, if lingering
-	done   chan struct{} // closed when resps and err are set
+	reqs    []Req
+	timer   *time.Timer   // runs fire: after maxWait if no lane was free, or when a lingering batch is due
+	linger  bool          // waits for more calls even with a lane free, until due
+	opening bool          // its first caller, holding a lane for it, yields before sending it (see open)
+	first   time.Time     // when the first call joined, if lingering
+	latest  time.Time     // when the latest call joined, if lingering
+	done    chan struct{} // closed when resps and err are set
 
 	resps []Resp
 	err   error
@@ -143,12 +155,15 @@ func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	g.mu.Lock()
 	now, fast := g.arrive()
 	linger := fast && g.pending == nil && g.pays()
-	if g.inline && !linger && g.free > 0 && g.pending == nil {
-		g.free--
-		g.mu.Unlock()
-		return g.alone(ctx, req)
+	if !linger && g.free > 0 && g.pending == nil {
+		return g.open(ctx, req)
 	}
 	b, i := g.join(req, now, linger)
+	return g.wait(ctx, b, i)
+}
+
+// wait waits for the answer of call i of batch b, sent or to be sent by others.
+func (g *Gatherer[Req, Resp]) wait(ctx context.Context, b *batch[Req, Resp], i int) (Resp, error) {
 	var zero Resp
 	select {
 	case <-b.done:
@@ -198,7 +213,7 @@ func (g *Gatherer[Req, Resp]) due(b *batch[Req, Resp]) time.Time {
 // ready tells whether b may take a lane now: it is not lingering, or is due. It must be
 // called with mu held.
 func (g *Gatherer[Req, Resp]) ready(b *batch[Req, Resp]) bool {
-	return !b.linger || !g.now().Before(g.due(b))
+	return !b.opening && (!b.linger || !g.now().Before(g.due(b)))
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -206,6 +221,45 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// open starts a batch with req on a free lane, which it takes, and sends it once the
+// goroutines that are ready to run have run (runtime.Gosched): those of them about to
+// call Do join it rather than wait for it to return. They are the callers that a round
+// trip just answered all at once (the lookup batch before the count, a netpoll of many
+// requests): without the yield the first of them would go alone and the others a
+// round trip later, two rounds where one does. With nothing else ready to run the
+// yield returns at once, so a lone call still waits for nothing. A batch still of one
+// runs inline (Options.Inline); a larger one on a worker. It must be called with mu
+// held, and unlocks it.
+func (g *Gatherer[Req, Resp]) open(ctx context.Context, req Req) (Resp, error) {
+	g.free--
+	b := g.opened
+	if b == nil {
+		b = &batch[Req, Resp]{done: make(chan struct{})}
+	}
+	g.opened = nil
+	b.reqs, g.spare = append(g.spare, req), nil
+	b.opening = true
+	g.pending = b
+	g.mu.Unlock()
+
+	runtime.Gosched()
+
+	g.mu.Lock()
+	b.opening = false
+	g.take(b) // nothing else takes an opening batch
+	if len(b.reqs) == 1 && g.inline {
+		// No one joined, so no one else knows b: keep it for the next open.
+		clear(b.reqs)
+		g.spare, b.reqs = b.reqs[:0], nil
+		g.opened = b
+		g.mu.Unlock()
+		return g.alone(ctx, req)
+	}
+	g.mu.Unlock()
+	g.dispatch(b)
+	return g.wait(ctx, b, 0)
 }
 
 // alone runs req as a batch of its own on the caller's goroutine, under ctx, on a lane
@@ -260,7 +314,7 @@ func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, linger bool) (*batch[
 	}
 	i := len(b.reqs)
 	b.reqs = append(b.reqs, req)
-	if g.free == 0 || b.linger {
+	if g.free == 0 || b.linger || b.opening {
 		g.mu.Unlock()
 		return b, i
 	}
@@ -316,11 +370,12 @@ func (g *Gatherer[Req, Resp]) worker(b *batch[Req, Resp]) {
 	}
 }
 
-// run sends b on a lane, then keeps the lane busy with whatever batch gathered
-// meanwhile, and frees it when none has.
+// run sends b on a lane, then, after a yield (see the package documentation), keeps
+// the lane busy with whatever batch gathered meanwhile, and frees it when none has.
 func (g *Gatherer[Req, Resp]) run(b *batch[Req, Resp]) {
 	for b != nil {
 		g.send(b)
+		runtime.Gosched()
 		g.mu.Lock()
 		b = g.pending
 		if b != nil && g.ready(b) {

@@ -391,6 +391,7 @@ func TestInlineRunsALoneCallUnderItsCallersContextAndBatchesUnderNone(t *testing
 			}
 		}
 		// The lane is free again: the next lone call runs as the first did.
+		gather.WaitFree(g, 1)
 		if resp, err := g.Do(marked(2), 3); resp != 6 || err != nil {
 			t.Errorf("inline %v: Do after the batch = %d, %v", inline, resp, err)
 		}
@@ -741,4 +742,95 @@ func TestBatchesRunOnAWorkerThatOutlivesThemAndEndsWhenIdle(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// onOneThread runs f with GOMAXPROCS 1, so that the goroutines it starts run one at a
+// time, in the scheduler's order, as they do on a busy machine.
+func onOneThread(f func()) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f()
+}
+
+// mostly runs trial 20 times and fails unless it says yes at least 15 times: a yield
+// lets the goroutines ready to run go first, except when the scheduler looks at its
+// global queue first (one schedule in 61) or the race detector shuffles its order.
+func mostly(t *testing.T, what string, trial func() (bool, string)) {
+	t.Helper()
+	yes, last := 0, ""
+	for range 20 {
+		ok, got := trial()
+		if ok {
+			yes++
+		} else {
+			last = got
+		}
+	}
+	if yes < 15 {
+		t.Errorf("%s in %d of 20 trials, want at least 15; the last other: %s", what, yes, last)
+	}
+}
+
+func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
+	// Ten callers made ready at once, as the answer of a round trip or a netpoll makes
+	// them: the first finds the lane free, and without yielding would go alone, the
+	// other nine a round trip later.
+	for _, inline := range []bool{false, true} {
+		mostly(t, fmt.Sprintf("inline %v: the first of ten callers ready at once took others into its batch", inline), func() (bool, string) {
+			f := &gate{}
+			g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline})
+			var answers []answer
+			onOneThread(func() {
+				var chs []<-chan answer
+				for i := range 10 {
+					chs = append(chs, await(context.Background(), g, i))
+				}
+				for _, ch := range chs {
+					answers = append(answers, <-ch)
+				}
+			})
+			for i, a := range answers {
+				if a.resp != 2*i || a.err != nil {
+					t.Errorf("inline %v: call %d = %+v", inline, i, a)
+				}
+			}
+			// All ten, unless another goroutine (the race detector's, a timer's) runs
+			// first and the first caller's turn comes back before all have joined.
+			return len(f.batches[0]) > 1, fmt.Sprint(f.batches)
+		})
+	}
+}
+
+func TestACallerAnsweredJoinsTheNextBatchBeforeItGoes(t *testing.T) {
+	// A closed loop: a caller calls again once answered. While its first round is in
+	// flight a second caller waits in the next batch; when the round returns, the lane
+	// lets the first caller run before it takes the next batch, so its call joins.
+	mostly(t, "the answered caller's next call joined the batch gathered meanwhile", func() (bool, string) {
+		f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
+		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
+		var second, again <-chan answer
+		onOneThread(func() {
+			loop := make(chan answer, 1)
+			go func() {
+				if resp, err := g.Do(context.Background(), 1); resp != 2 || err != nil {
+					t.Errorf("first call = %d, %v", resp, err)
+				}
+				resp, err := g.Do(context.Background(), 3)
+				loop <- answer{resp, err}
+			}()
+			again = loop
+			<-f.started
+			second = await(context.Background(), g, 2)
+			for !gather.Pending(g, 1) {
+				runtime.Gosched()
+			}
+			close(f.release)
+		})
+		if a := <-second; a.resp != 4 || a.err != nil {
+			t.Errorf("second call = %+v", a)
+		}
+		if a := <-again; a.resp != 6 || a.err != nil {
+			t.Errorf("the first caller's next call = %+v", a)
+		}
+		return fmt.Sprint(f.batches) == "[[1] [2 3]]", fmt.Sprint(f.batches)
+	})
 }
