@@ -277,8 +277,9 @@ func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (Resp, error) 
 	return resps[0], nil
 }
 
-// handOn gives the lane of a batch sent inline to the batch that gathered meanwhile,
-// if any, or frees it.
+// handOn gives the lane of a batch sent inline to a worker for the batch that gathered
+// meanwhile, if any, or frees it. The worker takes the batch when it runs, not now, so
+// that the callers that run before it (this one goes on with its request) still join.
 func (g *Gatherer[Req, Resp]) handOn() {
 	g.mu.Lock()
 	b := g.pending
@@ -287,9 +288,8 @@ func (g *Gatherer[Req, Resp]) handOn() {
 		g.mu.Unlock()
 		return
 	}
-	g.take(b)
 	g.mu.Unlock()
-	g.dispatch(b)
+	g.dispatch(nil)
 }
 
 // join adds req, arrived at now, to the pending batch, starting one if there is none
@@ -340,11 +340,11 @@ func (g *Gatherer[Req, Resp]) take(b *batch[Req, Resp]) {
 	}
 }
 
-// dispatch runs b on a lane (see run) on a worker goroutine: one left idle by an earlier
-// batch if there is one, else a new one. A worker waits workerIdle for another batch
-// before it ends, so that under load batches are not each run on a fresh goroutine
-// whose stack the round trip's client library grows anew, copy by copy (README,
-// Performance: measured).
+// dispatch runs b (nil: the batch pending when it starts) on a lane (see run) on a
+// worker goroutine: one left idle by an earlier batch if there is one, else a new one.
+// A worker waits workerIdle for another batch before it ends, so that under load
+// batches are not each run on a fresh goroutine whose stack the round trip's client
+// library grows anew, copy by copy (README, Performance: measured).
 func (g *Gatherer[Req, Resp]) dispatch(b *batch[Req, Resp]) {
 	select {
 	case g.work <- b:
@@ -370,22 +370,32 @@ func (g *Gatherer[Req, Resp]) worker(b *batch[Req, Resp]) {
 	}
 }
 
-// run sends b on a lane, then, after a yield (see the package documentation), keeps
-// the lane busy with whatever batch gathered meanwhile, and frees it when none has.
+// run sends b (if nil, the batch pending) on a lane, then, after a yield (see the
+// package documentation), keeps the lane busy with whatever batch gathered meanwhile,
+// and frees it when none has.
 func (g *Gatherer[Req, Resp]) run(b *batch[Req, Resp]) {
+	if b == nil {
+		b = g.next()
+	}
 	for b != nil {
 		g.send(b)
 		runtime.Gosched()
-		g.mu.Lock()
-		b = g.pending
-		if b != nil && g.ready(b) {
-			g.take(b)
-		} else {
-			b = nil // none, or a lingering batch not due, which goes when its timer says
-			g.free++
-		}
-		g.mu.Unlock()
+		b = g.next()
 	}
+}
+
+// next takes the pending batch for a lane that has come free, or frees the lane if
+// there is none, or only a lingering batch not due, which goes when its timer says.
+func (g *Gatherer[Req, Resp]) next() *batch[Req, Resp] {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.pending
+	if b == nil || !g.ready(b) {
+		g.free++
+		return nil
+	}
+	g.take(b)
+	return b
 }
 
 // fire runs on b's timer. A batch that waited maxWait for a lane is sent on the timer's

@@ -803,34 +803,43 @@ func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 func TestACallerAnsweredJoinsTheNextBatchBeforeItGoes(t *testing.T) {
 	// A closed loop: a caller calls again once answered. While its first round is in
 	// flight a second caller waits in the next batch; when the round returns, the lane
-	// lets the first caller run before it takes the next batch, so its call joins.
-	mostly(t, "the answered caller's next call joined the batch gathered meanwhile", func() (bool, string) {
-		f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
-		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
-		var second, again <-chan answer
-		onOneThread(func() {
-			loop := make(chan answer, 1)
-			go func() {
-				if resp, err := g.Do(context.Background(), 1); resp != 2 || err != nil {
-					t.Errorf("first call = %d, %v", resp, err)
-				}
-				resp, err := g.Do(context.Background(), 3)
-				loop <- answer{resp, err}
-			}()
-			again = loop
-			<-f.started
-			second = await(context.Background(), g, 2)
-			for !gather.Pending(g, 1) {
-				runtime.Gosched()
-			}
-			close(f.release)
+	// lets the first caller run before it takes the next batch, so its call joins. Run
+	// inline, the first round hands its lane to a worker that takes the batch when it
+	// starts, after the caller has gone on.
+	for _, inline := range []bool{false, true} {
+		mostly(t, fmt.Sprintf("inline %v: the answered caller's next call joined the batch gathered meanwhile", inline), func() (bool, string) {
+			return answeredJoins(t, inline)
 		})
-		if a := <-second; a.resp != 4 || a.err != nil {
-			t.Errorf("second call = %+v", a)
+	}
+}
+
+// answeredJoins is one trial of TestACallerAnsweredJoinsTheNextBatchBeforeItGoes.
+func answeredJoins(t *testing.T, inline bool) (bool, string) {
+	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline})
+	var second, again <-chan answer
+	onOneThread(func() {
+		loop := make(chan answer, 1)
+		go func() {
+			if resp, err := g.Do(context.Background(), 1); resp != 2 || err != nil {
+				t.Errorf("first call = %d, %v", resp, err)
+			}
+			resp, err := g.Do(context.Background(), 3)
+			loop <- answer{resp, err}
+		}()
+		again = loop
+		<-f.started
+		second = await(context.Background(), g, 2)
+		for !gather.Pending(g, 1) {
+			runtime.Gosched()
 		}
-		if a := <-again; a.resp != 6 || a.err != nil {
-			t.Errorf("the first caller's next call = %+v", a)
-		}
-		return fmt.Sprint(f.batches) == "[[1] [2 3]]", fmt.Sprint(f.batches)
+		close(f.release)
 	})
+	if a := <-second; a.resp != 4 || a.err != nil {
+		t.Errorf("second call = %+v", a)
+	}
+	if a := <-again; a.resp != 6 || a.err != nil {
+		t.Errorf("the first caller's next call = %+v", a)
+	}
+	return fmt.Sprint(f.batches) == "[[1] [2 3]]", fmt.Sprint(f.batches)
 }
