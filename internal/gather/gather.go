@@ -9,14 +9,15 @@
 // nothing. (A singleflight-style share of the round trip in progress would break this:
 // it can hand a call the answer of a round trip that began before it.)
 //
-// Ready callers: "as soon as a lane is free" is after one yield (runtime.Gosched) of the
-// goroutine that is to send the batch, the call that finds the lane free or the worker
-// whose round just returned. The goroutines ready to run then run first, and those of
-// them about to call Do join the batch: the callers one round trip answered at once (a
-// key lookup's, on their way to the count) or one netpoll woke, and the callers just
-// answered, on their way back in a closed loop. Without the yield the first of them
+// Ready callers: "as soon as a lane is free" is after one runtime.Gosched of the
+// goroutine that is to send the batch: the call that finds the lane free, or the worker
+// whose round just returned (or that an inline call handed its lane on to, which takes
+// the batch only when it runs). The goroutines ready to run then run first, and those
+// of them about to call Do join the batch: the callers one round trip answered at once
+// (a key lookup's, on their way to the count) or one netpoll woke, and the callers just
+// answered, on their way back in a closed loop. Without the Gosched the first of them
 // goes alone and the others wait for its round trip (README, Performance: measured).
-// With nothing else ready to run, the yield returns at once.
+// With nothing else ready to run, Gosched returns at once.
 //
 // Lanes: with one lane one batch is in flight at a time, with more several, each still
 // taking only calls that arrived before it was sent. A batch that has waited MaxWait for
@@ -26,7 +27,7 @@
 // before it ends, rather than each on a new goroutine (see dispatch).
 //
 // Inline (Options.Inline): a call that finds a lane free, and is still alone in its
-// batch after the yield, may run it on its own goroutine under its own context rather
+// batch after the Gosched, may run it on its own goroutine under its own context rather
 // than hand it to a goroutine of the Gatherer and wait to be woken: one goroutine
 // hand-off less, the cost that matters when traffic is light and batches are of one.
 //
@@ -124,7 +125,7 @@ type batch[Req, Resp any] struct {
 	reqs    []Req
 	timer   *time.Timer   // runs fire: after maxWait if no lane was free, or when a lingering batch is due
 	linger  bool          // waits for more calls even with a lane free, until due
-	opening bool          // its first caller, holding a lane for it, yields before sending it (see open)
+	opening bool          // its first caller, holding a lane for it, calls Gosched before sending it (see open)
 	first   time.Time     // when the first call joined, if lingering
 	latest  time.Time     // when the latest call joined, if lingering
 	done    chan struct{} // closed when resps and err are set
@@ -227,9 +228,9 @@ func minTime(a, b time.Time) time.Time {
 // goroutines that are ready to run have run (runtime.Gosched): those of them about to
 // call Do join it rather than wait for it to return. They are the callers that a round
 // trip just answered all at once (the lookup batch before the count, a netpoll of many
-// requests): without the yield the first of them would go alone and the others a
-// round trip later, two rounds where one does. With nothing else ready to run the
-// yield returns at once, so a lone call still waits for nothing. A batch still of one
+// requests): without the Gosched the first of them would go alone and the others a
+// round trip later, two rounds where one does. With nothing else ready to run
+// Gosched returns at once, so a lone call still waits for nothing. A batch still of one
 // runs inline (Options.Inline); a larger one on a worker. It must be called with mu
 // held, and unlocks it.
 func (g *Gatherer[Req, Resp]) open(ctx context.Context, req Req) (Resp, error) {
@@ -370,7 +371,7 @@ func (g *Gatherer[Req, Resp]) worker(b *batch[Req, Resp]) {
 	}
 }
 
-// run sends b (if nil, the batch pending) on a lane, then, after a yield (see the
+// run sends b (if nil, the batch pending) on a lane, then, after a Gosched (see the
 // package documentation), keeps the lane busy with whatever batch gathered meanwhile,
 // and frees it when none has.
 func (g *Gatherer[Req, Resp]) run(b *batch[Req, Resp]) {

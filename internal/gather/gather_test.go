@@ -751,8 +751,8 @@ func onOneThread(f func()) {
 	f()
 }
 
-// mostly runs trial 20 times and fails unless it says yes at least 15 times: a yield
-// lets the goroutines ready to run go first, except when the scheduler looks at its
+// mostly runs trial 20 times and fails unless it says yes at least 15 times: a
+// Gosched lets the goroutines ready to run go first, except when the scheduler looks at its
 // global queue first (one schedule in 61) or the race detector shuffles its order.
 func mostly(t *testing.T, what string, trial func() (bool, string)) {
 	t.Helper()
@@ -772,7 +772,7 @@ func mostly(t *testing.T, what string, trial func() (bool, string)) {
 
 func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 	// Ten callers made ready at once, as the answer of a round trip or a netpoll makes
-	// them: the first finds the lane free, and without yielding would go alone, the
+	// them: the first finds the lane free, and without its Gosched would go alone, the
 	// other nine a round trip later.
 	for _, inline := range []bool{false, true} {
 		mostly(t, fmt.Sprintf("inline %v: the first of ten callers ready at once took others into its batch", inline), func() (bool, string) {
