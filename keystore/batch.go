@@ -24,8 +24,9 @@ import (
 // waited a tenth of Timeout for a lane goes out on a lane of its own: a slow query in
 // flight never costs the requests of the next batch more than that on top of their
 // own query, so a PostgreSQL answering within the timeout does not turn them into 503s.
-// A request that finds a lane free is a batch of its own, and runs its query itself,
-// on its own goroutine (see query). (The gathering is internal/gather's; a Batcher
+// A request that finds a lane free, and is still alone once the requests ready to run
+// have had their turn (gather's Gosched), is a batch of its own, and runs its query
+// itself, on its own goroutine (see query). (The gathering is internal/gather's; a Batcher
 // adds the query.)
 type Batcher struct {
 	store   *Store

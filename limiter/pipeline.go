@@ -77,7 +77,8 @@ func (p *pipeline) count(ctx context.Context, counterKey string, ttl, deadline i
 //
 // The round runs until the last of its callers gives up (or for timeout if one has no
 // deadline): a round serves many callers, so no one caller's context may cut it short.
-// A count that finds the lane free is a round of its own, run on its caller's
+// A count that finds the lane free, and is still alone once the callers ready to run
+// have had their turn (gather's Gosched), is a round of its own, run on its caller's
 // goroutine under its caller's context (gather.Options.Inline: one goroutine hand-off
 // less, the common case under light traffic); go-redis ends a command at its
 // context's deadline, so the caller still gets its answer by then.

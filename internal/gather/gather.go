@@ -31,9 +31,9 @@
 // than hand it to a goroutine of the Gatherer and wait to be woken: one goroutine
 // hand-off less, the cost that matters when traffic is light and batches are of one.
 //
-// Linger (Options.Linger): by default a batch goes out the moment a lane is free, so on
-// a busy machine whose round trips are quick most batches hold one or two calls and
-// every call pays a round trip of its own. With Linger, a batch started while calls
+// Linger (Options.Linger): by default a batch goes out the moment a lane is free (after
+// the Gosched above), so on a busy machine whose round trips are quick batches hold the
+// few calls that arrived during one, and every call pays a good share of a round trip. With Linger, a batch started while calls
 // come fast (the moving average of the time between calls, the gap, at most Linger/4)
 // lingers, as with Kafka's linger.ms: even with a lane free it goes out only once calls
 // pause (no call for twice the gap, and for at least Linger/8) or once Linger has
