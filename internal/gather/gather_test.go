@@ -751,8 +751,8 @@ func onOneThread(f func()) {
 	f()
 }
 
-// mostly runs trial 20 times and fails unless it says yes at least 15 times: a
-// Gosched lets the goroutines ready to run go first, except when the scheduler looks at its
+// mostly runs trial 20 times and fails unless it says yes at least 15 times: a Gosched
+// lets the goroutines ready to run go first, except when the scheduler looks at its
 // global queue first (one schedule in 61) or the race detector shuffles its order.
 func mostly(t *testing.T, what string, trial func() (bool, string)) {
 	t.Helper()
