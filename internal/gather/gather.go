@@ -33,11 +33,12 @@
 //
 // Linger (Options.Linger): by default a batch goes out the moment a lane is free (after
 // the Gosched above), so on a busy machine whose round trips are quick batches hold the
-// few calls that arrived during one, and every call pays a good share of a round trip. With Linger, a batch started while calls
-// come fast (the moving average of the time between calls, the gap, at most Linger/4)
-// lingers, as with Kafka's linger.ms: even with a lane free it goes out only once calls
-// pause (no call for twice the gap, and for at least Linger/8) or once Linger has
-// passed since its first call, whichever comes first. Under a closed loop of clients
+// few calls that arrived during one, and every call pays a good share of a round trip.
+// With Linger, a batch started while calls come fast (the moving average of the time
+// between calls, the gap, at most Linger/4) lingers, as with Kafka's linger.ms: even
+// with a lane free it goes out only once calls pause (no call for twice the gap, and
+// for at least Linger/8) or once Linger has passed since its first call, whichever
+// comes first. Under a closed loop of clients
 // (each sends its next request when it has its answer) the pause comes when every
 // client is waiting, so the batch takes them all. When calls slow down, batches go out
 // at once again. And a rate is not enough: a few clients in a closed loop can send fast
