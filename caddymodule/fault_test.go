@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/keystore"
@@ -66,14 +67,20 @@ func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 	pg := newLatencyProxy(t, hostOf(t, d.url))
 	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
 	up := newUpstream(t)
+	slowRedis := withHost(t, redisURL(t), rd.Addr())
 	gw := startGateway(t, gatewayConfig{
 		handler: gatewayOptions(withHost(t, d.url, pg.Addr())+"&pool_max_conns=8", map[string]any{
-			"redis_url": withHost(t, redisURL(t), rd.Addr()), "database_timeout": "1500ms", "redis_timeout": "1s",
+			"redis_url": slowRedis, "database_timeout": "1500ms", "redis_timeout": "1s",
 		}),
 		upstream: up.addr(),
 	})
 	awayFromWindowEdge(t, 12*time.Second)
-	// Warm connections at a speed where opening them fits in the timeouts.
+	// Warm connections at a speed where opening them fits in the timeouts. The rounds
+	// that overlap while Redis is slow (up to one per tenth of redis_timeout) each need
+	// a connection that has already sent HELLO and CLIENT SETINFO; batched counts
+	// would open only one or two, so the test opens Redis's itself.
+	rd.SetDelay(20 * time.Millisecond)
+	openRedisConns(t, slowRedis, 12)
 	pg.SetDelay(300 * time.Millisecond)
 	rd.SetDelay(200 * time.Millisecond)
 	statuses(t, gw, 60, "/v1/me", warmKey)
@@ -84,6 +91,32 @@ func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 	if got[http.StatusOK] != 20 || got[http.StatusTooManyRequests] != 40 || uncounted != 0 {
 		t.Errorf("statuses %v, %d let through uncounted; want 20 200s and 40 429s, all counted", got, uncounted)
 	}
+}
+
+// openRedisConns has the gateway's Redis client for url open n connections at once
+// (n concurrent PINGs), each of which then stays in its pool, idle and ready.
+func openRedisConns(t *testing.T, url string, n int) {
+	t.Helper()
+	var client redis.UniversalClient
+	pools.Range(func(key, value any) bool {
+		if e, ok := value.(redisEntry); ok && strings.Contains(key.(string), "\x00"+url+"\x00") {
+			client = e.client
+			return false
+		}
+		return true
+	})
+	if client == nil {
+		t.Fatalf("no Redis client for %s among the gateway's pools", url)
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if err := client.Ping(context.Background()).Err(); err != nil {
+				t.Errorf("opening a Redis connection: %v", err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
