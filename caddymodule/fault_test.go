@@ -77,8 +77,8 @@ func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 	awayFromWindowEdge(t, 12*time.Second)
 	// Warm connections at a speed where opening them fits in the timeouts. The rounds
 	// that overlap while Redis is slow (up to one per tenth of redis_timeout) each need
-	// a connection that has already sent HELLO and CLIENT SETINFO; batched counts
-	// would open only one or two, so the test opens Redis's itself.
+	// a connection that has already sent HELLO and CLIENT SETINFO. Batched counts
+	// would open only one or two, so the test opens them itself.
 	rd.SetDelay(20 * time.Millisecond)
 	openRedisConns(t, slowRedis, 12)
 	pg.SetDelay(300 * time.Millisecond)
