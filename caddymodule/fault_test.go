@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/keystore"
@@ -80,7 +79,7 @@ func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 	// a connection that has already sent HELLO and CLIENT SETINFO. Batched counts
 	// would open only one or two, so the test opens them itself.
 	rd.SetDelay(20 * time.Millisecond)
-	openRedisConns(t, slowRedis, 12)
+	openRedisConns(t, slowRedis, time.Second, 12)
 	pg.SetDelay(300 * time.Millisecond)
 	rd.SetDelay(200 * time.Millisecond)
 	statuses(t, gw, 60, "/v1/me", warmKey)
@@ -93,18 +92,12 @@ func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 	}
 }
 
-// openRedisConns has the gateway's Redis client for url open n connections at once
-// (n concurrent PINGs), each of which then stays in its pool, idle and ready.
-func openRedisConns(t *testing.T, url string, n int) {
+// openRedisConns has the gateway's Redis client for url and timeout open n
+// connections at once (n concurrent PINGs), each of which then stays in its pool,
+// idle and ready.
+func openRedisConns(t *testing.T, url string, timeout time.Duration, n int) {
 	t.Helper()
-	var client redis.UniversalClient
-	pools.Range(func(key, value any) bool {
-		if e, ok := value.(redisEntry); ok && strings.Contains(key.(string), "\x00"+url+"\x00") {
-			client = e.client
-			return false
-		}
-		return true
-	})
+	client := sharedRedis(url, timeout)
 	if client == nil {
 		t.Fatalf("no Redis client for %s among the gateway's pools", url)
 	}

@@ -59,11 +59,12 @@ func sharedPool(url string) *pgxpool.Pool {
 	return p
 }
 
-// sharedRedis returns the Redis client pools holds under url, or nil.
-func sharedRedis(url string) *redis.Client {
+// sharedRedis returns the Redis client pools holds under url and timeout (single
+// mode, no CA file), or nil.
+func sharedRedis(url string, timeout time.Duration) *redis.Client {
 	var c *redis.Client
 	pools.Range(func(key, value any) bool {
-		if key == redisPoolKey("", url, "", defaultRedisTimeout) {
+		if key == redisPoolKey("", url, "", timeout) {
 			c = value.(redisEntry).client.(*redis.Client)
 		}
 		return true
@@ -149,7 +150,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if pool == nil {
 		t.Fatalf("no shared pool for the database; pools: %v", poolEntries())
 	}
-	client := sharedRedis(rURL)
+	client := sharedRedis(rURL, defaultRedisTimeout)
 	if client == nil {
 		t.Fatalf("no shared Redis client; pools: %v", poolEntries())
 	}
@@ -172,7 +173,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if n := entries[redisPoolKey("", rURL, "", defaultRedisTimeout)]; n != 1 {
 		t.Errorf("redis client references after the reloads: %d, want 1 (%v)", n, entries)
 	}
-	if got := sharedRedis(rURL); got != client {
+	if got := sharedRedis(rURL, defaultRedisTimeout); got != client {
 		t.Error("a reload built a new Redis client")
 	}
 	// Pools grow with demand, up to their size; one pool per reload would not fit.
