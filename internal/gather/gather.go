@@ -284,14 +284,11 @@ func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (Resp, error) 
 // that the callers that run before it (this one goes on with its request) still join.
 func (g *Gatherer[Req, Resp]) handOn() {
 	g.mu.Lock()
-	b := g.pending
-	if b == nil || !g.ready(b) { // a lingering batch not due goes when its timer says
-		g.free++
-		g.mu.Unlock()
-		return
-	}
+	kept := g.keepLane()
 	g.mu.Unlock()
-	g.dispatch(nil)
+	if kept {
+		g.dispatch(nil)
+	}
 }
 
 // join adds req, arrived at now, to the pending batch, starting one if there is none
@@ -386,18 +383,28 @@ func (g *Gatherer[Req, Resp]) run(b *batch[Req, Resp]) {
 	}
 }
 
-// next takes the pending batch for a lane that has come free, or frees the lane if
-// there is none, or only a lingering batch not due, which goes when its timer says.
+// next takes the pending batch for a lane that has come free, or frees the lane (see
+// keepLane).
 func (g *Gatherer[Req, Resp]) next() *batch[Req, Resp] {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	b := g.pending
-	if b == nil || !g.ready(b) {
-		g.free++
+	if !g.keepLane() {
 		return nil
 	}
+	b := g.pending
 	g.take(b)
 	return b
+}
+
+// keepLane tells whether a lane that has come free has a batch to take, and frees it
+// if not: there is none pending, or only a lingering batch not due, which goes when its
+// timer says. It must be called with mu held.
+func (g *Gatherer[Req, Resp]) keepLane() bool {
+	if b := g.pending; b != nil && g.ready(b) {
+		return true
+	}
+	g.free++
+	return false
 }
 
 // fire runs on b's timer. A batch that waited maxWait for a lane is sent on the timer's
