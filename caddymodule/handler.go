@@ -195,10 +195,10 @@ type Handler struct {
 }
 
 // Verifier looks up a presented key that keystore.Format.Parse has split into its key
-// id and secret: keystore.Store and keystore.Batcher do. It keeps "rejected" apart
-// from "broken": an unknown, revoked or expired key or a wrong secret is (Key{},
-// false, nil), a lookup that could not be made is an error. The first answers 401,
-// the second 503.
+// id and secret: a keystore.Batcher, or a keystore.Store in a storeWithin. It keeps
+// "rejected" apart from "broken": an unknown, revoked or expired key or a wrong secret
+// is (Key{}, false, nil), a lookup that could not be made is an error. The first
+// answers 401, the second 503. It bounds each lookup's wait by database_timeout itself.
 type Verifier interface {
 	VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error)
 }
@@ -239,10 +239,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.lastUsed = lu
 	}
 	store := keystore.New(pool, h.format)
-	h.verifier = store
+	h.verifier = storeWithin{store, time.Duration(h.DatabaseTimeout)}
 	if !h.DisableLookupBatching {
-		// database_timeout serves two layers, each bounding its own wait once: verify
-		// bounds how long a request waits for its answer, and Timeout bounds the batch
+		// Timeout bounds both how long a request waits for its answer and the batch
 		// query, which serves many requests and so runs under none of their contexts
 		// (a request giving up must not cancel the others' query).
 		opts := keystore.BatcherOptions{
@@ -262,13 +261,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		h.poolKeys = append(h.poolKeys, key)
-		var opts []limiter.Option
+		opts := []limiter.Option{limiter.WithTimeout(time.Duration(h.RedisTimeout))}
 		if !h.DisableCountPipelining {
 			opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)), limiter.WithLinger(time.Duration(h.BatchLinger)))
 		}
 		h.limiter = &redisLimiter{
 			lim:     limiter.NewRedis(client, opts...),
-			timeout: time.Duration(h.RedisTimeout),
 			breaker: newBreaker(h.breakerChanged("redis")),
 			metrics: h.metrics,
 		}
@@ -509,19 +507,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.proxy(w, r, next, key, counted)
 }
 
-// verify looks the key up within database_timeout, unless PostgreSQL's breaker is
-// open. This bounds the request's wait; a Batcher bounds its shared query itself (see
-// Provision).
+// verify looks the key up, unless PostgreSQL's breaker is open. The verifier bounds
+// the request's wait by database_timeout itself (see Provision).
 func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
 	through, probe := h.pgBreaker.allow()
 	if !through {
 		return keystore.Key{}, false, errBreakerOpen
 	}
-	lctx, cancel := context.WithTimeout(ctx, time.Duration(h.DatabaseTimeout))
-	defer cancel()
-	key, ok, err := h.verifier.VerifyParsed(lctx, keyID, secret)
+	key, ok, err := h.verifier.VerifyParsed(ctx, keyID, secret)
 	h.pgBreaker.done(probe, resultOf(ctx, err))
 	return key, ok, err
+}
+
+// storeWithin is the Verifier of disable_lookup_batching: a Store whose every lookup
+// is bounded by database_timeout, as a Batcher's are by its Timeout.
+type storeWithin struct {
+	store   *keystore.Store
+	timeout time.Duration
+}
+
+func (s storeWithin) VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.store.VerifyParsed(ctx, keyID, secret)
 }
 
 // resultOf tells a breaker what a call under the request's context ctx came to: a

@@ -100,14 +100,13 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 	}
 }
 
-// redisLimiter is the Redis limiter as the handler counts in it: each count bounded
-// by redis_timeout (the one request-level bound on Redis; the client's own timeouts
-// bound its parts, see newRedisClient), behind Redis's circuit breaker, and noted in
-// keygate_dependency_up. The in-process limiter needs none of this, so the handler
-// counts in either without asking which.
+// redisLimiter is the Redis limiter as the handler counts in it: behind Redis's
+// circuit breaker, and noted in keygate_dependency_up. lim bounds each count by
+// redis_timeout itself (limiter.WithTimeout: the one request-level bound on Redis; the
+// client's own timeouts bound its parts, see newRedisClient). The in-process limiter
+// needs none of this, so the handler counts in either without asking which.
 type redisLimiter struct {
 	lim     limiter.Limiter
-	timeout time.Duration
 	breaker *breaker
 	metrics *metrics // nil with disable_metrics
 }
@@ -126,9 +125,7 @@ func (l *redisLimiter) allow(ctx context.Context, key string, limit int) (limite
 	if !through {
 		return limiter.Result{}, errBreakerOpen
 	}
-	cctx, cancel := context.WithTimeout(ctx, l.timeout)
-	defer cancel()
-	rl, err := l.lim.Allow(cctx, key, limit)
+	rl, err := l.lim.Allow(ctx, key, limit)
 	l.breaker.done(probe, resultOf(ctx, err))
 	return rl, err
 }

@@ -41,8 +41,10 @@ type Batcher struct {
 type BatcherOptions struct {
 	// Lanes is the number of batch queries that may be in flight at once. Default: 1.
 	Lanes int
-	// Timeout bounds each batch query, which serves many requests and so does not run
-	// under any one request's context. Default: 5s.
+	// Timeout bounds each lookup: a request waits at most Timeout for its answer (less
+	// if its context's deadline is sooner), and a batch query, which serves many
+	// requests and so runs under none of their contexts, runs until the last of its
+	// requests gives up. Default: 5s.
 	Timeout time.Duration
 	// Linger lets a batch query started while lookups come fast wait up to Linger
 	// for more (internal/gather, Options.Linger). Default: 0 (never wait).
@@ -77,8 +79,10 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 // Store.VerifyParsed.
 func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	sum := HashSecret(secret)
-	rows, err := b.batches.Do(ctx, keyID)
-	if err != nil && err == ctx.Err() {
+	// The deadline goes to the Gatherer, not into a context of its own: it costs a
+	// pooled timer there, and a context.WithTimeout four allocations (gather.DoBy).
+	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), keyID)
+	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
 		return Key{}, false, fmt.Errorf("looking up key: %w", err)
 	}
 	if err != nil {
@@ -89,9 +93,9 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 	return k, ok, nil
 }
 
-// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids,
-// under the Batcher's own timeout. Every request of the batch gets the live keys it
-// found, by key id.
+// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids, by
+// the latest deadline of its requests (Timeout from now if one has none). Every
+// request of the batch gets the live keys it found, by key id.
 //
 // A lookup that finds a lane free runs inline, on its request's goroutine (ctx is then
 // the request's, not context.Background()): one goroutine hand-off less. It must end
@@ -99,18 +103,17 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 // RequestLookup), so it runs under a context of its own with that deadline and
 // RequestLookup's mark, and not the request's cancellation: a client that goes away
 // does not cut a lookup of a few hundred microseconds short.
-func (b *Batcher) query(ctx context.Context, keyIDs []string) ([]map[string]row, error) {
+func (b *Batcher) query(ctx context.Context, deadline time.Time, keyIDs []string) ([]map[string]row, error) {
 	ids := distinct(keyIDs)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(len(ids)))
 	if b.onBatch != nil {
 		b.onBatch(len(ids))
 	}
-	deadline := time.Now().Add(b.timeout)
+	if deadline.IsZero() {
+		deadline = time.Now().Add(b.timeout)
+	}
 	if ctx != context.Background() {
-		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
 		ctx = context.WithValue(context.Background(), requestLookupKey{}, true)
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)

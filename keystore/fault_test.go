@@ -85,3 +85,36 @@ func TestASlowDatabaseInsideTheTimeoutAnswersEveryLookup(t *testing.T) {
 		t.Errorf("%d of 100 lookups answered, %d failed; want all answered", ok, failed)
 	}
 }
+
+func TestABatcherBoundsLookupsWithoutADeadlineByItsTimeout(t *testing.T) {
+	// The gateway's lookups carry no deadline of their own: the Batcher's Timeout is
+	// theirs, for the lookup run inline and for those waiting on a batch alike.
+	const timeout = 300 * time.Millisecond
+	s, full, proxy := slowStore(t)
+	b := keystore.NewBatcher(s, keystore.BatcherOptions{Lanes: 1, Timeout: timeout})
+	if _, good, err := b.Verify(context.Background(), full); !good || err != nil {
+		t.Fatalf("before the hang: %v, %v", good, err)
+	}
+	proxy.Hang()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	start := time.Now()
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := b.Verify(context.Background(), full); err != nil {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	waited := time.Since(start)
+	proxy.Resume()
+	if failed.Load() != 10 || waited < timeout || waited > 3*timeout {
+		t.Errorf("%d of 10 lookups failed, after %v, while PostgreSQL hung; want 10 after %v", failed.Load(), waited, timeout)
+	}
+	if _, good, err := b.Verify(context.Background(), full); !good || err != nil {
+		t.Errorf("after the hang: %v, %v", good, err)
+	}
+}

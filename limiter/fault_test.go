@@ -36,8 +36,8 @@ func slowRedis(t *testing.T, timeout time.Duration) (*redis.Client, *latencyprox
 	return c, p
 }
 
-// burst runs n concurrent Allow calls, each under its own timeout, and returns how many
-// were allowed, refused and failed.
+// burst runs n concurrent Allow calls, each under its own timeout (0: none), and
+// returns how many were allowed, refused and failed.
 func burst(l limiter.Limiter, key string, n, limit int, timeout time.Duration) (allowed, refused, failed int64) {
 	var a, r, f atomic.Int64
 	var wg sync.WaitGroup
@@ -47,8 +47,12 @@ func burst(l limiter.Limiter, key string, n, limit int, timeout time.Duration) (
 		go func() {
 			defer wg.Done()
 			<-start
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
+			ctx := context.Background()
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
 			res, err := l.Allow(ctx, key, limit)
 			switch {
 			case err != nil:
@@ -139,6 +143,36 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 			t.Errorf("after the hang: %+v, %v; want remaining 94", res, err)
 		}
 	}, limiter.WithClock(clock.now))
+}
+
+func TestWithTimeoutBoundsCallsWithoutADeadlineAndTheirCountsAreNotWrittenLater(t *testing.T) {
+	// The gateway's calls carry no deadline of their own: WithTimeout gives them one,
+	// which bounds the wait and goes to Redis, as a context's does.
+	const timeout = 300 * time.Millisecond
+	rdb, proxy := slowRedis(t, 10*timeout) // the client's own timeouts are not what ends the wait
+	direct := redisClient(t)
+	clock := newClock(at(base, 20*time.Second))
+	bothModes(t, rdb, 10*timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
+		if a, _, f := burst(l, "k", 5, 100, 0); a != 5 || f != 0 {
+			t.Fatalf("before the hang: allowed %d, failed %d", a, f)
+		}
+		proxy.Hang()
+		start := time.Now()
+		_, _, failed := burst(l, "k", 20, 100, 0)
+		waited := time.Since(start)
+		proxy.Resume()
+		if failed != 20 || waited < timeout || waited > 3*timeout {
+			t.Errorf("%d of 20 counts failed, after %v, while Redis hung; want 20 after %v", failed, waited, timeout)
+		}
+		time.Sleep(500 * time.Millisecond) // the held commands arrive and run
+		keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
+		if len(keys) != 1 {
+			t.Fatalf("counters %v", keys)
+		}
+		if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 5 {
+			t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
+		}
+	}, limiter.WithClock(clock.now), limiter.WithTimeout(timeout))
 }
 
 func TestCountersExpireRelativeToRedis(t *testing.T) {

@@ -49,6 +49,7 @@ type Option func(*options)
 type options struct {
 	now             func() time.Time
 	prefix          string
+	timeout         time.Duration // WithTimeout; 0: none
 	pipelineTimeout time.Duration // 0: no pipelining
 	linger          time.Duration // WithLinger; 0: none
 }
@@ -62,6 +63,14 @@ func WithClock(now func() time.Time) Option {
 // WithPrefix sets the prefix of the Redis keys holding counts. Default: "keygate:rl:".
 func WithPrefix(prefix string) Option {
 	return func(o *options) { o.prefix = prefix }
+}
+
+// WithTimeout bounds each Allow of a Redis limiter: its deadline is its context's, or
+// d after it is called if that is sooner. A deadline set this way costs a pipelined
+// count a pooled timer where a context.WithTimeout of the caller's costs four
+// allocations (internal/gather, DoBy). Default: the context's deadline only.
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) { o.timeout = d }
 }
 
 // WithPipelining makes a Redis limiter gather the counts of concurrent Allow calls into

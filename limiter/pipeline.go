@@ -38,10 +38,9 @@ type pipeline struct {
 
 // pipelinedCount is one Allow call's count in a round.
 type pipelinedCount struct {
-	counterKey     string
-	ttl            int64 // milliseconds
-	redisDeadline  int64 // the caller's deadline on Redis's clock, for the script; 0 for none
-	callerDeadline int64 // the caller's deadline on our clock in Unix nanoseconds; 0 for none
+	counterKey    string
+	ttl           int64 // milliseconds
+	redisDeadline int64 // the caller's deadline on Redis's clock, for the script; 0 for none
 }
 
 // countReply is the script's answer to one count.
@@ -56,13 +55,11 @@ func newPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redisClock
 	return p
 }
 
-// count adds one count of counterKey to the next round and waits for its answer.
-func (p *pipeline) count(ctx context.Context, counterKey string, ttl, deadline int64) (int64, error) {
-	c := pipelinedCount{counterKey: counterKey, ttl: ttl, redisDeadline: deadline}
-	if d, ok := ctx.Deadline(); ok {
-		c.callerDeadline = d.UnixNano()
-	}
-	reply, err := p.rounds.Do(ctx, c)
+// count adds one count of counterKey to the next round and waits for its answer until
+// ctx ends or deadline (zero: none) passes; redisDeadline is deadline on Redis's clock.
+func (p *pipeline) count(ctx context.Context, deadline time.Time, counterKey string, ttl, redisDeadline int64) (int64, error) {
+	c := pipelinedCount{counterKey: counterKey, ttl: ttl, redisDeadline: redisDeadline}
+	reply, err := p.rounds.DoBy(ctx, deadline, c)
 	if err != nil {
 		return 0, err
 	}
@@ -75,17 +72,21 @@ func (p *pipeline) count(ctx context.Context, counterKey string, ttl, deadline i
 // (see incrScript). Each call still touches one key, as Cluster wants. Calls refused
 // with NOSCRIPT (after a SCRIPT FLUSH or a failover) did not run, and go again as EVAL.
 //
-// The round runs until the last of its callers gives up (or for timeout if one has no
-// deadline): a round serves many callers, so no one caller's context may cut it short.
+// The round runs until deadline, when the last of its callers gives up (or for timeout
+// if one has none): a round serves many callers, so no one caller's context may cut it
+// short.
 // A count that finds the lane free, and is still alone once the callers ready to run
 // have had their turn (gather's Gosched), is a round of its own, run on its caller's
 // goroutine under its caller's context (gather.Options.Inline: one goroutine hand-off
 // less, the common case under light traffic); go-redis ends a command at its
 // context's deadline, so the caller still gets its answer by then.
-func (p *pipeline) send(ctx context.Context, round []pipelinedCount) ([]countReply, error) {
-	if end := p.roundDeadline(round); !deadlineBy(ctx, end) {
+func (p *pipeline) send(ctx context.Context, deadline time.Time, round []pipelinedCount) ([]countReply, error) {
+	if deadline.IsZero() {
+		deadline = time.Now().Add(p.timeout)
+	}
+	if !deadlineBy(ctx, deadline) {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, end)
+		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
 	replies := make([]countReply, len(round))
@@ -218,21 +219,8 @@ func byCounter(round []pipelinedCount) [][]int {
 }
 
 // deadlineBy reports whether ctx ends by end anyway: a round of one count sent inline
-// runs under its caller's context, whose deadline is the round's.
+// runs under its caller's context, whose deadline may be the round's.
 func deadlineBy(ctx context.Context, end time.Time) bool {
 	d, ok := ctx.Deadline()
 	return ok && !d.After(end)
-}
-
-// roundDeadline is the latest deadline of round's callers, or timeout from now if one
-// of them has none.
-func (p *pipeline) roundDeadline(round []pipelinedCount) time.Time {
-	var latest int64
-	for _, c := range round {
-		if c.callerDeadline == 0 {
-			return time.Now().Add(p.timeout)
-		}
-		latest = max(latest, c.callerDeadline)
-	}
-	return time.Unix(0, latest)
 }

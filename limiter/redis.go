@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/internal/gather"
 )
 
 // ErrLate is returned (wrapped) by Redis.Allow when Redis received the count after the
@@ -19,9 +21,10 @@ var ErrLate = errors.New("limiter: redis received the count after its deadline; 
 // budget. Each Allow is one round trip (EVALSHA, falling back to EVAL once per
 // connection after a SCRIPT FLUSH or failover).
 //
-// A count carries its caller's deadline, translated to Redis's clock, and the script
-// does not count past it: a count the caller gave up on is never written later (see
-// redisClock for how the clocks are compared).
+// A count carries its caller's deadline (its context's, or WithTimeout's if sooner),
+// translated to Redis's clock, and the script does not count past it: a count the
+// caller gave up on is never written later (see redisClock for how the clocks are
+// compared).
 type Redis struct {
 	rdb   redis.Scripter
 	opts  options
@@ -51,19 +54,25 @@ func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error
 	if limit <= 0 {
 		return Result{}, ErrBadLimit
 	}
-	if err := l.clock.sync(ctx, l.rdb); err != nil {
+	by := gather.Deadline(ctx, l.opts.timeout)
+	if err := l.clock.sync(ctx, by, l.rdb); err != nil {
 		return Result{}, fmt.Errorf("counting in redis: reading its clock: %w", err)
 	}
 	w, reset, ttl := windowOf(l.opts.now())
 	counter := l.counterKey(key, w)
-	deadline := l.clock.deadline(ctx)
+	deadline := l.clock.deadline(by)
 	var (
 		n   int64
 		err error
 	)
 	if l.pipe != nil {
-		n, err = l.pipe.count(ctx, counter, ttl, deadline)
+		n, err = l.pipe.count(ctx, by, counter, ttl, deadline)
 	} else {
+		if !by.IsZero() && !deadlineBy(ctx, by) {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, by)
+			defer cancel()
+		}
 		var v []int64
 		v, err = incrScript.Run(ctx, l.rdb, []string{counter}, ttl, deadline).Int64Slice()
 		if err == nil {
@@ -104,10 +113,15 @@ type redisClock struct {
 	once   chan struct{} // a one-slot lock: one first reading at a time
 }
 
-// sync reads Redis's clock once, before the first count.
-func (c *redisClock) sync(ctx context.Context, rdb redis.Scripter) error {
+// sync reads Redis's clock once, before the first count, by deadline (zero: none).
+func (c *redisClock) sync(ctx context.Context, deadline time.Time, rdb redis.Scripter) error {
 	if c.known.Load() {
 		return nil
+	}
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
 	}
 	select {
 	case c.once <- struct{}{}:
@@ -131,16 +145,15 @@ func (c *redisClock) observe(redisNow int64) {
 	c.known.Store(true)
 }
 
-// deadline is ctx's deadline on Redis's clock in Unix milliseconds, or 0 for none.
+// deadline is d on Redis's clock in Unix milliseconds, or 0 for none (d zero).
 //
 // Both clocks are read in whole milliseconds, truncated: offset may be up to 1 ms more
 // than the true difference, and a script reading now = n may run up to 1 ms after n.
 // So a script could count a request up to 2 ms after its caller gave up on it; the
 // deadline sent is 2 ms earlier (clockSlack) to rule that out. A count arriving in the
 // last 2 ms of its timeout is refused as late.
-func (c *redisClock) deadline(ctx context.Context) int64 {
-	d, ok := ctx.Deadline()
-	if !ok {
+func (c *redisClock) deadline(d time.Time) int64 {
+	if d.IsZero() {
 		return 0
 	}
 	return max(d.UnixMilli()+c.offset.Load()-clockSlack, 1)

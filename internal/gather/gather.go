@@ -64,12 +64,14 @@ import (
 // request, in order, or an error that is the answer of every request of the batch.
 // Errors of single requests belong in Resp. A batch serves many callers, so Flush
 // runs under no caller's context (ctx is context.Background()) and bounds its own
-// round trip. It runs on a goroutine of the Gatherer, once per batch, possibly for
-// several batches at once (see Options.Lanes); with Options.Inline, a batch of one
-// may instead run on its caller's goroutine, and ctx is then that caller's. Flush
-// must neither keep reqs nor return it as the responses: its array serves a later
-// batch.
-type Flush[Req, Resp any] func(ctx context.Context, reqs []Req) ([]Resp, error)
+// round trip: deadline is the latest of its callers' deadlines (see DoBy), past which
+// none of them waits for it, or zero if one of them has none. It runs on a goroutine
+// of the Gatherer, once per batch, possibly for several batches at once (see
+// Options.Lanes); with Options.Inline, a batch of one may instead run on its caller's
+// goroutine, and ctx is then that caller's (deadline still the call's, which ctx may
+// not carry). Flush must neither keep reqs nor return it as the responses: its array
+// serves a later batch.
+type Flush[Req, Resp any] func(ctx context.Context, deadline time.Time, reqs []Req) ([]Resp, error)
 
 // Options tunes a Gatherer.
 type Options struct {
@@ -82,7 +84,7 @@ type Options struct {
 	// Inline runs a call that finds a lane free (it is then alone in its batch) on the
 	// caller's goroutine, Flush getting the caller's context, instead of on a
 	// goroutine of the Gatherer. Do then returns when Flush does, not when ctx ends:
-	// set it only if Flush returns by ctx's deadline. Default: false
+	// set it only if Flush returns by the deadline it is given. Default: false
 	Inline bool
 	// Linger is how long a batch may wait for more calls after its first, while calls
 	// come at least four a Linger; it goes out sooner when they pause (see the package
@@ -124,6 +126,8 @@ type Gatherer[Req, Resp any] struct {
 // batch is one round trip's worth of calls.
 type batch[Req, Resp any] struct {
 	reqs    []Req
+	by      time.Time     // the latest deadline of its calls with one
+	unbound bool          // one of its calls has no deadline
 	timer   *time.Timer   // runs fire: after maxWait if no lane was free, or when a lingering batch is due
 	linger  bool          // waits for more calls even with a lane free, until due
 	opening bool          // its first caller, holding a lane for it, calls Gosched before sending it (see open)
@@ -149,33 +153,94 @@ func New[Req, Resp any](flush Flush[Req, Resp], opts Options) *Gatherer[Req, Res
 // few dozen calls.
 func maxGap(linger time.Duration) time.Duration { return 8 * linger }
 
-// Do adds req to the batch not yet sent and waits for its answer: its response, or the
-// error of its whole batch. If ctx ends first, Do returns ctx.Err() at once; the batch
-// still runs for its other callers. (With Options.Inline, a call that runs its batch
-// of one itself returns what Flush does, when Flush does.)
+// Do is DoBy with ctx's deadline, if it has one.
 func (g *Gatherer[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
+	deadline, _ := ctx.Deadline()
+	return g.DoBy(ctx, deadline, req)
+}
+
+// DoBy adds req to the batch not yet sent and waits for its answer: its response, or
+// the error of its whole batch. If ctx ends first, DoBy returns ctx.Err() at once, and
+// at deadline (zero: none) context.DeadlineExceeded; the batch still runs for its
+// other callers. (With Options.Inline, a call that runs its batch of one itself
+// returns what Flush does, when Flush does.)
+//
+// A deadline costs a pooled timer while the call waits, where a context of its own
+// (context.WithTimeout) would cost four allocations, a timer and a registration with
+// ctx: a caller that bounds each call by a timeout of its own passes it here (see
+// Deadline) rather than in ctx.
+func (g *Gatherer[Req, Resp]) DoBy(ctx context.Context, deadline time.Time, req Req) (Resp, error) {
 	g.mu.Lock()
 	now, fast := g.arrive()
 	linger := fast && g.pending == nil && g.pays()
 	if !linger && g.free > 0 && g.pending == nil {
-		return g.open(ctx, req)
+		return g.open(ctx, deadline, req)
 	}
-	b, i := g.join(req, now, linger)
-	return g.wait(ctx, b, i)
+	b, i := g.join(req, deadline, now, linger)
+	return g.wait(ctx, deadline, b, i)
 }
 
-// wait waits for the answer of call i of batch b, sent or to be sent by others.
-func (g *Gatherer[Req, Resp]) wait(ctx context.Context, b *batch[Req, Resp], i int) (Resp, error) {
+// Deadline is the sooner of ctx's deadline and timeout from now (timeout 0: none), or
+// zero if there is neither: the deadline of a call that its caller bounds by timeout.
+func Deadline(ctx context.Context, timeout time.Duration) time.Time {
+	d, ok := ctx.Deadline()
+	if timeout > 0 {
+		if t := time.Now().Add(timeout); !ok || t.Before(d) {
+			return t
+		}
+	}
+	return d
+}
+
+// wait waits for the answer of call i of batch b, sent or to be sent by others, until
+// ctx ends or deadline (zero: none) passes.
+func (g *Gatherer[Req, Resp]) wait(ctx context.Context, deadline time.Time, b *batch[Req, Resp], i int) (Resp, error) {
 	var zero Resp
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		t := timers.Get().(*time.Timer)
+		t.Reset(time.Until(deadline))
+		defer timers.Put(t)
+		defer t.Stop() // after Stop, t.C holds nothing stale for its next user
+		expired = t.C
+	}
 	select {
 	case <-b.done:
 	case <-ctx.Done():
 		return zero, ctx.Err()
+	case <-expired:
+		return zero, context.DeadlineExceeded
 	}
 	if b.err != nil {
 		return zero, b.err
 	}
 	return b.resps[i], nil
+}
+
+// timers are the stopped timers of wait.
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// bound counts a call's deadline (zero: none) into b's, the latest of its calls'. It
+// must be called with mu held.
+func (b *batch[Req, Resp]) bound(deadline time.Time) {
+	if deadline.IsZero() {
+		b.unbound = true
+	} else if deadline.After(b.by) {
+		b.by = deadline
+	}
+}
+
+// deadline is what Flush gets for b: the latest deadline of its calls, or zero if one
+// has none.
+func (b *batch[Req, Resp]) deadline() time.Time {
+	if b.unbound {
+		return time.Time{}
+	}
+	return b.by
 }
 
 // arrive counts a call's arrival into the moving average of the time between calls and
@@ -234,7 +299,7 @@ func minTime(a, b time.Time) time.Time {
 // Gosched returns at once, so a lone call still waits for nothing. A batch still of one
 // runs inline (Options.Inline); a larger one on a worker. It must be called with mu
 // held, and unlocks it.
-func (g *Gatherer[Req, Resp]) open(ctx context.Context, req Req) (Resp, error) {
+func (g *Gatherer[Req, Resp]) open(ctx context.Context, deadline time.Time, req Req) (Resp, error) {
 	g.free--
 	b := g.opened
 	if b == nil {
@@ -242,6 +307,8 @@ func (g *Gatherer[Req, Resp]) open(ctx context.Context, req Req) (Resp, error) {
 	}
 	g.opened = nil
 	b.reqs, g.spare = append(g.spare, req), nil
+	b.by, b.unbound = time.Time{}, false
+	b.bound(deadline)
 	b.opening = true
 	g.pending = b
 	g.mu.Unlock()
@@ -257,19 +324,20 @@ func (g *Gatherer[Req, Resp]) open(ctx context.Context, req Req) (Resp, error) {
 		g.spare, b.reqs = b.reqs[:0], nil
 		g.opened = b
 		g.mu.Unlock()
-		return g.alone(ctx, req)
+		return g.alone(ctx, deadline, req)
 	}
 	g.mu.Unlock()
 	g.dispatch(b)
-	return g.wait(ctx, b, 0)
+	return g.wait(ctx, deadline, b, 0)
 }
 
-// alone runs req as a batch of its own on the caller's goroutine, under ctx, on a lane
-// the caller has taken. The lane then goes to whatever batch gathered meanwhile.
-func (g *Gatherer[Req, Resp]) alone(ctx context.Context, req Req) (Resp, error) {
+// alone runs req as a batch of its own on the caller's goroutine, under ctx and by
+// deadline, on a lane the caller has taken. The lane then goes to whatever batch
+// gathered meanwhile.
+func (g *Gatherer[Req, Resp]) alone(ctx context.Context, deadline time.Time, req Req) (Resp, error) {
 	defer g.handOn()
 	var zero Resp
-	resps, err := g.flush(ctx, []Req{req})
+	resps, err := g.flush(ctx, deadline, []Req{req})
 	if err == nil && len(resps) != 1 {
 		err = fmt.Errorf("gather: flush answered %d responses for 1 request", len(resps))
 	}
@@ -291,11 +359,11 @@ func (g *Gatherer[Req, Resp]) handOn() {
 	}
 }
 
-// join adds req, arrived at now, to the pending batch, starting one if there is none
-// (lingering if linger), sends the batch at once if a lane is free and it is not
-// lingering, and returns the batch and req's index in it. It must be called with mu
-// held, and unlocks it.
-func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, linger bool) (*batch[Req, Resp], int) {
+// join adds req, arrived at now with deadline, to the pending batch, starting one if
+// there is none (lingering if linger), sends the batch at once if a lane is free and
+// it is not lingering, and returns the batch and req's index in it. It must be called
+// with mu held, and unlocks it.
+func (g *Gatherer[Req, Resp]) join(req Req, deadline, now time.Time, linger bool) (*batch[Req, Resp], int) {
 	b := g.pending
 	if b == nil {
 		b = &batch[Req, Resp]{reqs: g.spare, done: make(chan struct{})}
@@ -313,6 +381,7 @@ func (g *Gatherer[Req, Resp]) join(req Req, now time.Time, linger bool) (*batch[
 	}
 	i := len(b.reqs)
 	b.reqs = append(b.reqs, req)
+	b.bound(deadline)
 	if g.free == 0 || b.linger || b.opening {
 		g.mu.Unlock()
 		return b, i
@@ -445,7 +514,7 @@ func (g *Gatherer[Req, Resp]) fire(b *batch[Req, Resp]) {
 // later batch: callers only read their response.
 func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 	reqs := b.reqs
-	resps, err := g.flush(context.Background(), reqs)
+	resps, err := g.flush(context.Background(), b.deadline(), reqs)
 	if err == nil && len(resps) != len(reqs) {
 		err = fmt.Errorf("gather: flush answered %d responses for %d requests", len(resps), len(reqs))
 	}

@@ -27,7 +27,7 @@ type gate struct {
 	most    atomic.Int32 // the most batches that ran at once
 }
 
-func (g *gate) flush(_ context.Context, reqs []int) ([]int, error) {
+func (g *gate) flush(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
 	n := g.running.Add(1)
 	defer g.running.Add(-1)
 	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
@@ -153,9 +153,9 @@ func TestACallNeverJoinsABatchAlreadySent(t *testing.T) {
 func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		f := &gate{}
-		slow := func(ctx context.Context, reqs []int) ([]int, error) {
+		slow := func(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
 			time.Sleep(time.Millisecond)
-			return f.flush(ctx, reqs)
+			return f.flush(ctx, by, reqs)
 		}
 		g := gather.New(slow, gather.Options{Lanes: lanes, MaxWait: time.Hour})
 		var wg sync.WaitGroup
@@ -191,7 +191,7 @@ func TestABatchWaitsAtMostMaxWaitForALane(t *testing.T) {
 	// must go out on its own after MaxWait, and answer.
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
-	flush := func(_ context.Context, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
 		started <- time.Now()
 		if reqs[0] == 1 {
 			<-unstick
@@ -271,7 +271,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 	odd := errors.New("odd")
 	release := make(chan struct{})
 	var sizes []int
-	flush := func(_ context.Context, reqs []int) ([]reply, error) {
+	flush := func(_ context.Context, _ time.Time, reqs []int) ([]reply, error) {
 		<-release
 		sizes = append(sizes, len(reqs))
 		out := make([]reply, len(reqs))
@@ -310,7 +310,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 
 func TestAFlushAnsweringTheWrongNumberIsAnErrorNotAPanic(t *testing.T) {
 	for _, opts := range []gather.Options{{}, {Inline: true}} {
-		g := gather.New(func(context.Context, []int) ([]int, error) { return nil, nil }, opts)
+		g := gather.New(func(context.Context, time.Time, []int) ([]int, error) { return nil, nil }, opts)
 		if _, err := g.Do(context.Background(), 1); err == nil {
 			t.Errorf("%+v: a flush answering no response for one request gave no error", opts)
 		}
@@ -318,7 +318,7 @@ func TestAFlushAnsweringTheWrongNumberIsAnErrorNotAPanic(t *testing.T) {
 }
 
 func BenchmarkGather(b *testing.B) {
-	flush := func(_ context.Context, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
 		out := make([]int, len(reqs))
 		copy(out, reqs)
 		return out, nil
@@ -341,6 +341,136 @@ func BenchmarkGather(b *testing.B) {
 	}
 }
 
+func TestDoByStopsWaitingAtItsDeadlineAndTheBatchGoesOn(t *testing.T) {
+	f := &gate{started: make(chan []int, 100), release: make(chan struct{})}
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
+	stuck := await(context.Background(), g, 1)
+	<-f.started // the lane is busy: the next calls join the pending batch
+	patient := make(chan answer, 1)
+	go func() {
+		resp, err := g.DoBy(context.Background(), time.Now().Add(time.Hour), 2)
+		patient <- answer{resp, err}
+	}()
+	start := time.Now()
+	_, err := g.DoBy(context.Background(), start.Add(30*time.Millisecond), 3)
+	if waited := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || waited < 30*time.Millisecond || waited > 2*time.Second {
+		t.Errorf("a call past its deadline = %v after %v, want context.DeadlineExceeded after 30ms", err, waited)
+	}
+	close(f.release)
+	if a := <-stuck; a.resp != 2 || a.err != nil {
+		t.Errorf("the call in flight = %+v", a)
+	}
+	if a := <-patient; a.resp != 4 || a.err != nil {
+		t.Errorf("the call whose deadline had not passed = %+v, want its answer", a)
+	}
+	b := <-f.started
+	if slices.Sort(b); fmt.Sprint(b) != "[2 3]" {
+		t.Errorf("the batch gathered = %v, want 2 and 3: the late call stays in it", b)
+	}
+	// The timer of a call answered in time fires for no later call.
+	for i := range 20 {
+		if resp, err := g.DoBy(context.Background(), time.Now().Add(time.Duration(i)*time.Millisecond), 5); err != nil && !errors.Is(err, context.DeadlineExceeded) || err == nil && resp != 10 {
+			t.Fatalf("DoBy %d = %d, %v", i, resp, err)
+		}
+	}
+	if resp, err := g.DoBy(context.Background(), time.Now().Add(time.Hour), 6); resp != 12 || err != nil {
+		t.Errorf("DoBy after many timers = %d, %v, want 12", resp, err)
+	}
+}
+
+// byGate is a gate that also records the deadline every Flush got.
+type byGate struct {
+	gate
+	deadlines []time.Time // guarded by gate.mu
+}
+
+func (g *byGate) flush(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
+	g.mu.Lock()
+	g.deadlines = append(g.deadlines, by)
+	g.mu.Unlock()
+	return g.gate.flush(ctx, by, reqs)
+}
+
+func TestFlushGetsTheLatestDeadlineOfItsCallsOrNoneIfOneHasNone(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		f := &byGate{gate: gate{started: make(chan []int, 10), release: make(chan struct{})}}
+		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline})
+		t0 := time.Now().Add(time.Hour)
+		at := func(ctx context.Context, req int, by time.Time) <-chan answer {
+			ch := make(chan answer, 1)
+			go func() {
+				resp, err := g.DoBy(ctx, by, req)
+				ch <- answer{resp, err}
+			}()
+			return ch
+		}
+		var calls []<-chan answer
+		calls = append(calls, at(context.Background(), 1, t0)) // alone: its own deadline
+		<-f.started
+		for i, by := range []time.Time{t0.Add(time.Minute), t0.Add(3 * time.Minute), t0.Add(2 * time.Minute)} {
+			calls = append(calls, at(context.Background(), 10+i, by))
+		}
+		for !gather.Pending(g, 3) {
+			time.Sleep(time.Millisecond)
+		}
+		f.release <- struct{}{} // the three go out together
+		<-f.started
+		// A call without a deadline, and one with an earlier context deadline than
+		// its own, in the next batch.
+		ctx, cancel := context.WithDeadline(context.Background(), t0.Add(-time.Minute))
+		defer cancel()
+		calls = append(calls, at(context.Background(), 20, time.Time{}), at(ctx, 21, t0))
+		for !gather.Pending(g, 2) {
+			time.Sleep(time.Millisecond)
+		}
+		f.release <- struct{}{}
+		<-f.started
+		close(f.release)
+		for _, ch := range calls {
+			if a := <-ch; a.err != nil {
+				t.Errorf("inline %v: a call = %+v", inline, a)
+			}
+		}
+		want := []time.Time{t0, t0.Add(3 * time.Minute), {}}
+		if len(f.deadlines) != len(want) {
+			t.Fatalf("inline %v: %d flushes, want %d", inline, len(f.deadlines), len(want))
+		}
+		for i := range want {
+			if !f.deadlines[i].Equal(want[i]) {
+				t.Errorf("inline %v: flush %d got deadline %v, want %v", inline, i, f.deadlines[i], want[i])
+			}
+		}
+	}
+}
+
+func TestDeadlineIsTheSoonerOfTheContextsAndTheTimeouts(t *testing.T) {
+	soon, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ctxDeadline, _ := soon.Deadline()
+	for _, c := range []struct {
+		name    string
+		ctx     context.Context
+		timeout time.Duration
+		want    time.Duration // from now; 0: zero time; -1: ctx's deadline
+	}{
+		{"neither", context.Background(), 0, 0},
+		{"timeout only", context.Background(), time.Hour, time.Hour},
+		{"context only", soon, 0, -1},
+		{"context sooner", soon, time.Hour, -1},
+		{"timeout sooner", soon, time.Second, time.Second},
+	} {
+		got := gather.Deadline(c.ctx, c.timeout)
+		switch {
+		case c.want == 0 && !got.IsZero(), c.want == -1 && !got.Equal(ctxDeadline):
+			t.Errorf("%s: Deadline = %v", c.name, got)
+		case c.want > 0:
+			if d := time.Until(got); d > c.want || d < c.want-time.Second {
+				t.Errorf("%s: Deadline is %v from now, want %v", c.name, d, c.want)
+			}
+		}
+	}
+}
+
 // callerKey marks a caller's context, so that a Flush can tell whose context it got.
 type callerKey struct{}
 
@@ -351,12 +481,12 @@ type ctxGate struct {
 	marks []int // guarded by gate.mu
 }
 
-func (g *ctxGate) flush(ctx context.Context, reqs []int) ([]int, error) {
+func (g *ctxGate) flush(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
 	mark, _ := ctx.Value(callerKey{}).(int)
 	g.mu.Lock()
 	g.marks = append(g.marks, mark)
 	g.mu.Unlock()
-	return g.gate.flush(ctx, reqs)
+	return g.gate.flush(ctx, by, reqs)
 }
 
 func marked(n int) context.Context { return context.WithValue(context.Background(), callerKey{}, n) }
@@ -406,7 +536,7 @@ func TestInlineRunsALoneCallUnderItsCallersContextAndBatchesUnderNone(t *testing
 }
 
 func TestInlineFreesTheLaneWhenFlushPanics(t *testing.T) {
-	flush := func(_ context.Context, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
 		if reqs[0] < 0 {
 			panic("flush failed")
 		}
@@ -665,7 +795,7 @@ func TestALingeringBatchBehindAStuckOneGoesOutAfterLingerAndMaxWait(t *testing.T
 	// MaxWait. (Five calls in the first batch, so that lingering pays and goes on.)
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
-	flush := func(_ context.Context, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
 		started <- time.Now()
 		if slices.Contains(reqs, 1) {
 			<-unstick
@@ -715,7 +845,7 @@ func TestBatchesRunOnAWorkerThatOutlivesThemAndEndsWhenIdle(t *testing.T) {
 	before := runtime.NumGoroutine()
 	var mu sync.Mutex
 	ran := map[string]int{} // goroutine id -> batches it ran
-	flush := func(_ context.Context, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
 		mu.Lock()
 		ran[goroutineID()]++
 		mu.Unlock()
