@@ -190,13 +190,14 @@ func loadMetrics(ctx caddy.Context) (*metrics, string, error) {
 // (disable_metrics).
 
 // record notes the decision of a request: its counter, and the access log's outcome,
-// key_id and org_id fields. key is nil while the key is not known.
+// key_id and org_id fields, if its server writes an access log. key is nil while the
+// key is not known.
 func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
 	if h.metrics != nil {
 		h.metrics.byOutcome[o].Inc()
 	}
 	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
-	if !ok {
+	if !ok || !accessLogged(r) {
 		return
 	}
 	lf := &outcomeOnly[o]
@@ -204,6 +205,16 @@ func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
 		lf = &logFields{outcome: o, hasKey: true, keyID: key.ID, orgID: key.OrgID}
 	}
 	extra.Set(zap.Field{Key: logFieldsKey, Type: zapcore.InlineMarshalerType, Interface: lf})
+}
+
+// accessLogged tells whether r's server writes access logs (Caddy's Server.Logs, the
+// log directive): without them nothing reads the extra log fields, and setting them
+// costs a request four allocations (the fields, the slice of them, and two for the
+// clear of Caddy's handler cache). A request without a server in its context counts
+// as logged.
+func accessLogged(r *http.Request) bool {
+	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	return !ok || srv.Logs != nil
 }
 
 // logFieldsKey names record's one extra log field, so that a second record of the

@@ -1,12 +1,16 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -428,5 +432,26 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// TestTheLogFieldsAreSetOnlyWhenTheServerWritesAnAccessLog holds accessLogged: a
+// server without an access log gets no extra log fields, one with a log gets them.
+func TestTheLogFieldsAreSetOnlyWhenTheServerWritesAnAccessLog(t *testing.T) {
+	key := keystore.Key{ID: "k", OrgID: "o"}
+	for _, logged := range []bool{false, true} {
+		srv := &caddyhttp.Server{}
+		if logged {
+			srv.Logs = &caddyhttp.ServerLogConfig{}
+		}
+		extra := new(caddyhttp.ExtraLogFields)
+		ctx := context.WithValue(context.Background(), caddyhttp.ServerCtxKey, srv)
+		ctx = context.WithValue(ctx, caddyhttp.ExtraLogFieldsCtxKey, extra)
+		r := httptest.NewRequest(http.MethodGet, "/v1/me", nil).WithContext(ctx)
+		(&Handler{}).record(r, outcomeMe, &key)
+		// The fields are Caddy's, unexported: their number is read by reflection.
+		if n := reflect.ValueOf(extra).Elem().FieldByName("fields").Len(); n != map[bool]int{false: 0, true: 1}[logged] {
+			t.Errorf("server with an access log %v: %d extra log fields set", logged, n)
+		}
 	}
 }
