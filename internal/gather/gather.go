@@ -320,24 +320,24 @@ func (g *Gatherer[Req, Resp]) open(ctx context.Context, deadline time.Time, req 
 	g.take(b) // nothing else takes an opening batch
 	if len(b.reqs) == 1 && g.inline {
 		// No one joined, so no one else knows b: keep it for the next open.
-		clear(b.reqs)
-		g.spare, b.reqs = b.reqs[:0], nil
+		reqs := b.reqs
+		b.reqs = nil
 		g.opened = b
 		g.mu.Unlock()
-		return g.alone(ctx, deadline, req)
+		return g.alone(ctx, deadline, reqs)
 	}
 	g.mu.Unlock()
 	g.dispatch(b)
 	return g.wait(ctx, deadline, b, 0)
 }
 
-// alone runs req as a batch of its own on the caller's goroutine, under ctx and by
-// deadline, on a lane the caller has taken. The lane then goes to whatever batch
-// gathered meanwhile.
-func (g *Gatherer[Req, Resp]) alone(ctx context.Context, deadline time.Time, req Req) (Resp, error) {
-	defer g.handOn()
+// alone runs reqs, a call's request alone, as a batch on the caller's goroutine, under
+// ctx and by deadline, on a lane the caller has taken. The lane then goes to whatever
+// batch gathered meanwhile, and reqs's array to a later batch.
+func (g *Gatherer[Req, Resp]) alone(ctx context.Context, deadline time.Time, reqs []Req) (Resp, error) {
+	defer g.handOn(reqs)
 	var zero Resp
-	resps, err := g.flush(ctx, deadline, []Req{req})
+	resps, err := g.flush(ctx, deadline, reqs)
 	if err == nil && len(resps) != 1 {
 		err = fmt.Errorf("gather: flush answered %d responses for 1 request", len(resps))
 	}
@@ -347,11 +347,14 @@ func (g *Gatherer[Req, Resp]) alone(ctx context.Context, deadline time.Time, req
 	return resps[0], nil
 }
 
-// handOn gives the lane of a batch sent inline to a worker for the batch that gathered
-// meanwhile, if any, or frees it. The worker takes the batch when it runs, not now, so
-// that the callers that run before it (this one goes on with its request) still join.
-func (g *Gatherer[Req, Resp]) handOn() {
+// handOn keeps the requests array of a batch sent inline for a later batch, and gives
+// its lane to a worker for the batch that gathered meanwhile, if any, or frees it. The
+// worker takes the batch when it runs, not now, so that the callers that run before it
+// (this one goes on with its request) still join.
+func (g *Gatherer[Req, Resp]) handOn(reqs []Req) {
+	clear(reqs)
 	g.mu.Lock()
+	g.keepSpare(reqs)
 	kept := g.keepLane()
 	g.mu.Unlock()
 	if kept {
@@ -523,8 +526,14 @@ func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 
 	clear(reqs) // let go of what the requests point to
 	g.mu.Lock()
+	g.keepSpare(reqs)
+	g.mu.Unlock()
+}
+
+// keepSpare keeps reqs, a batch's requests array, cleared, for a later batch, unless
+// the one kept is larger. It must be called with mu held.
+func (g *Gatherer[Req, Resp]) keepSpare(reqs []Req) {
 	if cap(reqs) > cap(g.spare) {
 		g.spare = reqs[:0]
 	}
-	g.mu.Unlock()
 }

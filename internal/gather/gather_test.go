@@ -317,6 +317,25 @@ func TestAFlushAnsweringTheWrongNumberIsAnErrorNotAPanic(t *testing.T) {
 	}
 }
 
+func TestALoneInlineCallAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are the race detector's under -race")
+	}
+	resps := []int{0}
+	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+		resps[0] = 2 * reqs[0]
+		return resps, nil
+	}
+	g := gather.New(flush, gather.Options{MaxWait: time.Hour, Inline: true})
+	if n := testing.AllocsPerRun(100, func() {
+		if resp, err := g.Do(context.Background(), 1); resp != 2 || err != nil {
+			t.Fatalf("Do = %d, %v", resp, err)
+		}
+	}); n != 0 {
+		t.Errorf("a lone inline call makes %v allocations, want 0: its batch and requests array are kept for the next", n)
+	}
+}
+
 func BenchmarkGather(b *testing.B) {
 	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
 		out := make([]int, len(reqs))

@@ -1,0 +1,5 @@
+//go:build !race
+
+package gather_test
+
+const raceEnabled = false
