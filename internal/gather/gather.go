@@ -49,6 +49,10 @@
 // A lingering batch still takes only calls that arrive before it is sent, so the
 // freshness above holds; a call may wait up to Linger longer.
 //
+// Deadlines: a call waits until its deadline (DoBy), or its context's (Do), and no
+// longer; its batch goes on for the others, and Flush gets the latest deadline of the
+// batch's calls, past which none of them waits for it.
+//
 // A batch has no size cap: it holds at most one call per concurrent caller.
 package gather
 
