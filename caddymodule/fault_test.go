@@ -369,3 +369,32 @@ func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 		}
 	}
 }
+
+func TestAHungPostgresWithoutBatchingAnswersAtItsTimeoutAndGrace(t *testing.T) {
+	// disable_lookup_batching: the Store's lookups are bounded by database_timeout
+	// (storeWithin), and a cancelled query keeps its connection a grace of a quarter
+	// timeout (tunePostgres), so a 503 comes between the two, never later.
+	const timeout = 800 * time.Millisecond
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	gw := startGateway(t, gatewayConfig{
+		handler: gatewayOptions(withHost(t, d.url, pg.Addr()),
+			map[string]any{"database_timeout": "800ms", "disable_lookup_batching": true}),
+		upstream: newUpstream(t).addr(),
+	})
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("before the hang: %d %s", res.StatusCode, body)
+	}
+	pg.Hang()
+	defer pg.Resume()
+	for i := range breakerThreshold {
+		var res *http.Response
+		var body []byte
+		took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
+		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
+		if took < timeout || took > timeout*5/4+120*time.Millisecond {
+			t.Errorf("request %d: the 503 took %v; want database_timeout (%v), at most a quarter more", i, took, timeout)
+		}
+	}
+}

@@ -204,8 +204,7 @@ func (g *Gatherer[Req, Resp]) wait(ctx context.Context, deadline time.Time, b *b
 	if !deadline.IsZero() {
 		t := timers.Get().(*time.Timer)
 		t.Reset(time.Until(deadline))
-		defer timers.Put(t)
-		defer t.Stop() // after Stop, t.C holds nothing stale for its next user
+		defer putTimer(t)
 		expired = t.C
 	}
 	select {
@@ -227,6 +226,19 @@ var timers = sync.Pool{New: func() any {
 	t.Stop()
 	return t
 }}
+
+// putTimer stops t and gives it back to timers, with nothing stale in t.C for its next
+// user. (Since Go 1.23 Stop sees to that; the drain is for a main module built with
+// asynctimerchan=1.)
+func putTimer(t *time.Timer) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	timers.Put(t)
+}
 
 // bound counts a call's deadline (zero: none) into b's, the latest of its calls'. It
 // must be called with mu held.
