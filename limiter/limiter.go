@@ -76,9 +76,10 @@ func WithTimeout(d time.Duration) Option {
 // WithPipelining makes a Redis limiter gather the counts of concurrent Allow calls into
 // one pipeline, sent as soon as the previous one returns or, if that takes longer, a
 // tenth of timeout after its first count joined: a slow round in flight never costs a
-// caller more than that on top of its own round. Each pipeline runs under timeout,
-// since it serves many callers; each caller still stops waiting when its own context
-// ends, and its count carries its own deadline (see Redis). A count that finds no round
+// caller more than that on top of its own round. Each pipeline runs until the latest
+// deadline of its callers (timeout if one has none), since it serves many callers;
+// each caller still stops waiting at its own deadline (its context's, or WithTimeout's)
+// or when its context ends, and its count carries its own deadline (see Redis). A count that finds no round
 // in flight is sent at once as a round of its own, on its caller's goroutine and
 // under its caller's context: give the client ContextTimeoutEnabled, so that such a
 // round ends at the caller's deadline, not at the client's ReadTimeout. It needs a
