@@ -343,58 +343,43 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 }
 
 func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
-	// Lone requests, one after the other: each lookup runs on its request's goroutine
-	// (keystore.Batcher, inline). It must end at database_timeout, not a grace later as
-	// a batch's cancelled query may (tunePostgres: a quarter timeout, here 200ms).
+	// Lone requests, one after the other. Batched, each lookup runs on its request's
+	// goroutine (keystore.Batcher, inline) and must end at database_timeout, not a
+	// grace later as a batch's cancelled query may (tunePostgres: a quarter timeout,
+	// here 200ms). With disable_lookup_batching the Store's lookup is bounded by
+	// database_timeout (storeWithin) and its cancelled query keeps its connection that
+	// grace, so a 503 comes between the two, never later.
 	const timeout = 800 * time.Millisecond
 	d := newDB(t)
 	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
-	pg := newLatencyProxy(t, hostOf(t, d.url))
-	gw := startGateway(t, gatewayConfig{
-		handler:  gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{"database_timeout": "800ms"}),
-		upstream: newUpstream(t).addr(),
-	})
-	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
-		t.Fatalf("before the hang: %d %s", res.StatusCode, body)
-	}
-	pg.Hang()
-	defer pg.Resume()
-	for i := range breakerThreshold {
-		var res *http.Response
-		var body []byte
-		took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
-		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
-		if took < timeout || took > timeout+120*time.Millisecond {
-			t.Errorf("request %d: the 503 took %v; want database_timeout (%v), not a grace more", i, took, timeout)
-		}
-	}
-}
-
-func TestAHungPostgresWithoutBatchingAnswersAtItsTimeoutAndGrace(t *testing.T) {
-	// disable_lookup_batching: the Store's lookups are bounded by database_timeout
-	// (storeWithin), and a cancelled query keeps its connection a grace of a quarter
-	// timeout (tunePostgres), so a 503 comes between the two, never later.
-	const timeout = 800 * time.Millisecond
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
-	pg := newLatencyProxy(t, hostOf(t, d.url))
-	gw := startGateway(t, gatewayConfig{
-		handler: gatewayOptions(withHost(t, d.url, pg.Addr()),
-			map[string]any{"database_timeout": "800ms", "disable_lookup_batching": true}),
-		upstream: newUpstream(t).addr(),
-	})
-	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
-		t.Fatalf("before the hang: %d %s", res.StatusCode, body)
-	}
-	pg.Hang()
-	defer pg.Resume()
-	for i := range breakerThreshold {
-		var res *http.Response
-		var body []byte
-		took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
-		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
-		if took < timeout || took > timeout*5/4+120*time.Millisecond {
-			t.Errorf("request %d: the 503 took %v; want database_timeout (%v), at most a quarter more", i, took, timeout)
-		}
+	for _, tc := range []struct {
+		name    string
+		options map[string]any
+		most    time.Duration
+	}{
+		{"batched", map[string]any{"database_timeout": "800ms"}, timeout},
+		{"unbatched", map[string]any{"database_timeout": "800ms", "disable_lookup_batching": true}, timeout * 5 / 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pg := newLatencyProxy(t, hostOf(t, d.url))
+			gw := startGateway(t, gatewayConfig{
+				handler:  gatewayOptions(withHost(t, d.url, pg.Addr()), tc.options),
+				upstream: newUpstream(t).addr(),
+			})
+			if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+				t.Fatalf("before the hang: %d %s", res.StatusCode, body)
+			}
+			pg.Hang()
+			defer pg.Resume()
+			for i := range breakerThreshold {
+				var res *http.Response
+				var body []byte
+				took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
+				wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
+				if took < timeout || took > tc.most+120*time.Millisecond {
+					t.Errorf("request %d: the 503 took %v; want database_timeout (%v), at most %v", i, took, timeout, tc.most)
+				}
+			}
+		})
 	}
 }

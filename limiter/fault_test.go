@@ -110,69 +110,57 @@ func TestASlowRedisInsideTheTimeoutCountsExactly(t *testing.T) {
 }
 
 func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
-	// While Redis hangs every count times out; when it comes back, the commands held
-	// meanwhile reach it, and the script must refuse them: the caller has already
-	// treated them as not counted.
+	// While Redis hangs every count times out at its deadline; when Redis comes back,
+	// the commands held meanwhile reach it, and the script must refuse them: the
+	// caller has already treated them as not counted. The deadline is the caller's
+	// context's, or, for calls without one (the gateway's), WithTimeout's, under a
+	// client whose own timeouts are ten times longer and so not what ends the wait.
 	const timeout = 300 * time.Millisecond
-	rdb, proxy := slowRedis(t, timeout)
 	direct := redisClient(t)
-	// A fixed clock for the window, so that the test never straddles a minute
-	// (deadlines use the real clock whatever WithClock says).
-	clock := newClock(at(base, 20*time.Second))
-	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
-		if a, _, f := burst(l, "k", 5, 100, timeout); a != 5 || f != 0 {
-			t.Fatalf("before the hang: allowed %d, failed %d", a, f)
-		}
-		proxy.Hang()
-		_, _, failed := burst(l, "k", 20, 100, timeout)
-		proxy.Resume()
-		if failed != 20 {
-			t.Errorf("%d of 20 counts failed while Redis hung", failed)
-		}
-		time.Sleep(500 * time.Millisecond) // the held commands arrive and run
-		keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
-		if len(keys) != 1 {
-			t.Fatalf("counters %v", keys)
-		}
-		if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 5 {
-			t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
-		}
-		// And Redis counts again once it answers.
-		res, err := l.Allow(context.Background(), "k", 100)
-		if err != nil || res.Remaining != 94 {
-			t.Errorf("after the hang: %+v, %v; want remaining 94", res, err)
-		}
-	}, limiter.WithClock(clock.now))
-}
-
-func TestWithTimeoutBoundsCallsWithoutADeadlineAndTheirCountsAreNotWrittenLater(t *testing.T) {
-	// The gateway's calls carry no deadline of their own: WithTimeout gives them one,
-	// which bounds the wait and goes to Redis, as a context's does.
-	const timeout = 300 * time.Millisecond
-	rdb, proxy := slowRedis(t, 10*timeout) // the client's own timeouts are not what ends the wait
-	direct := redisClient(t)
-	clock := newClock(at(base, 20*time.Second))
-	bothModes(t, rdb, 10*timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
-		if a, _, f := burst(l, "k", 5, 100, 0); a != 5 || f != 0 {
-			t.Fatalf("before the hang: allowed %d, failed %d", a, f)
-		}
-		proxy.Hang()
-		start := time.Now()
-		_, _, failed := burst(l, "k", 20, 100, 0)
-		waited := time.Since(start)
-		proxy.Resume()
-		if failed != 20 || waited < timeout || waited > 3*timeout {
-			t.Errorf("%d of 20 counts failed, after %v, while Redis hung; want 20 after %v", failed, waited, timeout)
-		}
-		time.Sleep(500 * time.Millisecond) // the held commands arrive and run
-		keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
-		if len(keys) != 1 {
-			t.Fatalf("counters %v", keys)
-		}
-		if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 5 {
-			t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
-		}
-	}, limiter.WithClock(clock.now), limiter.WithTimeout(timeout))
+	for _, tc := range []struct {
+		name                  string
+		ctxTimeout, clientTTL time.Duration
+		opt                   limiter.Option
+	}{
+		{"context", timeout, timeout, nil},
+		{"WithTimeout", 0, 10 * timeout, limiter.WithTimeout(timeout)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb, proxy := slowRedis(t, tc.clientTTL)
+			// A fixed clock for the window, so that the test never straddles a minute
+			// (deadlines use the real clock whatever WithClock says).
+			opts := []limiter.Option{limiter.WithClock(newClock(at(base, 20*time.Second)).now)}
+			if tc.opt != nil {
+				opts = append(opts, tc.opt)
+			}
+			bothModes(t, rdb, tc.clientTTL, func(t *testing.T, l *limiter.Redis, prefix string) {
+				if a, _, f := burst(l, "k", 5, 100, tc.ctxTimeout); a != 5 || f != 0 {
+					t.Fatalf("before the hang: allowed %d, failed %d", a, f)
+				}
+				proxy.Hang()
+				start := time.Now()
+				_, _, failed := burst(l, "k", 20, 100, tc.ctxTimeout)
+				waited := time.Since(start)
+				proxy.Resume()
+				if failed != 20 || waited < timeout || waited > 3*timeout {
+					t.Errorf("%d of 20 counts failed, after %v, while Redis hung; want 20 after %v", failed, waited, timeout)
+				}
+				time.Sleep(500 * time.Millisecond) // the held commands arrive and run
+				keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
+				if len(keys) != 1 {
+					t.Fatalf("counters %v", keys)
+				}
+				if n, _ := direct.Get(context.Background(), keys[0]).Int(); n != 5 {
+					t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
+				}
+				// And Redis counts again once it answers.
+				res, err := l.Allow(context.Background(), "k", 100)
+				if err != nil || res.Remaining != 94 {
+					t.Errorf("after the hang: %+v, %v; want remaining 94", res, err)
+				}
+			}, opts...)
+		})
+	}
 }
 
 func TestCountersExpireRelativeToRedis(t *testing.T) {
