@@ -94,8 +94,8 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 }
 
 // query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids, by
-// the latest deadline of its requests (Timeout from now if one has none). Every
-// request of the batch gets the live keys it found, by key id.
+// the latest deadline of its requests (each has one: VerifyParsed bounds them by
+// Timeout). Every request of the batch gets the live keys it found, by key id.
 //
 // A lookup that finds a lane free runs inline, on its request's goroutine (ctx is then
 // the request's, not context.Background()): one goroutine hand-off less. It must end
@@ -109,9 +109,6 @@ func (b *Batcher) query(ctx context.Context, deadline time.Time, keyIDs []string
 	b.lookups.Add(uint64(len(ids)))
 	if b.onBatch != nil {
 		b.onBatch(len(ids))
-	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(b.timeout)
 	}
 	if ctx != context.Background() {
 		ctx = context.WithValue(context.Background(), requestLookupKey{}, true)
