@@ -48,9 +48,10 @@ type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
 	r       *http.Request
-	rl      *limiter.Result // the request's count, for the RateLimit headers; nil when not counted
-	fields  *fieldSet       // strip_fields
-	log     *zap.Logger     // the handler's rate-limited logger
+	rl      limiter.Result // the request's count, for the RateLimit headers, if counted
+	counted bool           // whether rl holds a count
+	fields  *fieldSet      // strip_fields
+	log     *zap.Logger    // the handler's rate-limited logger
 
 	mode   writerMode
 	status int
@@ -65,12 +66,23 @@ func newProxyWriter(w http.ResponseWriter, r *http.Request, rl *limiter.Result, 
 	pw := &proxyWriter{
 		wrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		r:       r,
-		rl:      rl,
 		fields:  fields,
 		log:     log,
 	}
+	if rl != nil {
+		// A copy, so that the handler's Result stays on its stack.
+		pw.rl, pw.counted = *rl, true
+	}
 	pw.ResponseWriterWrapper = &pw.wrapper
 	return pw
+}
+
+// count is the request's count, or nil when it was not counted.
+func (pw *proxyWriter) count() *limiter.Result {
+	if !pw.counted {
+		return nil
+	}
+	return &pw.rl
 }
 
 // WriteHeader decides what to do with the body; see proxyWriter.
@@ -84,7 +96,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	}
 	pw.status = status
 	hdr := pw.Header()
-	rateLimitHeaders(hdr, pw.rl)
+	rateLimitHeaders(hdr, pw.count())
 	weakenETag(hdr)
 
 	// Any Content-Type value saying JSON makes the body JSON. Every other body is
@@ -150,7 +162,7 @@ var upstreamBodyHeaders = []string{"Content-Encoding", "Content-Range", "Accept-
 func (pw *proxyWriter) writeError(status int) {
 	pw.mode = modeDiscard
 	hdr := pw.Header()
-	rateLimitHeaders(hdr, pw.rl)
+	rateLimitHeaders(hdr, pw.count())
 	for _, name := range upstreamBodyHeaders {
 		delete(hdr, name)
 	}
@@ -269,7 +281,7 @@ func (pw *proxyWriter) finish() error {
 	case modeUndecided:
 		// Nothing written: the server answers 200 with the header as it is, which
 		// must carry the request's RateLimit fields.
-		rateLimitHeaders(pw.Header(), pw.rl)
+		rateLimitHeaders(pw.Header(), pw.count())
 	}
 	return nil
 }
