@@ -68,9 +68,15 @@ type answer struct {
 }
 
 func await(ctx context.Context, g *gather.Gatherer[int, int], req int) <-chan answer {
+	deadline, _ := ctx.Deadline()
+	return awaitBy(ctx, g, deadline, req)
+}
+
+// awaitBy is await with DoBy's deadline.
+func awaitBy(ctx context.Context, g *gather.Gatherer[int, int], deadline time.Time, req int) <-chan answer {
 	ch := make(chan answer, 1)
 	go func() {
-		resp, err := g.Do(ctx, req)
+		resp, err := g.DoBy(ctx, deadline, req)
 		ch <- answer{resp, err}
 	}()
 	return ch
@@ -365,11 +371,7 @@ func TestDoByStopsWaitingAtItsDeadlineAndTheBatchGoesOn(t *testing.T) {
 	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
 	stuck := await(context.Background(), g, 1)
 	<-f.started // the lane is busy: the next calls join the pending batch
-	patient := make(chan answer, 1)
-	go func() {
-		resp, err := g.DoBy(context.Background(), time.Now().Add(time.Hour), 2)
-		patient <- answer{resp, err}
-	}()
+	patient := awaitBy(context.Background(), g, time.Now().Add(time.Hour), 2)
 	start := time.Now()
 	_, err := g.DoBy(context.Background(), start.Add(30*time.Millisecond), 3)
 	if waited := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || waited < 30*time.Millisecond || waited > 2*time.Second {
@@ -415,19 +417,11 @@ func TestFlushGetsTheLatestDeadlineOfItsCallsOrNoneIfOneHasNone(t *testing.T) {
 		f := &byGate{gate: gate{started: make(chan []int, 10), release: make(chan struct{})}}
 		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline})
 		t0 := time.Now().Add(time.Hour)
-		at := func(ctx context.Context, req int, by time.Time) <-chan answer {
-			ch := make(chan answer, 1)
-			go func() {
-				resp, err := g.DoBy(ctx, by, req)
-				ch <- answer{resp, err}
-			}()
-			return ch
-		}
 		var calls []<-chan answer
-		calls = append(calls, at(context.Background(), 1, t0)) // alone: its own deadline
+		calls = append(calls, awaitBy(context.Background(), g, t0, 1)) // alone: its own deadline
 		<-f.started
 		for i, by := range []time.Time{t0.Add(time.Minute), t0.Add(3 * time.Minute), t0.Add(2 * time.Minute)} {
-			calls = append(calls, at(context.Background(), 10+i, by))
+			calls = append(calls, awaitBy(context.Background(), g, by, 10+i))
 		}
 		for !gather.Pending(g, 3) {
 			time.Sleep(time.Millisecond)
@@ -438,7 +432,7 @@ func TestFlushGetsTheLatestDeadlineOfItsCallsOrNoneIfOneHasNone(t *testing.T) {
 		// its own, in the next batch.
 		ctx, cancel := context.WithDeadline(context.Background(), t0.Add(-time.Minute))
 		defer cancel()
-		calls = append(calls, at(context.Background(), 20, time.Time{}), at(ctx, 21, t0))
+		calls = append(calls, awaitBy(context.Background(), g, time.Time{}, 20), awaitBy(ctx, g, t0, 21))
 		for !gather.Pending(g, 2) {
 			time.Sleep(time.Millisecond)
 		}
