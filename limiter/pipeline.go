@@ -84,11 +84,8 @@ func (p *pipeline) send(ctx context.Context, deadline time.Time, round []pipelin
 	if deadline.IsZero() {
 		deadline = time.Now().Add(p.timeout)
 	}
-	if !deadlineBy(ctx, deadline) {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
+	ctx, cancel := bounded(ctx, deadline)
+	defer cancel()
 	replies := make([]countReply, len(round))
 	calls := byCounter(round)
 	keys := make([]string, len(calls)) // each call's KEYS is one of these, sliced
@@ -218,9 +215,12 @@ func byCounter(round []pipelinedCount) [][]int {
 	return calls
 }
 
-// deadlineBy reports whether ctx ends by end anyway: a round of one count sent inline
-// runs under its caller's context, whose deadline may be the round's.
-func deadlineBy(ctx context.Context, end time.Time) bool {
-	d, ok := ctx.Deadline()
-	return ok && !d.After(end)
+// bounded returns ctx ending by deadline (zero: none), and its cancel: ctx itself if it
+// ends by then anyway (a round of one count sent inline runs under its caller's
+// context, whose deadline may be the round's), so that no context is made for nothing.
+func bounded(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); deadline.IsZero() || ok && !d.After(deadline) {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, deadline)
 }

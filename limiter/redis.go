@@ -68,11 +68,9 @@ func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error
 	if l.pipe != nil {
 		n, err = l.pipe.count(ctx, by, counter, ttl, deadline)
 	} else {
-		if !by.IsZero() && !deadlineBy(ctx, by) {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, by)
-			defer cancel()
-		}
+		var cancel context.CancelFunc
+		ctx, cancel = bounded(ctx, by)
+		defer cancel()
 		var v []int64
 		v, err = incrScript.Run(ctx, l.rdb, []string{counter}, ttl, deadline).Int64Slice()
 		if err == nil {
@@ -118,11 +116,8 @@ func (c *redisClock) sync(ctx context.Context, deadline time.Time, rdb redis.Scr
 	if c.known.Load() {
 		return nil
 	}
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
+	ctx, cancel := bounded(ctx, deadline)
+	defer cancel()
 	select {
 	case c.once <- struct{}{}:
 		defer func() { <-c.once }()
