@@ -46,6 +46,15 @@
 // average of the calls its lingering batches gathered; while it is under three, batches
 // go out at once, and after every 64 of them one lingers, to find out whether lingering
 // pays again.
+// Nor does a lingering batch wait for calls that cannot come: the Gatherer keeps the
+// most calls its lingering batches gathered of late (the peak), and a batch holding
+// that many goes out without waiting for the pause. Under a closed loop of a few
+// clients, the batch that holds them all goes as soon as the last has joined, not a
+// pause later. The peak follows a larger batch at once, and grows by one when a call
+// comes while a batch that went out full is still out (none of its callers could:
+// there were more to wait for); it falls, by a quarter at most, at a probe: the first lingering batch, the one that
+// finds out whether lingering pays again, and every 16th, which wait for the pause
+// whatever they hold.
 // A lingering batch still takes only calls that arrive before it is sent, so the
 // freshness above holds; a call may wait up to Linger longer.
 //
@@ -103,6 +112,7 @@ const (
 	lingerCalls = 4
 	minYield    = 3
 	yieldRetry  = 64
+	probeEvery  = 16 // a lingering batch in probeEvery waits for the pause whatever it holds
 )
 
 // Gatherer runs calls in batches through its Flush. It is safe for concurrent use.
@@ -113,15 +123,18 @@ type Gatherer[Req, Resp any] struct {
 	linger  time.Duration
 	now     func() time.Time // time.Now; tests set another through export_test.go
 
-	mu      sync.Mutex
-	pending *batch[Req, Resp] // the batch taking new calls; guarded by mu
-	free    int               // lanes not running a batch; guarded by mu
-	spare   []Req             // the requests array of a batch sent, for the next one; guarded by mu
-	opened  *batch[Req, Resp] // a batch opened that no call joined, for the next open; guarded by mu
-	last    time.Time         // when the latest call arrived, with Linger; guarded by mu
-	gap     time.Duration     // moving average of the time between calls, with Linger; guarded by mu
-	yield   int               // moving average of the calls per lingering batch, in eighths; guarded by mu
-	retry   int               // batches to start before one lingers again, while yield is low; guarded by mu
+	mu       sync.Mutex
+	pending  *batch[Req, Resp] // the batch taking new calls; guarded by mu
+	free     int               // lanes not running a batch; guarded by mu
+	spare    []Req             // the requests array of a batch sent, for the next one; guarded by mu
+	opened   *batch[Req, Resp] // a batch opened that no call joined, for the next open; guarded by mu
+	last     time.Time         // when the latest call arrived, with Linger; guarded by mu
+	gap      time.Duration     // moving average of the time between calls, with Linger; guarded by mu
+	yield    int               // moving average of the calls per lingering batch, in eighths; guarded by mu
+	retry    int               // batches to start before one lingers again, while yield is low; guarded by mu
+	peak     int               // the most calls lingering batches gathered of late (0: none yet); guarded by mu
+	unprobed int               // lingering batches started since the latest probe; guarded by mu
+	fullOut  *batch[Req, Resp] // the latest lingering batch that went out full, until answered; guarded by mu
 
 	work chan *batch[Req, Resp] // hands a batch to an idle worker (see dispatch)
 	idle time.Duration          // workerIdle; tests set another through export_test.go
@@ -133,7 +146,8 @@ type batch[Req, Resp any] struct {
 	by      time.Time     // the latest deadline of its calls with one
 	unbound bool          // one of its calls has no deadline
 	timer   *time.Timer   // runs fire: after maxWait if no lane was free, or when a lingering batch is due
-	linger  bool          // waits for more calls even with a lane free, until due
+	linger  bool          // waits for more calls even with a lane free, until due or full
+	probe   bool          // lingering, and not full before it is due, whatever it holds (see full)
 	opening bool          // its first caller, holding a lane for it, calls Gosched before sending it (see open)
 	first   time.Time     // when the first call joined, if lingering
 	latest  time.Time     // when the latest call joined, if lingering
@@ -289,14 +303,27 @@ func (g *Gatherer[Req, Resp]) pays() bool {
 // calls have paused for twice the gap (at least Linger/8) after its latest, whichever
 // is sooner. It must be called with mu held.
 func (g *Gatherer[Req, Resp]) due(b *batch[Req, Resp]) time.Time {
-	pause := max(2*g.gap, g.linger/8)
-	return minTime(b.first.Add(g.linger), b.latest.Add(pause))
+	return minTime(b.first.Add(g.linger), b.latest.Add(g.pause()))
 }
 
-// ready tells whether b may take a lane now: it is not lingering, or is due. It must be
-// called with mu held.
+// pause is how long calls must pause for a lingering batch to go out: twice the gap,
+// and at least Linger/8. It must be called with mu held.
+func (g *Gatherer[Req, Resp]) pause() time.Duration {
+	return max(2*g.gap, g.linger/8)
+}
+
+// full tells whether lingering batch b holds as many calls as lingering batches
+// gathered of late, the peak, so that it goes out without waiting for the pause: no
+// more calls are likely to come. A probe is never full: it finds out what the peak is
+// now. It must be called with mu held.
+func (g *Gatherer[Req, Resp]) full(b *batch[Req, Resp]) bool {
+	return !b.probe && len(b.reqs) >= g.peak
+}
+
+// ready tells whether b may take a lane now: it is not lingering, or is full or due. It
+// must be called with mu held.
 func (g *Gatherer[Req, Resp]) ready(b *batch[Req, Resp]) bool {
-	return !b.opening && (!b.linger || !g.now().Before(g.due(b)))
+	return !b.opening && (!b.linger || g.full(b) || !g.now().Before(g.due(b)))
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -390,6 +417,10 @@ func (g *Gatherer[Req, Resp]) join(req Req, deadline, now time.Time, linger bool
 		switch {
 		case linger:
 			b.linger, b.first, b.latest = true, now, now
+			b.probe = g.peak == 0 || g.yield < 8*minYield || g.unprobed >= probeEvery-1
+			if g.fullOut != nil { // this call is none of its callers: there were more
+				g.peak, g.fullOut = g.peak+1, nil
+			}
 			b.timer = time.AfterFunc(g.due(b).Sub(now), func() { g.fire(b) })
 		case g.free == 0:
 			b.timer = time.AfterFunc(g.maxWait, func() { g.fire(b) })
@@ -401,7 +432,7 @@ func (g *Gatherer[Req, Resp]) join(req Req, deadline, now time.Time, linger bool
 	i := len(b.reqs)
 	b.reqs = append(b.reqs, req)
 	b.bound(deadline)
-	if g.free == 0 || b.linger || b.opening {
+	if g.free == 0 || b.opening || b.linger && !g.full(b) {
 		g.mu.Unlock()
 		return b, i
 	}
@@ -412,18 +443,29 @@ func (g *Gatherer[Req, Resp]) join(req Req, deadline, now time.Time, linger bool
 	return b, i
 }
 
-// take marks b as sent, and counts the calls of a batch that lingered into the yield.
-// It must be called with mu held and b == g.pending.
+// take marks b as sent, and counts the calls of a batch that lingered into the yield
+// and the peak. It must be called with mu held and b == g.pending.
 func (g *Gatherer[Req, Resp]) take(b *batch[Req, Resp]) {
 	g.pending = nil
 	if b.timer != nil {
 		b.timer.Stop()
 	}
-	if !b.first.IsZero() { // it lingered: count what that gathered
-		g.yield += (8*len(b.reqs) - g.yield) / 4
-		if g.yield < 8*minYield {
-			g.retry = yieldRetry
-		}
+	if b.first.IsZero() {
+		return
+	}
+	// It lingered: count what that gathered.
+	n := len(b.reqs)
+	g.yield += (8*n - g.yield) / 4
+	if g.yield < 8*minYield {
+		g.retry = yieldRetry
+	}
+	switch {
+	case b.probe:
+		g.peak, g.unprobed = max(n, g.peak-g.peak/4), 0
+	case n >= g.peak && g.now().Before(g.due(b)):
+		g.fullOut, g.unprobed = b, g.unprobed+1
+	default:
+		g.peak, g.unprobed = max(n, g.peak), g.unprobed+1
 	}
 }
 
@@ -507,7 +549,7 @@ func (g *Gatherer[Req, Resp]) fire(b *batch[Req, Resp]) {
 	}
 	if b.linger {
 		now := g.now()
-		if due := g.due(b); now.Before(due) {
+		if due := g.due(b); now.Before(due) && !g.full(b) {
 			b.timer.Reset(due.Sub(now))
 			g.mu.Unlock()
 			return
@@ -543,6 +585,9 @@ func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 	clear(reqs) // let go of what the requests point to
 	g.mu.Lock()
 	g.keepSpare(reqs)
+	if g.fullOut == b {
+		g.fullOut = nil
+	}
 	g.mu.Unlock()
 }
 

@@ -609,6 +609,100 @@ func TestALingeringBatchGoesOutWhenCallsPause(t *testing.T) {
 	}
 }
 
+func TestALingeringBatchHoldingThePeakGoesOutWithoutThePause(t *testing.T) {
+	// Rounds of calls at once, as from a closed loop of clients. The first lingering
+	// batch is a probe: it waits for the pause and finds the peak, four. After it, a
+	// batch of four goes as its fourth call joins; one of three still waits for the
+	// pause; every 16th lingering batch is a probe again, full or not, and a probe of
+	// two lowers the peak by a quarter, to three.
+	f := &gate{started: make(chan []int, 1)}
+	const linger = time.Second
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
+	gather.Prime(g, time.Millisecond, time.Now)
+	lingering := 0 // lingering batches sent
+	round := func(calls int, wantPause bool) {
+		t.Helper()
+		lingering++
+		start := time.Now()
+		var waiting []<-chan answer
+		for i := range calls {
+			waiting = append(waiting, await(context.Background(), g, i))
+		}
+		select {
+		case b := <-f.started:
+			elapsed := time.Since(start)
+			if len(b) != calls {
+				t.Fatalf("lingering batch %d went out with %v; want all %d calls", lingering, b, calls)
+			}
+			if paused := elapsed >= linger/8; paused != wantPause {
+				t.Errorf("lingering batch %d of %d calls went out after %v; want it to wait for the pause (Linger/8, %v): %v", lingering, calls, elapsed, linger/8, wantPause)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("lingering batch %d never went out", lingering)
+		}
+		for _, ch := range waiting {
+			if a := <-ch; a.err != nil {
+				t.Fatalf("a call of lingering batch %d = %+v", lingering, a)
+			}
+		}
+		gather.WaitFree(g, 1)
+	}
+	round(4, true)  // the first probe: the peak is four
+	round(4, false) // full
+	round(3, true)  // under the peak
+	for lingering < 16 {
+		round(4, false)
+	}
+	round(2, true)  // the 17th: a probe
+	round(3, false) // the peak is now three
+}
+
+func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
+	// A probe of three sets the peak. Three more calls go as the third joins, and
+	// while their batch is out, a call comes that is none of theirs: the peak grows
+	// to four, and the batch it starts goes once four have joined.
+	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
+	const linger = time.Second
+	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Linger: linger})
+	gather.Prime(g, time.Millisecond, time.Now)
+	calls := func(from, n int) []<-chan answer {
+		var waiting []<-chan answer
+		for i := range n {
+			waiting = append(waiting, await(context.Background(), g, from+i))
+		}
+		return waiting
+	}
+	answered := func(waiting []<-chan answer) {
+		for _, ch := range waiting {
+			if a := <-ch; a.err != nil {
+				t.Fatalf("a call = %+v", a)
+			}
+		}
+	}
+	f.release <- struct{}{}
+	answered(calls(0, 3)) // the probe
+	<-f.started
+	gather.WaitFree(g, 2)
+
+	start := time.Now()
+	out := calls(10, 3) // full: goes at once, and stays out
+	if b := <-f.started; len(b) != 3 || time.Since(start) >= linger/8 {
+		t.Fatalf("three calls at a peak of three went out as %v after %v; want them at once", b, time.Since(start))
+	}
+	start = time.Now()
+	more := calls(20, 1)
+	for !gather.Pending(g, 1) {
+		time.Sleep(time.Millisecond)
+	}
+	more = append(more, calls(21, 3)...)
+	if b := <-f.started; len(b) != 4 || time.Since(start) >= linger/8 {
+		t.Errorf("four calls, the first while a full batch was out, went out as %v after %v; want one batch of four, at once", b, time.Since(start))
+	}
+	close(f.release)
+	answered(out)
+	answered(more)
+}
+
 func TestALingeringBatchGoesOutAfterLingerWhileCallsKeepComing(t *testing.T) {
 	// A call every millisecond for 300 ms never pauses for Linger/8 (12.5 ms), so
 	// batches go out Linger (100 ms) after their first call: a few large ones.
