@@ -146,12 +146,14 @@ type Handler struct {
 
 	// BatchLinger lets a batch of key lookups or a round of counts started while
 	// requests come fast (at least four per BatchLinger) wait for more: it goes out
-	// once requests pause or BatchLinger after its first, and lingering stops while
-	// it gathers too little (internal/gather, Options.Linger). Fewer, larger round
-	// trips cost the gateway, PostgreSQL and Redis less CPU per request, for up to
-	// twice BatchLinger of latency (lookup and count). Freshness holds: a request
-	// still only joins a round trip not yet sent. At most a tenth of database_timeout
-	// and of redis_timeout (README, Performance). Default: 0 (off)
+	// once requests pause or BatchLinger after its first, or at once when it holds as
+	// many as lingering batches gathered of late (a closed loop of a few clients all
+	// in it), and lingering stops while it gathers too little (internal/gather,
+	// Options.Linger). Fewer, larger round trips cost the gateway, PostgreSQL and
+	// Redis less CPU per request, for up to twice BatchLinger of latency (lookup and
+	// count). Freshness holds: a request still only joins a round trip not yet sent.
+	// At most a tenth of database_timeout and of redis_timeout (README, Performance).
+	// Default: 0 (off)
 	BatchLinger caddy.Duration `json:"batch_linger,omitempty"`
 
 	// DisableLookupBatching sends one query per request instead of batching them

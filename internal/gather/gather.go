@@ -571,8 +571,9 @@ func (g *Gatherer[Req, Resp]) fire(b *batch[Req, Resp]) {
 	g.send(b)
 }
 
-// send flushes b, hands the answers to its callers and keeps b's requests array for a
-// later batch: callers only read their response.
+// send flushes b, keeps b's requests array for a later batch (callers only read their
+// response) and hands the answers to its callers. b is no longer out (fullOut) before
+// any of them can call again.
 func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 	reqs := b.reqs
 	resps, err := g.flush(context.Background(), b.deadline(), reqs)
@@ -580,7 +581,6 @@ func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 		err = fmt.Errorf("gather: flush answered %d responses for %d requests", len(resps), len(reqs))
 	}
 	b.reqs, b.resps, b.err = nil, resps, err
-	close(b.done)
 
 	clear(reqs) // let go of what the requests point to
 	g.mu.Lock()
@@ -589,6 +589,7 @@ func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 		g.fullOut = nil
 	}
 	g.mu.Unlock()
+	close(b.done)
 }
 
 // keepSpare keeps reqs, a batch's requests array, cleared, for a later batch, unless

@@ -616,7 +616,7 @@ func TestALingeringBatchHoldingThePeakGoesOutWithoutThePause(t *testing.T) {
 	// pause; every 16th lingering batch is a probe again, full or not, and a probe of
 	// two lowers the peak by a quarter, to three.
 	f := &gate{started: make(chan []int, 1)}
-	const linger = time.Second
+	const linger = 2 * time.Second
 	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
 	gather.Prime(g, time.Millisecond, time.Now)
 	lingering := 0 // lingering batches sent
@@ -662,7 +662,7 @@ func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
 	// while their batch is out, a call comes that is none of theirs: the peak grows
 	// to four, and the batch it starts goes once four have joined.
 	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
-	const linger = time.Second
+	const linger = 2 * time.Second
 	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Linger: linger})
 	gather.Prime(g, time.Millisecond, time.Now)
 	calls := func(from, n int) []<-chan answer {
