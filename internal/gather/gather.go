@@ -45,16 +45,15 @@
 // and yet have nobody left to send while a batch waits. So the Gatherer keeps a moving
 // average of the calls its lingering batches gathered; while it is under three, batches
 // go out at once, and after every 64 of them one lingers, to find out whether lingering
-// pays again.
-// Nor does a lingering batch wait for calls that cannot come: the Gatherer keeps the
-// most calls its lingering batches gathered of late (the peak), and a batch holding
-// that many goes out without waiting for the pause. Under a closed loop of a few
-// clients, the batch that holds them all goes as soon as the last has joined, not a
-// pause later. The peak follows a larger batch at once, and grows by one when a call
+// pays again. Nor does a lingering batch wait for calls that cannot come: the Gatherer
+// keeps the most calls its lingering batches gathered of late (the peak), and a batch
+// holding that many goes out without waiting for the pause. Under a closed loop of a
+// few clients, the batch that holds them all goes as soon as the last has joined, not
+// a pause later. The peak follows a larger batch at once, and grows by one when a call
 // comes while a batch that went out full is still out (none of its callers could:
-// there were more to wait for); it falls, by a quarter at most, at a probe: the first lingering batch, the one that
-// finds out whether lingering pays again, and every 16th, which wait for the pause
-// whatever they hold.
+// there were more to wait for); it falls, by a quarter at most, at a probe, a lingering
+// batch that waits for the pause whatever it holds: the first, the one that finds out
+// whether lingering pays again, and every 16th.
 // A lingering batch still takes only calls that arrive before it is sent, so the
 // freshness above holds; a call may wait up to Linger longer.
 //
