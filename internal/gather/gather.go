@@ -570,9 +570,10 @@ func (g *Gatherer[Req, Resp]) fire(b *batch[Req, Resp]) {
 	g.send(b)
 }
 
-// send flushes b, keeps b's requests array for a later batch (callers only read their
-// response) and hands the answers to its callers. b is no longer out (fullOut) before
-// any of them can call again.
+// send flushes b, hands the answers to its callers and keeps b's requests array for a
+// later batch: callers only read their response. A batch that lingered is no longer
+// out (fullOut) before its callers are woken, so that none of them, calling again,
+// counts as a call from elsewhere; the others wake first.
 func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 	reqs := b.reqs
 	resps, err := g.flush(context.Background(), b.deadline(), reqs)
@@ -580,6 +581,10 @@ func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 		err = fmt.Errorf("gather: flush answered %d responses for %d requests", len(resps), len(reqs))
 	}
 	b.reqs, b.resps, b.err = nil, resps, err
+	lingered := !b.first.IsZero() // set before b was sent, and not since
+	if !lingered {
+		close(b.done)
+	}
 
 	clear(reqs) // let go of what the requests point to
 	g.mu.Lock()
@@ -588,7 +593,9 @@ func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 		g.fullOut = nil
 	}
 	g.mu.Unlock()
-	close(b.done)
+	if lingered {
+		close(b.done)
+	}
 }
 
 // keepSpare keeps reqs, a batch's requests array, cleared, for a later batch, unless
