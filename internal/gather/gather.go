@@ -458,14 +458,14 @@ func (g *Gatherer[Req, Resp]) take(b *batch[Req, Resp]) {
 	if g.yield < 8*minYield {
 		g.retry = yieldRetry
 	}
-	switch {
-	case b.probe:
+	if b.probe {
 		g.peak, g.unprobed = max(n, g.peak-g.peak/4), 0
-	case n >= g.peak && g.now().Before(g.due(b)):
-		g.fullOut, g.unprobed = b, g.unprobed+1
-	default:
-		g.peak, g.unprobed = max(n, g.peak), g.unprobed+1
+		return
 	}
+	if g.full(b) && g.now().Before(g.due(b)) { // it goes for being full, not for a pause
+		g.fullOut = b
+	}
+	g.peak, g.unprobed = max(n, g.peak), g.unprobed+1
 }
 
 // dispatch runs b (nil: the batch pending when it starts) on a lane (see run) on a

@@ -703,6 +703,56 @@ func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
 	answered(more)
 }
 
+func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
+	// A probe of three sets the peak; three more calls go at once and hold the one
+	// lane. Five calls gather meanwhile (full at four, after the first raised the
+	// peak, but with no lane free) and go when it comes free: the peak is now five,
+	// and five calls go at once.
+	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
+	const linger = 2 * time.Second
+	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Linger: linger})
+	gather.Prime(g, time.Millisecond, time.Now)
+	calls := func(from, n int) []<-chan answer {
+		var waiting []<-chan answer
+		for i := range n {
+			waiting = append(waiting, await(context.Background(), g, from+i))
+		}
+		return waiting
+	}
+	answered := func(waiting []<-chan answer) {
+		for _, ch := range waiting {
+			if a := <-ch; a.err != nil {
+				t.Fatalf("a call = %+v", a)
+			}
+		}
+	}
+	f.release <- struct{}{}
+	answered(calls(0, 3)) // the probe
+	<-f.started
+	gather.WaitFree(g, 1)
+
+	out := calls(10, 3) // full: goes at once, and holds the lane
+	<-f.started
+	grown := calls(20, 5)
+	for !gather.Pending(g, 5) {
+		time.Sleep(time.Millisecond)
+	}
+	close(f.release)
+	if b := <-f.started; len(b) != 5 {
+		t.Fatalf("five calls gathered while the lane was busy went out as %v; want one batch", b)
+	}
+	answered(out)
+	answered(grown)
+	gather.WaitFree(g, 1)
+
+	start := time.Now()
+	waiting := calls(30, 5)
+	if b := <-f.started; len(b) != 5 || time.Since(start) >= linger/8 {
+		t.Errorf("five calls after a batch of five went out as %v after %v; want all five at once", b, time.Since(start))
+	}
+	answered(waiting)
+}
+
 func TestALingeringBatchGoesOutAfterLingerWhileCallsKeepComing(t *testing.T) {
 	// A call every millisecond for 300 ms never pauses for Linger/8 (12.5 ms), so
 	// batches go out Linger (100 ms) after their first call: a few large ones.
