@@ -72,6 +72,25 @@ func await(ctx context.Context, g *gather.Gatherer[int, int], req int) <-chan an
 	return awaitBy(ctx, g, deadline, req)
 }
 
+// awaitEach awaits n calls at once, of requests from, from+1, …
+func awaitEach(g *gather.Gatherer[int, int], from, n int) []<-chan answer {
+	var waiting []<-chan answer
+	for i := range n {
+		waiting = append(waiting, await(context.Background(), g, from+i))
+	}
+	return waiting
+}
+
+// answeredAll waits for every answer of waiting, and fails t at the first error.
+func answeredAll(t *testing.T, waiting []<-chan answer) {
+	t.Helper()
+	for _, ch := range waiting {
+		if a := <-ch; a.err != nil {
+			t.Fatalf("a call = %+v", a)
+		}
+	}
+}
+
 // awaitBy is await with DoBy's deadline.
 func awaitBy(ctx context.Context, g *gather.Gatherer[int, int], deadline time.Time, req int) <-chan answer {
 	ch := make(chan answer, 1)
@@ -657,50 +676,48 @@ func TestALingeringBatchHoldingThePeakGoesOutWithoutThePause(t *testing.T) {
 	round(3, false) // the peak is now three
 }
 
+// peakLinger is the Linger of the peak's tests: its pause, Linger/8, leaves a wide
+// margin between a batch that goes at once and one that waits for the pause.
+const peakLinger = 2 * time.Second
+
+// peakOfThree returns a Gatherer of lanes lanes lingering for peakLinger, through a
+// gate that holds each batch until released, after a probe of three calls has set its
+// peak to three.
+func peakOfThree(t *testing.T, lanes int) (*gate, *gather.Gatherer[int, int]) {
+	t.Helper()
+	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
+	g := gather.New(f.flush, gather.Options{Lanes: lanes, MaxWait: time.Hour, Linger: peakLinger})
+	gather.Prime(g, time.Millisecond, time.Now)
+	f.release <- struct{}{}
+	answeredAll(t, awaitEach(g, 0, 3)) // the probe
+	<-f.started
+	gather.WaitFree(g, lanes)
+	return f, g
+}
+
 func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
 	// A probe of three sets the peak. Three more calls go as the third joins, and
 	// while their batch is out, a call comes that is none of theirs: the peak grows
 	// to four, and the batch it starts goes once four have joined.
-	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
-	const linger = 2 * time.Second
-	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	calls := func(from, n int) []<-chan answer {
-		var waiting []<-chan answer
-		for i := range n {
-			waiting = append(waiting, await(context.Background(), g, from+i))
-		}
-		return waiting
-	}
-	answered := func(waiting []<-chan answer) {
-		for _, ch := range waiting {
-			if a := <-ch; a.err != nil {
-				t.Fatalf("a call = %+v", a)
-			}
-		}
-	}
-	f.release <- struct{}{}
-	answered(calls(0, 3)) // the probe
-	<-f.started
-	gather.WaitFree(g, 2)
+	f, g := peakOfThree(t, 2)
 
 	start := time.Now()
-	out := calls(10, 3) // full: goes at once, and stays out
-	if b := <-f.started; len(b) != 3 || time.Since(start) >= linger/8 {
+	out := awaitEach(g, 10, 3) // full: goes at once, and stays out
+	if b := <-f.started; len(b) != 3 || time.Since(start) >= peakLinger/8 {
 		t.Fatalf("three calls at a peak of three went out as %v after %v; want them at once", b, time.Since(start))
 	}
 	start = time.Now()
-	more := calls(20, 1)
+	more := awaitEach(g, 20, 1)
 	for !gather.Pending(g, 1) {
 		time.Sleep(time.Millisecond)
 	}
-	more = append(more, calls(21, 3)...)
-	if b := <-f.started; len(b) != 4 || time.Since(start) >= linger/8 {
+	more = append(more, awaitEach(g, 21, 3)...)
+	if b := <-f.started; len(b) != 4 || time.Since(start) >= peakLinger/8 {
 		t.Errorf("four calls, the first while a full batch was out, went out as %v after %v; want one batch of four, at once", b, time.Since(start))
 	}
 	close(f.release)
-	answered(out)
-	answered(more)
+	answeredAll(t, out)
+	answeredAll(t, more)
 }
 
 func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
@@ -708,32 +725,11 @@ func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
 	// lane. Five calls gather meanwhile (full at four, after the first raised the
 	// peak, but with no lane free) and go when it comes free: the peak is now five,
 	// and five calls go at once.
-	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
-	const linger = 2 * time.Second
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	calls := func(from, n int) []<-chan answer {
-		var waiting []<-chan answer
-		for i := range n {
-			waiting = append(waiting, await(context.Background(), g, from+i))
-		}
-		return waiting
-	}
-	answered := func(waiting []<-chan answer) {
-		for _, ch := range waiting {
-			if a := <-ch; a.err != nil {
-				t.Fatalf("a call = %+v", a)
-			}
-		}
-	}
-	f.release <- struct{}{}
-	answered(calls(0, 3)) // the probe
-	<-f.started
-	gather.WaitFree(g, 1)
+	f, g := peakOfThree(t, 1)
 
-	out := calls(10, 3) // full: goes at once, and holds the lane
+	out := awaitEach(g, 10, 3) // full: goes at once, and holds the lane
 	<-f.started
-	grown := calls(20, 5)
+	grown := awaitEach(g, 20, 5)
 	for !gather.Pending(g, 5) {
 		time.Sleep(time.Millisecond)
 	}
@@ -741,16 +737,16 @@ func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
 	if b := <-f.started; len(b) != 5 {
 		t.Fatalf("five calls gathered while the lane was busy went out as %v; want one batch", b)
 	}
-	answered(out)
-	answered(grown)
+	answeredAll(t, out)
+	answeredAll(t, grown)
 	gather.WaitFree(g, 1)
 
 	start := time.Now()
-	waiting := calls(30, 5)
-	if b := <-f.started; len(b) != 5 || time.Since(start) >= linger/8 {
+	waiting := awaitEach(g, 30, 5)
+	if b := <-f.started; len(b) != 5 || time.Since(start) >= peakLinger/8 {
 		t.Errorf("five calls after a batch of five went out as %v after %v; want all five at once", b, time.Since(start))
 	}
-	answered(waiting)
+	answeredAll(t, waiting)
 }
 
 func TestALingeringBatchGoesOutAfterLingerWhileCallsKeepComing(t *testing.T) {
