@@ -21,7 +21,7 @@ type breakerState uint8
 const (
 	breakerClosed   breakerState = iota // calls go through
 	breakerOpen                         // calls fail at once
-	breakerHalfOpen                     // one probe is through; the others fail at once
+	breakerHalfOpen                     // the probe runs; calls fail at once
 )
 
 func (s breakerState) String() string {
@@ -39,9 +39,14 @@ const (
 
 // breaker is a circuit breaker for one dependency of one gateway instance. After
 // threshold failures in a row it opens: calls fail at once with errBreakerOpen instead
-// of each waiting out a timeout on a dependency that hangs. After cooldown it lets one
-// call through as a probe, and only one at a time: an answer closes it, a failure opens
-// it for another cooldown.
+// of each waiting out a timeout on a dependency that hangs. After cooldown it starts
+// one probe in the background, and only one at a time, while calls go on failing at
+// once: an answer closes it, a failure opens it for another cooldown.
+//
+// The probe is not a request's call: it runs on the dependency's own budget
+// (dial_timeout and the request timeout), so a dependency that is slow to connect to
+// (after a restart behind a slow link, say) can still close the breaker, and no
+// request ever waits on a probe.
 //
 // It is a few dozen lines rather than sony/gobreaker because it needs no more than
 // that (consecutive failures, one probe, a state-change hook for logs and metrics), and
@@ -52,6 +57,10 @@ type breaker struct {
 	cooldown  time.Duration
 	now       func() time.Time
 	onChange  func(from, to breakerState) // called with mu held: must not call back
+	// probe asks the dependency whether it answers again, on a budget of its own, and
+	// reports whether it did. It runs on a goroutine of its own, never with mu held.
+	// Nil answers yes at once (a breaker not yet given its dependency's probe).
+	probe func() bool
 
 	mu       sync.Mutex
 	state    breakerState // guarded by mu
@@ -59,45 +68,49 @@ type breaker struct {
 	openedAt time.Time    // guarded by mu
 }
 
-func newBreaker(onChange func(from, to breakerState)) *breaker {
+func newBreaker(probe func() bool, onChange func(from, to breakerState)) *breaker {
 	if onChange == nil {
 		onChange = func(breakerState, breakerState) {}
 	}
-	return &breaker{threshold: breakerThreshold, cooldown: breakerCooldown, now: time.Now, onChange: onChange}
+	return &breaker{threshold: breakerThreshold, cooldown: breakerCooldown, now: time.Now, onChange: onChange, probe: probe}
 }
 
-// allow reports whether a call may go to the dependency, and whether it is the probe.
-// A call allowed must be followed by exactly one done with the same probe.
-func (b *breaker) allow() (ok, probe bool) {
+// allow reports whether a call may go to the dependency. A call allowed must be
+// followed by exactly one done. A call refused after the cooldown starts the probe.
+func (b *breaker) allow() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.state {
 	case breakerClosed:
-		return true, false
+		return true
 	case breakerOpen:
 		if b.now().Sub(b.openedAt) >= b.cooldown {
 			b.set(breakerHalfOpen)
-			return true, true
+			go b.runProbe()
 		}
 	}
-	return false, false
+	return false
+}
+
+// runProbe runs the probe and closes or reopens the breaker by its answer.
+func (b *breaker) runProbe() {
+	ok := b.probe == nil || b.probe()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ok {
+		b.failures = 0
+		b.set(breakerClosed)
+		return
+	}
+	b.openedAt = b.now()
+	b.set(breakerOpen)
 }
 
 // done records the outcome of a call allow let through.
-func (b *breaker) done(probe bool, o callResult) {
+func (b *breaker) done(o callResult) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
-	case probe && o == callSucceeded:
-		b.failures = 0
-		b.set(breakerClosed)
-	case probe && o == callFailed:
-		b.openedAt = b.now()
-		b.set(breakerOpen)
-	case probe:
-		// The probe's client went away: let the next call probe.
-		b.openedAt = time.Time{}
-		b.set(breakerOpen)
 	case b.state != breakerClosed:
 		// A call from before the breaker opened: the probe decides.
 	case o == callSucceeded:

@@ -40,6 +40,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    limiter_failure  open|closed|local
 //	    database_timeout <duration>
 //	    redis_timeout    <duration>
+//	    database_dial_timeout <duration>
+//	    redis_dial_timeout    <duration>
+//	    database_min_conns    <n>
+//	    redis_min_conns       <n>
 //	    lookup_lanes     <n>
 //	    batch_linger     <duration>
 //	    disable_lookup_batching
@@ -101,14 +105,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = durationArg(d, &h.DatabaseTimeout)
 		case "redis_timeout":
 			err = durationArg(d, &h.RedisTimeout)
+		case "database_dial_timeout":
+			err = durationArg(d, &h.DatabaseDialTimeout)
+		case "redis_dial_timeout":
+			err = durationArg(d, &h.RedisDialTimeout)
+		case "database_min_conns":
+			err = positiveIntArg(d, &h.DatabaseMinConns)
+		case "redis_min_conns":
+			err = positiveIntArg(d, &h.RedisMinConns)
 		case "lookup_lanes":
-			var arg string
-			if arg, err = oneArg(d, h.LookupLanes != 0); err != nil {
-				break
-			}
-			if h.LookupLanes, err = strconv.Atoi(arg); err != nil || h.LookupLanes <= 0 {
-				return d.Errf("lookup_lanes must be a positive whole number, not %q", arg)
-			}
+			err = positiveIntArg(d, &h.LookupLanes)
 		case "batch_linger":
 			err = durationArg(d, &h.BatchLinger)
 		case "disable_lookup_batching":
@@ -139,6 +145,21 @@ func oneArg(d *caddyfile.Dispenser, given bool) (string, error) {
 		return "", d.Errf("%s already specified", opt)
 	}
 	return arg, nil
+}
+
+// positiveIntArg reads the one positive whole number of the option the dispenser is on.
+func positiveIntArg(d *caddyfile.Dispenser, dst *int) error {
+	opt := d.Val()
+	arg, err := oneArg(d, *dst != 0)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(arg)
+	if err != nil || n <= 0 {
+		return d.Errf("%s must be a positive whole number, not %q", opt, arg)
+	}
+	*dst = n
+	return nil
 }
 
 // durationArg reads the one positive duration of the option the dispenser is on.

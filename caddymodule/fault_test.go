@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/latencyproxy"
+	"github.com/keygate/keygate/internal/redistest"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -56,60 +57,31 @@ func statuses(t *testing.T, gw *gateway, n int, path, key string) (byStatus map[
 }
 
 func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
-	// PostgreSQL and Redis both answer in a bit more than half their timeouts. A limit
-	// of 20 lets exactly 20 of 60 concurrent requests through, every one counted, and
-	// no request answers 503.
+	// PostgreSQL and Redis both answer in a bit more than half their timeouts, from
+	// before the gateway starts. Once the gateway has opened its connections by itself,
+	// under load, a limit of 20 lets exactly 20 of 60 concurrent requests through,
+	// every one counted, and no request answers 503.
 	d := newDB(t)
 	d.plan("small", 20)
 	key, _ := d.key(d.org("small"), keystore.RoleEditor)
-	warmKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	loadKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
 	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+	pg.SetDelay(800 * time.Millisecond)
+	rd.SetDelay(550 * time.Millisecond)
 	up := newUpstream(t)
-	slowRedis := withHost(t, redisURL(t), rd.Addr())
 	gw := startGateway(t, gatewayConfig{
 		handler: gatewayOptions(withHost(t, d.url, pg.Addr())+"&pool_max_conns=8", map[string]any{
-			"redis_url": slowRedis, "database_timeout": "1500ms", "redis_timeout": "1s",
+			"redis_url": withHost(t, redisURL(t), rd.Addr()), "database_timeout": "1500ms", "redis_timeout": "1s",
 		}),
 		upstream: up.addr(),
 	})
+	steadyWithin(t, gw, loadKey, 8, 10*time.Second)
 	awayFromWindowEdge(t, 12*time.Second)
-	// Warm connections at a speed where opening them fits in the timeouts. The rounds
-	// that overlap while Redis is slow (up to one per tenth of redis_timeout) each need
-	// a connection that has already sent HELLO and CLIENT SETINFO. Batched counts
-	// would open only one or two, so the test opens them itself.
-	rd.SetDelay(20 * time.Millisecond)
-	openRedisConns(t, slowRedis, time.Second, 12)
-	pg.SetDelay(300 * time.Millisecond)
-	rd.SetDelay(200 * time.Millisecond)
-	statuses(t, gw, 60, "/v1/me", warmKey)
-	pg.SetDelay(800 * time.Millisecond)
-	rd.SetDelay(550 * time.Millisecond)
-
 	got, uncounted := statuses(t, gw, 60, "/v1/me", key)
 	if got[http.StatusOK] != 20 || got[http.StatusTooManyRequests] != 40 || uncounted != 0 {
 		t.Errorf("statuses %v, %d let through uncounted; want 20 200s and 40 429s, all counted", got, uncounted)
 	}
-}
-
-// openRedisConns has the gateway's Redis client for url and timeout open n
-// connections at once (n concurrent PINGs), each of which then stays in its pool,
-// idle and ready.
-func openRedisConns(t *testing.T, url string, timeout time.Duration, n int) {
-	t.Helper()
-	client := sharedRedis(url, timeout)
-	if client == nil {
-		t.Fatalf("no Redis client for %s among the gateway's pools", url)
-	}
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			if err := client.Ping(context.Background()).Err(); err != nil {
-				t.Errorf("opening a Redis connection: %v", err)
-			}
-		})
-	}
-	wg.Wait()
 }
 
 func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
@@ -313,7 +285,7 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 			}
 			cfg.MaxConns = 1
 			if tc.tune {
-				tunePostgres(cfg, 400*time.Millisecond) // a grace of 100ms
+				tunePostgres(cfg, 400*time.Millisecond, connSetup{dialTimeout: time.Second}) // a grace of 100ms
 			}
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			if err != nil {
@@ -381,5 +353,93 @@ func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestAColdStartBehindSlowDependenciesReachesAnExactSteadyState(t *testing.T) {
+	// The gateway starts while PostgreSQL answers at 40% of database_timeout and Redis
+	// at 65% of redis_timeout, and nothing opens a connection for it: opening one (the
+	// startup and statement preparation; HELLO, CLIENT SETINFO, the scripts and the
+	// clock) takes more round trips than one request's timeout holds. Within 10 s of
+	// load it counts every request exactly and answers no 503; and again after both
+	// drop every connection, as when they restart behind the slow link.
+	d := newDB(t)
+	d.plan("small", 20)
+	loadKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+	pg.SetDelay(800 * time.Millisecond)
+	rd.SetDelay(130 * time.Millisecond)
+	up := newUpstream(t)
+	gw := startGateway(t, gatewayConfig{
+		handler: gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{
+			"redis_url": withHost(t, redisURL(t), rd.Addr()), "database_timeout": "2s", "redis_timeout": "200ms",
+		}),
+		upstream: up.addr(),
+	})
+	for _, phase := range []string{"cold start", "after a restart"} {
+		if phase == "after a restart" {
+			pg.Drop()
+			rd.Drop()
+			// A restarted Redis has lost its scripts too.
+			flush := redistest.Client(t)
+			if err := flush.ScriptFlush(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !steadyWithin(t, gw, loadKey, 8, 10*time.Second) {
+			t.Logf("%s: answers still not all counted 200s after 10 s of load", phase)
+		}
+		key, _ := d.key(d.org("small"), keystore.RoleEditor)
+		awayFromWindowEdge(t, 8*time.Second)
+		got, uncounted := statuses(t, gw, 60, "/v1/me", key)
+		if got[http.StatusOK] != 20 || got[http.StatusTooManyRequests] != 40 || uncounted != 0 {
+			t.Errorf("%s: statuses %v, %d let through uncounted; want 20 200s and 40 429s, all counted", phase, got, uncounted)
+		}
+	}
+}
+
+// steadyWithin sends GET /v1/me with key from clients concurrent clients, each
+// sending its next request when its last is answered, until the last 3*clients
+// answers in a row were 200s that were counted (RateLimit headers), or limit passes.
+// It reports whether they were.
+func steadyWithin(t *testing.T, gw *gateway, key string, clients int, limit time.Duration) bool {
+	t.Helper()
+	var (
+		mu     sync.Mutex
+		streak int
+		steady = make(chan struct{})
+		once   sync.Once
+	)
+	deadline := time.Now().Add(limit)
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				select {
+				case <-steady:
+					return
+				default:
+				}
+				res, _ := gw.get(t, "/v1/me", key)
+				mu.Lock()
+				if res.StatusCode == http.StatusOK && res.Header.Get("Ratelimit") != "" {
+					streak++
+				} else {
+					streak = 0
+				}
+				if streak >= 3*clients {
+					once.Do(func() { close(steady) })
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-steady:
+		return true
+	default:
+		return false
 	}
 }

@@ -36,11 +36,15 @@ const (
 	defaultDatabaseTimeout = 2 * time.Second
 	defaultRedisTimeout    = 200 * time.Millisecond
 	defaultLookupLanes     = 1
-	limiterFailureOpen     = "open"
-	limiterFailureClosed   = "closed"
-	limiterFailureLocal    = "local"
-	legacyKeysAccept       = "accept"
-	legacyKeysReject       = "reject"
+	defaultDialTimeout     = 5 * time.Second
+	// defaultRedisMinConns covers the pipelined rounds that overlap while Redis is
+	// slow: a round goes out at most a tenth of redis_timeout after the one before.
+	defaultRedisMinConns = 10
+	limiterFailureOpen   = "open"
+	limiterFailureClosed = "closed"
+	limiterFailureLocal  = "local"
+	legacyKeysAccept     = "accept"
+	legacyKeysReject     = "reject"
 )
 
 // defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
@@ -136,6 +140,33 @@ type Handler struct {
 	// failure, decided by limiter_failure. Default: 200ms
 	RedisTimeout caddy.Duration `json:"redis_timeout,omitempty"`
 
+	// DatabaseDialTimeout bounds opening a PostgreSQL connection (TCP, TLS, startup
+	// and authentication) and, separately, preparing its lookups. Opening runs on
+	// this budget, not on a request's: a connection a request asked for still joins
+	// the pool when that request has given up (see warm.go), so a database slow to
+	// connect to is slow once, not on every request. The URL's connect_timeout, when
+	// set, wins. Default: 5s
+	DatabaseDialTimeout caddy.Duration `json:"database_dial_timeout,omitempty"`
+
+	// DatabaseMinConns is the floor of PostgreSQL connections the pool keeps open and
+	// prepared, so that requests find them ready. At most the pool's size
+	// (pool_max_conns); the URL's pool_min_conns, when larger, wins. Default:
+	// lookup_lanes + 1 (the lanes' queries and the last_used_at writes), or 4 with
+	// disable_lookup_batching
+	DatabaseMinConns int `json:"database_min_conns,omitempty"`
+
+	// RedisDialTimeout bounds opening a Redis connection (TCP, TLS, HELLO/AUTH, CLIENT
+	// SETINFO) by the warmer that keeps redis_min_conns open, and the limiter's
+	// preparation (loading its scripts, reading Redis's clock) at start and in the
+	// breaker's probe. None of that runs on a request's deadline. Default: 5s
+	RedisDialTimeout caddy.Duration `json:"redis_dial_timeout,omitempty"`
+
+	// RedisMinConns is the floor of Redis connections kept open and greeted, in each
+	// primary's pool on a Cluster, topped up a few times a second on a goroutine of its
+	// own (see warm.go). It covers the pipelined rounds that overlap while Redis is
+	// slow. Default: 10
+	RedisMinConns int `json:"redis_min_conns,omitempty"`
+
 	// LookupLanes is how many batched key lookups may be in flight at once. Concurrent
 	// requests share one query (WHERE key_id = ANY($1)) that is sent as soon as a lane
 	// is free; a request only ever joins a query not yet sent, so every answer still
@@ -230,10 +261,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.metrics = m
 	}
 
-	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), h.logger)
+	pgSetup := connSetup{time.Duration(h.DatabaseDialTimeout), h.DatabaseMinConns}
+	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
 	if err != nil {
 		return err
 	}
+	h.pgBreaker.probe = postgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
 	h.poolKeys = append(h.poolKeys, key)
 	if h.LastUsedInterval > 0 {
 		lu, key := h.loadLastUsed(pool)
@@ -258,7 +291,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 
 	if h.redisURL != "" {
-		client, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), h.logger)
+		setup := connSetup{time.Duration(h.RedisDialTimeout), h.RedisMinConns}
+		rd, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), setup, h.logger)
 		if err != nil {
 			return err
 		}
@@ -267,11 +301,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if !h.DisableCountPipelining {
 			opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)), limiter.WithLinger(time.Duration(h.BatchLinger)))
 		}
+		lim := limiter.NewRedis(rd.client, opts...)
+		budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
 		h.limiter = &redisLimiter{
-			lim:     limiter.NewRedis(client, opts...),
-			breaker: newBreaker(h.breakerChanged("redis")),
+			lim:     lim,
+			breaker: newBreaker(redisProbe(rd.warmer, lim, budget), h.breakerChanged("redis")),
+			warmer:  rd.warmer,
 			metrics: h.metrics,
 		}
+		// The scripts and Redis's clock, read before the first count needs them; a
+		// Redis that does not answer now is prepared by the breaker's probe later.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			_ = lim.Prepare(ctx)
+		}()
 		if h.failLocal {
 			h.fallback = limiter.NewLocal()
 		}
@@ -309,6 +353,21 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	if h.LookupLanes == 0 {
 		h.LookupLanes = defaultLookupLanes
 	}
+	if h.DatabaseDialTimeout == 0 {
+		h.DatabaseDialTimeout = caddy.Duration(defaultDialTimeout)
+	}
+	if h.RedisDialTimeout == 0 {
+		h.RedisDialTimeout = caddy.Duration(defaultDialTimeout)
+	}
+	if h.DatabaseMinConns == 0 {
+		h.DatabaseMinConns = h.LookupLanes + 1
+		if h.DisableLookupBatching {
+			h.DatabaseMinConns = 4
+		}
+	}
+	if h.RedisMinConns == 0 {
+		h.RedisMinConns = defaultRedisMinConns
+	}
 	if h.LegacyKeys == "" {
 		h.LegacyKeys = legacyKeysAccept
 	}
@@ -333,7 +392,7 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	h.fields = newFieldSet(h.StripFields)
 	h.failClosed = h.LimiterFailure == limiterFailureClosed
 	h.failLocal = h.LimiterFailure == limiterFailureLocal
-	h.pgBreaker = newBreaker(h.breakerChanged("postgres"))
+	h.pgBreaker = newBreaker(nil, h.breakerChanged("postgres")) // its probe comes with the pool
 	for _, name := range defaultStripFields {
 		if !slices.Contains(h.StripFields, name) {
 			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
@@ -376,6 +435,18 @@ func (h *Handler) Validate() error {
 	}
 	if h.RedisTimeout < 0 {
 		return fmt.Errorf("redis_timeout %s: must be positive", time.Duration(h.RedisTimeout))
+	}
+	if h.DatabaseDialTimeout < 0 {
+		return fmt.Errorf("database_dial_timeout %s: must be positive", time.Duration(h.DatabaseDialTimeout))
+	}
+	if h.RedisDialTimeout < 0 {
+		return fmt.Errorf("redis_dial_timeout %s: must be positive", time.Duration(h.RedisDialTimeout))
+	}
+	if h.DatabaseMinConns < 0 {
+		return fmt.Errorf("database_min_conns %d: must be positive", h.DatabaseMinConns)
+	}
+	if h.RedisMinConns < 0 {
+		return fmt.Errorf("redis_min_conns %d: must be positive", h.RedisMinConns)
 	}
 	if h.LookupLanes < 0 {
 		return fmt.Errorf("lookup_lanes %d: must be positive", h.LookupLanes)
@@ -512,12 +583,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // verify looks the key up, unless PostgreSQL's breaker is open. The verifier bounds
 // the request's wait by database_timeout itself (see Provision).
 func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
-	through, probe := h.pgBreaker.allow()
-	if !through {
+	if !h.pgBreaker.allow() {
 		return keystore.Key{}, false, errBreakerOpen
 	}
 	key, ok, err := h.verifier.VerifyParsed(ctx, keyID, secret)
-	h.pgBreaker.done(probe, resultOf(ctx, err))
+	h.pgBreaker.done(resultOf(ctx, err))
 	return key, ok, err
 }
 

@@ -38,10 +38,16 @@ func (e pgEntry) Destruct() error {
 	return nil
 }
 
-// redisEntry is a shared Redis client.
-type redisEntry struct{ client redis.UniversalClient }
+// redisEntry is a shared Redis client and the warmer of its pool.
+type redisEntry struct {
+	client redis.UniversalClient
+	warmer *redisWarmer
+}
 
-func (e redisEntry) Destruct() error { return e.client.Close() }
+func (e redisEntry) Destruct() error {
+	e.warmer.close()
+	return e.client.Close()
+}
 
 // localEntry is the shared in-process limiter.
 type localEntry struct{ lim *limiter.Local }
@@ -50,11 +56,23 @@ func (localEntry) Destruct() error { return nil }
 
 // The keys of pools. Each holds every setting its value was built with, so a
 // changed setting builds a new value instead of reusing one built differently.
-func postgresPoolKey(url string) string { return "postgres\x00" + url }
-
-func redisPoolKey(mode, url, caFile string, timeout time.Duration) string {
-	return "redis\x00" + mode + "\x00" + url + "\x00" + caFile + "\x00" + timeout.String()
+func postgresPoolKey(url string, s connSetup) string {
+	return "postgres\x00" + url + "\x00" + s.key()
 }
+
+func redisPoolKey(mode, url, caFile string, timeout time.Duration, s connSetup) string {
+	return "redis\x00" + mode + "\x00" + url + "\x00" + caFile + "\x00" + timeout.String() + "\x00" + s.key()
+}
+
+// connSetup is how a pool opens connections: on a budget of its own (dial_timeout),
+// and how many it keeps open (the floor: database_min_conns, redis_min_conns). See
+// warm.go.
+type connSetup struct {
+	dialTimeout time.Duration
+	minConns    int
+}
+
+func (s connSetup) key() string { return s.dialTimeout.String() + "\x00" + strconv.Itoa(s.minConns) }
 
 const localLimiterKey = "limiter\x00local"
 
@@ -63,20 +81,20 @@ const localLimiterKey = "limiter\x00local"
 //
 // A PostgreSQL that cannot be reached is not an error here: the gateway starts, logs a
 // warning, and answers 503 until the database is back. A URL that cannot be parsed is.
-func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*pgxpool.Pool, string, error) {
-	key := postgresPoolKey(url)
+func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger *zap.Logger) (*pgxpool.Pool, string, error) {
+	key := postgresPoolKey(url, setup)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
 		cfg, err := pgxpool.ParseConfig(url) // its errors hide the password
 		if err != nil {
 			return nil, fmt.Errorf("parsing database_url: %v", err)
 		}
-		tunePostgres(cfg, pingTimeout)
+		tunePostgres(cfg, pingTimeout, setup)
 		// The pool outlives this config, so it is not bound to the config's context.
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
 			return nil, fmt.Errorf("creating postgres pool: %v", err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), setup.dialTimeout+pingTimeout)
 		defer cancel()
 		if err := pool.Ping(ctx); err != nil {
 			logger.Warn("postgres did not answer at start; key lookups answer 503 until it does",
@@ -107,7 +125,18 @@ func loadPostgres(url string, pingTimeout time.Duration, logger *zap.Logger) (*p
 // the request answers when that lookup returns, so it ends at its deadline, as with
 // pgx's default. Such a lookup only runs on a lane with no batch in flight, so a slow
 // database gives up at most one connection per lane (lookup_lanes) a timeout that way.
-func tunePostgres(cfg *pgxpool.Config, timeout time.Duration) {
+//
+// A new connection is opened within setup's dial_timeout (unless the URL's
+// connect_timeout says otherwise) and has its lookups prepared before any request
+// uses it; the pool keeps setup's floor of connections open, topping it up every few
+// seconds (see warm.go). The URL's pool_min_conns, when larger, wins.
+func tunePostgres(cfg *pgxpool.Config, timeout time.Duration, setup connSetup) {
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = setup.dialTimeout
+	}
+	cfg.AfterConnect = prepareLookups(setup.dialTimeout)
+	cfg.MinConns = min(max(cfg.MinConns, int32(setup.minConns)), cfg.MaxConns)
+	cfg.HealthCheckPeriod = min(cfg.HealthCheckPeriod, minConnsCheckEvery)
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration > time.Minute
 	}
@@ -119,6 +148,9 @@ func tunePostgres(cfg *pgxpool.Config, timeout time.Duration) {
 		}
 	}
 }
+
+// minConnsCheckEvery is how often, at most, pgxpool tops a pool up to its floor.
+const minConnsCheckEvery = 5 * time.Second
 
 // lookupCancel is the context watcher handler of tunePostgres: CancelRequest handling,
 // but a deadline now for a request's own lookup.
@@ -152,26 +184,26 @@ func (h *lookupCancel) HandleUnwatchAfterCancel() {
 // connection, the write and the read. Commands are not retried: a dead Redis must
 // cost a request one timeout, not several. As with PostgreSQL, a Redis that is down at
 // start is a warning, not an error.
-func loadRedis(mode, url, caFile string, timeout time.Duration, logger *zap.Logger) (redis.UniversalClient, string, error) {
-	key := redisPoolKey(mode, url, caFile, timeout)
+func loadRedis(mode, url, caFile string, timeout time.Duration, setup connSetup, logger *zap.Logger) (redisEntry, string, error) {
+	key := redisPoolKey(mode, url, caFile, timeout, setup)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		client, addr, err := newRedisClient(mode, url, caFile, timeout)
+		client, addr, err := newRedisClient(mode, url, caFile, timeout, setup.dialTimeout)
 		if err != nil {
 			// Unlike pgx's, go-redis's errors may quote the URL, password and all.
 			return nil, errors.New(redactUserinfo(err.Error(), url))
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), setup.dialTimeout+timeout)
 		defer cancel()
 		if err := client.Ping(ctx).Err(); err != nil {
 			logger.Warn("redis did not answer at start; limiter_failure applies until it does",
 				zap.String("mode", mode), zap.String("addr", addr), zap.Error(err))
 		}
-		return redisEntry{client}, nil
+		return redisEntry{client, startRedisWarmer(client, setup.minConns, setup.dialTimeout+timeout)}, nil
 	})
 	if err != nil {
-		return nil, "", err
+		return redisEntry{}, "", err
 	}
-	return v.(redisEntry).client, key, nil
+	return v.(redisEntry), key, nil
 }
 
 // redactUserinfo removes from msg the user information of rawURL (user:password):

@@ -47,11 +47,11 @@ func poolEntries() map[string]int {
 	return out
 }
 
-// sharedPool returns the pgxpool pools holds under url, or nil.
+// sharedPool returns the pgxpool pools holds under url (whatever its connSetup), or nil.
 func sharedPool(url string) *pgxpool.Pool {
 	var p *pgxpool.Pool
 	pools.Range(func(key, value any) bool {
-		if key == postgresPoolKey(url) {
+		if strings.HasPrefix(key.(string), "postgres\x00"+url+"\x00") {
 			p = value.(pgEntry).pool
 		}
 		return true
@@ -60,11 +60,11 @@ func sharedPool(url string) *pgxpool.Pool {
 }
 
 // sharedRedis returns the Redis client pools holds under url and timeout (single
-// mode, no CA file), or nil.
+// mode, no CA file, the default dial timeout and floor), or nil.
 func sharedRedis(url string, timeout time.Duration) *redis.Client {
 	var c *redis.Client
 	pools.Range(func(key, value any) bool {
-		if key == redisPoolKey("", url, "", timeout) {
+		if key == redisPoolKey("", url, "", timeout, connSetup{defaultDialTimeout, defaultRedisMinConns}) {
 			c = value.(redisEntry).client.(*redis.Client)
 		}
 		return true
@@ -166,11 +166,13 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if got := sharedPool(dbURL); got != pool {
 		t.Error("a reload built a new PostgreSQL pool")
 	}
+	pgKey := postgresPoolKey(dbURL, connSetup{defaultDialTimeout, defaultLookupLanes + 1})
+	redisKey := redisPoolKey("", rURL, "", defaultRedisTimeout, connSetup{defaultDialTimeout, defaultRedisMinConns})
 	entries := poolEntries()
-	if n := entries[postgresPoolKey(dbURL)]; n != 1 {
+	if n := entries[pgKey]; n != 1 {
 		t.Errorf("postgres pool references after the reloads: %d, want 1", n)
 	}
-	if n := entries[redisPoolKey("", rURL, "", defaultRedisTimeout)]; n != 1 {
+	if n := entries[redisKey]; n != 1 {
 		t.Errorf("redis client references after the reloads: %d, want 1 (%v)", n, entries)
 	}
 	if got := sharedRedis(rURL, defaultRedisTimeout); got != client {
@@ -185,10 +187,10 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	// A config without the gateway lets go of everything: connections closed.
 	gw.reload(t, caddyConfig(listen, gw.logPath, gatewayConfig{upstream: up.addr()}))
 	entries = poolEntries()
-	if _, ok := entries[postgresPoolKey(dbURL)]; ok {
+	if _, ok := entries[pgKey]; ok {
 		t.Errorf("the postgres pool outlived its last handler: %v", entries)
 	}
-	if _, ok := entries[redisPoolKey("", rURL, "", defaultRedisTimeout)]; ok {
+	if _, ok := entries[redisKey]; ok {
 		t.Errorf("the redis client outlived its last handler: %v", entries)
 	}
 	eventually(t, 5*time.Second, func() bool { return pgConns() == 0 && redisConns() == 0 })

@@ -15,12 +15,13 @@ import (
 )
 
 // commandLimits returns the settings that bound every command of a client, in every
-// redis_mode: timeout on each of its parts (dial, wait for a pooled connection, write,
-// read), the caller's context deadline honoured as well, no retries (MaxRetries -1) and
+// redis_mode: timeout on each of its parts (wait for a pooled connection, write, read),
+// the caller's context deadline honoured as well, no retries (MaxRetries -1) and
 // one dial attempt per command (DialerRetries 1), so that a Redis that hangs costs a
-// request one timeout, not several (see loadRedis).
-func commandLimits(timeout time.Duration) (dial, read, write, pool time.Duration, contextTimeout bool, maxRetries, dialerRetries int) {
-	return timeout, timeout, timeout, timeout, true, -1, 1
+// request one timeout, not several (see loadRedis). A dial is bounded by dialTimeout:
+// a request's dial by its own deadline as well, the warmer's by dialTimeout alone.
+func commandLimits(timeout, dialTimeout time.Duration) (dial, read, write, pool time.Duration, contextTimeout bool, maxRetries, dialerRetries int) {
+	return dialTimeout, timeout, timeout, timeout, true, -1, 1
 }
 
 // The values of redis_mode.
@@ -35,7 +36,7 @@ const (
 // loadRedis: timeout on every part of a command, no retries. caFile, when set,
 // is a PEM file of the CAs that rediss:// server certificates must chain to.
 // It returns the client and the address to name in a log line.
-func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.UniversalClient, string, error) {
+func newRedisClient(mode, url, caFile string, timeout, dialTimeout time.Duration) (redis.UniversalClient, string, error) {
 	var pool *x509.CertPool
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
@@ -67,7 +68,7 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 			return nil, "", err
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout,
-			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout)
+			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout, dialTimeout)
 		return redis.NewClient(opts), opts.Addr, nil
 	case redisModeCluster:
 		opts, err := redis.ParseClusterURL(url)
@@ -79,7 +80,7 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 		}
 		// MOVED/ASK redirects still follow without retries (MaxRedirects).
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout,
-			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout)
+			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout, dialTimeout)
 		return redis.NewClusterClient(opts), strings.Join(opts.Addrs, ","), nil
 	case redisModeSentinel:
 		opts, err := redis.ParseFailoverURL(url)
@@ -93,7 +94,7 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 			return nil, "", err
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout,
-			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout)
+			opts.ContextTimeoutEnabled, opts.MaxRetries, opts.DialerRetries = commandLimits(timeout, dialTimeout)
 		return redis.NewFailoverClient(opts), strings.Join(opts.SentinelAddrs, ","), nil
 	default:
 		return nil, "", fmt.Errorf("redis_mode %q: must be single, cluster or sentinel", mode)
@@ -108,7 +109,8 @@ func newRedisClient(mode, url, caFile string, timeout time.Duration) (redis.Univ
 type redisLimiter struct {
 	lim     limiter.Limiter
 	breaker *breaker
-	metrics *metrics // nil with disable_metrics
+	warmer  *redisWarmer // kicked when a count fails; nil in tests without one
+	metrics *metrics     // nil with disable_metrics
 }
 
 // Allow counts one request of key, unless the breaker is open.
@@ -121,11 +123,13 @@ func (l *redisLimiter) Allow(ctx context.Context, key string, limit int) (limite
 }
 
 func (l *redisLimiter) allow(ctx context.Context, key string, limit int) (limiter.Result, error) {
-	through, probe := l.breaker.allow()
-	if !through {
+	if !l.breaker.allow() {
 		return limiter.Result{}, errBreakerOpen
 	}
 	rl, err := l.lim.Allow(ctx, key, limit)
-	l.breaker.done(probe, resultOf(ctx, err))
+	l.breaker.done(resultOf(ctx, err))
+	if err != nil && l.warmer != nil {
+		l.warmer.kick()
+	}
 	return rl, err
 }

@@ -35,7 +35,7 @@ func TestClusterSharesOneExactBudget(t *testing.T) {
 	var lims []*limiter.Redis
 	var cc *redis.ClusterClient
 	for range 3 {
-		c, _, err := newRedisClient(redisModeCluster, url, "", 2*time.Second)
+		c, _, err := newRedisClient(redisModeCluster, url, "", 2*time.Second, 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 	ctx := context.Background()
 	key := fmt.Sprintf("tls%d", time.Now().UnixNano())
 
-	c, _, err := newRedisClient(redisModeSingle, url, ca, 2*time.Second)
+	c, _, err := newRedisClient(redisModeSingle, url, ca, 2*time.Second, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 		}
 	}
 
-	bad, _, err := newRedisClient(redisModeSingle, url, wrong, 2*time.Second)
+	bad, _, err := newRedisClient(redisModeSingle, url, wrong, 2*time.Second, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 func TestSentinelFailoverKeepsCounting(t *testing.T) {
 	url := needEnv(t, "REDIS_SENTINEL_URL")
 	pidfile := needEnv(t, "REDIS_SENTINEL_PRIMARY_PIDFILE")
-	c, _, err := newRedisClient(redisModeSentinel, url, "", 300*time.Millisecond)
+	c, _, err := newRedisClient(redisModeSentinel, url, "", 300*time.Millisecond, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func newTestHandler(t testing.TB, v Verifier, limiterFailure string) *Handler {
 	h.verifier = v
 	h.limiter = limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow }))
 	if limiterFailure != "" {
-		h.limiter = &redisLimiter{lim: failingLimiter{}, breaker: newBreaker(nil), metrics: h.metrics}
+		h.limiter = &redisLimiter{lim: failingLimiter{}, breaker: newBreaker(nil, nil), metrics: h.metrics}
 		if h.failLocal {
 			h.fallback = limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow }))
 		}

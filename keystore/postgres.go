@@ -85,6 +85,33 @@ func lookupStatement(ids []string) (string, []any) {
 	}
 }
 
+// PrepareLookups prepares every lookup statement on conn in one batch (pgx pipelines
+// the preparations of a batch's new statements), so that no lookup on conn pays a
+// round trip to prepare its statement. Call it from pgxpool's AfterConnect, on the
+// connection's own budget rather than a request's. It does nothing in the exec modes
+// that prepare nothing (exec, simple_protocol: through PgBouncer in transaction
+// pooling, see the exec mode of the database URL).
+func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
+	switch conn.Config().DefaultQueryExecMode {
+	case pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe:
+	default:
+		return nil
+	}
+	b := &pgx.Batch{}
+	for n := 1; n <= maxInListIDs+1; n *= 2 {
+		ids := make([]string, min(n, maxInListIDs+1))
+		for i := range ids {
+			ids[i] = strconv.Itoa(i) // no key id is this short
+		}
+		sql, args := lookupStatement(ids)
+		b.Queue(sql, args...)
+	}
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("preparing the key lookups: %w", err)
+	}
+	return nil
+}
+
 // dummyHash is compared against when no live key has the presented key id, so that an
 // unknown key costs the same hashing and comparison as a known one.
 var dummyHash = sha256.Sum256([]byte("keygate: no such key"))

@@ -83,6 +83,26 @@ func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error
 	return result(n, limit, reset), nil
 }
 
+// Prepare loads the limiter's scripts into Redis and reads Redis's clock, the two
+// round trips a first count would otherwise pay for. It re-reads the clock and loads
+// the scripts again even when an earlier call or count did, since a restarted or
+// failed-over Redis has lost its scripts. Give it a context of its own, not a
+// request's: it is connection setup, and its point is that no request waits on it.
+// On a Redis Cluster the scripts load on every primary.
+func (l *Redis) Prepare(ctx context.Context) error {
+	for _, s := range []*redis.Script{incrScript, clockScript} {
+		if err := s.Load(ctx, l.rdb).Err(); err != nil {
+			return fmt.Errorf("loading the limiter's scripts: %w", err)
+		}
+	}
+	now, err := clockScript.Run(ctx, l.rdb, nil).Int64()
+	if err != nil {
+		return fmt.Errorf("reading redis's clock: %w", err)
+	}
+	l.clock.observe(now)
+	return nil
+}
+
 // counterKey is the Redis key of key's counter in window w. The braces make key the
 // hash tag, so all of one key's counters live in one Cluster slot.
 func (l *Redis) counterKey(key string, w int64) string {

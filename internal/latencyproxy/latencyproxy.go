@@ -75,6 +75,16 @@ func (p *Proxy) gate() chan struct{} {
 	return p.open
 }
 
+// Drop closes every connection open now, as a restarting server does; new
+// connections are forwarded as before.
+func (p *Proxy) Drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
 // Close stops listening and closes every connection.
 func (p *Proxy) Close() {
 	p.ln.Close()

@@ -1,0 +1,218 @@
+package caddymodule
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+// Connection setup runs on a budget of its own, never on a request's deadline
+// (CONTRACT §13). A request's deadline is a promise about one request: a connection
+// that takes longer to open than a request may wait (TCP and TLS, HELLO, PostgreSQL
+// startup, statement preparation, script loading) would otherwise never open while
+// the dependency is slow, every request starting over and giving up.
+//
+// PostgreSQL: pgxpool already opens a connection a request asked for on a goroutine
+// of its own, under none of the request's deadline, and adds it to the pool when the
+// request has given up (puddle's Acquire). tunePostgres bounds that by dial_timeout
+// (ConnectTimeout), prepares the lookups on it (AfterConnect), and keeps
+// database_min_conns open (MinConns).
+//
+// Redis: go-redis opens a connection on the goroutine of the command that needs one
+// and sends HELLO and CLIENT SETINFO under that command's deadline; a command that
+// times out throws its connection away. So a redisWarmer keeps redis_min_idle_conns
+// connections opened, greeted and pooled, on its own goroutine and budget, and the
+// limiter's scripts and clock are read the same way (limiter.Redis.Prepare).
+
+// warmEvery is how often a redisWarmer checks its pool's floor.
+const warmEvery = 250 * time.Millisecond
+
+// redisWarmer keeps at least floor connections in a Redis client's pool (in each
+// primary's pool, on a Cluster), opened and greeted on a budget of its own.
+type redisWarmer struct {
+	client redis.UniversalClient
+	floor  int
+	budget time.Duration // dial_timeout: the bound on one round of warming
+	kicks  chan struct{} // a count failed: warm now, and PING every pooled connection
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+func startRedisWarmer(client redis.UniversalClient, floor int, budget time.Duration) *redisWarmer {
+	w := &redisWarmer{
+		client: client, floor: floor, budget: budget,
+		kicks: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	go w.run()
+	return w
+}
+
+func (w *redisWarmer) run() {
+	defer close(w.done)
+	t := time.NewTicker(warmEvery)
+	defer t.Stop()
+	kicked := false
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), w.budget)
+		w.warm(ctx, kicked)
+		cancel()
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+			kicked = false
+		case <-w.kicks:
+			kicked = true
+		}
+	}
+}
+
+// kick has the warmer check its pools now rather than at its next tick: a count
+// failed, and the connection it used may have been thrown away, or be one of many a
+// restarted Redis left dead in the pool. It never blocks.
+func (w *redisWarmer) kick() {
+	select {
+	case w.kicks <- struct{}{}:
+	default:
+	}
+}
+
+// close stops the warmer and waits for it.
+func (w *redisWarmer) close() {
+	close(w.stop)
+	<-w.done
+}
+
+// warm opens connections until each pool holds floor of them, or ctx ends. With
+// always it sends floor PINGs to each pool even when it holds enough: a probe
+// (redisProbe) wants an answer, not a count. It reports whether every PING was
+// answered.
+func (w *redisWarmer) warm(ctx context.Context, always bool) bool {
+	if c, ok := w.client.(*redis.ClusterClient); ok {
+		return c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+			if !warmPool(ctx, shard, w.floor, always) {
+				return context.DeadlineExceeded
+			}
+			return nil
+		}) == nil
+	}
+	return warmPool(ctx, w.client, w.floor, always)
+}
+
+// warmPool sends floor PINGs at once through c, unless its pool already holds floor
+// connections and not always: each PING takes a connection of its own, opening one
+// if the pool has none idle, and gives it back greeted.
+func warmPool(ctx context.Context, c redis.UniversalClient, floor int, always bool) bool {
+	if !always && int(c.PoolStats().TotalConns) >= floor {
+		return true
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed bool
+	)
+	for range floor {
+		wg.Go(func() {
+			if err := c.Ping(ctx).Err(); err != nil {
+				mu.Lock()
+				failed = true
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return !failed
+}
+
+// preparer is what a Redis probe asks of the limiter: limiter.Redis.Prepare.
+type preparer interface {
+	Prepare(ctx context.Context) error
+}
+
+// redisProbe is the probe of Redis's breaker: on dial_timeout plus redis_timeout, the
+// warmer's PINGs through every pool and the limiter's preparation (scripts and clock,
+// which a restarted Redis has lost).
+func redisProbe(w *redisWarmer, lim preparer, budget time.Duration) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		return w.warm(ctx, true) && lim.Prepare(ctx) == nil
+	}
+}
+
+// postgresProbe is the probe of PostgreSQL's breaker: on dial_timeout plus
+// database_timeout, pings through the pool's floor of connections (at least one),
+// again until every one is answered. A PostgreSQL that restarted leaves dead
+// connections in the pool, each of which fails one ping and is then thrown away, and
+// the breaker closes only once the floor is open again, not with one connection for
+// requests to queue on while the pool tops itself up.
+func postgresProbe(pool *pgxpool.Pool, budget time.Duration) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		n := max(int(pool.Config().MinConns), 1)
+		for {
+			if pingConns(ctx, pool, n) {
+				return true
+			}
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// pingConns holds n connections of pool at once, opening those it lacks, and pings
+// each. It reports whether every one answered. A connection whose ping failed is
+// closed, and so leaves the pool when it is given back.
+func pingConns(ctx context.Context, pool *pgxpool.Pool, n int) bool {
+	var (
+		held   sync.WaitGroup // every connection taken and pinged
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed bool
+	)
+	release := make(chan struct{})
+	held.Add(n)
+	for range n {
+		wg.Go(func() {
+			c, err := pool.Acquire(ctx)
+			if err == nil {
+				err = c.Ping(ctx)
+			}
+			if err != nil {
+				mu.Lock()
+				failed = true
+				mu.Unlock()
+			}
+			held.Done()
+			// Held until all are, so that the n pings take n connections.
+			<-release
+			if c != nil {
+				c.Release()
+			}
+		})
+	}
+	held.Wait()
+	close(release)
+	wg.Wait()
+	return !failed
+}
+
+// prepareLookups is pgxpool's AfterConnect for the gateway's pool: the lookups
+// prepared on a new connection within budget, before any request uses it.
+func prepareLookups(budget time.Duration) func(context.Context, *pgx.Conn) error {
+	return func(ctx context.Context, conn *pgx.Conn) error {
+		ctx, cancel := context.WithTimeout(ctx, budget)
+		defer cancel()
+		return keystore.PrepareLookups(ctx, conn)
+	}
+}
