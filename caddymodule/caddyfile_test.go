@@ -43,6 +43,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				limiter_failure  closed
 				database_timeout 1500ms
 				redis_timeout    150ms
+				database_dial_timeout 3s
+				redis_dial_timeout    4s
+				database_min_conns    6
+				redis_min_conns       12
 				lookup_lanes     3
 				batch_linger     2ms
 				disable_lookup_batching
@@ -63,6 +67,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				LimiterFailure:         "closed",
 				DatabaseTimeout:        caddy.Duration(1500 * time.Millisecond),
 				RedisTimeout:           caddy.Duration(150 * time.Millisecond),
+				DatabaseDialTimeout:    caddy.Duration(3 * time.Second),
+				RedisDialTimeout:       caddy.Duration(4 * time.Second),
+				DatabaseMinConns:       6,
+				RedisMinConns:          12,
 				LookupLanes:            3,
 				BatchLinger:            caddy.Duration(2 * time.Millisecond),
 				DisableLookupBatching:  true,
@@ -143,6 +151,10 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"arguments on the directive", "v1_gateway postgres://x {\n}", "wrong argument count", 1},
 		{"lookup_lanes not a number", "v1_gateway {\n\tlookup_lanes many\n}", `lookup_lanes must be a positive whole number, not "many"`, 2},
 		{"lookup_lanes zero", "v1_gateway {\n\tlookup_lanes 0\n}", `lookup_lanes must be a positive whole number, not "0"`, 2},
+		{"redis_min_conns zero", "v1_gateway {\n\tredis_min_conns 0\n}", `redis_min_conns must be a positive whole number, not "0"`, 2},
+		{"database_min_conns not a number", "v1_gateway {\n\tdatabase_min_conns few\n}", `database_min_conns must be a positive whole number, not "few"`, 2},
+		{"database_dial_timeout zero", "v1_gateway {\n\tdatabase_dial_timeout 0s\n}", "database_dial_timeout must be positive", 2},
+		{"duplicate redis_dial_timeout", "v1_gateway {\n\tredis_dial_timeout 1s\n\tredis_dial_timeout 2s\n}", "redis_dial_timeout already specified", 3},
 		{"batch_linger zero", "v1_gateway {\n\tbatch_linger 0\n}", "batch_linger must be positive", 2},
 		{"duplicate batch_linger", "v1_gateway {\n\tbatch_linger 1ms\n\tbatch_linger 2ms\n}", "batch_linger already specified", 3},
 		{"duplicate lookup_lanes", "v1_gateway {\n\tlookup_lanes 1\n\tlookup_lanes 2\n}", "lookup_lanes already specified", 3},

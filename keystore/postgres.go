@@ -98,7 +98,8 @@ func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	b := &pgx.Batch{}
-	for n := 1; n <= maxInListIDs+1; n *= 2 {
+	// Batches of 1, 2, 4, … maxInListIDs ids, and one larger: one of each statement.
+	for n := 1; n <= 2*maxInListIDs; n *= 2 {
 		ids := make([]string, min(n, maxInListIDs+1))
 		for i := range ids {
 			ids[i] = strconv.Itoa(i) // no key id is this short

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/keystore"
@@ -338,5 +339,40 @@ func TestLookupFindsExactlyTheLiveKeysOfEveryBatchSize(t *testing.T) {
 				t.Fatalf("Lookup(%d ids) = %v, %v; want %v", n, got, err, want)
 			}
 		}
+	}
+}
+
+func TestPrepareLookupsPreparesEveryLookupOnTheConnection(t *testing.T) {
+	// Every shape of lookup (one id, IN lists of 2 to 64, ANY) is prepared at once, so
+	// that no lookup on a new connection pays a round trip to prepare; in the exec
+	// modes that prepare nothing (PgBouncer's), nothing is.
+	_, pool, _ := newStore(t, "pro")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		mode pgx.QueryExecMode
+		want int
+	}{
+		{pgx.QueryExecModeCacheStatement, 8},
+		{pgx.QueryExecModeExec, 0},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			cfg := pool.Config().ConnConfig.Copy()
+			cfg.DefaultQueryExecMode = tc.mode
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if err := keystore.PrepareLookups(ctx, conn); err != nil {
+				t.Fatalf("PrepareLookups: %v", err)
+			}
+			var n int
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT k.key_id%'").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n != tc.want {
+				t.Errorf("%d lookups prepared, want %d", n, tc.want)
+			}
+		})
 	}
 }

@@ -8,3 +8,6 @@ func ScriptCalls(l *Redis) uint64 {
 	}
 	return l.pipe.calls.Load()
 }
+
+// ScriptHashes are the SHA1s of the scripts Prepare loads.
+func ScriptHashes() []string { return []string{incrScript.Hash(), clockScript.Hash()} }

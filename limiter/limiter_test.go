@@ -314,3 +314,29 @@ func ExampleLocal_Allow() {
 	// allowed=true remaining=0 retry-after=15s
 	// allowed=false remaining=0 retry-after=15s
 }
+
+func TestPrepareLoadsTheScriptsARestartedRedisLost(t *testing.T) {
+	// A restarted Redis has no scripts; Prepare loads them again, so that the first
+	// counts after it pay no NOSCRIPT round trip.
+	rdb := redisClient(t)
+	ctx := context.Background()
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := limiter.NewRedis(rdb, limiter.WithPrefix(uniquePrefix(t)))
+	if err := l.Prepare(ctx); err != nil {
+		t.Fatalf("Prepare: %v", err)
+	}
+	exists, err := rdb.ScriptExists(ctx, limiter.ScriptHashes()...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range exists {
+		if !ok {
+			t.Errorf("script %s not loaded by Prepare", limiter.ScriptHashes()[i])
+		}
+	}
+	if r, err := l.Allow(ctx, "k", 5); err != nil || !r.Allowed || r.Remaining != 4 {
+		t.Errorf("Allow after Prepare: %+v, %v", r, err)
+	}
+}

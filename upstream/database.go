@@ -20,6 +20,12 @@ const DefaultDatabaseTimeout = 5 * time.Second
 // (100) even with a few upstream instances.
 const defaultMaxConns = 16
 
+// defaultMinConns is the floor of connections the pool keeps open when DATABASE_URL
+// has no pool_min_conns, so that requests after a quiet spell, or after PostgreSQL
+// restarted behind a slow link, find connections ready rather than wait for one to
+// open (pgxpool opens them in the background, within ConnectTimeout).
+const defaultMinConns = 4
+
 // poolConfig parses databaseURL into a pool configuration whose every wait on the
 // database is bounded by timeout (see timeoutTracer). maxConns, when positive, sets the
 // pool size; otherwise pool_max_conns of the URL does, or defaultMaxConns.
@@ -33,6 +39,9 @@ func poolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgx
 		cfg.MaxConns = maxConns
 	case !strings.Contains(databaseURL, "pool_max_conns"):
 		cfg.MaxConns = defaultMaxConns
+	}
+	if !strings.Contains(databaseURL, "pool_min_conns") {
+		cfg.MinConns = min(defaultMinConns, cfg.MaxConns)
 	}
 	if timeout > 0 {
 		if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > timeout {
