@@ -443,3 +443,29 @@ func steadyWithin(t *testing.T, gw *gateway, key string, clients int, limit time
 		return false
 	}
 }
+
+func TestGoRedisThrowsAwayAConnectionWhoseCommandTimedOut(t *testing.T) {
+	// What go-redis does when a command's deadline passes while Redis is slow but live:
+	// the connection is closed and leaves the pool (its reply could still have been
+	// read). The gateway cannot keep it, so the warmer opens another on its own budget
+	// (docs/dependencies.md); this test notices if go-redis starts keeping it.
+	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+	client, _, err := newRedisClient(redisModeSingle, withHost(t, redisURL(t), rd.Addr()), "", time.Second, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	if err := client.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rd.SetDelay(200 * time.Millisecond)
+	late, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := client.Ping(late).Err(); err == nil {
+		t.Fatal("a PING answered in 200ms met a 50ms deadline")
+	}
+	if s := client.PoolStats(); s.TotalConns != 0 {
+		t.Errorf("pool after a timed-out command: %+v; want its one connection thrown away", s)
+	}
+}
