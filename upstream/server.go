@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/openapi"
 )
 
 // maxBodyBytes is the largest request body accepted; larger bodies answer 413.
@@ -160,6 +161,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 
+	for _, name := range openapi.Names {
+		mux.HandleFunc("GET /openapi/"+name, serveDocument(name))
+	}
+
 	mux.HandleFunc("POST /auth/login", s.handle(s.handleLogin))
 	mux.HandleFunc("POST /auth/logout", s.handle(s.handleLogout))
 
@@ -199,6 +204,23 @@ func (s *Server) routes() http.Handler {
 		}
 		dashboard.ServeHTTP(w, r)
 	})
+}
+
+// serveDocument answers with the OpenAPI document name of package openapi, byte for
+// byte, to anyone: it describes the interface, it grants nothing.
+func serveDocument(name string) http.HandlerFunc {
+	b, err := openapi.Files.ReadFile(name)
+	if err != nil {
+		panic(fmt.Sprintf("openapi: %s is not embedded", name)) // a build error, not a request's
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(http.StatusOK)
+		if r.Method != http.MethodHead {
+			w.Write(b)
+		}
+	}
 }
 
 // handlerFunc is a route: it writes its answer, or returns the error to answer with

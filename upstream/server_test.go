@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/keygate/keygate/openapi"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -177,4 +178,22 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 			t.Errorf("log line %q is not JSON", line)
 		}
 	}
+}
+
+func TestTheOpenAPIDocumentsAreServedByteForByteWithoutAuthentication(t *testing.T) {
+	e := newTestEnv(t)
+	for _, name := range openapi.Names {
+		want, err := openapi.Files.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := e.anon().do("GET", "/openapi/"+name, "")
+		if r.status != http.StatusOK || r.body != string(want) {
+			t.Errorf("GET /openapi/%s: %d, %d bytes; want 200 and the %d bytes of the file", name, r.status, len(r.body), len(want))
+		}
+		if ct := r.header.Get("Content-Type"); ct != "application/yaml" {
+			t.Errorf("GET /openapi/%s: Content-Type %q, want application/yaml", name, ct)
+		}
+	}
+	want(t, e.anon().do("GET", "/openapi/other.yaml", ""), 404, bodyNotFound)
 }
