@@ -495,19 +495,23 @@ func (c *Client) do(method, path string, body any, header http.Header) Resp {
 
 func doRequest(t testing.TB, hc *http.Client, method, url string, body any, header http.Header) Resp {
 	t.Helper()
-	var rd io.Reader
+	var raw []byte
 	switch b := body.(type) {
 	case nil:
 	case string:
-		rd = strings.NewReader(b)
+		raw = []byte(b)
 	case []byte:
-		rd = bytes.NewReader(b)
+		raw = b
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rd = bytes.NewReader(j)
+		raw = j
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(raw)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -533,6 +537,7 @@ func doRequest(t testing.TB, hc *http.Client, method, url string, body any, head
 	if err != nil {
 		t.Fatalf("%s %s: reading body: %v", method, url, err)
 	}
+	checkExchange(t, req, raw, resp, b)
 	return Resp{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }
 

@@ -1,0 +1,243 @@
+package integration
+
+// Every exchange of the suite goes through doRequest, which checks it against the
+// OpenAPI documents of package openapi, so that they cannot drift from the code:
+//
+//   - an answer to a route of a document must have a status and a body the document
+//     gives that route (kin-openapi's openapi3filter, with the status required);
+//   - a request the code accepted (2xx) must be one the document allows;
+//   - a request to a path or method no document has must be answered 404 or 405:
+//     the code may have no route the documents lack.
+//
+// Requests the suite sends on purpose with bad input (4xx) are not themselves checked
+// against the documents: the document describes the answers they get.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	"github.com/keygate/keygate/openapi"
+)
+
+// document is one OpenAPI document and its router.
+type document struct {
+	name   string
+	router routers.Router
+}
+
+var (
+	documentsOnce sync.Once
+	documents     map[string]*document // by name: "v1.yaml", "dashboard.yaml"
+	documentsErr  error
+)
+
+// loadDocuments parses the documents in openapi.Files once.
+func loadDocuments() (map[string]*document, error) {
+	documentsOnce.Do(func() {
+		documents = map[string]*document{}
+		for _, name := range openapi.Names {
+			loader := openapi3.NewLoader()
+			loader.IsExternalRefsAllowed = true
+			loader.ReadFromURIFunc = func(_ *openapi3.Loader, u *url.URL) ([]byte, error) {
+				return openapi.Files.ReadFile(u.Path)
+			}
+			doc, err := loader.LoadFromURI(&url.URL{Path: name})
+			if err != nil {
+				documentsErr = err
+				return
+			}
+			// The servers entry "/" is relative; any host of the suite's is the server.
+			doc.Servers = nil
+			router, err := gorillamux.NewRouter(doc)
+			if err != nil {
+				documentsErr = err
+				return
+			}
+			documents[name] = &document{name: name, router: router}
+		}
+	})
+	return documents, documentsErr
+}
+
+// documentFor returns the document describing path: v1.yaml for /v1, dashboard.yaml
+// for the upstream's session API, nil for the paths no document describes (the
+// documents themselves, the dashboard's pages, the JWKS, admin endpoints).
+func documentFor(path string) string {
+	switch {
+	case path == "/v1" || strings.HasPrefix(path, "/v1/"):
+		return "v1.yaml"
+	case strings.HasPrefix(path, "/auth/"), strings.HasPrefix(path, "/orgs/"), strings.HasPrefix(path, "/security/"):
+		return "dashboard.yaml"
+	}
+	return ""
+}
+
+// decidedBeforeRouting are the answers the gateway gives on any path under /v1, before
+// a route is looked up: the key, the plan, the rate limit, the role, its database.
+var decidedBeforeRouting = map[int]bool{
+	http.StatusUnauthorized: true, http.StatusForbidden: true,
+	http.StatusTooManyRequests: true, http.StatusServiceUnavailable: true,
+}
+
+// exchangeError returns what is wrong with one exchange against the documents, or nil.
+// With record, the exchange counts in the coverage (see writeCoverage).
+func exchangeError(req *http.Request, reqBody []byte, status int, header http.Header, body []byte, record bool) error {
+	name := documentFor(req.URL.Path)
+	if name == "" {
+		return nil
+	}
+	docs, err := loadDocuments()
+	if err != nil {
+		return err
+	}
+	// A HEAD is checked as the GET it stands for, without a body.
+	probe := req.Clone(context.Background())
+	if req.Method == http.MethodHead {
+		probe.Method = http.MethodGet
+	}
+	probe.Body = io.NopCloser(bytes.NewReader(reqBody))
+	route, params, err := docs[name].router.FindRoute(probe)
+	if err != nil {
+		if (errors.Is(err, routers.ErrPathNotFound) && status == http.StatusNotFound) ||
+			(errors.Is(err, routers.ErrMethodNotAllowed) && status == http.StatusMethodNotAllowed) {
+			return nil // no such route in the document, nor in the code
+		}
+		if name == "v1.yaml" && decidedBeforeRouting[status] {
+			return nil // the gateway's checks come before any route (v1.yaml's description)
+		}
+		return &docError{name, req, status, "the route is not in the document: " + err.Error()}
+	}
+	if record {
+		covered.Store(route.Method+" "+route.Path+" "+strconv.Itoa(status), true)
+	}
+	opts := &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc, IncludeResponseStatus: true}
+	in := &openapi3filter.RequestValidationInput{Request: probe, PathParams: params, Route: route, Options: opts}
+	ctx := context.Background()
+	if status >= 200 && status < 300 {
+		if err := openapi3filter.ValidateRequest(ctx, in); err != nil {
+			return &docError{name, req, status, "the code accepted a request the document does not allow: " + err.Error()}
+		}
+	}
+	if req.Method == http.MethodHead {
+		body = nil
+	}
+	out := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: status, Header: header, Options: opts}
+	out.SetBodyBytes(body)
+	if err := openapi3filter.ValidateResponse(ctx, out); err != nil {
+		return &docError{name, req, status, err.Error()}
+	}
+	return nil
+}
+
+// docError is an exchange that breaks a document.
+type docError struct {
+	doc    string
+	req    *http.Request
+	status int
+	what   string
+}
+
+func (e *docError) Error() string {
+	return e.req.Method + " " + e.req.URL.Path + " → " + http.StatusText(e.status) + ": breaks openapi/" + e.doc + ": " + e.what
+}
+
+// covered holds "METHOD /route status" of every exchange checked against a route.
+var covered sync.Map
+
+// writeCoverage writes the sorted lines of covered to the file named by
+// KEYGATE_OPENAPI_COVERAGE, if set: which routes and statuses the suite exercised.
+func writeCoverage() error {
+	path := os.Getenv("KEYGATE_OPENAPI_COVERAGE")
+	if path == "" {
+		return nil
+	}
+	var lines []string
+	covered.Range(func(k, _ any) bool {
+		lines = append(lines, k.(string))
+		return true
+	})
+	sort.Strings(lines)
+	return os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+}
+
+// checkExchange fails t when an exchange breaks the documents.
+func checkExchange(t testing.TB, req *http.Request, reqBody []byte, res *http.Response, body []byte) {
+	t.Helper()
+	if err := exchangeError(req, reqBody, res.StatusCode, res.Header, body, true); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestTheDocumentCheckBites(t *testing.T) {
+	// Exchanges made up here, each broken in one way, must each be caught; the unbroken
+	// ones must pass. Without this, a check that lets everything through would look
+	// like a suite that matches its documents.
+	me := `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Editor"}`
+	monitor := `{"id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","name":"a","type":"http","target":"https://example.com",` +
+		`"interval_seconds":60,"locations":["us-east"],"paused":false,"created_at":"2026-01-01T00:00:00Z","updated_at":"2026-01-01T00:00:00Z"}`
+	jsonHeader := http.Header{"Content-Type": {"application/json"}}
+	for _, tc := range []struct {
+		name         string
+		method, path string
+		reqBody      string
+		status       int
+		body         string
+		wantErr      bool
+	}{
+		{"GET /v1/me as documented", "GET", "/v1/me", "", 200, me, false},
+		{"GET /v1/me without role", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11"}`, true},
+		{"GET /v1/me with a role the document lacks", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Owner"}`, true},
+		{"GET /v1/me with an undocumented status", "GET", "/v1/me", "", http.StatusTeapot, `{"error":"teapot"}`, true},
+		{"a 429 without retryAfter", "GET", "/v1/me", "", 429, `{"error":"rate_limited"}`, true},
+		{"a route the document lacks, answered", "GET", "/v1/keys", "", 200, `{"data":[]}`, true},
+		{"a route the document lacks, answered 404", "GET", "/v1/keys", "", 404, `{"error":"not found"}`, false},
+		{"a monitor created as documented", "POST", "/v1/monitors", `{"name":"a","type":"http","target":"https://example.com"}`, 201, monitor, false},
+		{"a create accepted without its name", "POST", "/v1/monitors", `{"type":"http","target":"https://example.com"}`, 201, monitor, true},
+		{"a bad create refused", "POST", "/v1/monitors", `{"type":"http"}`, 400, `{"error":"invalid_request","message":"name: required"}`, false},
+		{"an unknown field in an answer is fine", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Admin","new":1}`, false},
+		{"a dashboard key without masked_key", "GET", "/orgs/x/api-keys", "", 200,
+			`{"data":[{"id":"abcdefghijklmnop","name":"k","role":"Admin","created_at":"2026-01-01T00:00:00Z","expires_at":null,"revoked_at":null}]}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, "http://127.0.0.1:1"+tc.path, strings.NewReader(tc.reqBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.reqBody != "" {
+				req.Header.Set("Content-Type", "application/json")
+			}
+			header := jsonHeader.Clone()
+			if tc.status == 429 {
+				header.Set("Retry-After", "10")
+			}
+			err = exchangeError(req, []byte(tc.reqBody), tc.status, header, []byte(tc.body), false)
+			if (err != nil) != tc.wantErr {
+				t.Errorf("check answered %v, want an error: %v", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if err := writeCoverage(); err != nil {
+		println("writing the OpenAPI coverage:", err.Error())
+		code = 1
+	}
+	os.Exit(code)
+}
