@@ -90,9 +90,9 @@ type pageData struct {
 
 // keyView is a key's row: masked, times in words.
 type keyView struct {
-	ID, Name, Role, Masked             string
+	ID, Name, Role, Masked              string
 	Created, Expires, LastUsed, Revoked string
-	Live                               bool
+	Live                                bool
 }
 
 // newKeyView is a key just created or rolled: the one page that shows it in full.
