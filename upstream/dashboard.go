@@ -301,6 +301,19 @@ func (s *Server) managerPage(w http.ResponseWriter, r *http.Request, title strin
 	return p, data, ok, err
 }
 
+// managerForm is managerPage for a form sent from the keys page, which it reads.
+func (s *Server) managerForm(w http.ResponseWriter, r *http.Request) (principal, *pageData, url.Values, bool, error) {
+	p, data, ok, err := s.managerPage(w, r, "API keys")
+	if !ok {
+		return p, nil, nil, false, err
+	}
+	form, err := readForm(w, r)
+	if err != nil {
+		return p, nil, nil, false, err
+	}
+	return p, data, form, true, nil
+}
+
 // pageKeys answers GET /dashboard/orgs/{orgId}: the org's keys, with the controls for
 // those who may manage them.
 func (s *Server) pageKeys(w http.ResponseWriter, r *http.Request) (string, *pageData, error) {
@@ -353,12 +366,8 @@ const formExpiry = "2006-01-02T15:04"
 // then the keys page showing the full key once. It is never redirected to, so the key
 // is in this answer only.
 func (s *Server) pageCreateKey(w http.ResponseWriter, r *http.Request) (string, *pageData, error) {
-	p, data, ok, err := s.managerPage(w, r, "API keys")
+	p, data, form, ok, err := s.managerForm(w, r)
 	if !ok {
-		return "", nil, err
-	}
-	form, err := readForm(w, r)
-	if err != nil {
 		return "", nil, err
 	}
 	data.Form = keyForm{Name: form.Get("name"), Role: form.Get("role"), Expires: form.Get("expires_at")}
@@ -440,12 +449,8 @@ func (s *Server) pageRevoke(w http.ResponseWriter, r *http.Request) (string, *pa
 // pageRoll answers a row's roll form: rollKey, as POST /orgs/{orgId}/api-keys/{id}/roll,
 // then the keys page showing the new key once.
 func (s *Server) pageRoll(w http.ResponseWriter, r *http.Request) (string, *pageData, error) {
-	p, data, ok, err := s.managerPage(w, r, "API keys")
+	p, data, form, ok, err := s.managerForm(w, r)
 	if !ok {
-		return "", nil, err
-	}
-	form, err := readForm(w, r)
-	if err != nil {
 		return "", nil, err
 	}
 	rec, full, err := s.rollFromForm(r, p, form.Get("grace_seconds"))
