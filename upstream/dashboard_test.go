@@ -223,3 +223,21 @@ func TestDashboardMembersWhoMayNotManageKeysSeeNoControls(t *testing.T) {
 		})
 	}
 }
+
+func TestDashboardThrottledLoginIsSaidInWords(t *testing.T) {
+	e := newTestEnv(t, func(c *Config) { c.LoginThrottle = LoginThrottle{PerEmail: 1} })
+	email, password := e.user()
+	wrong := url.Values{"email": {email}, "password": {"not the password"}}.Encode()
+	if r := e.anon().form().do("POST", "/dashboard/login", wrong); r.status != http.StatusUnauthorized {
+		t.Fatalf("first failure: %d", r.status)
+	}
+	right := url.Values{"email": {email}, "password": {password}}.Encode()
+	r := e.anon().form().do("POST", "/dashboard/login", right)
+	if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" ||
+		!strings.Contains(r.body, "Too many failed logins. Try again in ") {
+		t.Fatalf("throttled: %d, Retry-After %q: %s", r.status, r.header.Get("Retry-After"), r.body)
+	}
+	if len(r.cookies()) != 0 {
+		t.Error("a throttled login set a cookie")
+	}
+}
