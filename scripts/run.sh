@@ -85,7 +85,10 @@ Try:
        -d '{"name":"example","type":"http","target":"https://example.com","interval_seconds":60,"config":{"method":"GET"}}'
   curl -s $base/v1/monitors -H "Authorization: Bearer \$KEY"
 
-Dashboard (session cookie):
+Dashboard in a browser:
+  $base/dashboard   log in as $email / $password
+
+Dashboard's JSON API (session cookie):
   curl -s -c jar -H 'Content-Type: application/json' -d '{"email":"$email","password":"$password"}' $base/auth/login
   curl -s -b jar $base/orgs/$org/api-keys
 
@@ -107,6 +110,8 @@ if [ "${RUN_CHECK:-}" = 1 ]; then
 		-d '{"name":"example","type":"http","target":"https://example.com","interval_seconds":60,"config":{"method":"GET"}}'
 	expect '"name":"example"' "$base/v1/monitors" -H "Authorization: Bearer $key"
 	expect '"masked_key"' -b "$jar" "$base/orgs/$org/api-keys"
+	expect 'data-testid="login-email"' "$base/dashboard"
+	expect 'data-testid="key-row"' -L -b "$jar" "$base/dashboard"
 	expect '^keygate_requests_total{outcome="me"} 1$' "http://127.0.0.1:$METRICS_PORT/metrics"
 	expect '^keygate_upstream_http_requests_total{code="201",route="POST /v1/monitors"} 1$' "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/metrics"
 	expect '"ready"' "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/readyz"

@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 # "context deadline exceeded" when a duration runs out on a loaded machine
 # (golang/go#75804, fixed in Go 1.27). A count has no deadline to race.
 FUZZTIME=${FUZZTIME:-20000x}
+# The dashboard's browser tests drive Debian's headless Chromium.
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+[ -x /usr/bin/chromium ] || apt_install chromium
+
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-test.XXXXXX")
 trap 'scripts/stack.sh down "$stack"' EXIT
 scripts/stack.sh up "$stack" >/dev/null

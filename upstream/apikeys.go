@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -35,14 +36,23 @@ type createdKeyJSON struct {
 // keyWriteBody reads the body of a key creation or roll once the plan's API access is
 // checked (403 feature_gated): the checks that follow keyRoute's on both routes.
 func (s *Server) keyWriteBody(w http.ResponseWriter, r *http.Request, p principal) ([]byte, error) {
-	rateLimit, err := s.apiRateLimit(r.Context(), p.orgID)
-	if err != nil {
+	if err := s.checkAPIAccess(r.Context(), p); err != nil {
 		return nil, err
 	}
-	if rateLimit == 0 {
-		return nil, errAPIFeatureGated
-	}
 	return readBody(w, r)
+}
+
+// checkAPIAccess returns errAPIFeatureGated when p's organisation's plan has no API
+// access (api_rate_limit 0): keys can then be neither created nor rolled.
+func (s *Server) checkAPIAccess(ctx context.Context, p principal) error {
+	rateLimit, err := s.apiRateLimit(ctx, p.orgID)
+	if err != nil {
+		return err
+	}
+	if rateLimit == 0 {
+		return errAPIFeatureGated
+	}
+	return nil
 }
 
 // handleCreateKey answers POST /orgs/{orgId}/api-keys
@@ -53,17 +63,23 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p princ
 	if err != nil {
 		return err
 	}
-	nk, err := s.decodeNewKey(body)
-	if err != nil {
-		return err
-	}
-	nk.OrgID, nk.CreatedBy = p.orgID, p.userID
-	rec, full, err := s.keys.Create(r.Context(), nk)
+	rec, full, err := s.createKey(r.Context(), p, body)
 	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, createdKey(rec, full))
 	return nil
+}
+
+// createKey decodes a key creation body and creates the key for p: the part of a
+// creation that follows the plan check, shared by the JSON route and the dashboard.
+func (s *Server) createKey(ctx context.Context, p principal, body []byte) (keystore.Record, string, error) {
+	nk, err := s.decodeNewKey(body)
+	if err != nil {
+		return keystore.Record{}, "", err
+	}
+	nk.OrgID, nk.CreatedBy = p.orgID, p.userID
+	return s.keys.Create(ctx, nk)
 }
 
 // createdKey is the answer of a key's creation or roll.
@@ -153,14 +169,23 @@ func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request, p princi
 // already revoked; 404 for an id that is not one of the org's keys. The revocation is
 // audited as key.revoked by the caller; revoking again audits nothing.
 func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request, p principal) error {
-	found, err := s.keys.Revoke(r.Context(), p.orgID, r.PathValue("id"), p.userID)
+	if err := s.revokeKey(r.Context(), p, r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// revokeKey revokes p's organisation's key keyID as p: errNotFound for a key id that is
+// not the org's.
+func (s *Server) revokeKey(ctx context.Context, p principal, keyID string) error {
+	found, err := s.keys.Revoke(ctx, p.orgID, keyID, p.userID)
 	if err != nil {
 		return err
 	}
 	if !found {
 		return errNotFound
 	}
-	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
@@ -177,21 +202,29 @@ func (s *Server) handleRollKey(w http.ResponseWriter, r *http.Request, p princip
 	if err != nil {
 		return err
 	}
-	grace, err := decodeRoll(body)
+	rec, full, err := s.rollKey(r.Context(), p, r.PathValue("id"), body)
 	if err != nil {
-		return err
-	}
-	rec, full, err := s.keys.Roll(r.Context(), p.orgID, r.PathValue("id"), grace, p.userID)
-	switch {
-	case errors.Is(err, keystore.ErrNotFound):
-		return errNotFound
-	case errors.Is(err, keystore.ErrNotLive):
-		return errKeyNotLive
-	case err != nil:
 		return err
 	}
 	writeJSON(w, http.StatusCreated, createdKey(rec, full))
 	return nil
+}
+
+// rollKey decodes a roll's body and rolls p's organisation's key keyID as p: the part
+// of a roll that follows the plan check, shared by the JSON route and the dashboard.
+func (s *Server) rollKey(ctx context.Context, p principal, keyID string, body []byte) (keystore.Record, string, error) {
+	grace, err := decodeRoll(body)
+	if err != nil {
+		return keystore.Record{}, "", err
+	}
+	rec, full, err := s.keys.Roll(ctx, p.orgID, keyID, grace, p.userID)
+	switch {
+	case errors.Is(err, keystore.ErrNotFound):
+		return keystore.Record{}, "", errNotFound
+	case errors.Is(err, keystore.ErrNotLive):
+		return keystore.Record{}, "", errKeyNotLive
+	}
+	return rec, full, err
 }
 
 // decodeRoll decodes a roll's body, {"grace_seconds": 0..86400}. An empty body, or one

@@ -173,6 +173,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("DELETE /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleRevokeKey))
 	mux.HandleFunc("POST /orgs/{orgId}/api-keys/{id}/roll", s.keyRoute(s.handleRollKey))
 	mux.HandleFunc("GET /orgs/{orgId}/audit-events", s.keyRoute(s.handleListAuditEvents))
+	s.dashboardRoutes(mux)
 	if s.leakReports {
 		mux.HandleFunc("POST /security/leaked-keys", s.handle(s.handleLeakReport))
 	}

@@ -34,6 +34,18 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.logIn(w, r, email, password); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// logIn checks email and password against the login throttle and the stored hash and,
+// when they hold, opens a session and sets its cookie on w. Both doors of the login
+// (POST /auth/login and the dashboard's form) call it, so they throttle, count and
+// answer alike.
+func (s *Server) logIn(w http.ResponseWriter, r *http.Request, email, password string) error {
 	client, emailHash := s.clientAddr(r), emailKey(email)
 	attempt, wait, err := s.reserveLogin(r.Context(), client, emailHash, s.now())
 	switch {
@@ -72,7 +84,6 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 		Secure:   s.secureRequest(r),
 		SameSite: http.SameSiteLaxMode,
 	})
-	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
@@ -133,6 +144,16 @@ func (s *Server) checkPassword(ctx context.Context, email, password string) (str
 // handleLogout answers POST /auth/logout: the session, if any, is deleted and the
 // cookie cleared. It answers 204 with or without a valid session.
 func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) error {
+	if err := s.logOut(w, r); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// logOut deletes r's session, if any, and clears its cookie on w: both doors of the
+// logout call it.
+func (s *Server) logOut(w http.ResponseWriter, r *http.Request) error {
 	if sum, ok := sessionTokenHash(r); ok {
 		if err := s.deleteSession(r.Context(), sum); err != nil {
 			return err
@@ -147,7 +168,6 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 		Secure:   s.secureRequest(r),
 		SameSite: http.SameSiteLaxMode,
 	})
-	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 

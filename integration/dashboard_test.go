@@ -1,0 +1,333 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath is Debian's chromium, which scripts/test.sh installs.
+const chromiumPath = "/usr/bin/chromium"
+
+// dashboardCSP is the Content-Security-Policy the dashboard must send.
+const dashboardCSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
+	"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+// browser is one headless Chromium for a test, with a fresh profile.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("%s: %v (scripts/test.sh installs the chromium package)", chromiumPath, err)
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromiumPath),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1100, 800),
+	)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	if err := chromedp.Do(ctx); err != nil { // starts the browser
+		t.Fatalf("starting chromium: %v", err)
+	}
+	return ctx
+}
+
+// tab is a page of its own browser context (its own cookies), whose requests,
+// script exceptions and console errors are recorded.
+type tab struct {
+	t        *testing.T
+	ctx      context.Context
+	origin   string
+	mu       sync.Mutex
+	requests []string
+	problems []string
+}
+
+// newTab opens a tab on browserCtx in a fresh browser context.
+func newTab(t *testing.T, browserCtx context.Context, origin string) *tab {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(browserCtx, chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel)
+	tb := &tab{t: t, ctx: ctx, origin: origin}
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Listen(ctx, tb.record); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tb.check)
+	return tb
+}
+
+// record keeps the events the checks need; it runs in the tab's reading loop.
+func (tb *tab) record(ev any) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	switch e := ev.(type) {
+	case *network.EventRequestWillBeSent:
+		tb.requests = append(tb.requests, e.Request.URL)
+	case *runtime.EventExceptionThrown:
+		tb.problems = append(tb.problems, "exception: "+e.ExceptionDetails.Text)
+	case *runtime.EventConsoleAPICalled:
+		if e.Type == runtime.ConsoleAPICalledTypeError {
+			tb.problems = append(tb.problems, "console.error")
+		}
+	case *log.EventEntryAdded:
+		// A page answered with an error status (a wrong password's 401) is logged as a
+		// network error; the statuses are the test's own checks. An asset that fails
+		// to load is a problem.
+		page := e.Entry.Source == log.EntrySourceNetwork && !strings.Contains(e.Entry.URL, "/dashboard/static/")
+		if e.Entry.Level == log.EntryLevelError && !page {
+			tb.problems = append(tb.problems, fmt.Sprintf("log %s: %s %s", e.Entry.Source, e.Entry.Text, e.Entry.URL))
+		}
+	}
+}
+
+// check fails the test for a request that left the origin, a script exception, a
+// console error or a browser log error (a CSP violation among them).
+func (tb *tab) check() {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	for _, u := range tb.requests {
+		// A data: URL (Chromium's own icon of a date input) is no request to anyone.
+		if !strings.HasPrefix(u, tb.origin+"/") && !strings.HasPrefix(u, "data:") {
+			tb.t.Errorf("a request left the origin %s: %s", tb.origin, u)
+		}
+	}
+	for _, p := range tb.problems {
+		tb.t.Errorf("in the page: %s", p)
+	}
+}
+
+// do runs steps, failing the test with what the page showed when they fail.
+func (tb *tab) do(what string, steps ...chromedp.Action[chromedp.Void]) {
+	tb.t.Helper()
+	ctx, cancel := context.WithTimeout(tb.ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		html, _ := chromedp.Run(tb.ctx, chromedp.OuterHTML(chromedp.CSS("html")))
+		tb.t.Fatalf("%s: %v\npage:\n%s", what, err, html)
+	}
+}
+
+// get runs one action that returns a value.
+func get[T any](tb *tab, what string, a chromedp.Action[T]) T {
+	tb.t.Helper()
+	ctx, cancel := context.WithTimeout(tb.ctx, 20*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		tb.t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// html returns the page's whole markup.
+func (tb *tab) html() string {
+	tb.t.Helper()
+	return get(tb, "reading the page", chromedp.OuterHTML(chromedp.CSS("html")))
+}
+
+// screenshot writes the page as docs' NAME.png when KEYGATE_SCREENSHOTS names a
+// folder (relative to the repository), and does nothing otherwise.
+func (tb *tab) screenshot(name string) {
+	tb.t.Helper()
+	dir := os.Getenv("KEYGATE_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(root(tb.t), dir)
+	}
+	png := get(tb, "screenshot "+name, chromedp.FullScreenshot(100))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		tb.t.Fatal(err)
+	}
+}
+
+// tid is the CSS selector of a data-testid.
+func tid(id string) chromedp.CSS { return chromedp.CSS(`[data-testid="` + id + `"]`) }
+
+// all is the selector of every element sel matches.
+func all(sel chromedp.CSS) chromedp.CSSAll { return chromedp.CSSAll(sel) }
+
+// logIn fills and sends the login form.
+func (tb *tab) logIn(email, password string) {
+	tb.t.Helper()
+	tb.do("log in",
+		chromedp.Navigate(tb.origin+"/dashboard"),
+		chromedp.WaitVisible(tid("login-email")),
+		chromedp.SendKeys(tid("login-email"), email),
+		chromedp.SendKeys(tid("login-password"), password),
+		chromedp.Click(tid("login-submit")),
+		chromedp.WaitVisible(chromedp.CSS("h1")),
+	)
+}
+
+// bearer calls path through the gateway with key and returns the status.
+func bearer(t *testing.T, base, path, key string) int {
+	t.Helper()
+	r := doRequest(t, http.DefaultClient, "GET", base+path, nil, http.Header{"Authorization": {"Bearer " + key}})
+	return r.Status
+}
+
+// TestDashboardInABrowser drives the dashboard in headless Chromium through the
+// gateway: a key created in the page works on /v1 and is never shown again, rolled and
+// revoked in the page it stops working on the next request; errors are words on the
+// page; a Viewer sees no controls; nothing leaves the origin and no script fails.
+func TestDashboardInABrowser(t *testing.T) {
+	s := newStack(t)
+	base := s.URL(0)
+	o := s.newOrg("pro")
+	b := browser(t)
+
+	// The headers every dashboard answer carries, through the gateway.
+	r := doRequest(t, http.DefaultClient, "GET", base+"/dashboard", nil, nil)
+	if r.Status != 200 || r.Header.Get("Content-Security-Policy") != dashboardCSP ||
+		r.Header.Get("X-Frame-Options") != "DENY" {
+		t.Fatalf("GET /dashboard: %d, CSP %q, X-Frame-Options %q", r.Status,
+			r.Header.Get("Content-Security-Policy"), r.Header.Get("X-Frame-Options"))
+	}
+
+	owner := newTab(t, b, base)
+	owner.do("open the login page", chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("login-email")))
+	owner.screenshot("login")
+	owner.logIn(o.Email, o.Password)
+	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
+
+	// Create a key through the form and read it once.
+	owner.do("create a key",
+		chromedp.SendKeys(tid("create-key-name"), "deploy bot"),
+		chromedp.SetValue(tid("create-key-role"), "Editor"),
+		chromedp.Click(tid("create-key-submit")),
+		chromedp.WaitVisible(tid("new-key")),
+	)
+	key := get(owner, "read the new key", chromedp.Text(tid("new-key")))
+	s.neverLog(key)
+	owner.do("copy it", chromedp.Click(tid("copy-key")),
+		chromedp.WaitVisible(chromedp.CSS(`[data-copied]:not(:empty)`)))
+	owner.screenshot("new-key")
+	if got := bearer(t, base, "/v1/me", key); got != 200 {
+		t.Fatalf("/v1/me with the new key: %d", got)
+	}
+	oldID := strings.TrimPrefix(strings.SplitN(key, ".", 2)[0], "mon_live_")
+	secret := strings.SplitN(key, ".", 2)[1]
+
+	// Reload: the secret is nowhere on the page.
+	owner.do("reload", chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("key-row")))
+	if html := owner.html(); strings.Contains(html, secret) || strings.Contains(html, `data-testid="new-key"`) {
+		t.Fatalf("the secret is on the page after a reload:\n%s", html)
+	}
+	owner.screenshot("keys")
+
+	// Roll it with a grace period: both keys work.
+	row := chromedp.CSS(`tr[data-key-id="` + oldID + `"] `)
+	owner.do("roll",
+		chromedp.SetValue(row+tid("roll-grace"), "600"),
+		chromedp.Click(row+tid("roll")),
+		chromedp.WaitVisible(tid("new-key")),
+	)
+	rolled := get(owner, "read the rolled key", chromedp.Text(tid("new-key")))
+	s.neverLog(rolled)
+	owner.screenshot("rolled")
+	if rolled == key || bearer(t, base, "/v1/me", rolled) != 200 || bearer(t, base, "/v1/me", key) != 200 {
+		t.Fatalf("after the roll with grace: new %d, old %d", bearer(t, base, "/v1/me", rolled), bearer(t, base, "/v1/me", key))
+	}
+
+	// Revoke the old key through the page, with its confirmation.
+	owner.do("revoke",
+		chromedp.Navigate(base+"/dashboard"),
+		chromedp.Click(row+tid("revoke")),
+		chromedp.WaitVisible(tid("confirm-revoke")),
+	)
+	owner.screenshot("revoke")
+	owner.do("confirm", chromedp.Click(tid("confirm-revoke")),
+		chromedp.WaitVisible(tid("create-key-name")))
+	if got := bearer(t, base, "/v1/me", key); got != 401 {
+		t.Fatalf("the old key after its revocation: %d, want 401", got)
+	}
+	if got := bearer(t, base, "/v1/me", rolled); got != 200 {
+		t.Fatalf("the rolled key after the old one's revocation: %d", got)
+	}
+	if n := len(get(owner, "revoke buttons", chromedp.Nodes(all(row+tid("revoke")), chromedp.AtLeast(0)))); n != 0 {
+		t.Errorf("the revoked key still has a revoke button")
+	}
+
+	// The audit trail, and the keys page at 320 px: nothing wider than the screen.
+	owner.do("audit", chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/audit"), chromedp.WaitVisible(tid("audit-row")))
+	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 3 {
+		t.Errorf("audit trail: %d events, want 3 (created, rolled, revoked)", n)
+	}
+	owner.screenshot("audit")
+	owner.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("key-row")))
+	if w := get(owner, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 320 {
+		t.Errorf("at 320 px the page is %d px wide", w)
+	}
+	owner.screenshot("keys-320px")
+	owner.do("wide again", chromedp.EmulateViewport(1100, 800))
+
+	// A member of two organisations chooses one.
+	second := s.cli("", "org", "create", "--name", "Second org", "--plan", "pro")["id"].(string)
+	s.cli("", "member", "add", "--org", second, "--email", o.Email, "--role", "Admin")
+	owner.do("chooser", chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("org-link")))
+	if n := len(get(owner, "org links", chromedp.Nodes(all(tid("org-link"))))); n != 2 {
+		t.Errorf("chooser: %d organisations, want 2", n)
+	}
+	owner.screenshot("orgs")
+	owner.do("log out", chromedp.Click(tid("logout")), chromedp.WaitVisible(tid("login-email")))
+
+	// A wrong password is an error in words.
+	stranger := newTab(t, b, base)
+	stranger.logIn(o.Email, "not the password at all")
+	msg := get(stranger, "the error", chromedp.Text(tid("error")))
+	if msg != "Wrong email or password." {
+		t.Errorf("wrong password: %q", msg)
+	}
+	stranger.screenshot("login-error")
+
+	// A Viewer sees the keys without the controls.
+	email, pw := fmt.Sprintf("viewer-%d@example.com", time.Now().UnixNano()), "viewer password 0123"
+	s.cli(pw+"\n", "user", "create", "--email", email, "--password-stdin")
+	s.cli("", "member", "add", "--org", o.ID, "--email", email, "--role", "Viewer")
+	s.neverLog(pw)
+	viewer := newTab(t, b, base)
+	viewer.logIn(email, pw)
+	viewer.do("the viewer's keys", chromedp.WaitVisible(tid("key-row")))
+	for _, control := range []string{"revoke", "roll", "create-key-submit", "create-key-name"} {
+		if n := len(get(viewer, control, chromedp.Nodes(all(tid(control)), chromedp.AtLeast(0)))); n != 0 {
+			t.Errorf("a Viewer sees %d %s", n, control)
+		}
+	}
+	viewer.screenshot("viewer")
+
+	// A form posted from another site changes nothing.
+	cross := doRequest(t, http.DefaultClient, "POST", base+"/dashboard/login",
+		url.Values{"email": {o.Email}, "password": {o.Password}}.Encode(),
+		http.Header{"Content-Type": {"application/x-www-form-urlencoded"}, "Sec-Fetch-Site": {"cross-site"}})
+	if cross.Status != http.StatusForbidden {
+		t.Errorf("cross-site login form through the gateway: %d, want 403", cross.Status)
+	}
+}
