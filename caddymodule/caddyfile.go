@@ -36,6 +36,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    key_prefix       <prefix>
 //	    legacy_keys      accept|reject
 //	    gateway_secret   <secret>
+//	    identity_key     <pem file>
+//	    identity_audience <name>
 //	    strip_fields     <name...>
 //	    limiter_failure  open|closed|local
 //	    database_timeout <duration>
@@ -52,7 +54,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    last_used_interval <duration>|off
 //	}
 //
-// database_url and gateway_secret are required, typically as {env.DATABASE_URL} and
+// database_url and gateway_secret (or identity_key) are required, typically as {env.DATABASE_URL} and
 // {env.GATEWAY_SECRET}. strip_fields takes one or more names and may be repeated; the
 // names of all its lines together replace the default list. Every other option takes
 // exactly one argument and may appear once.
@@ -91,6 +93,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = lastUsedIntervalArg(d, &h.LastUsedInterval)
 		case "gateway_secret":
 			h.GatewaySecret, err = oneArg(d, h.GatewaySecret != "")
+		case "identity_key":
+			h.IdentityKey, err = oneArg(d, h.IdentityKey != "")
+		case "identity_audience":
+			h.IdentityAudience, err = oneArg(d, h.IdentityAudience != "")
 		case "strip_fields":
 			names := d.RemainingArgs()
 			if len(names) == 0 {

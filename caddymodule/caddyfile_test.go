@@ -39,6 +39,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				redis_tls_ca     /etc/keygate/redis-ca.pem
 				key_prefix       acme
 				gateway_secret   {env.GATEWAY_SECRET}
+				identity_key     /etc/keygate/identity.pem
+				identity_audience billing
 				strip_fields     config assertions
 				limiter_failure  closed
 				database_timeout 1500ms
@@ -63,6 +65,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				RedisTLSCA:             "/etc/keygate/redis-ca.pem",
 				KeyPrefix:              "acme",
 				GatewaySecret:          "{env.GATEWAY_SECRET}",
+				IdentityKey:            "/etc/keygate/identity.pem",
+				IdentityAudience:       "billing",
 				StripFields:            []string{"config", "assertions"},
 				LimiterFailure:         "closed",
 				DatabaseTimeout:        caddy.Duration(1500 * time.Millisecond),

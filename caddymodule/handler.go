@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
@@ -107,9 +108,24 @@ type Handler struct {
 	LegacyKeys string `json:"legacy_keys,omitempty"`
 
 	// GatewaySecret is sent to the upstream in X-Gateway-Secret on every proxied
-	// request; the upstream refuses /v1 requests without it. Placeholders such as
-	// {env.GATEWAY_SECRET} are replaced at load; it must not end up empty. Required.
+	// request; an upstream with GATEWAY_SECRET refuses /v1 requests without it.
+	// Placeholders such as {env.GATEWAY_SECRET} are replaced at load. Required unless
+	// identity_key is set; with identity_key, an empty one (an unset variable) is
+	// not sent.
 	GatewaySecret string `json:"gateway_secret,omitempty"`
+
+	// IdentityKey is a PEM file of an Ed25519 private key (PKCS#8, as `openssl genpkey
+	// -algorithm ed25519` writes it). With it, every proxied request carries
+	// X-Gateway-Identity: an EdDSA-signed JWT of the key id (sub), org_id and role, for
+	// identity_audience, valid for a minute, which upstreams verify with the public key
+	// (package gatewayauth, and v1_gateway_jwks to publish it). An assertion is signed
+	// once per key, org and role and reused for half its lifetime. Placeholders are
+	// replaced at load. Default: none (no assertion)
+	IdentityKey string `json:"identity_key,omitempty"`
+
+	// IdentityAudience is the aud of the identity assertions: the upstreams they are
+	// meant for. Default: keygate-upstream
+	IdentityAudience string `json:"identity_audience,omitempty"`
 
 	// StripFields are the member names removed from every JSON response of the
 	// upstream, at any depth (in objects, in arrays, in objects in arrays …),
@@ -212,6 +228,7 @@ type Handler struct {
 	databaseURL string // DatabaseURL with placeholders replaced
 	redisURL    string
 	secret      string
+	signer      *gatewayauth.Signer // nil without identity_key
 	format      keystore.Format
 	fields      *fieldSet
 	verifier    Verifier
@@ -381,6 +398,10 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	h.databaseURL = repl.ReplaceKnown(h.DatabaseURL, "")
 	h.redisURL = repl.ReplaceKnown(h.RedisURL, "")
 	h.secret = repl.ReplaceKnown(h.GatewaySecret, "")
+	identityKey := repl.ReplaceKnown(h.IdentityKey, "")
+	if h.IdentityAudience == "" {
+		h.IdentityAudience = gatewayauth.DefaultAudience
+	}
 
 	if err := h.Validate(); err != nil {
 		return err
@@ -393,6 +414,17 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	h.failClosed = h.LimiterFailure == limiterFailureClosed
 	h.failLocal = h.LimiterFailure == limiterFailureLocal
 	h.pgBreaker = newBreaker(nil, h.breakerChanged("postgres")) // its probe comes with the pool
+	if identityKey != "" {
+		priv, err := gatewayauth.ReadPrivateKey(identityKey)
+		if err != nil {
+			return fmt.Errorf("identity_key: %v", err)
+		}
+		if h.signer, err = gatewayauth.NewSigner(priv, h.IdentityAudience); err != nil {
+			return fmt.Errorf("identity_key: %v", err)
+		}
+	} else if h.IdentityKey != "" {
+		return fmt.Errorf("identity_key %q is empty once its placeholders are replaced (is the environment variable set?)", h.IdentityKey)
+	}
 	for _, name := range defaultStripFields {
 		if !slices.Contains(h.StripFields, name) {
 			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
@@ -415,13 +447,13 @@ func (h *Handler) Validate() error {
 	if h.RedisURL != "" && strings.TrimSpace(h.redisURL) == "" {
 		return fmt.Errorf("redis_url %q is empty once its placeholders are replaced (is the environment variable set?); remove redis_url to count in-process", h.RedisURL)
 	}
-	if h.GatewaySecret == "" {
-		return errors.New("gateway_secret is required: the upstream refuses /v1 requests without it")
+	if h.GatewaySecret == "" && h.IdentityKey == "" {
+		return errors.New("gateway_secret or identity_key is required: the upstream refuses /v1 requests without one")
 	}
-	if h.secret == "" {
+	if h.secret == "" && h.IdentityKey == "" {
 		return fmt.Errorf("gateway_secret %q is empty once its placeholders are replaced (is the environment variable set?)", h.GatewaySecret)
 	}
-	if !httpguts.ValidHeaderFieldValue(h.secret) || strings.TrimSpace(h.secret) != h.secret {
+	if h.secret != "" && (!httpguts.ValidHeaderFieldValue(h.secret) || strings.TrimSpace(h.secret) != h.secret) {
 		return errors.New("gateway_secret must be a valid header value: no control characters, no leading or trailing whitespace")
 	}
 	if !keystore.ValidPrefix(h.KeyPrefix) {
@@ -651,16 +683,30 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// for gzip itself); and whole, since a byte range of a JSON document cannot be
 	// filtered.
 	//
-	// The five values share one backing array, each slice capped at its value (see
+	// The six values share one backing array, each slice capped at its value (see
 	// writeJSON).
-	v := []string{"identity", key.OrgID, key.ID, string(key.Role), h.secret}
+	v := []string{"identity", key.OrgID, key.ID, string(key.Role), h.secret, ""}
 	hdr["Accept-Encoding"] = v[0:1:1]
 	delete(hdr, "Range")
 	delete(hdr, "If-Range")
 	hdr["X-Gateway-Org-Id"] = v[1:2:2]
 	hdr["X-Gateway-Key-Id"] = v[2:3:3]
 	hdr["X-Gateway-Key-Role"] = v[3:4:4]
-	hdr["X-Gateway-Secret"] = v[4:5:5]
+	if h.secret != "" {
+		hdr["X-Gateway-Secret"] = v[4:5:5]
+	}
+	if h.signer != nil {
+		assertion, err := h.signer.Assertion(key.ID, key.OrgID, string(key.Role))
+		if err != nil {
+			// Ed25519 signing does not fail with a valid key; should it, the request
+			// does not go on unsigned.
+			h.logger.Error("signing the identity assertion", zap.Error(err))
+			writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
+			return nil
+		}
+		v[5] = assertion
+		hdr[gatewayauth.Header] = v[5:6:6]
+	}
 
 	pw := newProxyWriter(w, r, rl, h.fields, h.floodLog)
 	defer pw.release()

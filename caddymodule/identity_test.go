@@ -1,0 +1,149 @@
+package caddymodule
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/keystore"
+)
+
+// identityKeyFile writes a fresh Ed25519 private key as PKCS#8 PEM and returns the
+// file and the key.
+func identityKeyFile(t *testing.T) (string, ed25519.PrivateKey) {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKCS8PrivateKey(priv)
+	file := filepath.Join(t.TempDir(), "identity.pem")
+	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file, priv
+}
+
+func TestAProxiedRequestCarriesASignedIdentityAndNeverTheClients(t *testing.T) {
+	d := newDB(t)
+	org := d.org("pro")
+	key, keyID := d.key(org, keystore.RoleViewer)
+	keyFile, priv := identityKeyFile(t)
+	up := newUpstream(t)
+	opts := gatewayOptions(d.url, map[string]any{"identity_key": keyFile, "identity_audience": "billing"})
+	delete(opts, "gateway_secret") // signed identity alone
+	gw := startGateway(t, gatewayConfig{handler: opts, upstream: up.addr()})
+
+	res, body := gw.do(t, "GET", "/v1/echo", "Bearer "+key, http.Header{
+		"X-Gateway-Identity": {"forged.by.client"},
+	}, "")
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("status %d %s", res.StatusCode, body)
+	}
+	var seen seenRequest
+	if err := json.Unmarshal(body, &seen); err != nil {
+		t.Fatal(err)
+	}
+	got := seen.Header.Values("X-Gateway-Identity")
+	if len(got) != 1 || got[0] == "forged.by.client" {
+		t.Fatalf("X-Gateway-Identity at the upstream %q, want the gateway's one assertion", got)
+	}
+	if s := seen.Header.Get("X-Gateway-Secret"); s != "" {
+		t.Errorf("X-Gateway-Secret %q sent without a gateway_secret", s)
+	}
+
+	// The header: EdDSA, kid the key's thumbprint.
+	parts := strings.Split(got[0], ".")
+	hb, _ := base64.RawURLEncoding.DecodeString(parts[0])
+	var header map[string]any
+	json.Unmarshal(hb, &header)
+	if header["alg"] != "EdDSA" || header["kid"] != gatewayauth.KeyID(priv.Public().(ed25519.PublicKey)) {
+		t.Errorf("assertion header %v", header)
+	}
+	// The claims, as a service verifies them.
+	v, err := gatewayauth.New(gatewayauth.Config{KeyFile: keyFile, Audience: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := v.Verify(t.Context(), got[0])
+	if err != nil {
+		t.Fatalf("the assertion does not verify: %v", err)
+	}
+	if id != (gatewayauth.Identity{KeyID: keyID, OrgID: org, Role: "Viewer"}) {
+		t.Errorf("identity %+v, want key %s of %s, Viewer", id, keyID, org)
+	}
+	cb, _ := base64.RawURLEncoding.DecodeString(parts[1])
+	var claims map[string]any
+	json.Unmarshal(cb, &claims)
+	if claims["iss"] != "keygate" || claims["sub"] != keyID || claims["org_id"] != org || claims["role"] != "Viewer" ||
+		claims["exp"].(float64)-claims["iat"].(float64) != 60 {
+		t.Errorf("claims %v", claims)
+	}
+	// Another audience's verifier refuses it.
+	other, _ := gatewayauth.New(gatewayauth.Config{KeyFile: keyFile})
+	if _, err := other.Verify(t.Context(), got[0]); err == nil {
+		t.Error("an assertion for billing verified for keygate-upstream")
+	}
+}
+
+func TestTheJWKSHandlerPublishesThePublicHalvesOnly(t *testing.T) {
+	newFile, newKey := identityKeyFile(t)
+	oldFile, oldKey := identityKeyFile(t)
+	j := &JWKS{Files: []string{newFile, oldFile}}
+	if err := j.Provision(caddy.Context{}); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	if err := j.ServeHTTP(rec, httptest.NewRequest("GET", "/.well-known/jwks.json", nil), nil); err != nil {
+		t.Fatal(err)
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "application/jwk-set+json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	var set struct {
+		Keys []map[string]any `json:"keys"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &set); err != nil {
+		t.Fatal(err)
+	}
+	if len(set.Keys) != 2 || set.Keys[0]["kid"] != gatewayauth.KeyID(newKey.Public().(ed25519.PublicKey)) ||
+		set.Keys[1]["kid"] != gatewayauth.KeyID(oldKey.Public().(ed25519.PublicKey)) {
+		t.Errorf("keys %v, want the new and the old key", set.Keys)
+	}
+	for _, k := range set.Keys {
+		if _, ok := k["d"]; ok {
+			t.Errorf("a private part in the JWKS: %v", k)
+		}
+	}
+}
+
+func TestUnmarshalJWKSCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		input   string
+		want    []string
+		wantErr bool
+	}{
+		{"v1_gateway_jwks /a.pem /b.pem", []string{"/a.pem", "/b.pem"}, false},
+		{"v1_gateway_jwks", nil, true},
+		{"v1_gateway_jwks /a.pem {\n\tfiles /b.pem\n}", nil, true},
+	} {
+		var j JWKS
+		err := j.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+		if (err != nil) != tc.wantErr || (!tc.wantErr && strings.Join(j.Files, " ") != strings.Join(tc.want, " ")) {
+			t.Errorf("%q: files %v, error %v", tc.input, j.Files, err)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/keygate/keygate/gatewayauth"
+)
+
+func init() {
+	caddy.RegisterModule(JWKS{})
+	httpcaddyfile.RegisterHandlerDirective("v1_gateway_jwks", parseJWKSCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("v1_gateway_jwks", httpcaddyfile.Before, "respond")
+}
+
+// JWKS answers every request with the JSON Web Key Set (RFC 7517) of the public halves
+// of the gateway's identity keys, for upstreams to verify X-Gateway-Identity with
+// (package gatewayauth). During a rotation it lists the old key beside the new one,
+// until the old one's assertions have expired (a minute after it stopped signing).
+// It never holds a private part.
+//
+//	handle /.well-known/jwks.json {
+//		v1_gateway_jwks /etc/keygate/identity-new.pem /etc/keygate/identity-old.pem
+//	}
+type JWKS struct {
+	// Files are PEM files of Ed25519 keys, private (PKCS#8) or public (PKIX); the public
+	// half of each is published. Placeholders are replaced at load. Required.
+	Files []string `json:"files,omitempty"`
+
+	body []byte
+}
+
+// CaddyModule returns the Caddy module information.
+func (JWKS) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.v1_gateway_jwks",
+		New: func() caddy.Module { return new(JWKS) },
+	}
+}
+
+// Provision reads the keys once; a reload reads them again.
+func (j *JWKS) Provision(caddy.Context) error {
+	if len(j.Files) == 0 {
+		return fmt.Errorf("v1_gateway_jwks: at least one key file is required")
+	}
+	repl := caddy.NewReplacer()
+	files := make([]string, len(j.Files))
+	for i, f := range j.Files {
+		files[i] = repl.ReplaceKnown(f, "")
+	}
+	body, err := gatewayauth.JWKS(files...)
+	if err != nil {
+		return fmt.Errorf("v1_gateway_jwks: %v", err)
+	}
+	j.body = body
+	return nil
+}
+
+// ServeHTTP answers with the key set. Upstreams cache it and refetch on an unknown kid.
+func (j *JWKS) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/jwk-set+json")
+	hdr.Set("Content-Length", strconv.Itoa(len(j.body)))
+	hdr.Set("Cache-Control", "public, max-age=300")
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(j.body)
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	v1_gateway_jwks [<matcher>] <pem file>...
+func (j *JWKS) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	j.Files = d.RemainingArgs()
+	if len(j.Files) == 0 {
+		return d.ArgErr()
+	}
+	if d.NextBlock(0) {
+		return d.Err("v1_gateway_jwks takes no block")
+	}
+	return nil
+}
+
+func parseJWKSCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	j := new(JWKS)
+	err := j.UnmarshalCaddyfile(h.Dispenser)
+	return j, err
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*JWKS)(nil)
+	_ caddyhttp.MiddlewareHandler = (*JWKS)(nil)
+	_ caddyfile.Unmarshaler       = (*JWKS)(nil)
+)
