@@ -1,16 +1,10 @@
 package caddymodule
 
 import (
-	"crypto/ed25519"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -18,30 +12,15 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 	"github.com/keygate/keygate/keystore"
 )
-
-// identityKeyFile writes a fresh Ed25519 private key as PKCS#8 PEM and returns the
-// file and the key.
-func identityKeyFile(t *testing.T) (string, ed25519.PrivateKey) {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, _ := x509.MarshalPKCS8PrivateKey(priv)
-	file := filepath.Join(t.TempDir(), "identity.pem")
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return file, priv
-}
 
 func TestAProxiedRequestCarriesASignedIdentityAndNeverTheClients(t *testing.T) {
 	d := newDB(t)
 	org := d.org("pro")
 	key, keyID := d.key(org, keystore.RoleViewer)
-	keyFile, priv := identityKeyFile(t)
+	priv, keyFile := gatewayauthtest.NewKey(t)
 	up := newUpstream(t)
 	opts := gatewayOptions(d.url, map[string]any{"identity_key": keyFile, "identity_audience": "billing"})
 	delete(opts, "gateway_secret") // signed identity alone
@@ -70,7 +49,7 @@ func TestAProxiedRequestCarriesASignedIdentityAndNeverTheClients(t *testing.T) {
 	hb, _ := base64.RawURLEncoding.DecodeString(parts[0])
 	var header map[string]any
 	json.Unmarshal(hb, &header)
-	if header["alg"] != "EdDSA" || header["kid"] != gatewayauth.KeyID(priv.Public().(ed25519.PublicKey)) {
+	if header["alg"] != "EdDSA" || header["kid"] != gatewayauthtest.KeyID(priv) {
 		t.Errorf("assertion header %v", header)
 	}
 	// The claims, as a service verifies them.
@@ -100,8 +79,8 @@ func TestAProxiedRequestCarriesASignedIdentityAndNeverTheClients(t *testing.T) {
 }
 
 func TestTheJWKSHandlerPublishesThePublicHalvesOnly(t *testing.T) {
-	newFile, newKey := identityKeyFile(t)
-	oldFile, oldKey := identityKeyFile(t)
+	newKey, newFile := gatewayauthtest.NewKey(t)
+	oldKey, oldFile := gatewayauthtest.NewKey(t)
 	j := &JWKS{Files: []string{newFile, oldFile}}
 	if err := j.Provision(caddy.Context{}); err != nil {
 		t.Fatal(err)
@@ -119,8 +98,8 @@ func TestTheJWKSHandlerPublishesThePublicHalvesOnly(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &set); err != nil {
 		t.Fatal(err)
 	}
-	if len(set.Keys) != 2 || set.Keys[0]["kid"] != gatewayauth.KeyID(newKey.Public().(ed25519.PublicKey)) ||
-		set.Keys[1]["kid"] != gatewayauth.KeyID(oldKey.Public().(ed25519.PublicKey)) {
+	if len(set.Keys) != 2 || set.Keys[0]["kid"] != gatewayauthtest.KeyID(newKey) ||
+		set.Keys[1]["kid"] != gatewayauthtest.KeyID(oldKey) {
 		t.Errorf("keys %v, want the new and the old key", set.Keys)
 	}
 	for _, k := range set.Keys {

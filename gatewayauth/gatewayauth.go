@@ -72,8 +72,9 @@ type Identity struct {
 // Config says where a Verifier finds the gateway's public keys. Exactly one of
 // JWKSURL and KeyFile is required.
 type Config struct {
-	// JWKSURL is the gateway's JWKS (v1_gateway_jwks). It is fetched at New, and again
-	// when an assertion names a kid it lacks, at most once per RefreshInterval.
+	// JWKSURL is the gateway's JWKS (v1_gateway_jwks). It is fetched when the first
+	// assertion comes, and again when an assertion names a kid it lacks, at most once
+	// per RefreshInterval, so that a service may start before its gateway.
 	JWKSURL string
 	// KeyFile is a PEM file of the gateway's public keys (or private keys, whose public
 	// halves are used), read once at New.
@@ -101,8 +102,8 @@ type Verifier struct {
 	fetchedAt time.Time                    // guarded by mu
 }
 
-// New returns a Verifier for cfg, having read its keys: a JWKS URL that cannot be
-// fetched, or a key file that cannot be read, is an error here.
+// New returns a Verifier for cfg. A key file that cannot be read is an error here; a
+// JWKS URL is fetched on first use (call Refresh to fetch it now).
 func New(cfg Config) (*Verifier, error) {
 	switch {
 	case (cfg.JWKSURL == "") == (cfg.KeyFile == ""):
@@ -131,12 +132,19 @@ func New(cfg Config) (*Verifier, error) {
 		for _, k := range keys {
 			v.keys[KeyID(k)] = k
 		}
-		return v, nil
-	}
-	if err := v.fetch(context.Background()); err != nil {
-		return nil, err
 	}
 	return v, nil
+}
+
+// Refresh fetches the JWKS now, whatever RefreshInterval says: at a service's start,
+// to learn early that the URL is wrong. It does nothing with a KeyFile.
+func (v *Verifier) Refresh(ctx context.Context) error {
+	if v.cfg.JWKSURL == "" {
+		return nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.fetch(ctx)
 }
 
 // fetch replaces the keys with those of the JWKS. It must be called with mu held, or

@@ -2,45 +2,18 @@ package gatewayauth_test
 
 import (
 	"crypto/ed25519"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-jose/go-jose/v4"
-	"github.com/go-jose/go-jose/v4/jwt"
-
 	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 )
-
-// newKey returns a fresh Ed25519 key and the PKCS#8 PEM file holding it.
-func newKey(t *testing.T) (ed25519.PrivateKey, string) {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "identity.pem")
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return priv, file
-}
 
 // jwksServer serves the JWKS of files and counts its fetches.
 func jwksServer(t *testing.T, files ...string) (*httptest.Server, *atomic.Int64) {
@@ -56,45 +29,6 @@ func jwksServer(t *testing.T, files ...string) (*httptest.Server, *atomic.Int64)
 	}))
 	t.Cleanup(srv.Close)
 	return srv, &fetches
-}
-
-// claims are an assertion's claims, for tokens made by hand.
-type claims struct {
-	jwt.Claims
-	OrgID string `json:"org_id,omitempty"`
-	Role  string `json:"role,omitempty"`
-}
-
-func goodClaims(now time.Time) claims {
-	return claims{
-		Claims: jwt.Claims{Issuer: gatewayauth.Issuer, Audience: jwt.Audience{gatewayauth.DefaultAudience}, Subject: "key1234567890abcdef",
-			IssuedAt: jwt.NewNumericDate(now), Expiry: jwt.NewNumericDate(now.Add(gatewayauth.Lifetime))},
-		OrgID: "0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11", Role: "Editor",
-	}
-}
-
-// sign signs c with priv, naming kid.
-func sign(t *testing.T, priv ed25519.PrivateKey, kid string, c claims) string {
-	t.Helper()
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: priv},
-		(&jose.SignerOptions{}).WithType("JWT").WithHeader(jose.HeaderKey("kid"), kid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := jwt.Signed(s).Claims(c).Serialize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok
-}
-
-// unsigned builds a token with the given header and claims and signature bytes.
-func unsigned(t *testing.T, header map[string]any, c claims, sig func(signingInput string) []byte) string {
-	t.Helper()
-	h, _ := json.Marshal(header)
-	p, _ := json.Marshal(c)
-	in := base64.RawURLEncoding.EncodeToString(h) + "." + base64.RawURLEncoding.EncodeToString(p)
-	return in + "." + base64.RawURLEncoding.EncodeToString(sig(in))
 }
 
 // through sends a request with headers to Middleware around a handler that answers
@@ -113,65 +47,29 @@ func through(v *gatewayauth.Verifier, header []string) (int, string) {
 	return rec.Code, rec.Body.String()
 }
 
+var testIdentity = gatewayauth.Identity{KeyID: "key1234567890abcdef", OrgID: "0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11", Role: "Editor"}
+
 func TestMiddlewareAcceptsOnlyAValidAssertion(t *testing.T) {
-	priv, file := newKey(t)
-	other, _ := newKey(t)
-	pub := priv.Public().(ed25519.PublicKey)
-	kid := gatewayauth.KeyID(pub)
+	priv, file := gatewayauthtest.NewKey(t)
+	kid := gatewayauthtest.KeyID(priv)
 	srv, _ := jwksServer(t, file)
 	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
+	const want = "key1234567890abcdef 0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11 Editor"
 	now := time.Now()
-	with := func(edit func(*claims)) claims {
-		c := goodClaims(now)
-		edit(&c)
-		return c
-	}
-	for _, tc := range []struct {
-		name   string
-		header []string
-		ok     bool
-	}{
-		{"valid", []string{sign(t, priv, kid, goodClaims(now))}, true},
-		{"absent", nil, false},
-		{"empty", []string{""}, false},
-		{"garbage", []string{"not.a.jwt"}, false},
-		{"two assertions", []string{sign(t, priv, kid, goodClaims(now)), sign(t, priv, kid, goodClaims(now))}, false},
-		{"signed by another key under its own kid", []string{sign(t, other, gatewayauth.KeyID(other.Public().(ed25519.PublicKey)), goodClaims(now))}, false},
-		{"signed by another key under the gateway's kid", []string{sign(t, other, kid, goodClaims(now))}, false},
-		{"expired", []string{sign(t, priv, kid, with(func(c *claims) {
-			c.IssuedAt, c.Expiry = jwt.NewNumericDate(now.Add(-90*time.Second)), jwt.NewNumericDate(now.Add(-30*time.Second))
-		}))}, false},
-		{"expired within the leeway", []string{sign(t, priv, kid, with(func(c *claims) {
-			c.IssuedAt, c.Expiry = jwt.NewNumericDate(now.Add(-63*time.Second)), jwt.NewNumericDate(now.Add(-3*time.Second))
-		}))}, true},
-		{"issued in the future past the leeway", []string{sign(t, priv, kid, with(func(c *claims) {
-			c.IssuedAt, c.Expiry = jwt.NewNumericDate(now.Add(10*time.Second)), jwt.NewNumericDate(now.Add(40*time.Second))
-		}))}, false},
-		{"valid for more than a minute", []string{sign(t, priv, kid, with(func(c *claims) {
-			c.Expiry = jwt.NewNumericDate(now.Add(time.Hour))
-		}))}, false},
-		{"another audience", []string{sign(t, priv, kid, with(func(c *claims) { c.Audience = jwt.Audience{"billing"} }))}, false},
-		{"another issuer", []string{sign(t, priv, kid, with(func(c *claims) { c.Issuer = "someone" }))}, false},
-		{"no organisation", []string{sign(t, priv, kid, with(func(c *claims) { c.OrgID = "" }))}, false},
-		{"a role that is not one", []string{sign(t, priv, kid, with(func(c *claims) { c.Role = "Owner" }))}, false},
-		{"alg none", []string{unsigned(t, map[string]any{"alg": "none", "kid": kid}, goodClaims(now),
-			func(string) []byte { return nil })}, false},
-		{"HS256 keyed with the public key", []string{unsigned(t, map[string]any{"alg": "HS256", "typ": "JWT", "kid": kid}, goodClaims(now),
-			func(in string) []byte {
-				m := hmac.New(sha256.New, pub)
-				m.Write([]byte(in))
-				return m.Sum(nil)
-			})}, false},
+	for name, c := range map[string]gatewayauthtest.Claims{
+		"valid":                     gatewayauthtest.Good(now, testIdentity),
+		"expired within the leeway": gatewayauthtest.Good(now.Add(-63*time.Second), testIdentity),
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			status, body := through(v, tc.header)
-			switch {
-			case tc.ok && (status != 200 || body != "key1234567890abcdef 0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11 Editor"):
-				t.Errorf("answered %d %q, want 200 with the identity", status, body)
-			case !tc.ok && (status != 401 || body != `{"error":"api key unauthenticated"}`):
+		if status, body := through(v, []string{gatewayauthtest.Sign(t, priv, kid, c)}); status != 200 || body != want {
+			t.Errorf("%s: answered %d %q, want 200 with the identity", name, status, body)
+		}
+	}
+	for _, f := range gatewayauthtest.Forgeries(t, priv, testIdentity) {
+		t.Run(f.Name, func(t *testing.T) {
+			if status, body := through(v, f.Header); status != 401 || body != `{"error":"api key unauthenticated"}` {
 				t.Errorf("answered %d %q, want 401 api key unauthenticated", status, body)
 			}
 		})
@@ -179,8 +77,8 @@ func TestMiddlewareAcceptsOnlyAValidAssertion(t *testing.T) {
 }
 
 func TestAnUnknownKidRefetchesTheJWKSAtMostOncePerInterval(t *testing.T) {
-	_, file := newKey(t)
-	newer, newerFile := newKey(t)
+	_, file := gatewayauthtest.NewKey(t)
+	newer, newerFile := gatewayauthtest.NewKey(t)
 	published := []string{file}
 	var fetches atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -193,7 +91,7 @@ func TestAnUnknownKidRefetchesTheJWKSAtMostOncePerInterval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := sign(t, newer, gatewayauth.KeyID(newer.Public().(ed25519.PublicKey)), goodClaims(time.Now()))
+	tok := gatewayauthtest.Sign(t, newer, gatewayauth.KeyID(newer.Public().(ed25519.PublicKey)), gatewayauthtest.Good(time.Now(), testIdentity))
 	for range 20 {
 		if status, _ := through(v, []string{tok}); status != 401 {
 			t.Fatalf("an unpublished key's assertion answered %d", status)
@@ -215,8 +113,8 @@ func TestAnUnknownKidRefetchesTheJWKSAtMostOncePerInterval(t *testing.T) {
 }
 
 func TestRotationKeepsTheOldKeysAssertionsValidUntilTheyExpire(t *testing.T) {
-	oldKey, oldFile := newKey(t)
-	newKeyPriv, newFile := newKey(t)
+	oldKey, oldFile := gatewayauthtest.NewKey(t)
+	newKeyPriv, newFile := gatewayauthtest.NewKey(t)
 	srv, _ := jwksServer(t, newFile, oldFile) // the new key signs, the old one is still published
 	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL})
 	if err != nil {
@@ -234,17 +132,14 @@ func TestRotationKeepsTheOldKeysAssertionsValidUntilTheyExpire(t *testing.T) {
 		}
 	}
 	// An old assertion past its expiry is refused even while its key is published.
-	expired := sign(t, oldKey, gatewayauth.KeyID(oldKey.Public().(ed25519.PublicKey)), func() claims {
-		c := goodClaims(time.Now().Add(-2 * time.Minute))
-		return c
-	}())
+	expired := gatewayauthtest.Sign(t, oldKey, gatewayauthtest.KeyID(oldKey), gatewayauthtest.Good(time.Now().Add(-2*time.Minute), testIdentity))
 	if status, _ := through(v, []string{expired}); status != 401 {
 		t.Errorf("an expired assertion of the old key answered %d, want 401", status)
 	}
 }
 
 func TestTheJWKSHasNoPrivatePart(t *testing.T) {
-	priv, file := newKey(t)
+	priv, file := gatewayauthtest.NewKey(t)
 	b, err := gatewayauth.JWKS(file)
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +168,7 @@ func TestTheJWKSHasNoPrivatePart(t *testing.T) {
 }
 
 func TestASignerReusesAnAssertionForHalfItsLifetime(t *testing.T) {
-	priv, _ := newKey(t)
+	priv, _ := gatewayauthtest.NewKey(t)
 	s, _ := gatewayauth.NewSigner(priv, gatewayauth.DefaultAudience)
 	a, _ := s.Assertion("k1", "org", "Admin")
 	b, _ := s.Assertion("k1", "org", "Admin")

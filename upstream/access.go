@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"net/http"
 
+	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -124,7 +125,7 @@ const (
 // leaks through timing.
 func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, ok := s.gatewayPrincipal(r.Header)
+		p, ok := s.gatewayPrincipal(r.Context(), r.Header)
 		if !ok {
 			// The same challenge as the gateway's own 401 (CONTRACT §2).
 			w.Header().Set("WWW-Authenticate", "Bearer")
@@ -137,16 +138,31 @@ func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 	})
 }
 
-// gatewayPrincipal checks the gateway's headers and returns the identity they assert.
-func (s *Server) gatewayPrincipal(h http.Header) (principal, bool) {
-	secrets := h.Values(headerSecret)
-	presented := ""
-	if len(secrets) == 1 {
-		presented = secrets[0]
+// gatewayPrincipal checks the gateway's headers and returns the identity they assert:
+// the shared secret when one is configured, and the signed identity when a verifier
+// is, which then names the caller (CONTRACT §15); otherwise the X-Gateway-* headers do.
+func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal, bool) {
+	if s.secretSet {
+		secrets := h.Values(headerSecret)
+		presented := ""
+		if len(secrets) == 1 {
+			presented = secrets[0]
+		}
+		sum := sha256.Sum256([]byte(presented))
+		if subtle.ConstantTimeCompare(sum[:], s.secretSum[:]) != 1 || len(secrets) != 1 {
+			return principal{}, false
+		}
 	}
-	sum := sha256.Sum256([]byte(presented))
-	if subtle.ConstantTimeCompare(sum[:], s.secretSum[:]) != 1 || len(secrets) != 1 {
-		return principal{}, false
+	if s.identity != nil {
+		assertions := h.Values(gatewayauth.Header)
+		if len(assertions) != 1 {
+			return principal{}, false
+		}
+		id, err := s.identity.Verify(ctx, assertions[0])
+		if err != nil || !validUUID(id.OrgID) || !keystore.ValidKeyID(id.KeyID) {
+			return principal{}, false
+		}
+		return principal{orgID: id.OrgID, keyID: id.KeyID, role: id.Role}, true
 	}
 	orgIDs, keyIDs, roles := h.Values(headerOrgID), h.Values(headerKeyID), h.Values(headerKeyRole)
 	if len(orgIDs) != 1 || len(keyIDs) != 1 || len(roles) != 1 {

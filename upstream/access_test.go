@@ -3,6 +3,10 @@ package upstream
 import (
 	"net/http"
 	"testing"
+	"time"
+
+	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 )
 
 const bodyKeyUnauth = `{"error":"api key unauthenticated"}`
@@ -110,4 +114,49 @@ func TestV1ActsForTheOrgAndRoleOfTheHeaders(t *testing.T) {
 	ghost := e.gateway("00000000-0000-0000-0000-000000000000", roleAdmin)
 	want(t, ghost.do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
 	want(t, ghost.do("POST", "/v1/monitors", body), http.StatusNotFound, bodyNotFound)
+}
+
+func TestV1WithSignedIdentityAcceptsOnlyTheGatewaysAssertion(t *testing.T) {
+	// An upstream verifying the gateway's signed identity, with no shared secret: a
+	// request sent straight to it gets nowhere without a valid assertion, whatever
+	// X-Gateway-* headers it carries, and a valid one names the caller.
+	priv, keyFile := gatewayauthtest.NewKey(t)
+	verifier, err := gatewayauth.New(gatewayauth.Config{KeyFile: keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEnv(t, func(c *Config) { c.GatewaySecret, c.Identity = "", verifier })
+	org := e.org("pro")
+	id := gatewayauth.Identity{KeyID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: org, Role: "Viewer"}
+	good := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), id))
+	want(t, e.anon().with(gatewayauth.Header, good).do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
+	// The assertion's role, not a header's: a Viewer cannot write.
+	r := e.anon().with(gatewayauth.Header, good, headerKeyRole, "Admin").do("POST", "/v1/monitors", `{"name":"a","type":"http","target":"https://example.com"}`)
+	want(t, r, 403, `{"error":"forbidden"}`)
+	for _, f := range append(gatewayauthtest.Forgeries(t, priv, id),
+		gatewayauthtest.Forgery{Name: "headers alone", Header: nil}) {
+		t.Run(f.Name, func(t *testing.T) {
+			c := e.gateway(org, "Admin") // the plain headers, and a secret the server has none of
+			for _, v := range f.Header {
+				c = c.with(gatewayauth.Header, v)
+			}
+			r := c.do("GET", "/v1/monitors", "")
+			want(t, r, 401, bodyKeyUnauth)
+		})
+	}
+}
+
+func TestV1WithSecretAndSignedIdentityNeedsBoth(t *testing.T) {
+	priv, keyFile := gatewayauthtest.NewKey(t)
+	verifier, err := gatewayauth.New(gatewayauth.Config{KeyFile: keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEnv(t, func(c *Config) { c.Identity = verifier })
+	org := e.org("pro")
+	id := gatewayauth.Identity{KeyID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: org, Role: "Admin"}
+	good := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), id))
+	want(t, e.gateway(org, "Admin").with(gatewayauth.Header, good).do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
+	want(t, e.anon().with(gatewayauth.Header, good).do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
+	want(t, e.gateway(org, "Admin").do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
 }

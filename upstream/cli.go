@@ -125,7 +125,7 @@ func (c *cli) printUsage(w io.Writer, group string) {
 		}
 	}
 	if group == "" {
-		fmt.Fprintln(w, "\nenvironment: DATABASE_URL (every command), GATEWAY_SECRET (serve), KEY_PREFIX (serve)")
+		fmt.Fprintln(w, "\nenvironment: DATABASE_URL (every command), GATEWAY_SECRET (serve), GATEWAY_JWKS (serve), KEY_PREFIX (serve)")
 	}
 }
 

@@ -6,12 +6,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema"
 )
@@ -24,9 +26,11 @@ const requiredSchemaVersion = 3
 const shutdownTimeout = 15 * time.Second
 
 func (c *cli) serve(name string, args []string) error {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
-Requires DATABASE_URL and GATEWAY_SECRET (the secret the gateway sends in X-Gateway-Secret).
+Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
+X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
+requests must carry both.
 Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	addr := fs.String("addr", "127.0.0.1:9000", "`address` to listen on")
 	ttl := fs.Duration("session-ttl", DefaultSessionTTL, "lifetime of a login `session`")
@@ -44,6 +48,8 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	perClient := fs.Int("login-failures-per-client", DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
 	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
 	leakToken := fs.String("leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
+	jwks := fs.String("gateway-jwks", c.getenv("GATEWAY_JWKS"), "the gateway's public keys, to verify the signed identity of /v1 requests (X-Gateway-Identity): a JWKS `URL` (http:// or https://, the gateway's /.well-known/jwks.json) or a PEM file (env GATEWAY_JWKS; default: none, GATEWAY_SECRET alone)")
+	audience := fs.String("gateway-audience", gatewayauth.DefaultAudience, "the `aud` the gateway's identity assertions must carry (its identity_audience)")
 	adminAddr := fs.String("admin-addr", "", "`address` of /metrics, /healthz and /readyz, apart from --addr (default: not served)")
 	if err := c.parse(fs, args); err != nil {
 		return err
@@ -79,14 +85,31 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 		return err
 	}
 	secret := c.getenv("GATEWAY_SECRET")
-	if secret == "" {
-		return usageErrorf("GATEWAY_SECRET is not set: set it to the gateway_secret of the gateway's configuration")
+	if secret == "" && *jwks == "" {
+		return usageErrorf("neither GATEWAY_SECRET nor --gateway-jwks is set: set GATEWAY_SECRET to the gateway_secret of the gateway's configuration, or --gateway-jwks to its JWKS")
+	}
+	var identity *gatewayauth.Verifier
+	if *jwks != "" {
+		cfg := gatewayauth.Config{KeyFile: *jwks, Audience: *audience}
+		if strings.HasPrefix(*jwks, "http://") || strings.HasPrefix(*jwks, "https://") {
+			cfg = gatewayauth.Config{JWKSURL: *jwks, Audience: *audience}
+		}
+		if identity, err = gatewayauth.New(cfg); err != nil {
+			return usageErrorf("--gateway-jwks: %v", err)
+		}
 	}
 
 	logger := newLogger(c.stderr)
 	defer func() { _ = logger.Sync() }()
-	if len(secret) < 16 {
+	if secret != "" && len(secret) < 16 {
 		logger.Warn("gateway secret is shorter than 16 characters")
+	}
+	if identity != nil {
+		// The gateway may start after the upstream: a JWKS not there yet is fetched
+		// again when the first assertion comes.
+		if err := identity.Refresh(c.ctx); err != nil {
+			logger.Warn("the gateway's JWKS could not be fetched yet; /v1 answers 401 until it can", zap.Error(err))
+		}
 	}
 	if *migrate {
 		if err := schema.Migrate(c.ctx, dbURL); err != nil {
@@ -105,7 +128,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	if *adminAddr != "" {
 		metrics = NewMetrics(pool)
 	}
-	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, KeyFormat: format,
+	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, Identity: identity, KeyFormat: format,
 		SessionTTL: *ttl, SecureCookies: *secureCookies, TrustedProxies: proxies, Metrics: metrics,
 		LeakReportToken: *leakToken,
 		LoginThrottle:   LoginThrottle{Window: *loginWindow, PerEmail: *perEmail, PerClient: *perClient}})

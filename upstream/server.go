@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/openapi"
 )
@@ -36,7 +37,8 @@ const maxBodyBytes = 1 << 20
 // DefaultSessionTTL is how long a session lives when Config.SessionTTL is zero.
 const DefaultSessionTTL = 7 * 24 * time.Hour
 
-// Config is what a Server needs. Pool, Logger, GatewaySecret and KeyFormat are required.
+// Config is what a Server needs. Pool, Logger, KeyFormat, and GatewaySecret or Identity
+// are required.
 type Config struct {
 	// Pool is the PostgreSQL pool holding the schema of package schema.
 	Pool *pgxpool.Pool
@@ -45,6 +47,11 @@ type Config struct {
 	// GatewaySecret is the shared secret every /v1 request must carry in
 	// X-Gateway-Secret. It must not be empty.
 	GatewaySecret string
+	// Identity, if set, verifies the gateway's signed identity (X-Gateway-Identity) on
+	// every /v1 request, which then takes its caller from the assertion rather than
+	// the X-Gateway-* headers. With GatewaySecret as well, both must hold.
+	// Default: none.
+	Identity *gatewayauth.Verifier
 	// KeyFormat is the format of the API keys the dashboard creates; the gateway must
 	// be configured with the same prefix.
 	KeyFormat keystore.Format
@@ -81,6 +88,8 @@ type Server struct {
 	keys       *keystore.Store
 	format     keystore.Format
 	secretSum  [sha256.Size]byte
+	secretSet  bool                  // GatewaySecret is set
+	identity   *gatewayauth.Verifier // may be nil
 	sessionTTL time.Duration
 	secure     bool
 	now        func() time.Time
@@ -102,8 +111,8 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("upstream: Config.Pool is required")
 	case cfg.Logger == nil:
 		return nil, errors.New("upstream: Config.Logger is required")
-	case cfg.GatewaySecret == "":
-		return nil, errors.New("upstream: Config.GatewaySecret is required")
+	case cfg.GatewaySecret == "" && cfg.Identity == nil:
+		return nil, errors.New("upstream: Config.GatewaySecret or Config.Identity is required")
 	case cfg.KeyFormat.Prefix() == "":
 		return nil, errors.New("upstream: Config.KeyFormat is required")
 	case cfg.SessionTTL < 0:
@@ -117,6 +126,8 @@ func NewServer(cfg Config) (*Server, error) {
 		keys:       keystore.New(cfg.Pool, cfg.KeyFormat),
 		format:     cfg.KeyFormat,
 		secretSum:  sha256.Sum256([]byte(cfg.GatewaySecret)),
+		secretSet:  cfg.GatewaySecret != "",
+		identity:   cfg.Identity,
 		sessionTTL: cfg.SessionTTL,
 		secure:     cfg.SecureCookies,
 		now:        cfg.Now,
