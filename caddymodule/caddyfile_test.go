@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"io"
@@ -19,6 +20,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
+	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -264,6 +267,7 @@ func TestExampleCaddyfile(t *testing.T) {
 		RedisURL:         "{env.REDIS_URL}",
 		KeyPrefix:        "mon",
 		GatewaySecret:    "{env.GATEWAY_SECRET}",
+		IdentityKey:      "{env.IDENTITY_KEY}",
 		StripFields:      defaultStripFields,
 		LimiterFailure:   "open",
 		DatabaseTimeout:  caddy.Duration(2 * time.Second),
@@ -348,6 +352,8 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	t.Setenv("DATABASE_URL", d.url)
 	t.Setenv("REDIS_URL", redisURL(t))
 	t.Setenv("GATEWAY_SECRET", testSecret)
+	_, identityKey := gatewayauthtest.NewKey(t)
+	t.Setenv("IDENTITY_KEY", identityKey)
 
 	input, err := os.ReadFile("../Caddyfile.example")
 	if err != nil {
@@ -385,7 +391,21 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	if res.StatusCode != http.StatusNotFound || up.requests() != 2 { // /v1/monitors and this one
 		t.Errorf("dashboard route = %d %s; upstream saw %d requests", res.StatusCode, body, up.requests())
 	}
-	// The gateway secret stays out of the log even when the proxy logs headers.
+	// The proxied request carries the signed identity, which verifies against the JWKS
+	// the example publishes.
+	verifier, err := gatewayauth.New(gatewayauth.Config{JWKSURL: gw.base + "/.well-known/jwks.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, body = gw.get(t, "/v1/echo", key)
+	var seen seenRequest
+	_ = json.Unmarshal(body, &seen)
+	assertion := seen.Header.Get(gatewayauth.Header)
+	if id, err := verifier.Verify(context.Background(), assertion); res.StatusCode != http.StatusOK || err != nil || id.KeyID == "" {
+		t.Errorf("GET /v1/echo = %d, the upstream's assertion %q verifies as %+v, %v", res.StatusCode, assertion, id, err)
+	}
+	// The gateway secret and the assertion stay out of the log even when the proxy
+	// logs headers.
 	if res, err := gw.client.Do(mustRequest(t, gw.base+"/v1/invalid-json", key)); err == nil {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
@@ -411,7 +431,7 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		!strings.Contains(string(log), "REDACTED") {
 		t.Errorf("log:\n%s", log)
 	}
-	for _, leak := range []string{testSecret, secret, secret[:16], strings.ReplaceAll(secret, "_", "%5F")[:16]} {
+	for _, leak := range []string{testSecret, assertion, secret, secret[:16], strings.ReplaceAll(secret, "_", "%5F")[:16]} {
 		if strings.Contains(string(log), leak) {
 			t.Errorf("the log shows %q:\n%s", leak, log)
 		}

@@ -11,6 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/logging"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/keygate/keygate/gatewayauth"
 )
 
 func init() {
@@ -75,7 +77,8 @@ func unhex(c byte) byte {
 // replaces the secret of every API key, percent-encoded or not, by REDACTED. On a
 // header object (request>headers, resp_headers) it does the same in the values of
 // every header, whatever its name (Api-Key, X-Auth-Token, Referer …), and replaces
-// X-Gateway-Secret, which the reverse proxy logs among the headers it sent upstream.
+// X-Gateway-Secret and X-Gateway-Identity (an upstream's credential for a minute),
+// which the reverse proxy logs among the headers it sent upstream.
 // Caddy's own redaction of Authorization, Cookie and Set-Cookie still applies.
 //
 // Caddy's filter encoder names fields exactly (request>headers>Api-Key); it has no
@@ -130,7 +133,7 @@ func (RedactFilter) Filter(in zapcore.Field) zapcore.Field {
 func redactHeader(h caddyhttp.LoggableHTTPHeader) caddyhttp.LoggableHTTPHeader {
 	out := caddyhttp.LoggableHTTPHeader{Header: make(http.Header, len(h.Header)), ShouldLogCredentials: h.ShouldLogCredentials}
 	for name, values := range h.Header {
-		if strings.EqualFold(name, "X-Gateway-Secret") {
+		if strings.EqualFold(name, "X-Gateway-Secret") || strings.EqualFold(name, gatewayauth.Header) {
 			out.Header[name] = []string{"REDACTED"}
 			continue
 		}
