@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema/schematest"
 )
@@ -465,16 +466,7 @@ func (g *gateway) do(t testing.TB, method, path, auth string, hdr http.Header, b
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
-	res, err := g.client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading body: %v", method, path, err)
-	}
-	return res, b
+	return testenv.Exchange(t, g.client, req)
 }
 
 // get is do for a GET with a bearer key.

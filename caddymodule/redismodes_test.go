@@ -13,24 +13,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/limiter"
 )
-
-// needEnv returns the variable scripts/stack.sh up-cluster / up-tls writes, or
-// skips: scripts/test.sh always sets them, so `make test` runs these.
-func needEnv(t *testing.T, name string) string {
-	v := os.Getenv(name)
-	if v == "" {
-		t.Skipf("%s not set (scripts/stack.sh up-cluster / up-tls DIR)", name)
-	}
-	return v
-}
 
 // TestClusterSharesOneExactBudget: three clients (as three gateways would have) on the
 // real 3-master Cluster count keys that live on every master; under concurrency each
 // key allows exactly its limit.
 func TestClusterSharesOneExactBudget(t *testing.T) {
-	url := needEnv(t, "REDIS_CLUSTER_URL")
+	url := testenv.GetenvOrSkip(t, "REDIS_CLUSTER_URL")
 	const limit, perClient, nKeys = 30, 20, 12
 	var lims []*limiter.Redis
 	var cc *redis.ClusterClient
@@ -88,8 +79,8 @@ func TestClusterSharesOneExactBudget(t *testing.T) {
 // TestTLSRedisWithCA: rediss:// with the throwaway CA counts; with a CA that did not
 // sign the server's certificate every count fails with a certificate error.
 func TestTLSRedisWithCA(t *testing.T) {
-	url := needEnv(t, "REDIS_TLS_URL")
-	ca, wrong := needEnv(t, "REDIS_TLS_CA"), needEnv(t, "REDIS_TLS_WRONG_CA")
+	url := testenv.GetenvOrSkip(t, "REDIS_TLS_URL")
+	ca, wrong := testenv.GetenvOrSkip(t, "REDIS_TLS_CA"), testenv.GetenvOrSkip(t, "REDIS_TLS_WRONG_CA")
 	ctx := context.Background()
 	key := fmt.Sprintf("tls%d", time.Now().UnixNano())
 
@@ -124,8 +115,8 @@ func TestTLSRedisWithCA(t *testing.T) {
 // killed (SIGKILL), counts fail only while no primary is promoted, then succeed again
 // on the promoted replica. It kills the stack's Sentinel primary, so it runs once.
 func TestSentinelFailoverKeepsCounting(t *testing.T) {
-	url := needEnv(t, "REDIS_SENTINEL_URL")
-	pidfile := needEnv(t, "REDIS_SENTINEL_PRIMARY_PIDFILE")
+	url := testenv.GetenvOrSkip(t, "REDIS_SENTINEL_URL")
+	pidfile := testenv.GetenvOrSkip(t, "REDIS_SENTINEL_PRIMARY_PIDFILE")
 	c, _, err := newRedisClient(redisModeSentinel, url, "", 300*time.Millisecond, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -98,25 +99,8 @@ func waitListening(t testing.TB, addr string, p *proc) {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.Buffer
 	done chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func (p *proc) exited() bool {
@@ -257,7 +241,7 @@ func tail(s string, n int) string {
 
 func (s *Stack) start(name string, env []string, args ...string) *proc {
 	s.t.Helper()
-	p := &proc{name: name, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, out: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(args[0], args[1:]...)
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -528,15 +512,7 @@ func doRequest(t testing.TB, hc *http.Client, method, url string, body any, head
 			req.Header.Add(k, v)
 		}
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading body: %v", method, url, err)
-	}
+	resp, b := testenv.Exchange(t, hc, req)
 	checkExchange(t, req, raw, resp, b)
 	return Resp{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }

@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"sync"
 	"testing"
+
+	"github.com/keygate/keygate/internal/testenv"
 )
 
 // throughPgBouncer returns the URL of the database of direct through the PgBouncer of
@@ -33,7 +35,7 @@ func throughPgBouncer(t *testing.T, direct, bouncer, mode string) string {
 // monitors created, read, changed and deleted through /v1, with concurrent requests
 // so that key lookups batch and connections are shared.
 func TestKeysAndMonitorsThroughPgBouncer(t *testing.T) {
-	bouncer := needEnv(t, "PGBOUNCER_DATABASE_URL")
+	bouncer := testenv.Getenv(t, "PGBOUNCER_DATABASE_URL")
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			s := newStackWith(t, stackOptions{databaseVia: func(direct string) string {

@@ -2,22 +2,12 @@ package integration
 
 import (
 	"encoding/json"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
-)
 
-// needEnv returns a variable scripts/test.sh sets from scripts/stack.sh up-cluster,
-// up-tls, up-sentinel or up-pgbouncer, failing the test when it is missing.
-func needEnv(t *testing.T, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		t.Fatalf("%s is not set: run the tests with `make test` (scripts/stack.sh up-cluster|up-tls|up-sentinel|up-pgbouncer)", name)
-	}
-	return v
-}
+	"github.com/keygate/keygate/internal/testenv"
+)
 
 // TestGatewayOnTLSRedisNeedsTheRightCA runs gateways on the stack's TLS-only Redis
 // (rediss://). With a redis_tls_ca that did not sign the server's certificate nothing
@@ -25,8 +15,8 @@ func needEnv(t *testing.T, name string) string {
 // request through without RateLimit headers, and the log says that the certificate
 // could not be verified. A third gateway given the right CA counts.
 func TestGatewayOnTLSRedisNeedsTheRightCA(t *testing.T) {
-	tlsURL := needEnv(t, "REDIS_TLS_URL")
-	ca, wrongCA := needEnv(t, "REDIS_TLS_CA"), needEnv(t, "REDIS_TLS_WRONG_CA")
+	tlsURL := testenv.Getenv(t, "REDIS_TLS_URL")
+	ca, wrongCA := testenv.Getenv(t, "REDIS_TLS_CA"), testenv.Getenv(t, "REDIS_TLS_WRONG_CA")
 	s := newStackWith(t, stackOptions{redisURL: tlsURL, redisTLSCA: wrongCA})
 	org := s.newOrg("pro")
 	_, key := s.loginOwner(org).createKey(org.ID, "k", "Admin", nil)

@@ -4,21 +4,18 @@ package redistest
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/internal/testenv"
 )
 
 // URL returns REDIS_URL, failing the test when it is not set: these tests need a real
 // Redis and are run through `make test`, which starts one.
 func URL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv("REDIS_URL")
-	if u == "" {
-		tb.Fatal("REDIS_URL is not set: run the tests with `make test`, which starts PostgreSQL and Redis")
-	}
-	return u
+	return testenv.Getenv(tb, "REDIS_URL")
 }
 
 // Client returns a client of that Redis, answering PING, closed when the test ends.

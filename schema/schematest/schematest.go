@@ -7,13 +7,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/url"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/schema"
 )
 
@@ -21,11 +21,7 @@ import (
 // real PostgreSQL and are run through `make test`, which starts one.
 func URL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("DATABASE_URL")
-	if u == "" {
-		t.Fatal("DATABASE_URL is not set: run the tests with `make test`, which starts PostgreSQL and Redis")
-	}
-	return u
+	return testenv.Getenv(t, "DATABASE_URL")
 }
 
 // NewDatabase creates an empty database with a random name, applies the migrations to
@@ -94,9 +90,16 @@ func UnreachablePool(t testing.TB) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return OpenPool(t, cfg)
+}
+
+// OpenPool returns a pool made from cfg, closed when the test ends, for a test that
+// tunes the pool as the program under test tunes its own.
+func OpenPool(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("opening pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
