@@ -1,4 +1,7 @@
-package upstream
+// Package password hashes and verifies users' passwords with argon2id in the PHC string
+// format, and bounds the work: a derivation takes 19 MiB and one core for some tens of
+// milliseconds, so a flood of logins must neither take every core nor pile up waiting.
+package password
 
 import (
 	"context"
@@ -14,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/crypto/argon2"
+
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
 // argon2Params are the cost parameters of argon2id. The defaults are OWASP's minimum
@@ -37,9 +42,9 @@ const (
 	maxArgon2Threads = 16
 )
 
-// errBadHash is a stored password hash that is not a PHC argon2id string this package
+// ErrBadHash is a stored password hash that is not a PHC argon2id string this package
 // can verify.
-var errBadHash = errors.New("password hash is not a valid argon2id PHC string")
+var ErrBadHash = errors.New("password hash is not a valid argon2id PHC string")
 
 // Bounds of the password-hashing queue. Each argon2id derivation takes 19 MiB and one
 // core for some tens of milliseconds, so a flood of logins (throttled per address, but
@@ -51,23 +56,23 @@ var (
 	hashQueueLen = 8
 )
 
-// MinPasswordLength is the fewest characters (Unicode code points) a new password may
-// have.
-const MinPasswordLength = 10
+// MinLength is the fewest characters (Unicode code points) a new password may have.
+const MinLength = 10
 
-// checkNewPassword returns the EINVALID error of a password too short to be set.
-func checkNewPassword(password string) error {
-	if utf8.RuneCountInString(password) < MinPasswordLength {
-		return invalid("password", "must be at least %d characters", MinPasswordLength)
+// CheckNew returns the EINVALID error of a password too short to be set.
+func CheckNew(password string) error {
+	if utf8.RuneCountInString(password) < MinLength {
+		return apperr.Invalid("password", "must be at least %d characters", MinLength)
 	}
 	return nil
 }
 
-// passwordHasher hashes and verifies passwords with argon2id in the PHC string format
+// Hasher hashes and verifies passwords with argon2id in the PHC string format
 // `$argon2id$v=19$m=…,t=…,p=…$<salt>$<hash>` (unpadded standard base64). At most
 // hashWorkers derivations run at once and at most hashQueueLen wait for a turn; the
-// others fail with errHashQueueFull without waiting.
-type passwordHasher struct {
+// others fail with apperr.ErrHashQueueFull without waiting. A Hasher is safe for
+// concurrent use.
+type Hasher struct {
 	params argon2Params
 	// queue holds a token per derivation running or waiting; slots one per running.
 	queue chan struct{}
@@ -76,26 +81,26 @@ type passwordHasher struct {
 	dummyOnce sync.Once
 	dummy     string
 
-	// derivations counts the argon2id runs, so that tests can check that a login for an
-	// unknown email does the same work as one for a known email.
+	// derivations counts the argon2id runs (Derivations).
 	derivations atomic.Int64
 }
 
-func newPasswordHasher() *passwordHasher {
-	return &passwordHasher{
+// NewHasher returns a Hasher with the default cost parameters and queue bounds.
+func NewHasher() *Hasher {
+	return &Hasher{
 		params: defaultArgon2,
 		queue:  make(chan struct{}, hashWorkers+hashQueueLen),
 		slots:  make(chan struct{}, hashWorkers),
 	}
 }
 
-// derive runs argon2id once a slot is free; it fails at once with errHashQueueFull
+// derive runs argon2id once a slot is free; it fails at once with apperr.ErrHashQueueFull
 // when the queue is full, and gives up when ctx ends while it waits.
-func (h *passwordHasher) derive(ctx context.Context, password, salt []byte, p argon2Params) ([]byte, error) {
+func (h *Hasher) derive(ctx context.Context, password, salt []byte, p argon2Params) ([]byte, error) {
 	select {
 	case h.queue <- struct{}{}:
 	default:
-		return nil, errHashQueueFull
+		return nil, apperr.ErrHashQueueFull
 	}
 	defer func() { <-h.queue }()
 	select {
@@ -108,8 +113,8 @@ func (h *passwordHasher) derive(ctx context.Context, password, salt []byte, p ar
 	return argon2.IDKey(password, salt, p.time, p.memory, p.threads, uint32(p.keyLen)), nil
 }
 
-// hash returns the PHC string of password with a fresh random salt.
-func (h *passwordHasher) hash(ctx context.Context, password string) (string, error) {
+// Hash returns the PHC string of password with a fresh random salt.
+func (h *Hasher) Hash(ctx context.Context, password string) (string, error) {
 	salt := make([]byte, h.params.saltLen)
 	if _, err := rand.Read(salt); err != nil {
 		return "", fmt.Errorf("reading random bytes: %w", err)
@@ -123,9 +128,9 @@ func (h *passwordHasher) hash(ctx context.Context, password string) (string, err
 		base64.RawStdEncoding.EncodeToString(salt), base64.RawStdEncoding.EncodeToString(key)), nil
 }
 
-// verify reports whether password matches the PHC string encoded, comparing in
+// Verify reports whether password matches the PHC string encoded, comparing in
 // constant time. A malformed encoded string is an error, not a mismatch.
-func (h *passwordHasher) verify(ctx context.Context, encoded, password string) (bool, error) {
+func (h *Hasher) Verify(ctx context.Context, encoded, password string) (bool, error) {
 	p, salt, want, err := parsePHC(encoded)
 	if err != nil {
 		return false, err
@@ -137,24 +142,44 @@ func (h *passwordHasher) verify(ctx context.Context, encoded, password string) (
 	return subtle.ConstantTimeCompare(got, want) == 1, nil
 }
 
-// burn does the work of verifying password against a hash that matches nothing, so
+// Burn does the work of verifying password against a hash that matches nothing, so
 // that a login for an unknown email takes as long as one with a wrong password.
-func (h *passwordHasher) burn(ctx context.Context, password string) error {
-	h.prepareDummy()
+func (h *Hasher) Burn(ctx context.Context, password string) error {
+	h.PrepareDummy()
 	if h.dummy == "" {
 		return errors.New("computing the dummy password hash failed")
 	}
-	_, err := h.verify(ctx, h.dummy, password)
+	_, err := h.Verify(ctx, h.dummy, password)
 	return err
 }
 
-// prepareDummy computes, once, the hash burn verifies against. NewServer calls it so
-// that not even the first login for an unknown email is slower than the others.
-func (h *passwordHasher) prepareDummy() {
+// PrepareDummy computes, once, the hash Burn verifies against. A server calls it at
+// start so that not even the first login for an unknown email is slower than the
+// others.
+func (h *Hasher) PrepareDummy() {
 	h.dummyOnce.Do(func() {
 		// The dummy's salt is random and its password unguessable; it never matches.
-		h.dummy, _ = h.hash(context.Background(), rand.Text())
+		h.dummy, _ = h.Hash(context.Background(), rand.Text())
 	})
+}
+
+// Derivations returns the number of argon2id derivations h has run, so that a caller
+// can check that a login for an unknown email does the same work as one for a known
+// email, and that a throttled login does none.
+func (h *Hasher) Derivations() int64 { return h.derivations.Load() }
+
+// Saturate takes every place of h's queue until release is called: meanwhile every
+// derivation fails at once with apperr.ErrHashQueueFull, as under a flood of logins. It
+// lets a caller's answer to a full queue be tested without such a flood.
+func (h *Hasher) Saturate() (release func()) {
+	for range cap(h.queue) {
+		h.queue <- struct{}{}
+	}
+	return func() {
+		for range cap(h.queue) {
+			<-h.queue
+		}
+	}
 }
 
 // parsePHC splits an argon2id PHC string into its parameters, salt and key.
@@ -162,27 +187,27 @@ func parsePHC(encoded string) (argon2Params, []byte, []byte, error) {
 	var p argon2Params
 	parts := strings.Split(encoded, "$")
 	if len(parts) != 6 || parts[0] != "" || parts[1] != "argon2id" {
-		return p, nil, nil, errBadHash
+		return p, nil, nil, ErrBadHash
 	}
 	var version int
 	if _, err := fmt.Sscanf(parts[2], "v=%d", &version); err != nil || version != argon2.Version {
-		return p, nil, nil, errBadHash
+		return p, nil, nil, ErrBadHash
 	}
 	var m, t, threads uint32
 	n, err := fmt.Sscanf(parts[3], "m=%d,t=%d,p=%d", &m, &t, &threads)
 	if err != nil || n != 3 || fmt.Sprintf("m=%d,t=%d,p=%d", m, t, threads) != parts[3] {
-		return p, nil, nil, errBadHash
+		return p, nil, nil, ErrBadHash
 	}
 	if m < 8 || m > maxArgon2Memory || t < 1 || t > maxArgon2Time || threads < 1 || threads > maxArgon2Threads {
-		return p, nil, nil, errBadHash
+		return p, nil, nil, ErrBadHash
 	}
 	salt, err := base64.RawStdEncoding.Strict().DecodeString(parts[4])
 	if err != nil || len(salt) < 8 || len(salt) > 64 {
-		return p, nil, nil, errBadHash
+		return p, nil, nil, ErrBadHash
 	}
 	key, err := base64.RawStdEncoding.Strict().DecodeString(parts[5])
 	if err != nil || len(key) < 16 || len(key) > 64 {
-		return p, nil, nil, errBadHash
+		return p, nil, nil, ErrBadHash
 	}
 	p = argon2Params{memory: m, time: t, threads: uint8(threads), saltLen: len(salt), keyLen: len(key)}
 	return p, salt, key, nil

@@ -1,0 +1,108 @@
+package httpapi
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+
+	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/upstream/apperr"
+)
+
+// errorResponse is how one code answers over HTTP: a status and the body built from
+// the *apperr.Error.
+type errorResponse struct {
+	status int
+	body   func(e *apperr.Error) errorBody
+}
+
+// fixedBody is the body {"error":text}, whatever the *apperr.Error says.
+func fixedBody(text string) func(*apperr.Error) errorBody {
+	return func(*apperr.Error) errorBody { return errorBody{Error: text} }
+}
+
+// messageBody is the body {"error":Message}, for the codes whose routes choose the words.
+func messageBody(e *apperr.Error) errorBody { return errorBody{Error: e.Message} }
+
+// errorResponses is the one table from an error's code to its HTTP status and body
+// (CONTRACT §6); the comments of the codes in package apperr say the same.
+var errorResponses = map[string]errorResponse{
+	apperr.EINVALID: {http.StatusBadRequest, func(e *apperr.Error) errorBody {
+		return errorBody{Error: "invalid_request", Message: e.Message}
+	}},
+	apperr.EUNAUTHORIZED: {http.StatusUnauthorized, messageBody},
+	apperr.EQUOTA: {http.StatusPaymentRequired, func(e *apperr.Error) errorBody {
+		return errorBody{Error: "quota_exceeded", Metric: e.Detail, Upgrade: true}
+	}},
+	apperr.EFORBIDDEN: {http.StatusForbidden, fixedBody("forbidden")},
+	apperr.EFEATUREGATED: {http.StatusForbidden, func(e *apperr.Error) errorBody {
+		return errorBody{Error: "feature_gated", Feature: e.Detail, Upgrade: true}
+	}},
+	apperr.ENOTFOUND: {http.StatusNotFound, messageBody},
+	apperr.EMETHOD:   {http.StatusMethodNotAllowed, fixedBody("method not allowed")},
+	apperr.ECONFLICT: {http.StatusConflict, func(e *apperr.Error) errorBody {
+		return errorBody{Error: "conflict", Message: e.Message}
+	}},
+	apperr.ETOOLARGE: {http.StatusRequestEntityTooLarge, fixedBody("request_too_large")},
+	apperr.ERATELIMITED: {http.StatusTooManyRequests, func(e *apperr.Error) errorBody {
+		return errorBody{Error: "rate_limited", RetryAfter: e.RetryAfter}
+	}},
+	apperr.EUNAVAILABLE: {http.StatusServiceUnavailable, fixedBody("service_unavailable")},
+	apperr.EINTERNAL:    {http.StatusInternalServerError, fixedBody("internal")},
+}
+
+// errorBody is every error body's shape; the optional fields appear only for the codes
+// that carry them.
+type errorBody struct {
+	Error   string `json:"error"`
+	Message string `json:"message,omitempty"`
+	Metric  string `json:"metric,omitempty"`
+	Feature string `json:"feature,omitempty"`
+	Upgrade bool   `json:"upgrade,omitempty"`
+	// RetryAfter keeps the contract's camelCase (CONTRACT §11).
+	RetryAfter int `json:"retryAfter,omitempty"`
+}
+
+// writeError answers r with the status and JSON body of err's code (errorResponses).
+// A plan gate's refusal is counted, a throttled login gets Retry-After.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e := s.callerError(r, err)
+	resp := errorResponses[e.Code]
+	switch e.Code {
+	case apperr.EQUOTA, apperr.EFEATUREGATED:
+		s.metrics.gateRejected(e.Detail)
+	case apperr.ERATELIMITED:
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	writeJSON(w, resp.status, resp.body(e))
+}
+
+// callerError returns the *apperr.Error to answer err with. A database that cannot be reached
+// is logged with its cause and answered with apperr.ErrUnavailable; anything without a code of
+// errorResponses is logged with its cause and answered with apperr.ErrInternalForClient, so
+// that no internal detail reaches the caller.
+func (s *Server) callerError(r *http.Request, err error) *apperr.Error {
+	code := apperr.Code(err)
+	var e *apperr.Error
+	_, known := errorResponses[code]
+	switch {
+	case code == apperr.EUNAVAILABLE && errors.As(err, &e):
+		// An overload this package detected itself (a full hashing queue): the request
+		// log shows the 503; an error line per refused request would flood the log.
+		return e
+	case code == apperr.EUNAVAILABLE:
+		s.logger.Error("database unavailable",
+			zap.String("method", r.Method),
+			zap.String("path", r.URL.Path),
+			zap.Error(err))
+		return apperr.ErrUnavailable
+	case !errors.As(err, &e) || code == apperr.EINTERNAL || !known:
+		s.logger.Error("internal error",
+			zap.String("method", r.Method),
+			zap.String("path", r.URL.Path),
+			zap.Error(err))
+		return apperr.ErrInternalForClient
+	}
+	return e
+}
