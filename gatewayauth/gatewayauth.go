@@ -58,6 +58,11 @@ const MaxLeeway = 5 * time.Second
 // an unknown kid.
 const DefaultRefreshInterval = 5 * time.Second
 
+// retryAfterFailure is how often at most a Verifier tries again to fetch a JWKS it
+// could not fetch (a service started before its gateway, say), if RefreshInterval is
+// longer: an outage of the JWKS should cost a second of 401s, not a whole interval.
+const retryAfterFailure = time.Second
+
 // ErrUnauthenticated is what Verify's errors wrap: the request carries no valid
 // assertion.
 var ErrUnauthenticated = errors.New("gatewayauth: no valid identity assertion")
@@ -74,7 +79,8 @@ type Identity struct {
 type Config struct {
 	// JWKSURL is the gateway's JWKS (v1_gateway_jwks). It is fetched when the first
 	// assertion comes, and again when an assertion names a kid it lacks, at most once
-	// per RefreshInterval, so that a service may start before its gateway.
+	// per RefreshInterval (once a second after a fetch that failed), so that a service
+	// may start before its gateway. Assertions of known keys never wait on a fetch.
 	JWKSURL string
 	// KeyFile is a PEM file of the gateway's public keys (or private keys, whose public
 	// halves are used), read once at New.
@@ -97,9 +103,15 @@ type Verifier struct {
 	cfg Config
 	now func() time.Time
 
-	mu        sync.Mutex
-	keys      map[string]ed25519.PublicKey // by kid; guarded by mu
-	fetchedAt time.Time                    // guarded by mu
+	mu   sync.RWMutex
+	keys map[string]ed25519.PublicKey // by kid; guarded by mu
+
+	// fetching is held by the one fetch under way, and guards the fields below. A
+	// fetch never holds mu while it waits on the network, so that assertions of
+	// known keys never wait on it.
+	fetching  sync.Mutex
+	fetchedAt time.Time // when the last fetch began
+	failed    bool      // the last fetch failed
 }
 
 // New returns a Verifier for cfg. A key file that cannot be read is an error here; a
@@ -142,15 +154,15 @@ func (v *Verifier) Refresh(ctx context.Context) error {
 	if v.cfg.JWKSURL == "" {
 		return nil
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	v.fetching.Lock()
+	defer v.fetching.Unlock()
 	return v.fetch(ctx)
 }
 
-// fetch replaces the keys with those of the JWKS. It must be called with mu held, or
-// before v is shared.
+// fetch replaces the keys with those of the JWKS. It must be called with fetching
+// held.
 func (v *Verifier) fetch(ctx context.Context) error {
-	v.fetchedAt = v.now()
+	v.fetchedAt, v.failed = v.now(), true
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, v.cfg.JWKSURL, nil)
 	if err != nil {
 		return fmt.Errorf("gatewayauth: JWKS URL: %v", err)
@@ -173,26 +185,39 @@ func (v *Verifier) fetch(ctx context.Context) error {
 			keys[KeyID(pub)] = pub // the thumbprint, whatever kid the set says
 		}
 	}
-	v.keys = keys
+	v.mu.Lock()
+	v.keys, v.failed = keys, false
+	v.mu.Unlock()
 	return nil
 }
 
-// key returns the public key of kid, refetching the JWKS once if it is unknown and the
-// last fetch is RefreshInterval old.
-func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if k, ok := v.keys[kid]; ok {
-		return k, true
-	}
-	if v.cfg.JWKSURL == "" || v.now().Sub(v.fetchedAt) < v.cfg.RefreshInterval {
-		return nil, false
-	}
-	if err := v.fetch(ctx); err != nil {
-		return nil, false
-	}
+// known returns the public key of kid if v has it.
+func (v *Verifier) known(kid string) (ed25519.PublicKey, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
 	k, ok := v.keys[kid]
 	return k, ok
+}
+
+// key returns the public key of kid, refetching the JWKS once if it is unknown and the
+// last fetch began RefreshInterval ago (or a second ago, if it failed).
+func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, bool) {
+	if k, ok := v.known(kid); ok || v.cfg.JWKSURL == "" {
+		return k, ok
+	}
+	v.fetching.Lock()
+	defer v.fetching.Unlock()
+	if k, ok := v.known(kid); ok { // the fetch this call waited on brought it
+		return k, true
+	}
+	wait := v.cfg.RefreshInterval
+	if v.failed {
+		wait = min(wait, retryAfterFailure)
+	}
+	if v.now().Sub(v.fetchedAt) < wait || v.fetch(ctx) != nil {
+		return nil, false
+	}
+	return v.known(kid)
 }
 
 // Verify checks an assertion: EdDSA, signed by a known key, issued by Issuer for the

@@ -1,6 +1,7 @@
 package gatewayauth_test
 
 import (
+	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
@@ -109,6 +110,81 @@ func TestAnUnknownKidRefetchesTheJWKSAtMostOncePerInterval(t *testing.T) {
 	}
 	if n := fetches.Load(); n != 2 {
 		t.Errorf("%d fetches, want 2", n)
+	}
+}
+
+func TestAJWKSThatCouldNotBeFetchedIsTriedAgainWithinASecond(t *testing.T) {
+	// A service started before its gateway: the first fetch fails, and the next one
+	// comes a second later, not a whole RefreshInterval, and is then bounded by it.
+	priv, file := gatewayauthtest.NewKey(t)
+	var up atomic.Bool
+	var fetches atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fetches.Add(1)
+		if !up.Load() {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		b, _ := gatewayauth.JWKS(file)
+		w.Write(b)
+	}))
+	defer srv.Close()
+	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(context.Background()); err == nil {
+		t.Fatal("Refresh of a JWKS answering 503 succeeded")
+	}
+	tok := []string{gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), testIdentity))}
+	up.Store(true)
+	if status, _ := through(v, tok); status != 401 || fetches.Load() != 1 {
+		t.Errorf("at once after the failed fetch: %d after %d fetches, want 401 after 1", status, fetches.Load())
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if status, _ := through(v, tok); status != 200 || fetches.Load() != 2 {
+		t.Errorf("a second after the failed fetch: %d after %d fetches, want 200 after 2", status, fetches.Load())
+	}
+}
+
+func TestAKnownKeysAssertionNeverWaitsOnAFetch(t *testing.T) {
+	priv, file := gatewayauthtest.NewKey(t)
+	stranger, _ := gatewayauthtest.NewKey(t)
+	release := make(chan struct{})
+	var fetches atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fetches.Add(1) > 1 {
+			<-release // the refetch for the stranger's kid hangs
+		}
+		b, _ := gatewayauth.JWKS(file)
+		w.Write(b)
+	}))
+	defer srv.Close()
+	defer close(release)
+	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	go through(v, []string{gatewayauthtest.Sign(t, stranger, gatewayauthtest.KeyID(stranger), gatewayauthtest.Good(time.Now(), testIdentity))})
+	for fetches.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	known := make(chan int)
+	go func() {
+		status, _ := through(v, []string{gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), testIdentity))})
+		known <- status
+	}()
+	select {
+	case status := <-known:
+		if status != 200 {
+			t.Errorf("a known key's assertion answered %d during a fetch, want 200", status)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("a known key's assertion waits on the fetch of an unknown kid")
 	}
 }
 

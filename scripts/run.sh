@@ -23,7 +23,7 @@ for p in "$GATEWAY_PORT" "$UPSTREAM_PORT" "$METRICS_PORT" "$UPSTREAM_ADMIN_PORT"
 		exit 1
 	fi
 done
-need_tools curl
+need_tools curl openssl
 
 make -s build # incremental; the first xcaddy build takes a few minutes
 
@@ -40,17 +40,24 @@ trap 'exit 0' INT TERM
 scripts/stack.sh down "$stack"
 scripts/stack.sh up "$stack" >/dev/null
 source "$stack/env"
-GATEWAY_SECRET=$(head -c 32 /dev/urandom | base64 | tr -d '/+=' | head -c 40)
-export DATABASE_URL REDIS_URL GATEWAY_SECRET GATEWAY_PORT UPSTREAM_PORT METRICS_PORT
+# Signed identity: the gateway signs who is calling with a key made here, and the
+# upstream verifies it with the public half the gateway publishes. No shared secret.
+IDENTITY_KEY="$stack/identity.pem"
+openssl genpkey -algorithm ed25519 -out "$IDENTITY_KEY" 2>/dev/null
+unset GATEWAY_SECRET
+export DATABASE_URL REDIS_URL IDENTITY_KEY GATEWAY_PORT UPSTREAM_PORT METRICS_PORT
 # Caddyfile.example reads these two to place the gateway and find the upstream.
 export GATEWAY_ADDR=":$GATEWAY_PORT" UPSTREAM_ADDR="127.0.0.1:$UPSTREAM_PORT"
+base="http://127.0.0.1:$GATEWAY_PORT"
 
 bin/upstream migrate >/dev/null
-bin/upstream serve --addr "$UPSTREAM_ADDR" --admin-addr "127.0.0.1:$UPSTREAM_ADMIN_PORT" >"$stack/upstream.log" 2>&1 &
+# The upstream may start before the gateway: it fetches the JWKS when the first
+# assertion comes.
+bin/upstream serve --addr "$UPSTREAM_ADDR" --admin-addr "127.0.0.1:$UPSTREAM_ADMIN_PORT" \
+	--gateway-jwks "$base/.well-known/jwks.json" >"$stack/upstream.log" 2>&1 &
 pids+=($!)
 bin/caddy run --config Caddyfile.example --adapter caddyfile >"$stack/caddy.log" 2>&1 &
 pids+=($!)
-base="http://127.0.0.1:$GATEWAY_PORT"
 wait_http "http://$UPSTREAM_ADDR/" || { cat "$stack/upstream.log" >&2; exit 1; }
 wait_http "$base/" || { cat "$stack/caddy.log" >&2; exit 1; }
 
@@ -75,6 +82,8 @@ keygate is running:
   logs      $stack/caddy.log, $stack/upstream.log
   metrics   http://127.0.0.1:$METRICS_PORT/metrics (gateway), http://127.0.0.1:$UPSTREAM_ADMIN_PORT/metrics (upstream)
   health    http://127.0.0.1:$UPSTREAM_ADMIN_PORT/healthz, /readyz (upstream)
+  identity  $base/.well-known/jwks.json (the key that signs X-Gateway-Identity: $IDENTITY_KEY)
+  OpenAPI   $base/openapi/v1.yaml, $base/openapi/dashboard.yaml
 
 Demo org $org, owner $email / $password, API key (shown once):
   export KEY='$key'
@@ -115,6 +124,8 @@ if [ "${RUN_CHECK:-}" = 1 ]; then
 	expect '^keygate_requests_total{outcome="me"} 1$' "http://127.0.0.1:$METRICS_PORT/metrics"
 	expect '^keygate_upstream_http_requests_total{code="201",route="POST /v1/monitors"} 1$' "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/metrics"
 	expect '"ready"' "http://127.0.0.1:$UPSTREAM_ADMIN_PORT/readyz"
+	expect '"kty":"OKP"' "$base/.well-known/jwks.json"
+	expect '^openapi: 3.1' "$base/openapi/v1.yaml"
 	set +x
 	echo "run check passed"
 	exit 0
