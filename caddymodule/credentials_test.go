@@ -7,17 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 )
-
-func mustFormat(t testing.TB, prefix string) keystore.Format {
-	t.Helper()
-	f, err := keystore.NewFormat(prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
 
 // testKey is a well-formed key of prefix mon: 22-character key id, 43-character secret.
 const testKey = "mon_live_AbCdEfGhIjKlMnOpQrStUv.0123456789abcdefghijklmnopqrstuvwxyzABCDEFE"
@@ -54,7 +45,7 @@ var malformedAuthorizations = []struct{ name, value string }{
 }
 
 func TestParseAuthorizationAcceptsOnlyTheBearerShape(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	for _, tc := range []struct{ name, value string }{
 		{"canonical", "Bearer " + testKey},
 		{"lowercase scheme", "bearer " + testKey},
@@ -75,7 +66,7 @@ func TestParseAuthorizationAcceptsOnlyTheBearerShape(t *testing.T) {
 }
 
 func TestBearerKeyWantsExactlyOneAuthorizationHeader(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	for _, tc := range []struct {
 		name string
 		hdr  http.Header
@@ -95,7 +86,7 @@ func TestBearerKeyWantsExactlyOneAuthorizationHeader(t *testing.T) {
 }
 
 func TestParseAuthorizationDoesNotAllocate(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	v := "Bearer " + testKey
 	if n := testing.AllocsPerRun(100, func() { parseAuthorization(v, f) }); n != 0 {
 		t.Errorf("parseAuthorization allocates %v times", n)
@@ -129,7 +120,7 @@ func FuzzAuthorization(f *testing.F) {
 	}
 	f.Add("Bearer mon_live_" + strings.Repeat("a", 64) + "." + strings.Repeat("A", 128))
 	f.Add("Bearer mon_live_" + strings.Repeat("a", 65) + "." + strings.Repeat("A", 43))
-	format := mustFormat(f, "mon")
+	format := keystoretest.Format(f, "mon")
 	f.Fuzz(func(t *testing.T, v string) {
 		key, keyID, secret, ok := parseAuthorization(v, format)
 		wantKey, wantOK := referenceParse(v)

@@ -20,6 +20,8 @@ import (
 	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/internal/redistest"
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 func newLatencyProxy(t *testing.T, target string) *latencyproxy.Proxy {
@@ -287,12 +289,8 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 			if tc.tune {
 				tunePostgres(cfg, 400*time.Millisecond, connSetup{dialTimeout: time.Second}) // a grace of 100ms
 			}
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			store := keystore.New(pool, mustFormat(t, "mon"))
+			pool := schematest.OpenPool(t, cfg)
+			store := keystore.New(pool, keystoretest.Format(t, "mon"))
 			pg.SetDelay(0)
 			if _, ok, err := store.Verify(context.Background(), key); !ok || err != nil {
 				t.Fatalf("warm lookup: %v %v", ok, err)

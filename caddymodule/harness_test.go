@@ -32,6 +32,7 @@ import (
 	"github.com/keygate/keygate/internal/redistest"
 	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -52,7 +53,7 @@ type db struct {
 func newDB(t *testing.T) *db {
 	t.Helper()
 	pool, url := schematest.NewPool(t)
-	return &db{t: t, pool: pool, url: url, store: keystore.New(pool, mustFormat(t, "mon"))}
+	return &db{t: t, pool: pool, url: url, store: keystore.New(pool, keystoretest.Format(t, "mon"))}
 }
 
 // plan creates a plan with the given api_rate_limit.

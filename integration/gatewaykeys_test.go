@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keygate/keygate/internal/promtext"
-	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
 // withGateway starts one more gateway (index returned) with extra v1_gateway options.
@@ -95,11 +95,7 @@ FROM pg_stat_user_tables WHERE relname = 'api_keys'`).Scan(&n); err != nil {
 // wellFormedKey returns a checksummed key of the stack's prefix that no one created.
 func wellFormedKey(t *testing.T) string {
 	t.Helper()
-	f, err := keystore.NewFormat("mon")
-	if err != nil {
-		t.Fatal(err)
-	}
-	full, _, _, err := f.Generate()
+	full, _, _, err := keystoretest.Format(t, "mon").Generate()
 	if err != nil {
 		t.Fatal(err)
 	}

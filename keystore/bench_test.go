@@ -11,6 +11,7 @@ import (
 
 	"github.com/keygate/keygate/internal/benchcpu"
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -20,7 +21,7 @@ import (
 // (benchcpu: run on a stack of its own, -benchtime 3s or more).
 func BenchmarkBatcherVerify(b *testing.B) {
 	pool, _ := schematest.NewPool(b)
-	s := keystore.New(pool, mustFormat(b, "mon"))
+	s := keystore.New(pool, keystoretest.Format(b, "mon"))
 	var org string
 	if err := pool.QueryRow(context.Background(),
 		`INSERT INTO orgs (name, plan) VALUES ('acme', 'pro') RETURNING id::text`).Scan(&org); err != nil {
@@ -62,7 +63,7 @@ func BenchmarkLookup(b *testing.B) {
 	}{{16, false}, {5000, true}} {
 		pool, _ := schematest.NewPool(b)
 		ids := insertKeys(b, pool, table.keys, table.analyze)
-		s := keystore.New(pool, mustFormat(b, "mon"))
+		s := keystore.New(pool, keystoretest.Format(b, "mon"))
 		pg, err := benchcpu.Postgres(pool)
 		if err != nil {
 			b.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
 // referenceChecksum is the checksum as the README defines it, written the obvious
@@ -37,7 +38,7 @@ func generate(t testing.TB, f keystore.Format) (full, id, secret string) {
 }
 
 func TestGeneratedSecretsEndInTheirChecksum(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	for range 200 {
 		full, _, secret := generate(t, f)
 		body := full[:len(full)-keystore.ChecksumLen]
@@ -55,7 +56,7 @@ func TestGeneratedSecretsEndInTheirChecksum(t *testing.T) {
 // there, and expects Parse to refuse every result, legacy keys accepted or not.
 func TestEveryOneCharacterTypoIsRefused(t *testing.T) {
 	const chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."
-	for _, f := range []keystore.Format{mustFormat(t, "mon"), mustFormat(t, "mon").RejectingLegacy()} {
+	for _, f := range []keystore.Format{keystoretest.Format(t, "mon"), keystoretest.Format(t, "mon").RejectingLegacy()} {
 		for range 20 {
 			full, id, _ := generate(t, f)
 			if _, _, ok := f.Parse(full); !ok {
@@ -84,7 +85,7 @@ func TestEveryOneCharacterTypoIsRefused(t *testing.T) {
 
 func TestLegacyKeysAreAcceptedUnlessRefused(t *testing.T) {
 	legacy := "mon_live_" + goodID + "." + goodSecret
-	accept := mustFormat(t, "mon")
+	accept := keystoretest.Format(t, "mon")
 	reject := accept.RejectingLegacy()
 	if id, secret, ok := accept.Parse(legacy); !ok || id != goodID || secret != goodSecret {
 		t.Errorf("accepting legacy keys: Parse(%q) = %q, %q, %v", legacy, id, secret, ok)
@@ -99,7 +100,7 @@ func TestLegacyKeysAreAcceptedUnlessRefused(t *testing.T) {
 }
 
 func TestChecksummedKeyWithBadBase64IsRefused(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	for _, tc := range []struct{ name, secret43 string }{
 		{"non-canonical last character", strings.Repeat("A", 42) + "B"},
 		{"std base64 character", strings.Repeat("A", 41) + "+A"},
@@ -116,7 +117,7 @@ func TestChecksummedKeyWithBadBase64IsRefused(t *testing.T) {
 }
 
 func TestParseOfAChecksummedKeyDoesNotAllocate(t *testing.T) {
-	f := mustFormat(t, "mon").RejectingLegacy()
+	f := keystoretest.Format(t, "mon").RejectingLegacy()
 	full, _, _ := generate(t, f)
 	bad := full[:len(full)-1] + "!"
 	allocs := testing.AllocsPerRun(1000, func() {
@@ -153,7 +154,7 @@ func TestTheREADMEGivesTheTestedRegexp(t *testing.T) {
 }
 
 func TestScannerRegexpFindsGeneratedKeys(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	for range 500 {
 		full, _, _ := generate(t, f)
 		for _, text := range []string{full, "token=" + full + "&x=1", `"` + full + `"`, "Bearer " + full + "\n"} {
@@ -165,7 +166,7 @@ func TestScannerRegexpFindsGeneratedKeys(t *testing.T) {
 }
 
 func TestScannerRegexpSkipsNearMisses(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	full, id, secret := generate(t, f)
 	head := "mon_live_" + id + "."
 	for _, tc := range []struct{ name, text string }{
@@ -206,7 +207,7 @@ func FuzzChecksum(f *testing.F) {
 // FuzzParseChecksummed builds keys from fuzzed ids and secrets with the reference
 // checksum: Parse accepts exactly those whose parts have the right shape.
 func FuzzParseChecksummed(f *testing.F) {
-	format := mustFormat(f, "mon").RejectingLegacy()
+	format := keystoretest.Format(f, "mon").RejectingLegacy()
 	f.Add(goodID, goodSecret[:43])
 	f.Add(goodID, strings.Repeat("_", 42)+"w")
 	f.Add("short", goodSecret[:43])

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -21,7 +22,7 @@ import (
 func slowStore(t *testing.T) (*keystore.Store, string, *latencyproxy.Proxy) {
 	t.Helper()
 	direct, u := schematest.NewPool(t)
-	s := keystore.New(direct, mustFormat(t, "mon"))
+	s := keystore.New(direct, keystoretest.Format(t, "mon"))
 	_, full := create(t, s, keystore.NewKey{OrgID: newOrg(t, direct, "pro"), Name: "k", Role: keystore.RoleAdmin})
 
 	cfg, err := pgxpool.ParseConfig(u)
@@ -42,7 +43,7 @@ func slowStore(t *testing.T) (*keystore.Store, string, *latencyproxy.Proxy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return keystore.New(pool, mustFormat(t, "mon")), full, p
+	return keystore.New(pool, keystoretest.Format(t, "mon")), full, p
 }
 
 func TestASlowDatabaseInsideTheTimeoutAnswersEveryLookup(t *testing.T) {

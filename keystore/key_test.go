@@ -7,21 +7,13 @@ import (
 	"testing"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
 const (
 	goodID     = "AbCdEfGhIjKlMnOpQrStUv"
 	goodSecret = "dGhpcyBpcyBhIDMyIGJ5dGUgc2VjcmV0IGZvciB0ZXN0" // 44 chars, canonical
 )
-
-func mustFormat(t testing.TB, prefix string) keystore.Format {
-	t.Helper()
-	f, err := keystore.NewFormat(prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
 
 func TestValidPrefix(t *testing.T) {
 	for _, tc := range []struct {
@@ -49,7 +41,7 @@ func TestValidPrefix(t *testing.T) {
 }
 
 func TestGeneratedKeysParseBack(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	seen := map[string]bool{}
 	for range 200 {
 		full, id, secret, err := f.Generate()
@@ -74,7 +66,7 @@ func TestGeneratedKeysParseBack(t *testing.T) {
 }
 
 func TestParseRefusesEveryMalformedShape(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	good := "mon_live_" + goodID + "." + goodSecret
 	if _, _, ok := f.Parse(good); !ok {
 		t.Fatalf("the well-formed key %q does not parse", good)
@@ -121,7 +113,7 @@ func TestParseRefusesEveryMalformedShape(t *testing.T) {
 }
 
 func TestParseAcceptsTheWholeDocumentedRange(t *testing.T) {
-	f := mustFormat(t, "x")
+	f := keystoretest.Format(t, "x")
 	for _, key := range []string{
 		"x_live_" + strings.Repeat("Z", 16) + "." + goodSecret,
 		"x_live_" + strings.Repeat("9", 64) + "." + goodSecret,
@@ -135,7 +127,7 @@ func TestParseAcceptsTheWholeDocumentedRange(t *testing.T) {
 }
 
 func TestParseDoesNotAllocate(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	key := "mon_live_" + goodID + "." + goodSecret
 	allocs := testing.AllocsPerRun(1000, func() {
 		if _, _, ok := f.Parse(key); !ok {
@@ -148,7 +140,7 @@ func TestParseDoesNotAllocate(t *testing.T) {
 }
 
 func TestMaskShowsNoSecret(t *testing.T) {
-	f := mustFormat(t, "mon")
+	f := keystoretest.Format(t, "mon")
 	if got, want := f.Mask(goodID), "mon_live_"+goodID+".********"; got != want {
 		t.Errorf("Mask = %q, want %q", got, want)
 	}
@@ -177,7 +169,7 @@ func ExampleFormat_Parse() {
 }
 
 func FuzzParse(f *testing.F) {
-	format := mustFormat(f, "mon")
+	format := keystoretest.Format(f, "mon")
 	f.Add("mon_live_" + goodID + "." + goodSecret)
 	f.Add("mon_live_.")
 	f.Add("mon_live_" + goodID + ".." + goodSecret)

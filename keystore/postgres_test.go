@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -19,7 +20,7 @@ import (
 func newStore(t *testing.T, plan string) (*keystore.Store, *pgxpool.Pool, string) {
 	t.Helper()
 	pool, _ := schematest.NewPool(t)
-	s := keystore.New(pool, mustFormat(t, "mon"))
+	s := keystore.New(pool, keystoretest.Format(t, "mon"))
 	return s, pool, newOrg(t, pool, plan)
 }
 
@@ -83,12 +84,12 @@ func testVerifyOutcomes(t *testing.T, kind string) {
 		t.Errorf("Verify(valid) = %+v, want %+v", k, want)
 	}
 
-	keyID, secret, _ := mustFormat(t, "mon").Parse(full)
+	keyID, secret, _ := keystoretest.Format(t, "mon").Parse(full)
 	t.Run("unknown key id", func(t *testing.T) {
 		wantRefused(t, s, "mon_live_"+strings.Repeat("Q", 22)+"."+secret)
 	})
 	t.Run("wrong secret", func(t *testing.T) {
-		_, _, other, _ := mustFormat(t, "mon").Generate()
+		_, _, other, _ := keystoretest.Format(t, "mon").Generate()
 		wantRefused(t, s, "mon_live_"+keyID+"."+other)
 	})
 	t.Run("case-flipped secret", func(t *testing.T) {
@@ -109,7 +110,7 @@ func testVerifyOutcomes(t *testing.T, kind string) {
 		wantRefused(t, s, "Bearer "+full)
 	})
 	t.Run("other prefix", func(t *testing.T) {
-		other := verifiers(keystore.New(pool, mustFormat(t, "abc")))[kind]
+		other := verifiers(keystore.New(pool, keystoretest.Format(t, "abc")))[kind]
 		if _, ok, err := other.Verify(ctx, full); ok || err != nil {
 			t.Errorf("a store for prefix abc accepted a mon key: %v, %v", ok, err)
 		}
@@ -151,7 +152,7 @@ func TestVerifyTellsADeadDatabaseFromABadKey(t *testing.T) {
 	s, _, org := newStore(t, "pro")
 	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 
-	for name, ds := range verifiers(keystore.New(schematest.UnreachablePool(t), mustFormat(t, "mon"))) {
+	for name, ds := range verifiers(keystore.New(schematest.UnreachablePool(t), keystoretest.Format(t, "mon"))) {
 		if _, ok, err := ds.Verify(context.Background(), full); ok || err == nil {
 			t.Errorf("%s: Verify against a dead database = %v, %v; want an error", name, ok, err)
 		}
@@ -212,7 +213,7 @@ func TestCreateListRevoke(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT secret_hash FROM api_keys WHERE key_id = $1`, a.ID).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
-	_, secretA, _ := mustFormat(t, "mon").Parse(fullA)
+	_, secretA, _ := keystoretest.Format(t, "mon").Parse(fullA)
 	if sum := keystore.HashSecret(secretA); string(stored) != string(sum[:]) {
 		t.Errorf("stored %x, want SHA-256 of the secret", stored)
 	}
