@@ -96,41 +96,22 @@ func (d *depGauge) Set(v float64) {
 
 func newMetrics() *metrics {
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricRequests,
-			Help: "Requests the v1_gateway handler decided, by outcome.",
-		}, []string{"outcome"}),
-		lookupDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    metricLookupDuration,
-			Help:    "Time a request waited for its key lookup in PostgreSQL, batching included.",
-			Buckets: latencyBuckets,
-		}),
-		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    metricLookupBatchSize,
-			Help:    "Distinct key ids per batched key lookup query.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 10), // 1 … 512
-		}),
-		limiterDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    metricLimiterDuration,
-			Help:    "Time a request waited for its rate-limit count, pipelining included.",
-			Buckets: latencyBuckets,
-		}),
-		limiterErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricLimiterErrors,
-			Help: "Rate-limit counts that could not be made (Redis unreachable or slower than redis_timeout).",
-		}),
-		dependencyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: metricDependencyUp,
-			Help: "1 while the last attempt to use the dependency succeeded, else 0.",
-		}, []string{"dependency"}),
-		lastUsedDropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricLastUsedDropped,
-			Help: "Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached.",
-		}),
-		lastUsedFlushErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: metricLastUsedErrors,
-			Help: "Writes of last_used_at that failed or timed out; their keys are written by the next one.",
-		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricRequests,
+			Help: "Requests the v1_gateway handler decided, by outcome."}, []string{"outcome"}),
+		lookupDuration: newHistogram(metricLookupDuration,
+			"Time a request waited for its key lookup in PostgreSQL, batching included.", latencyBuckets),
+		batchSize: newHistogram(metricLookupBatchSize,
+			"Distinct key ids per batched key lookup query.", prometheus.ExponentialBuckets(1, 2, 10)), // 1 … 512
+		limiterDuration: newHistogram(metricLimiterDuration,
+			"Time a request waited for its rate-limit count, pipelining included.", latencyBuckets),
+		limiterErrors: newCounter(metricLimiterErrors,
+			"Rate-limit counts that could not be made (Redis unreachable or slower than redis_timeout)."),
+		dependencyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricDependencyUp,
+			Help: "1 while the last attempt to use the dependency succeeded, else 0."}, []string{"dependency"}),
+		lastUsedDropped: newCounter(metricLastUsedDropped,
+			"Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached."),
+		lastUsedFlushErrors: newCounter(metricLastUsedErrors,
+			"Writes of last_used_at that failed or timed out; their keys are written by the next one."),
 	}
 	// Every outcome is there from the start, at 0, so that rate() and alerts see the
 	// first request of each.
@@ -140,6 +121,16 @@ func newMetrics() *metrics {
 	m.postgres = depGauge{vec: m.dependencyUp, name: "postgres"}
 	m.redis = depGauge{vec: m.dependencyUp, name: "redis"}
 	return m
+}
+
+// newCounter and newHistogram make the collectors that have no labels, whose options
+// are only a name, a help text and, for a histogram, its buckets.
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+}
+
+func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
