@@ -149,14 +149,19 @@ func New(cfg Config) (*Verifier, error) {
 }
 
 // Refresh fetches the JWKS now, whatever RefreshInterval says: at a service's start,
-// to learn early that the URL is wrong. It does nothing with a KeyFile.
+// to learn early that the URL is wrong. A Refresh that fails does not hold back the
+// fetch of the next assertion. It does nothing with a KeyFile.
 func (v *Verifier) Refresh(ctx context.Context) error {
 	if v.cfg.JWKSURL == "" {
 		return nil
 	}
 	v.fetching.Lock()
 	defer v.fetching.Unlock()
-	return v.fetch(ctx)
+	err := v.fetch(ctx)
+	if err != nil {
+		v.fetchedAt = time.Time{}
+	}
+	return err
 }
 
 // fetch replaces the keys with those of the JWKS. It must be called with fetching
