@@ -141,44 +141,50 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
-	for _, tc := range []struct {
+	type errorCase struct {
 		name, input, want string
 		line              int
-	}{
+	}
+	cases := []errorCase{
 		{"unknown subdirective", "v1_gateway {\n\tdatabase_url x\n\tdatabse_url y\n}", "unrecognized subdirective databse_url", 3},
 		{"missing argument", "v1_gateway {\n\tdatabase_url\n}", "wrong argument count", 2},
 		{"extra argument", "v1_gateway {\n\tkey_prefix mon acme\n}", "wrong argument count", 2},
-		{"duplicate", "v1_gateway {\n\tgateway_secret a\n\tgateway_secret b\n}", "gateway_secret already specified", 3},
-		{"duplicate database_url", "v1_gateway {\n\tdatabase_url a\n\tdatabase_url b\n}", "database_url already specified", 3},
-		{"duplicate timeout", "v1_gateway {\n\tredis_timeout 1s\n\tredis_timeout 2s\n}", "redis_timeout already specified", 3},
 		{"unknown limiter_failure", "v1_gateway {\n\tlimiter_failure maybe\n}", `limiter_failure must be open, closed or local, not "maybe"`, 2},
 		{"bad duration", "v1_gateway {\n\n\tdatabase_timeout soon\n}", "parsing database_timeout", 3},
-		{"zero duration", "v1_gateway {\n\tredis_timeout 0s\n}", "redis_timeout must be positive", 2},
 		{"strip_fields without names", "v1_gateway {\n\tstrip_fields\n}", "wrong argument count", 2},
 		{"arguments on the directive", "v1_gateway postgres://x {\n}", "wrong argument count", 1},
-		{"lookup_lanes not a number", "v1_gateway {\n\tlookup_lanes many\n}", `lookup_lanes must be a positive whole number, not "many"`, 2},
-		{"lookup_lanes zero", "v1_gateway {\n\tlookup_lanes 0\n}", `lookup_lanes must be a positive whole number, not "0"`, 2},
-		{"redis_min_conns zero", "v1_gateway {\n\tredis_min_conns 0\n}", `redis_min_conns must be a positive whole number, not "0"`, 2},
-		{"database_min_conns not a number", "v1_gateway {\n\tdatabase_min_conns few\n}", `database_min_conns must be a positive whole number, not "few"`, 2},
-		{"database_dial_timeout zero", "v1_gateway {\n\tdatabase_dial_timeout 0s\n}", "database_dial_timeout must be positive", 2},
-		{"duplicate redis_dial_timeout", "v1_gateway {\n\tredis_dial_timeout 1s\n\tredis_dial_timeout 2s\n}", "redis_dial_timeout already specified", 3},
-		{"batch_linger zero", "v1_gateway {\n\tbatch_linger 0\n}", "batch_linger must be positive", 2},
-		{"duplicate batch_linger", "v1_gateway {\n\tbatch_linger 1ms\n\tbatch_linger 2ms\n}", "batch_linger already specified", 3},
-		{"duplicate lookup_lanes", "v1_gateway {\n\tlookup_lanes 1\n\tlookup_lanes 2\n}", "lookup_lanes already specified", 3},
 		{"a switch with an argument", "v1_gateway {\n\tdisable_lookup_batching yes\n}", "wrong argument count", 2},
 		{"unknown redis_mode", "v1_gateway {\n\tredis_mode ring\n}", `redis_mode must be single, cluster or sentinel, not "ring"`, 2},
-		{"duplicate redis_mode", "v1_gateway {\n\tredis_mode cluster\n\tredis_mode single\n}", "redis_mode already specified", 3},
 		{"sentinel without master_name, mode first", "v1_gateway {\n\tredis_mode sentinel\n\tredis_url redis://127.0.0.1:26379\n}", "redis_mode sentinel needs ?master_name=<name>", 3},
 		{"sentinel without master_name, url first", "v1_gateway {\n\tredis_url redis://127.0.0.1:26379\n\tredis_mode sentinel\n}", "redis_mode sentinel needs ?master_name=<name>", 3},
-		{"duplicate redis_tls_ca", "v1_gateway {\n\tredis_tls_ca a.pem\n\tredis_tls_ca b.pem\n}", "redis_tls_ca already specified", 3},
 		{"unknown legacy_keys", "v1_gateway {\n\tlegacy_keys maybe\n}", `legacy_keys must be accept or reject, not "maybe"`, 2},
-		{"duplicate legacy_keys", "v1_gateway {\n\tlegacy_keys accept\n\tlegacy_keys reject\n}", "legacy_keys already specified", 3},
 		{"last_used_interval too short", "v1_gateway {\n\tlast_used_interval 500ms\n}", "last_used_interval must be at least 1s, or off", 2},
 		{"last_used_interval zero", "v1_gateway {\n\tlast_used_interval 0\n}", "last_used_interval must be at least 1s, or off", 2},
 		{"last_used_interval not a duration", "v1_gateway {\n\tlast_used_interval never\n}", "parsing last_used_interval", 2},
-		{"duplicate last_used_interval", "v1_gateway {\n\tlast_used_interval off\n\tlast_used_interval 1m\n}", "last_used_interval already specified", 3},
 		{"duplicate switch", "v1_gateway {\n\tdisable_count_pipelining\n\tdisable_count_pipelining\n}", "disable_count_pipelining already specified", 3},
+	}
+	// An option given twice, with two valid values, is refused at its second line.
+	for _, dup := range []string{
+		"gateway_secret a b", "database_url a b", "redis_timeout 1s 2s", "redis_dial_timeout 1s 2s",
+		"batch_linger 1ms 2ms", "lookup_lanes 1 2", "redis_mode cluster single", "redis_tls_ca a.pem b.pem",
+		"legacy_keys accept reject", "last_used_interval off 1m",
 	} {
+		f := strings.Fields(dup)
+		cases = append(cases, errorCase{"duplicate " + f[0],
+			"v1_gateway {\n\t" + f[0] + " " + f[1] + "\n\t" + f[0] + " " + f[2] + "\n}", f[0] + " already specified", 3})
+	}
+	// A count must be a whole number above zero, and the message quotes what it got.
+	for _, bad := range []string{"lookup_lanes many", "lookup_lanes 0", "redis_min_conns 0", "database_min_conns few"} {
+		opt, arg, _ := strings.Cut(bad, " ")
+		cases = append(cases, errorCase{bad, "v1_gateway {\n\t" + bad + "\n}",
+			opt + " must be a positive whole number, not " + strconv.Quote(arg), 2})
+	}
+	// A timeout or a linger of zero would make every wait fail at once.
+	for _, zero := range []string{"redis_timeout 0s", "database_dial_timeout 0s", "batch_linger 0"} {
+		opt, _, _ := strings.Cut(zero, " ")
+		cases = append(cases, errorCase{zero, "v1_gateway {\n\t" + zero + "\n}", opt + " must be positive", 2})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var h Handler
 			err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
