@@ -1,4 +1,8 @@
-package upstream
+// Package cli is the upstream's command line: `upstream serve`, which serves package
+// httpapi, `upstream migrate`, and the operator's plan, org, user and member commands,
+// which write through package store (CONTRACT §7). Main parses and dispatches them;
+// cmd/upstream calls it.
+package cli
 
 import (
 	"bufio"
@@ -14,6 +18,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // Exit codes of Main.
@@ -34,7 +41,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	switch {
 	case err == nil || errors.Is(err, flag.ErrHelp):
 		return exitOK
-	case errors.Is(err, errUsage) || ErrorCode(err) == EINVALID:
+	case errors.Is(err, errUsage) || apperr.Code(err) == apperr.EINVALID:
 		fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(cliMessage(err)))
 		return exitUsage
 	default:
@@ -46,7 +53,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 // cliMessage is err as the operator reads it: the Message of an *Error, the full text
 // of anything else (the operator may see internals).
 func cliMessage(err error) string {
-	var e *Error
+	var e *apperr.Error
 	if errors.As(err, &e) {
 		return e.Message
 	}
@@ -182,14 +189,18 @@ func (c *cli) databaseURL() (string, error) {
 	return u, nil
 }
 
-// connect opens a pool of maxConns connections (0: the default of poolConfig) on
+// connect opens a pool of maxConns connections (0: the default of store.PoolConfig) on
 // DATABASE_URL, with each database wait bounded by timeout, and pings it.
 func (c *cli) connect(maxConns int32, timeout time.Duration) (*pgxpool.Pool, error) {
 	u, err := c.databaseURL()
 	if err != nil {
 		return nil, err
 	}
-	return openPool(c.ctx, u, maxConns, timeout)
+	cfg, err := store.PoolConfig(u, maxConns, timeout)
+	if err != nil {
+		return nil, errBadDatabaseURL
+	}
+	return store.Open(c.ctx, cfg)
 }
 
 // errBadDatabaseURL is a DATABASE_URL that pgx cannot parse; its text may hold a
@@ -226,7 +237,7 @@ func readPasswordLine(r io.Reader) (string, error) {
 	line = strings.TrimSuffix(line, "\n")
 	line = strings.TrimSuffix(line, "\r")
 	if line == "" {
-		return "", invalid("password", "the first line of standard input is empty")
+		return "", apperr.Invalid("password", "the first line of standard input is empty")
 	}
 	return line, nil
 }

@@ -1,4 +1,4 @@
-package upstream
+package cli
 
 import (
 	"context"
@@ -7,13 +7,14 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/keygate/keygate/schema"
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/password"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // The commands of the command line (CONTRACT §7). Each operator command parses its
-// flags, checks them once, here, and runs its write of operatorstore.go on DATABASE_URL
+// flags, checks them once, here, and runs its write of package store on DATABASE_URL
 // through withPool, which prints the result as one JSON object. serve is in serve.go.
 
 // command is one subcommand: its words ("plan put"), a line of description, and what it
@@ -34,17 +35,17 @@ var commands = []command{
 	{"member add", "make a user a member of an organisation, or change their role", (*cli).memberAdd},
 }
 
-// withPool runs op on a small pool of DATABASE_URL, each database wait bounded by
-// DefaultDatabaseTimeout, closes the pool and prints what op returns as one line of
+// withPool runs op on a store on a small pool of DATABASE_URL, each database wait
+// bounded by store.DefaultDatabaseTimeout, closes the pool and prints what op returns as one line of
 // JSON. Commands check their flags before they call it, so that bad flags are reported
 // without a database.
-func (c *cli) withPool(op func(ctx context.Context, pool *pgxpool.Pool) (any, error)) error {
-	pool, err := c.connect(2, DefaultDatabaseTimeout)
+func (c *cli) withPool(op func(ctx context.Context, st *store.Store) (any, error)) error {
+	pool, err := c.connect(2, store.DefaultDatabaseTimeout)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	out, err := op(c.ctx, pool)
+	out, err := op(c.ctx, store.New(pool))
 	if err != nil {
 		return err
 	}
@@ -64,8 +65,8 @@ func (c *cli) migrate(name string, args []string) error {
 	if err := schema.Migrate(c.ctx, dbURL); err != nil {
 		return err
 	}
-	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
-		v, err := schemaVersion(ctx, pool)
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		v, err := st.SchemaVersion(ctx)
 		return struct {
 			SchemaVersion int `json:"schema_version"`
 		}{v}, err
@@ -76,14 +77,14 @@ func (c *cli) planPut(name string, args []string) error {
 	fs := c.flags(name,
 		"--name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y",
 		"Creates plan P, or replaces all the limits of an existing plan P. Prints the plan as JSON.")
-	var p planRecord
+	var p store.Plan
 	var locations, checkTypes string
 	fs.StringVar(&p.Name, "name", "", "plan name `P`, [a-z][a-z0-9_-]{0,62} (required)")
 	fs.IntVar(&p.APIRateLimit, "api-rate-limit", 0, "API requests per key per minute, `N`: 0 no API access, -1 unlimited (required)")
 	fs.IntVar(&p.MaxMonitors, "max-monitors", 0, "live monitors per organisation, `M`: -1 for no cap (required)")
 	fs.IntVar(&p.MinIntervalSeconds, "min-interval", 0, "smallest monitor interval in seconds, `S`: 10..86400 (required)")
-	fs.StringVar(&locations, "locations", "", "comma-separated probe locations, `a,b`: "+strings.Join(monitorLocations, ",")+" (required)")
-	fs.StringVar(&checkTypes, "check-types", "", "comma-separated check types, `x,y`: "+strings.Join(monitorTypes, ",")+" (required)")
+	fs.StringVar(&locations, "locations", "", "comma-separated probe locations, `a,b`: "+strings.Join(store.MonitorLocations, ",")+" (required)")
+	fs.StringVar(&checkTypes, "check-types", "", "comma-separated check types, `x,y`: "+strings.Join(store.MonitorTypes, ",")+" (required)")
 	if err := c.parse(fs, args, "name", "api-rate-limit", "max-monitors", "min-interval", "locations", "check-types"); err != nil {
 		return err
 	}
@@ -91,8 +92,8 @@ func (c *cli) planPut(name string, args []string) error {
 	if err := checkPlan(p); err != nil {
 		return err
 	}
-	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
-		return putPlan(ctx, pool, p)
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		return st.PutPlan(ctx, p)
 	})
 }
 
@@ -107,8 +108,8 @@ func (c *cli) orgCreate(name string, args []string) error {
 	if err := checkOrgName(*orgName); err != nil {
 		return err
 	}
-	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
-		return createOrg(ctx, pool, *orgName, *planName)
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		return st.CreateOrg(ctx, *orgName, *planName)
 	})
 }
 
@@ -120,11 +121,11 @@ func (c *cli) orgSetPlan(name string, args []string) error {
 	if err := c.parse(fs, args, "org", "plan"); err != nil {
 		return err
 	}
-	if !validUUID(*orgID) {
-		return invalid("--org", "must be an org id (a UUID)")
+	if !store.ValidUUID(*orgID) {
+		return apperr.Invalid("--org", "must be an org id (a UUID)")
 	}
-	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
-		return setOrgPlan(ctx, pool, *orgID, *planName)
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		return st.SetOrgPlan(ctx, *orgID, *planName)
 	})
 }
 
@@ -144,15 +145,15 @@ example: printf '%s\n' "$PASSWORD" | upstream user create --email ada@example.co
 	if err := checkEmail(*email); err != nil {
 		return err
 	}
-	password, err := readPasswordLine(c.stdin)
+	pw, err := readPasswordLine(c.stdin)
 	if err != nil {
 		return err
 	}
-	if err := checkNewPassword(password); err != nil {
+	if err := password.CheckNew(pw); err != nil {
 		return err
 	}
-	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
-		return createUser(ctx, pool, newPasswordHasher(), *email, password)
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		return st.CreateUser(ctx, password.NewHasher(), *email, pw)
 	})
 }
 
@@ -168,42 +169,42 @@ func (c *cli) memberAdd(name string, args []string) error {
 	if err := checkMember(*orgID, *email, *role); err != nil {
 		return err
 	}
-	return c.withPool(func(ctx context.Context, pool *pgxpool.Pool) (any, error) {
-		return addMember(ctx, pool, *orgID, *email, *role)
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		return st.AddMember(ctx, *orgID, *email, *role)
 	})
 }
 
 var planNameRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,62}$`)
 
 // checkPlan reports the first thing wrong with p, naming its flag.
-func checkPlan(p planRecord) error {
+func checkPlan(p store.Plan) error {
 	switch {
 	case !planNameRE.MatchString(p.Name):
-		return invalid("--name", "must match [a-z][a-z0-9_-]{0,62}")
+		return apperr.Invalid("--name", "must match [a-z][a-z0-9_-]{0,62}")
 	case p.APIRateLimit < -1:
-		return invalid("--api-rate-limit", "must be -1 (unlimited), 0 (no API access) or a positive number of requests a minute")
+		return apperr.Invalid("--api-rate-limit", "must be -1 (unlimited), 0 (no API access) or a positive number of requests a minute")
 	case p.MaxMonitors < -1:
-		return invalid("--max-monitors", "must be -1 (no cap) or a number of monitors")
-	case p.MinIntervalSeconds < minInterval || p.MinIntervalSeconds > maxInterval:
-		return invalid("--min-interval", "must be from %d to %d seconds", minInterval, maxInterval)
+		return apperr.Invalid("--max-monitors", "must be -1 (no cap) or a number of monitors")
+	case p.MinIntervalSeconds < store.MinInterval || p.MinIntervalSeconds > store.MaxInterval:
+		return apperr.Invalid("--min-interval", "must be from %d to %d seconds", store.MinInterval, store.MaxInterval)
 	}
-	if err := checkList("--locations", p.Locations, monitorLocations); err != nil {
+	if err := checkList("--locations", p.Locations, store.MonitorLocations); err != nil {
 		return err
 	}
-	return checkList("--check-types", p.CheckTypes, monitorTypes)
+	return checkList("--check-types", p.CheckTypes, store.MonitorTypes)
 }
 
 // checkList checks that list is non-empty, without repeats, and drawn from known.
 func checkList(flag string, list, known []string) error {
 	if len(list) == 0 {
-		return invalid(flag, "must list at least one of %s", strings.Join(known, ","))
+		return apperr.Invalid(flag, "must list at least one of %s", strings.Join(known, ","))
 	}
 	for i, v := range list {
 		if !slices.Contains(known, v) {
-			return invalid(flag, "unknown value %q; known: %s", v, strings.Join(known, ","))
+			return apperr.Invalid(flag, "unknown value %q; known: %s", v, strings.Join(known, ","))
 		}
 		if slices.Contains(list[:i], v) {
-			return invalid(flag, "lists %q more than once", v)
+			return apperr.Invalid(flag, "lists %q more than once", v)
 		}
 	}
 	return nil
@@ -212,7 +213,7 @@ func checkList(flag string, list, known []string) error {
 // checkOrgName checks an organisation's name: 1 to 200 characters, no control ones.
 func checkOrgName(name string) error {
 	if n := len([]rune(name)); n < 1 || n > 200 || strings.IndexFunc(name, unicode.IsControl) >= 0 {
-		return invalid("--name", "must be 1 to 200 characters, none of them control characters")
+		return apperr.Invalid("--name", "must be 1 to 200 characters, none of them control characters")
 	}
 	return nil
 }
@@ -224,18 +225,18 @@ func checkEmail(email string) error {
 	at := strings.LastIndexByte(email, '@')
 	if len(email) < 3 || len(email) > 254 || at < 1 || at == len(email)-1 ||
 		strings.IndexFunc(email, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
-		return invalid("--email", "must be an email address")
+		return apperr.Invalid("--email", "must be an email address")
 	}
 	return nil
 }
 
-// checkMember checks the input of addMember.
+// checkMember checks the input of `member add`.
 func checkMember(orgID, email, role string) error {
 	switch {
-	case !validUUID(orgID):
-		return invalid("--org", "must be an org id (a UUID)")
-	case !validMemberRole(role):
-		return invalid("--role", "must be one of Owner, Admin, Editor, Viewer")
+	case !store.ValidUUID(orgID):
+		return apperr.Invalid("--org", "must be an org id (a UUID)")
+	case !store.ValidMemberRole(role):
+		return apperr.Invalid("--role", "must be one of Owner, Admin, Editor, Viewer")
 	}
 	return checkEmail(email)
 }

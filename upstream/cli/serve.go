@@ -1,4 +1,4 @@
-package upstream
+package cli
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -16,11 +17,9 @@ import (
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema"
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/store"
 )
-
-// requiredSchemaVersion is the newest migration of schema/ this code relies
-// on; serve refuses an older database rather than fail on its first request.
-const requiredSchemaVersion = 3
 
 // shutdownTimeout is how long serve waits for requests in flight after SIGINT or SIGTERM.
 const shutdownTimeout = 15 * time.Second
@@ -33,19 +32,19 @@ X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, 
 requests must carry both.
 Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	addr := fs.String("addr", "127.0.0.1:9000", "`address` to listen on")
-	ttl := fs.Duration("session-ttl", DefaultSessionTTL, "lifetime of a login `session`")
+	ttl := fs.Duration("session-ttl", httpapi.DefaultSessionTTL, "lifetime of a login `session`")
 	prefixDefault := c.getenv("KEY_PREFIX")
 	if prefixDefault == "" {
 		prefixDefault = keystore.DefaultPrefix
 	}
 	prefix := fs.String("key-prefix", prefixDefault, "`prefix` of the API keys created, as configured in the gateway (env KEY_PREFIX)")
 	secureCookies := fs.Bool("secure-cookies", false, "mark the session cookie Secure even on plain-HTTP requests, for use behind a proxy that terminates TLS")
-	trusted := fs.String("trusted-proxies", DefaultTrustedProxies, "comma-separated `CIDRs` of the proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (empty: none)")
-	dbTimeout := fs.Duration("database-timeout", DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
-	purgeEvery := fs.Duration("purge-interval", DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
-	loginWindow := fs.Duration("login-window", DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
-	perEmail := fs.Int("login-failures-per-email", DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
-	perClient := fs.Int("login-failures-per-client", DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
+	trusted := fs.String("trusted-proxies", defaultTrustedProxies, "comma-separated `CIDRs` of the proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (empty: none)")
+	dbTimeout := fs.Duration("database-timeout", store.DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
+	purgeEvery := fs.Duration("purge-interval", httpapi.DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
+	loginWindow := fs.Duration("login-window", store.DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
+	perEmail := fs.Int("login-failures-per-email", store.DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
+	perClient := fs.Int("login-failures-per-client", store.DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
 	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
 	leakToken := fs.String("leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
 	jwks := fs.String("gateway-jwks", c.getenv("GATEWAY_JWKS"), "the gateway's public keys, to verify the signed identity of /v1 requests (X-Gateway-Identity): a JWKS `URL` (http:// or https://, the gateway's /.well-known/jwks.json) or a PEM file (env GATEWAY_JWKS; default: none, GATEWAY_SECRET alone)")
@@ -69,8 +68,8 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	if *perEmail <= 0 || *perClient <= 0 {
 		return usageErrorf("--login-failures-per-email and --login-failures-per-client must be positive")
 	}
-	if *leakToken != "" && len(*leakToken) < minLeakReportToken {
-		return usageErrorf("--leak-report-token must be at least %d characters", minLeakReportToken)
+	if *leakToken != "" && len(*leakToken) < httpapi.MinLeakReportToken {
+		return usageErrorf("--leak-report-token must be at least %d characters", httpapi.MinLeakReportToken)
 	}
 	proxies, err := parseTrustedProxies(*trusted)
 	if err != nil {
@@ -124,14 +123,14 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	if err := checkSchema(c.ctx, pool); err != nil {
 		return err
 	}
-	var metrics *Metrics
+	var metrics *httpapi.Metrics
 	if *adminAddr != "" {
-		metrics = NewMetrics(pool)
+		metrics = httpapi.NewMetrics(pool)
 	}
-	srv, err := NewServer(Config{Pool: pool, Logger: logger, GatewaySecret: secret, Identity: identity, KeyFormat: format,
+	srv, err := httpapi.NewServer(httpapi.Config{Pool: pool, Logger: logger, GatewaySecret: secret, Identity: identity, KeyFormat: format,
 		SessionTTL: *ttl, SecureCookies: *secureCookies, TrustedProxies: proxies, Metrics: metrics,
 		LeakReportToken: *leakToken,
-		LoginThrottle:   LoginThrottle{Window: *loginWindow, PerEmail: *perEmail, PerClient: *perClient}})
+		LoginThrottle:   store.LoginThrottle{Window: *loginWindow, PerEmail: *perEmail, PerClient: *perClient}})
 	if err != nil {
 		return err
 	}
@@ -191,13 +190,13 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 // checkSchema fails when the database lacks the schema this code needs, with the
 // command that fixes it.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	v, err := schemaVersion(ctx, pool)
+	v, err := store.New(pool).SchemaVersion(ctx)
 	if err != nil {
 		return err
 	}
-	if v < requiredSchemaVersion {
+	if v < store.RequiredSchemaVersion {
 		return fmt.Errorf("the database schema is at version %d and this program needs %d: run `upstream migrate` first (or serve --migrate)",
-			v, requiredSchemaVersion)
+			v, store.RequiredSchemaVersion)
 	}
 	return nil
 }
@@ -209,4 +208,54 @@ func newLogger(w io.Writer) *zap.Logger {
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
 	out := zapcore.Lock(zapcore.AddSync(w))
 	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), out, zap.InfoLevel), zap.ErrorOutput(out))
+}
+
+// defaultTrustedProxies is serve's --trusted-proxies when not given: the loopback
+// networks, where a Caddy on the same machine connects from.
+const defaultTrustedProxies = "127.0.0.0/8,::1/128"
+
+// parseTrustedProxies parses a comma-separated list of CIDR prefixes or bare addresses
+// (a bare address is its own /32 or /128). An empty list trusts no proxy.
+func parseTrustedProxies(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, item := range splitList(s) {
+		if p, err := netip.ParsePrefix(item); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(item)
+		if err != nil {
+			return nil, fmt.Errorf("%q is neither a CIDR prefix nor an IP address", item)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
+// serveAdmin serves httpapi.AdminHandler on addr until the returned stop is called, which
+// waits up to shutdownTimeout for the requests in flight.
+func serveAdmin(addr string, pool *pgxpool.Pool, m *httpapi.Metrics, logger *zap.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on --admin-addr: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           httpapi.AdminHandler(pool, m),
+		ReadHeaderTimeout: 10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          zap.NewStdLog(logger.Named("admin")),
+	}
+	logger.Info("serving admin endpoints", zap.String("admin_addr", ln.Addr().String()))
+	go func() {
+		if err := hs.Serve(ln); err != nil && err != http.ErrServerClosed {
+			logger.Error("admin endpoints stopped", zap.Error(err))
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		_ = hs.Shutdown(ctx)
+	}, nil
 }

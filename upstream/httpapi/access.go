@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"context"
@@ -8,20 +8,9 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/store"
 )
-
-// Member roles. Owner exists only for people; keys are Admin, Editor or Viewer.
-const (
-	roleOwner  = "Owner"
-	roleAdmin  = "Admin"
-	roleEditor = "Editor"
-	roleViewer = "Viewer"
-)
-
-// validMemberRole reports whether role is a membership role.
-func validMemberRole(role string) bool {
-	return role == roleOwner || role == roleAdmin || role == roleEditor || role == roleViewer
-}
 
 // principal is who a request acts for, whichever door it came through: an organisation
 // and a role in it, with the user (dashboard) or key (gateway) behind it.
@@ -34,27 +23,27 @@ type principal struct {
 
 // canWriteMonitors reports whether p may create, change and delete monitors.
 func (p principal) canWriteMonitors() bool {
-	return p.role == roleOwner || p.role == roleAdmin || p.role == roleEditor
+	return p.role == store.RoleOwner || p.role == store.RoleAdmin || p.role == store.RoleEditor
 }
 
 // canManageKeys reports whether p holds api_key:manage.
 func (p principal) canManageKeys() bool {
-	return p.role == roleOwner || p.role == roleAdmin
+	return p.role == store.RoleOwner || p.role == store.RoleAdmin
 }
 
 // member authenticates r's session and its membership of the path's {orgId}, in the
-// contract's order: no live session is errUnauthenticated (401); an orgId that is
-// malformed, unknown or not the user's is errNotFound (404).
+// contract's order: no live session is apperr.ErrUnauthenticated (401); an orgId that is
+// malformed, unknown or not the user's is apperr.ErrNotFound (404).
 func (s *Server) member(r *http.Request) (principal, error) {
 	userID, err := s.authenticate(r)
 	if err != nil {
 		return principal{}, err
 	}
 	orgID := r.PathValue("orgId")
-	if !validUUID(orgID) {
-		return principal{}, errNotFound
+	if !store.ValidUUID(orgID) {
+		return principal{}, apperr.ErrNotFound
 	}
-	role, err := s.memberRole(r.Context(), orgID, userID)
+	role, err := s.store.MemberRole(r.Context(), orgID, userID)
 	if err != nil {
 		return principal{}, err
 	}
@@ -79,7 +68,7 @@ func (s *Server) memberRoute(may func(principal) bool, h principalHandler) http.
 			return err
 		}
 		if !may(p) {
-			return errForbidden
+			return apperr.ErrForbidden
 		}
 		return h(w, r, p)
 	})
@@ -99,10 +88,10 @@ func (s *Server) gatewayRoute(may func(principal) bool, h principalHandler) http
 		p, ok := r.Context().Value(principalKey{}).(principal)
 		if !ok {
 			// gatewayAuth runs before every /v1 route; this is a wiring mistake.
-			return errKeyUnauth
+			return apperr.ErrKeyUnauth
 		}
 		if !may(p) {
-			return errForbidden
+			return apperr.ErrForbidden
 		}
 		return h(w, r, p)
 	})
@@ -129,7 +118,7 @@ func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 		if !ok {
 			// The same challenge as the gateway's own 401 (CONTRACT §2).
 			w.Header().Set("WWW-Authenticate", "Bearer")
-			s.writeError(w, r, errKeyUnauth)
+			s.writeError(w, r, apperr.ErrKeyUnauth)
 			return
 		}
 		info := infoOf(r.Context())
@@ -159,7 +148,7 @@ func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal
 			return principal{}, false
 		}
 		id, err := s.identity.Verify(ctx, assertions[0])
-		if err != nil || !validUUID(id.OrgID) || !keystore.ValidKeyID(id.KeyID) {
+		if err != nil || !store.ValidUUID(id.OrgID) || !keystore.ValidKeyID(id.KeyID) {
 			return principal{}, false
 		}
 		return principal{orgID: id.OrgID, keyID: id.KeyID, role: id.Role}, true
@@ -169,30 +158,8 @@ func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal
 		return principal{}, false
 	}
 	p := principal{orgID: orgIDs[0], keyID: keyIDs[0], role: roles[0]}
-	if !validUUID(p.orgID) || !keystore.ValidKeyID(p.keyID) || !keystore.Role(p.role).Valid() {
+	if !store.ValidUUID(p.orgID) || !keystore.ValidKeyID(p.keyID) || !keystore.Role(p.role).Valid() {
 		return principal{}, false
 	}
 	return p, true
-}
-
-// validUUID reports whether s is a UUID in its canonical textual form,
-// 8-4-4-4-12 hexadecimal digits of either case.
-func validUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-				return false
-			}
-		}
-	}
-	return true
 }

@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
 // keyJSON is a key in the dashboard's list: never its secret, never its hash.
@@ -42,15 +43,15 @@ func (s *Server) keyWriteBody(w http.ResponseWriter, r *http.Request, p principa
 	return readBody(w, r)
 }
 
-// checkAPIAccess returns errAPIFeatureGated when p's organisation's plan has no API
+// checkAPIAccess returns apperr.ErrAPIFeatureGated when p's organisation's plan has no API
 // access (api_rate_limit 0): keys can then be neither created nor rolled.
 func (s *Server) checkAPIAccess(ctx context.Context, p principal) error {
-	rateLimit, err := s.apiRateLimit(ctx, p.orgID)
+	rateLimit, err := s.store.APIRateLimit(ctx, p.orgID)
 	if err != nil {
 		return err
 	}
 	if rateLimit == 0 {
-		return errAPIFeatureGated
+		return apperr.ErrAPIFeatureGated
 	}
 	return nil
 }
@@ -109,7 +110,7 @@ func (s *Server) decodeNewKey(body []byte) (keystore.NewKey, error) {
 			var role string
 			role, err = decodeString(name, raw)
 			if err == nil && !keystore.Role(role).Valid() {
-				err = invalid(name, "must be one of Admin, Editor, Viewer")
+				err = apperr.Invalid(name, "must be one of Admin, Editor, Viewer")
 			}
 			nk.Role = keystore.Role(role)
 			haveRole = true
@@ -120,11 +121,11 @@ func (s *Server) decodeNewKey(body []byte) (keystore.NewKey, error) {
 			var t time.Time
 			t, err = decodeTime(name, raw)
 			if err == nil && !t.After(s.now()) {
-				err = invalid(name, "must be in the future")
+				err = apperr.Invalid(name, "must be in the future")
 			}
 			nk.ExpiresAt = &t
 		default:
-			err = invalid(name, "unknown field")
+			err = apperr.Invalid(name, "unknown field")
 		}
 		return err
 	})
@@ -132,9 +133,9 @@ func (s *Server) decodeNewKey(body []byte) (keystore.NewKey, error) {
 	case err != nil:
 		return keystore.NewKey{}, err
 	case !haveName:
-		return keystore.NewKey{}, invalid("name", "required")
+		return keystore.NewKey{}, apperr.Invalid("name", "required")
 	case !haveRole:
-		return keystore.NewKey{}, invalid("role", "required")
+		return keystore.NewKey{}, apperr.Invalid("role", "required")
 	}
 	return nk, nil
 }
@@ -176,7 +177,7 @@ func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request, p princ
 	return nil
 }
 
-// revokeKey revokes p's organisation's key keyID as p: errNotFound for a key id that is
+// revokeKey revokes p's organisation's key keyID as p: apperr.ErrNotFound for a key id that is
 // not the org's.
 func (s *Server) revokeKey(ctx context.Context, p principal, keyID string) error {
 	found, err := s.keys.Revoke(ctx, p.orgID, keyID, p.userID)
@@ -184,13 +185,13 @@ func (s *Server) revokeKey(ctx context.Context, p principal, keyID string) error
 		return err
 	}
 	if !found {
-		return errNotFound
+		return apperr.ErrNotFound
 	}
 	return nil
 }
 
 // errKeyNotLive is the roll of a revoked or expired key.
-var errKeyNotLive = &Error{Code: ECONFLICT, Message: "the key is revoked or expired and cannot be rolled"}
+var errKeyNotLive = &apperr.Error{Code: apperr.ECONFLICT, Message: "the key is revoked or expired and cannot be rolled"}
 
 // handleRollKey answers POST /orgs/{orgId}/api-keys/{id}/roll {"grace_seconds"?}: 201
 // with a new key of the old one's name, role and expiry, shown once, while the old key
@@ -220,7 +221,7 @@ func (s *Server) rollKey(ctx context.Context, p principal, keyID string, body []
 	rec, full, err := s.keys.Roll(ctx, p.orgID, keyID, grace, p.userID)
 	switch {
 	case errors.Is(err, keystore.ErrNotFound):
-		return keystore.Record{}, "", errNotFound
+		return keystore.Record{}, "", apperr.ErrNotFound
 	case errors.Is(err, keystore.ErrNotLive):
 		return keystore.Record{}, "", errKeyNotLive
 	}
@@ -237,11 +238,11 @@ func decodeRoll(body []byte) (time.Duration, error) {
 	var secs int
 	err := decodeObject(body, func(name string, raw json.RawMessage) error {
 		if name != "grace_seconds" {
-			return invalid(name, "unknown field")
+			return apperr.Invalid(name, "unknown field")
 		}
 		n, err := decodeInt(name, raw)
 		if err == nil && (n < 0 || n > maxSecs) {
-			err = invalid(name, "must be an integer from 0 to %d", maxSecs)
+			err = apperr.Invalid(name, "must be an integer from 0 to %d", maxSecs)
 		}
 		secs = n
 		return err

@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"encoding/base64"
@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
 // eventJSON is one audit event as the dashboard shows it. new_key_id appears on
@@ -73,10 +74,10 @@ func encodeEventCursor(id int64) string {
 	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(id, 10)))
 }
 
-// decodeEventCursor is the inverse of encodeEventCursor; anything else is an EINVALID
+// decodeEventCursor is the inverse of encodeEventCursor; anything else is an apperr.EINVALID
 // error naming "cursor".
 func decodeEventCursor(s string) (int64, error) {
-	bad := invalid("cursor", "is not a cursor this API returned")
+	bad := apperr.Invalid("cursor", "is not a cursor this API returned")
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
 	if err != nil || len(raw) < 2 || raw[0] != 'e' {
 		return 0, bad

@@ -1,35 +1,11 @@
-package upstream
+package httpapi
 
 import (
-	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 )
-
-// DefaultTrustedProxies is serve's --trusted-proxies when not given: the loopback
-// networks, where a Caddy on the same machine connects from.
-const DefaultTrustedProxies = "127.0.0.0/8,::1/128"
-
-// parseTrustedProxies parses a comma-separated list of CIDR prefixes or bare addresses
-// (a bare address is its own /32 or /128). An empty list trusts no proxy.
-func parseTrustedProxies(s string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, item := range splitList(s) {
-		if p, err := netip.ParsePrefix(item); err == nil {
-			out = append(out, p.Masked())
-			continue
-		}
-		a, err := netip.ParseAddr(item)
-		if err != nil {
-			return nil, fmt.Errorf("%q is neither a CIDR prefix nor an IP address", item)
-		}
-		a = a.Unmap()
-		out = append(out, netip.PrefixFrom(a, a.BitLen()))
-	}
-	return out, nil
-}
 
 // fromTrustedProxy reports whether r's connection comes from one of the trusted
 // proxies, and returns the connection's address.

@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // The dashboard is the JSON API's second door, for a person in a browser
@@ -26,16 +28,16 @@ import (
 // cross-origin protection as the JSON API (routes), and the session cookie is the
 // same SameSite=Lax cookie.
 
-//go:embed httpapi/web
+//go:embed web
 var webFiles embed.FS
 
 // pages holds the dashboard's templates, one per page ("login", "orgs", "keys",
 // "revoke", "audit", "error"), each sharing "head" and "foot".
-var pages = template.Must(template.New("").ParseFS(webFiles, "httpapi/web/*.html"))
+var pages = template.Must(template.New("").ParseFS(webFiles, "web/*.html"))
 
 // staticFiles are the stylesheet and script the pages load, from this origin only.
 var staticFiles = func() fs.FS {
-	sub, err := fs.Sub(webFiles, "httpapi/web/static")
+	sub, err := fs.Sub(webFiles, "web/static")
 	if err != nil {
 		panic(err) // the embed pattern above guarantees the directory
 	}
@@ -74,11 +76,11 @@ type pageData struct {
 	Error     string
 	User      bool // a user is logged in: the bar shows the navigation and log out
 	MultiOrg  bool // the user belongs to several organisations
-	Org       *orgMembership
+	Org       *store.OrgMembership
 	CanManage bool // the user may manage the org's keys (api_key:manage)
 
 	Email      string // login: the address typed, kept after an error
-	Orgs       []orgMembership
+	Orgs       []store.OrgMembership
 	Keys       []keyView
 	Key        keyView // revoke: the key to confirm
 	NewKey     *newKeyView
@@ -133,7 +135,7 @@ func (s *Server) page(h pageFunc) http.HandlerFunc {
 			return
 		}
 		e := s.callerError(r, err)
-		if e.Code == ERATELIMITED {
+		if e.Code == apperr.ERATELIMITED {
 			hd.Set("Retry-After", strconv.Itoa(e.RetryAfter))
 		}
 		if data == nil {
@@ -145,27 +147,27 @@ func (s *Server) page(h pageFunc) http.HandlerFunc {
 }
 
 // pageMessage says e in words for the person at the page.
-func pageMessage(e *Error) string {
+func pageMessage(e *apperr.Error) string {
 	switch {
-	case e == errBadCredentials:
+	case e == apperr.ErrBadCredentials:
 		return "Wrong email or password."
-	case e.Code == ERATELIMITED:
+	case e.Code == apperr.ERATELIMITED:
 		return fmt.Sprintf("Too many failed logins. Try again in %d seconds.", e.RetryAfter)
-	case e.Code == EFEATUREGATED && e.Detail == "api":
+	case e.Code == apperr.EFEATUREGATED && e.Detail == "api":
 		return "Your organisation's plan has no API access, so it cannot create or roll API keys. Upgrade the plan to use the API."
-	case e.Code == EINVALID:
+	case e.Code == apperr.EINVALID:
 		return "Please check the form: " + e.Message + "."
-	case e.Code == EFORBIDDEN:
+	case e.Code == apperr.EFORBIDDEN:
 		return "Only Owners and Admins may manage this organisation's API keys."
-	case e.Code == ENOTFOUND:
+	case e.Code == apperr.ENOTFOUND:
 		return "There is no such page, or it is not yours to see."
-	case e.Code == ECONFLICT:
+	case e.Code == apperr.ECONFLICT:
 		return strings.ToUpper(e.Message[:1]) + e.Message[1:] + "."
-	case e.Code == EUNAUTHORIZED:
+	case e.Code == apperr.EUNAUTHORIZED:
 		return "Please log in."
-	case e.Code == ETOOLARGE:
+	case e.Code == apperr.ETOOLARGE:
 		return "The form sent was too large."
-	case e.Code == EUNAVAILABLE:
+	case e.Code == apperr.EUNAVAILABLE:
 		return "The service is unavailable right now. Please try again shortly."
 	}
 	return "Something went wrong on our side. Please try again."
@@ -200,7 +202,7 @@ func readForm(w http.ResponseWriter, r *http.Request) (url.Values, error) {
 	}
 	v, err := url.ParseQuery(string(body))
 	if err != nil {
-		return nil, invalid("form", "could not be read")
+		return nil, apperr.Invalid("form", "could not be read")
 	}
 	return v, nil
 }
@@ -210,14 +212,14 @@ func readForm(w http.ResponseWriter, r *http.Request) (url.Values, error) {
 // with ?choose=1).
 func (s *Server) pageHome(w http.ResponseWriter, r *http.Request) (string, *pageData, error) {
 	userID, err := s.authenticate(r)
-	if errors.Is(err, errUnauthenticated) {
+	if errors.Is(err, apperr.ErrUnauthenticated) {
 		s.render(w, http.StatusOK, "login", &pageData{Title: "Log in"})
 		return "", nil, nil
 	}
 	if err != nil {
 		return "", nil, err
 	}
-	orgs, err := s.userOrgs(r.Context(), userID)
+	orgs, err := s.store.UserOrgs(r.Context(), userID)
 	if err != nil {
 		return "", nil, err
 	}
@@ -243,9 +245,9 @@ func (s *Server) pageLogin(w http.ResponseWriter, r *http.Request) (string, *pag
 	data.Email = email
 	switch {
 	case email == "":
-		return "login", data, invalid("email", "required")
+		return "login", data, apperr.Invalid("email", "required")
 	case password == "":
-		return "login", data, invalid("password", "required")
+		return "login", data, apperr.Invalid("password", "required")
 	}
 	if err := s.logIn(w, r, email, password); err != nil {
 		return "login", data, err
@@ -268,20 +270,20 @@ func (s *Server) pageLogout(w http.ResponseWriter, r *http.Request) (string, *pa
 // redirects to the login form and returns ok false.
 func (s *Server) orgPage(w http.ResponseWriter, r *http.Request, title string) (principal, *pageData, bool, error) {
 	p, err := s.member(r)
-	if errors.Is(err, errUnauthenticated) {
+	if errors.Is(err, apperr.ErrUnauthenticated) {
 		seeOther(w, "/dashboard")
 		return principal{}, nil, false, nil
 	}
 	if err != nil {
 		return principal{}, nil, false, err
 	}
-	orgs, err := s.userOrgs(r.Context(), p.userID)
+	orgs, err := s.store.UserOrgs(r.Context(), p.userID)
 	if err != nil {
 		return principal{}, nil, false, err
 	}
 	data := &pageData{
 		Title: title, User: true, MultiOrg: len(orgs) > 1, CanManage: p.canManageKeys(),
-		Org: &orgMembership{ID: p.orgID, Role: p.role}, Roles: keyRoles,
+		Org: &store.OrgMembership{ID: p.orgID, Role: p.role}, Roles: keyRoles,
 		Form: keyForm{Role: string(keystore.RoleViewer)},
 	}
 	for i := range orgs {
@@ -296,7 +298,7 @@ func (s *Server) orgPage(w http.ResponseWriter, r *http.Request, title string) (
 func (s *Server) managerPage(w http.ResponseWriter, r *http.Request, title string) (principal, *pageData, bool, error) {
 	p, data, ok, err := s.orgPage(w, r, title)
 	if ok && !p.canManageKeys() {
-		return p, nil, false, errForbidden
+		return p, nil, false, apperr.ErrForbidden
 	}
 	return p, data, ok, err
 }
@@ -389,7 +391,7 @@ func (s *Server) createFromForm(r *http.Request, p principal, f keyForm) (keysto
 	if f.Expires != "" {
 		t, err := time.Parse(formExpiry, f.Expires)
 		if err != nil {
-			return keystore.Record{}, "", invalid("expires_at", "must be a date and time")
+			return keystore.Record{}, "", apperr.Invalid("expires_at", "must be a date and time")
 		}
 		body["expires_at"] = t.UTC().Format(time.RFC3339)
 	}
@@ -404,7 +406,7 @@ func (s *Server) createFromForm(r *http.Request, p principal, f keyForm) (keysto
 // answer err with; errors of the database are the error page's.
 func (s *Server) keysWithError(w http.ResponseWriter, r *http.Request, p principal, data *pageData, err error) (string, *pageData, error) {
 	e := s.callerError(r, err)
-	if e.Code == EUNAVAILABLE || e.Code == EINTERNAL {
+	if e.Code == apperr.EUNAVAILABLE || e.Code == apperr.EINTERNAL {
 		return "", nil, err
 	}
 	data.Error = pageMessage(e)
@@ -429,7 +431,7 @@ func (s *Server) pageConfirmRevoke(w http.ResponseWriter, r *http.Request) (stri
 			return "", nil, nil
 		}
 	}
-	return "", nil, errNotFound
+	return "", nil, apperr.ErrNotFound
 }
 
 // pageRevoke answers the confirmation: revokeKey, as DELETE /orgs/{orgId}/api-keys/{id},
@@ -470,7 +472,7 @@ func (s *Server) rollFromForm(r *http.Request, p principal, grace string) (keyst
 	if grace != "" {
 		n, err := strconv.Atoi(grace)
 		if err != nil {
-			return keystore.Record{}, "", invalid("grace_seconds", "must be a whole number of seconds")
+			return keystore.Record{}, "", apperr.Invalid("grace_seconds", "must be a whole number of seconds")
 		}
 		body = []byte(`{"grace_seconds":` + strconv.Itoa(n) + `}`)
 	}
@@ -513,7 +515,7 @@ func (s *Server) pageAudit(w http.ResponseWriter, r *http.Request) (string, *pag
 func (s *Server) pageStatic(w http.ResponseWriter, r *http.Request) (string, *pageData, error) {
 	name := r.PathValue("file")
 	if _, err := fs.Stat(staticFiles, name); err != nil {
-		return "", nil, errNotFound
+		return "", nil, apperr.ErrNotFound
 	}
 	w.Header().Set("Cache-Control", "no-cache")
 	http.ServeFileFS(w, r, staticFiles, name)

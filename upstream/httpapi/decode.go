@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"bytes"
@@ -10,38 +10,40 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
 // decodeObject reads body as exactly one JSON object and calls field for each of its
 // members in document order, stopping at the first error. A body that is not one
 // object, has anything but white space after it, or repeats a member name is an
-// EINVALID error naming "body" or the repeated field.
+// apperr.EINVALID error naming "body" or the repeated field.
 func decodeObject(body []byte, field func(name string, raw json.RawMessage) error) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil {
-		return invalid("body", "must be a JSON object")
+		return apperr.Invalid("body", "must be a JSON object")
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return invalid("body", "must be a JSON object")
+		return apperr.Invalid("body", "must be a JSON object")
 	}
 	seen := make(map[string]bool)
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return invalid("body", "is not valid JSON")
+			return apperr.Invalid("body", "is not valid JSON")
 		}
 		name, ok := tok.(string)
 		if !ok {
-			return invalid("body", "is not valid JSON")
+			return apperr.Invalid("body", "is not valid JSON")
 		}
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return invalid("body", "is not valid JSON")
+			return apperr.Invalid("body", "is not valid JSON")
 		}
 		if seen[name] {
-			return invalid(name, "appears more than once")
+			return apperr.Invalid(name, "appears more than once")
 		}
 		seen[name] = true
 		if err := field(name, raw); err != nil {
@@ -49,10 +51,10 @@ func decodeObject(body []byte, field func(name string, raw json.RawMessage) erro
 		}
 	}
 	if _, err := dec.Token(); err != nil {
-		return invalid("body", "is not valid JSON")
+		return apperr.Invalid("body", "is not valid JSON")
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return invalid("body", "must hold a single JSON object and nothing after it")
+		return apperr.Invalid("body", "must hold a single JSON object and nothing after it")
 	}
 	return nil
 }
@@ -80,11 +82,11 @@ func kindOf(raw json.RawMessage) string {
 // decodeString decodes raw, which must be a JSON string (not null).
 func decodeString(name string, raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || raw[0] != '"' {
-		return "", invalid(name, "must be a string, not %s", kindOf(raw))
+		return "", apperr.Invalid(name, "must be a string, not %s", kindOf(raw))
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", invalid(name, "must be a string")
+		return "", apperr.Invalid(name, "must be a string")
 	}
 	return s, nil
 }
@@ -97,11 +99,11 @@ func decodeText(name string, raw json.RawMessage, minLen, maxLen int) (string, e
 		return "", err
 	}
 	if n := utf8.RuneCountInString(s); n < minLen || n > maxLen {
-		return "", invalid(name, "must be %d to %d characters long", minLen, maxLen)
+		return "", apperr.Invalid(name, "must be %d to %d characters long", minLen, maxLen)
 	}
 	for _, r := range s {
 		if unicode.IsControl(r) {
-			return "", invalid(name, "must not contain control characters")
+			return "", apperr.Invalid(name, "must not contain control characters")
 		}
 	}
 	return s, nil
@@ -111,11 +113,11 @@ func decodeText(name string, raw json.RawMessage, minLen, maxLen int) (string, e
 // exponent, not a string).
 func decodeInt(name string, raw json.RawMessage) (int, error) {
 	if len(raw) == 0 || !(raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
-		return 0, invalid(name, "must be an integer, not %s", kindOf(raw))
+		return 0, apperr.Invalid(name, "must be an integer, not %s", kindOf(raw))
 	}
 	n, err := strconv.ParseInt(string(raw), 10, 32)
 	if err != nil {
-		return 0, invalid(name, "must be an integer")
+		return 0, apperr.Invalid(name, "must be an integer")
 	}
 	return int(n), nil
 }
@@ -128,7 +130,7 @@ func decodeBool(name string, raw json.RawMessage) (bool, error) {
 	case "false":
 		return false, nil
 	}
-	return false, invalid(name, "must be a boolean, not %s", kindOf(raw))
+	return false, apperr.Invalid(name, "must be a boolean, not %s", kindOf(raw))
 }
 
 // decodeTime decodes an RFC 3339 timestamp string.
@@ -139,7 +141,7 @@ func decodeTime(name string, raw json.RawMessage) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return time.Time{}, invalid(name, "must be an RFC 3339 timestamp")
+		return time.Time{}, apperr.Invalid(name, "must be an RFC 3339 timestamp")
 	}
 	return t, nil
 }
@@ -158,20 +160,20 @@ func decodeFreeJSON(name string, raw json.RawMessage, want byte) ([]byte, error)
 		if want == '[' {
 			kind = "an array"
 		}
-		return nil, invalid(name, "must be %s, not %s", kind, kindOf(raw))
+		return nil, apperr.Invalid(name, "must be %s, not %s", kind, kindOf(raw))
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return nil, invalid(name, "is not valid JSON")
+		return nil, apperr.Invalid(name, "is not valid JSON")
 	}
 	if err := storableJSON(name, v, 0); err != nil {
 		return nil, err
 	}
 	out, err := json.Marshal(v)
 	if err != nil {
-		return nil, invalid(name, "is not valid JSON")
+		return nil, apperr.Invalid(name, "is not valid JSON")
 	}
 	return out, nil
 }
@@ -179,12 +181,12 @@ func decodeFreeJSON(name string, raw json.RawMessage, want byte) ([]byte, error)
 // storableJSON checks v, decoded with UseNumber, against jsonb's limits.
 func storableJSON(name string, v any, depth int) error {
 	if depth > maxJSONDepth {
-		return invalid(name, "is nested more than %d levels deep", maxJSONDepth)
+		return apperr.Invalid(name, "is nested more than %d levels deep", maxJSONDepth)
 	}
 	switch v := v.(type) {
 	case string:
 		if !storableString(v) {
-			return invalid(name, "must not contain the character U+0000")
+			return apperr.Invalid(name, "must not contain the character U+0000")
 		}
 	case json.Number:
 		// Numbers must lie in the range of a float64, the range RFC 8259 calls
@@ -193,7 +195,7 @@ func storableJSON(name string, v any, depth int) error {
 		// the digits are not all zeros is an underflow.
 		f, err := strconv.ParseFloat(string(v), 64)
 		if err != nil || len(v) > 100 || (f == 0 && strings.ContainsAny(mantissa(string(v)), "123456789")) {
-			return invalid(name, "holds a number out of range")
+			return apperr.Invalid(name, "holds a number out of range")
 		}
 	case []any:
 		for _, e := range v {
@@ -204,7 +206,7 @@ func storableJSON(name string, v any, depth int) error {
 	case map[string]any:
 		for k, e := range v {
 			if !storableString(k) {
-				return invalid(name, "must not contain the character U+0000")
+				return apperr.Invalid(name, "must not contain the character U+0000")
 			}
 			if err := storableJSON(name, e, depth+1); err != nil {
 				return err

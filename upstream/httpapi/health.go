@@ -1,14 +1,14 @@
-package upstream
+package httpapi
 
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // readyTimeout bounds the database check of /readyz, so that a probe never hangs on a
@@ -43,39 +43,12 @@ func AdminHandler(pool *pgxpool.Pool, m *Metrics) http.Handler {
 func notReady(ctx context.Context, pool *pgxpool.Pool) string {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	v, err := schemaVersion(ctx, pool)
+	v, err := store.New(pool).SchemaVersion(ctx)
 	if err != nil {
 		return "database unreachable"
 	}
-	if v < requiredSchemaVersion {
-		return fmt.Sprintf("database schema at version %d, needs %d", v, requiredSchemaVersion)
+	if v < store.RequiredSchemaVersion {
+		return fmt.Sprintf("database schema at version %d, needs %d", v, store.RequiredSchemaVersion)
 	}
 	return ""
-}
-
-// serveAdmin serves AdminHandler on addr until the returned stop is called, which
-// waits up to shutdownTimeout for the requests in flight.
-func serveAdmin(addr string, pool *pgxpool.Pool, m *Metrics, logger *zap.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listening on --admin-addr: %w", err)
-	}
-	hs := &http.Server{
-		Handler:           AdminHandler(pool, m),
-		ReadHeaderTimeout: 10 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          zap.NewStdLog(logger.Named("admin")),
-	}
-	logger.Info("serving admin endpoints", zap.String("admin_addr", ln.Addr().String()))
-	go func() {
-		if err := hs.Serve(ln); err != nil && err != http.ErrServerClosed {
-			logger.Error("admin endpoints stopped", zap.Error(err))
-		}
-	}()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-		defer cancel()
-		_ = hs.Shutdown(ctx)
-	}, nil
 }

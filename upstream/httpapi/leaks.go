@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
 // Bounds of a leak report (CONTRACT §12).
@@ -21,8 +22,8 @@ const (
 	// maxLeakReportBytes bounds a leak report's body: 1000 reports with URLs of 2048
 	// characters do not fit in maxBodyBytes.
 	maxLeakReportBytes = 4 << 20
-	// minLeakReportToken is the shortest --leak-report-token accepted.
-	minLeakReportToken = 32
+	// MinLeakReportToken is the shortest Config.LeakReportToken accepted.
+	MinLeakReportToken = 32
 	// maxLeakURL is the longest URL a report may give (audit_events.url).
 	maxLeakURL = 2048
 )
@@ -42,15 +43,15 @@ type leakOutcomeJSON struct {
 func (s *Server) handleLeakReport(w http.ResponseWriter, r *http.Request) error {
 	if !s.leakReporter(r.Header) {
 		w.Header().Set("WWW-Authenticate", "Bearer")
-		return errUnauthenticated
+		return apperr.ErrUnauthenticated
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLeakReportBytes))
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return errRequestTooLarge
+		return apperr.ErrRequestTooLarge
 	case err != nil:
-		return invalid("body", "could not be read")
+		return apperr.Invalid("body", "could not be read")
 	}
 	reports, err := decodeLeakReports(body)
 	if err != nil {
@@ -86,10 +87,10 @@ func (s *Server) leakReporter(h http.Header) bool {
 
 // decodeLeakReports decodes a leak report's body: a JSON array of 1..maxLeakReports
 // objects {"token": non-empty string, "url": 1..2048 characters}. More reports than
-// maxLeakReports is errRequestTooLarge; anything else wrong is EINVALID naming the
+// maxLeakReports is apperr.ErrRequestTooLarge; anything else wrong is apperr.EINVALID naming the
 // report's index and field.
 func decodeLeakReports(body []byte) ([]keystore.LeakReport, error) {
-	notArray := invalid("body", `must be a JSON array of {"token","url"} objects`)
+	notArray := apperr.Invalid("body", `must be a JSON array of {"token","url"} objects`)
 	dec := json.NewDecoder(bytes.NewReader(body))
 	tok, err := dec.Token()
 	if err != nil {
@@ -101,11 +102,11 @@ func decodeLeakReports(body []byte) ([]keystore.LeakReport, error) {
 	var reports []keystore.LeakReport
 	for dec.More() {
 		if len(reports) == maxLeakReports {
-			return nil, errRequestTooLarge
+			return nil, apperr.ErrRequestTooLarge
 		}
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return nil, invalid("body", "is not valid JSON")
+			return nil, apperr.Invalid("body", "is not valid JSON")
 		}
 		rep, err := decodeLeakReport(len(reports), raw)
 		if err != nil {
@@ -114,13 +115,13 @@ func decodeLeakReports(body []byte) ([]keystore.LeakReport, error) {
 		reports = append(reports, rep)
 	}
 	if _, err := dec.Token(); err != nil {
-		return nil, invalid("body", "is not valid JSON")
+		return nil, apperr.Invalid("body", "is not valid JSON")
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, invalid("body", "must hold a single JSON array and nothing after it")
+		return nil, apperr.Invalid("body", "must hold a single JSON array and nothing after it")
 	}
 	if len(reports) == 0 {
-		return nil, invalid("body", "must list 1 to %d reports", maxLeakReports)
+		return nil, apperr.Invalid("body", "must list 1 to %d reports", maxLeakReports)
 	}
 	return reports, nil
 }
@@ -129,7 +130,7 @@ func decodeLeakReports(body []byte) ([]keystore.LeakReport, error) {
 func decodeLeakReport(i int, raw json.RawMessage) (keystore.LeakReport, error) {
 	at := fmt.Sprintf("[%d]", i)
 	if len(raw) == 0 || raw[0] != '{' {
-		return keystore.LeakReport{}, invalid(at, "must be an object, not %s", kindOf(raw))
+		return keystore.LeakReport{}, apperr.Invalid(at, "must be an object, not %s", kindOf(raw))
 	}
 	var rep keystore.LeakReport
 	var haveToken, haveURL bool
@@ -140,14 +141,14 @@ func decodeLeakReport(i int, raw json.RawMessage) (keystore.LeakReport, error) {
 		case "token":
 			rep.Token, err = decodeString(field, raw)
 			if err == nil && rep.Token == "" {
-				err = invalid(field, "must not be empty")
+				err = apperr.Invalid(field, "must not be empty")
 			}
 			haveToken = true
 		case "url":
 			rep.URL, err = decodeText(field, raw, 1, maxLeakURL)
 			haveURL = true
 		default:
-			err = invalid(field, "unknown field")
+			err = apperr.Invalid(field, "unknown field")
 		}
 		return err
 	})
@@ -155,9 +156,9 @@ func decodeLeakReport(i int, raw json.RawMessage) (keystore.LeakReport, error) {
 	case err != nil:
 		return keystore.LeakReport{}, err
 	case !haveToken:
-		return keystore.LeakReport{}, invalid(at+".token", "required")
+		return keystore.LeakReport{}, apperr.Invalid(at+".token", "required")
 	case !haveURL:
-		return keystore.LeakReport{}, invalid(at+".url", "required")
+		return keystore.LeakReport{}, apperr.Invalid(at+".url", "required")
 	}
 	return rep, nil
 }

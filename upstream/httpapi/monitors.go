@@ -1,8 +1,11 @@
-package upstream
+package httpapi
 
 import (
 	"net/http"
 	"strconv"
+
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // Page sizes of the monitor list.
@@ -19,7 +22,7 @@ func pageLimit(v string) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 || n > maxPageSize {
-		return 0, invalid("limit", "must be an integer from 1 to %d", maxPageSize)
+		return 0, apperr.Invalid("limit", "must be an integer from 1 to %d", maxPageSize)
 	}
 	return n, nil
 }
@@ -37,27 +40,27 @@ func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p pr
 	if err != nil {
 		return err
 	}
-	var after *cursor
+	var after *store.Cursor
 	if v := q.Get("cursor"); v != "" {
-		c, err := decodeCursor(v)
+		c, err := store.DecodeCursor(v)
 		if err != nil {
 			return err
 		}
 		after = &c
 	}
-	ms, next, err := s.listMonitors(r.Context(), p.orgID, limit, after)
+	ms, next, err := s.store.ListMonitors(r.Context(), p.orgID, limit, after)
 	if err != nil {
 		return err
 	}
 	page := struct {
-		Data       []monitor `json:"data"`
-		NextCursor *string   `json:"next_cursor"`
+		Data       []store.Monitor `json:"data"`
+		NextCursor *string         `json:"next_cursor"`
 	}{Data: ms}
 	if ms == nil {
-		page.Data = []monitor{}
+		page.Data = []store.Monitor{}
 	}
 	if next != nil {
-		c := next.encode()
+		c := next.Encode()
 		page.NextCursor = &c
 	}
 	writeJSON(w, http.StatusOK, page)
@@ -69,12 +72,12 @@ func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p pr
 func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
 	in, err := readMonitorWrite(w, r)
 	if err == nil {
-		in, err = in.forCreate()
+		in, err = in.ForCreate()
 	}
 	if err != nil {
 		return err
 	}
-	m, err := s.createMonitor(r.Context(), p.orgID, in)
+	m, err := s.store.CreateMonitor(r.Context(), p.orgID, in)
 	if err != nil {
 		return err
 	}
@@ -83,20 +86,20 @@ func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p p
 }
 
 // readMonitorWrite reads r's body (413) and decodes it as a monitor write (400).
-func readMonitorWrite(w http.ResponseWriter, r *http.Request) (monitorWrite, error) {
+func readMonitorWrite(w http.ResponseWriter, r *http.Request) (store.MonitorWrite, error) {
 	body, err := readBody(w, r)
 	if err != nil {
-		return monitorWrite{}, err
+		return store.MonitorWrite{}, err
 	}
 	return decodeMonitorWrite(body)
 }
 
-// monitorID returns the path's {id}, or errMonitorNotFound when it is not a UUID: a
+// monitorID returns the path's {id}, or apperr.ErrMonitorNotFound when it is not a UUID: a
 // malformed id is answered before anything else is read.
 func monitorID(r *http.Request) (string, error) {
 	id := r.PathValue("id")
-	if !validUUID(id) {
-		return "", errMonitorNotFound
+	if !store.ValidUUID(id) {
+		return "", apperr.ErrMonitorNotFound
 	}
 	return id, nil
 }
@@ -107,7 +110,7 @@ func (s *Server) handleGetMonitor(w http.ResponseWriter, r *http.Request, p prin
 	if err != nil {
 		return err
 	}
-	m, err := s.getMonitor(r.Context(), p.orgID, id)
+	m, err := s.store.GetMonitor(r.Context(), p.orgID, id)
 	if err != nil {
 		return err
 	}
@@ -127,7 +130,7 @@ func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p pr
 	if err != nil {
 		return err
 	}
-	m, err := s.patchMonitor(r.Context(), p.orgID, id, in)
+	m, err := s.store.PatchMonitor(r.Context(), p.orgID, id, in)
 	if err != nil {
 		return err
 	}
@@ -142,7 +145,7 @@ func (s *Server) handleDeleteMonitor(w http.ResponseWriter, r *http.Request, p p
 	if err != nil {
 		return err
 	}
-	if err := s.deleteMonitor(r.Context(), p.orgID, id); err != nil {
+	if err := s.store.DeleteMonitor(r.Context(), p.orgID, id); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func (s *Server) RunPurge(ctx context.Context, interval time.Duration) {
 			return
 		case <-tick.C:
 		}
-		sessions, attempts, err := s.purgeExpired(ctx, s.now())
+		sessions, attempts, err := s.store.PurgeExpired(ctx, s.now(), s.throttle.Window)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			s.logger.Warn("purge failed", zap.Error(err))

@@ -1,6 +1,8 @@
-// Package upstream is the monitoring service behind the keygate gateway: sessions,
-// organisations' dashboard API keys, and monitors with their plan gates, served over
-// HTTP, plus the operator's command line (cli.go).
+// Package httpapi is the HTTP interface of the upstream, the monitoring service behind
+// the keygate gateway: sessions, organisations' dashboard API keys, and monitors with
+// their plan gates, as JSON and as the dashboard's pages, plus the admin endpoints
+// (AdminHandler). The data is package store's; the command line that serves it is
+// package cli.
 //
 // Monitors have two doors onto one implementation: /orgs/{orgId}/monitors…,
 // authenticated by a session cookie and a membership, and /v1/monitors…, which trusts
@@ -9,7 +11,7 @@
 //
 // Every error body is JSON with a string field "error" (errors.go); unknown routes,
 // wrong methods and panics included.
-package upstream
+package httpapi
 
 import (
 	"crypto/sha256"
@@ -29,6 +31,9 @@ import (
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/openapi"
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/password"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // maxBodyBytes is the largest request body accepted; larger bodies answer 413.
@@ -66,11 +71,11 @@ type Config struct {
 	Metrics *Metrics
 	// TrustedProxies are the networks of the proxies (the gateway) whose
 	// X-Forwarded-For and X-Forwarded-Proto are believed (CONTRACT §11). serve's
-	// default is DefaultTrustedProxies; here the default is none.
+	// default is the loopback networks; here the default is none.
 	TrustedProxies []netip.Prefix
-	// LoginThrottle bounds failed logins per (email, client address) and per client
-	// address. Zero fields take those of DefaultLoginThrottle.
-	LoginThrottle LoginThrottle
+	// store.LoginThrottle bounds failed logins per (email, client address) and per client
+	// address. Zero fields take those of store.DefaultLoginThrottle.
+	LoginThrottle store.LoginThrottle
 	// LeakReportToken, if set, mounts POST /security/leaked-keys for secret scanners,
 	// who must send it as a bearer token (CONTRACT §12). At least 32 characters.
 	// Default: the route is absent.
@@ -83,7 +88,7 @@ type Config struct {
 // Server is the upstream's HTTP handler. Build it with NewServer; it is safe for
 // concurrent use.
 type Server struct {
-	pool       *pgxpool.Pool
+	store      *store.Store
 	logger     *zap.Logger
 	keys       *keystore.Store
 	format     keystore.Format
@@ -93,10 +98,10 @@ type Server struct {
 	sessionTTL time.Duration
 	secure     bool
 	now        func() time.Time
-	// trustedProxies and throttle are Config's TrustedProxies and LoginThrottle.
+	// trustedProxies and throttle are Config's TrustedProxies and store.LoginThrottle.
 	trustedProxies []netip.Prefix
-	throttle       LoginThrottle
-	passwords      *passwordHasher
+	throttle       store.LoginThrottle
+	passwords      *password.Hasher
 	// leakTokenSum is SHA-256 of Config.LeakReportToken; leakReports whether it is set.
 	leakTokenSum [sha256.Size]byte
 	leakReports  bool
@@ -117,11 +122,11 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("upstream: Config.KeyFormat is required")
 	case cfg.SessionTTL < 0:
 		return nil, errors.New("upstream: Config.SessionTTL must not be negative")
-	case cfg.LeakReportToken != "" && len(cfg.LeakReportToken) < minLeakReportToken:
-		return nil, fmt.Errorf("upstream: Config.LeakReportToken must be at least %d characters", minLeakReportToken)
+	case cfg.LeakReportToken != "" && len(cfg.LeakReportToken) < MinLeakReportToken:
+		return nil, fmt.Errorf("upstream: Config.LeakReportToken must be at least %d characters", MinLeakReportToken)
 	}
 	s := &Server{
-		pool:       cfg.Pool,
+		store:      store.New(cfg.Pool),
 		logger:     cfg.Logger,
 		keys:       keystore.New(cfg.Pool, cfg.KeyFormat),
 		format:     cfg.KeyFormat,
@@ -131,7 +136,7 @@ func NewServer(cfg Config) (*Server, error) {
 		sessionTTL: cfg.SessionTTL,
 		secure:     cfg.SecureCookies,
 		now:        cfg.Now,
-		passwords:  newPasswordHasher(),
+		passwords:  password.NewHasher(),
 		metrics:    cfg.Metrics,
 
 		trustedProxies: cfg.TrustedProxies,
@@ -140,13 +145,13 @@ func NewServer(cfg Config) (*Server, error) {
 		leakReports:    cfg.LeakReportToken != "",
 	}
 	if s.throttle.Window <= 0 {
-		s.throttle.Window = DefaultLoginThrottle.Window
+		s.throttle.Window = store.DefaultLoginThrottle.Window
 	}
 	if s.throttle.PerEmail <= 0 {
-		s.throttle.PerEmail = DefaultLoginThrottle.PerEmail
+		s.throttle.PerEmail = store.DefaultLoginThrottle.PerEmail
 	}
 	if s.throttle.PerClient <= 0 {
-		s.throttle.PerClient = DefaultLoginThrottle.PerClient
+		s.throttle.PerClient = store.DefaultLoginThrottle.PerClient
 	}
 	if s.sessionTTL == 0 {
 		s.sessionTTL = DefaultSessionTTL
@@ -154,7 +159,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.passwords.prepareDummy()
+	s.passwords.PrepareDummy()
 	s.handler = s.logRequests(s.recoverPanics(s.routes()))
 	return s, nil
 }
@@ -206,7 +211,7 @@ func (s *Server) routes() http.Handler {
 
 	routed := s.jsonFallbacks(mux)
 	cop := http.NewCrossOriginProtection()
-	cop.SetDenyHandler(s.handle(func(http.ResponseWriter, *http.Request) error { return errForbidden }))
+	cop.SetDenyHandler(s.handle(func(http.ResponseWriter, *http.Request) error { return apperr.ErrForbidden }))
 	dashboard := cop.Handler(routed)
 	v1 := s.gatewayAuth(routed)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -262,7 +267,7 @@ func isV1(path string) bool {
 func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		if !cleanPath(r.URL.Path) {
-			return errNotFound
+			return apperr.ErrNotFound
 		}
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
@@ -276,9 +281,9 @@ func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 		h.ServeHTTP(probe, r)
 		if probe.status == http.StatusMethodNotAllowed {
 			w.Header().Set("Allow", probe.header.Get("Allow"))
-			return errMethodNotAllowed
+			return apperr.ErrMethodNotAllowed
 		}
-		return errNotFound
+		return apperr.ErrNotFound
 	})
 }
 
@@ -336,16 +341,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(b)
 }
 
-// readBody reads r's body up to maxBodyBytes, answering ETOOLARGE beyond.
+// readBody reads r's body up to maxBodyBytes, answering apperr.ETOOLARGE beyond.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		return nil, errRequestTooLarge
+		return nil, apperr.ErrRequestTooLarge
 	case err != nil:
 		// The client went away or sent a broken chunked body.
-		return nil, invalid("body", "could not be read")
+		return nil, apperr.Invalid("body", "could not be read")
 	}
 	return b, nil
 }

@@ -1,4 +1,4 @@
-package upstream
+package httpapi
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/password"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // sessionCookie is the name of the cookie holding the session token.
 const sessionCookie = "session"
-
-// sessionTokenBytes is the number of random bytes of a session token, which the cookie
-// carries in unpadded base64url.
-const sessionTokenBytes = 32
 
 // handleLogin answers POST /auth/login {"email","password"}: 204 with a session cookie,
 // or 401 {"error":"invalid credentials"} whether the email is unknown or the password
@@ -46,31 +46,31 @@ func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 // (POST /auth/login and the dashboard's form) call it, so they throttle, count and
 // answer alike.
 func (s *Server) logIn(w http.ResponseWriter, r *http.Request, email, password string) error {
-	client, emailHash := s.clientAddr(r), emailKey(email)
-	attempt, wait, err := s.reserveLogin(r.Context(), client, emailHash, s.now())
+	client, emailHash := s.clientAddr(r), store.EmailKey(email)
+	attempt, wait, err := s.store.ReserveLogin(r.Context(), s.throttle, client, emailHash, s.now())
 	switch {
 	case err != nil:
 		return err
 	case wait > 0:
-		return rateLimited(wait)
+		return apperr.RateLimited(wait)
 	}
 	userID, err := s.checkPassword(r.Context(), email, password)
 	switch {
-	case errors.Is(err, errBadCredentials):
+	case errors.Is(err, apperr.ErrBadCredentials):
 		return err
 	case err != nil:
 		// Not a failure of the caller's: the attempt must not count against them. The
 		// request's context may be over (the client left); the database timeout still
 		// bounds the wait.
-		if rerr := s.releaseLogin(context.WithoutCancel(r.Context()), attempt); rerr != nil {
+		if rerr := s.store.ReleaseLogin(context.WithoutCancel(r.Context()), attempt); rerr != nil {
 			s.logger.Warn("releasing login attempt failed", zap.Error(rerr))
 		}
 		return err
 	}
-	if err := s.forgetLogins(r.Context(), client, emailHash); err != nil {
+	if err := s.store.ForgetLogins(r.Context(), client, emailHash); err != nil {
 		return err
 	}
-	token, err := s.createSession(r.Context(), userID)
+	token, err := s.store.CreateSession(r.Context(), userID, s.sessionTTL)
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func decodeLogin(body []byte) (email, password string, err error) {
 		case "password":
 			password, err = decodeString(name, raw)
 		default:
-			err = invalid(name, "unknown field")
+			err = apperr.Invalid(name, "unknown field")
 		}
 		return err
 	})
@@ -105,19 +105,19 @@ func decodeLogin(body []byte) (email, password string, err error) {
 	case err != nil:
 		return "", "", err
 	case email == "":
-		return "", "", invalid("email", "required")
+		return "", "", apperr.Invalid("email", "required")
 	case password == "":
-		return "", "", invalid("password", "required")
+		return "", "", apperr.Invalid("password", "required")
 	}
 	return email, password, nil
 }
 
-// checkPassword returns the id of the user with email if password is theirs, and
-// errBadCredentials otherwise.
-func (s *Server) checkPassword(ctx context.Context, email, password string) (string, error) {
-	userID, encoded, err := s.passwordHash(ctx, email)
-	if errors.Is(err, errBadCredentials) {
-		if err := s.passwords.burn(ctx, password); err != nil {
+// checkPassword returns the id of the user with email if pw is their password, and
+// apperr.ErrBadCredentials otherwise.
+func (s *Server) checkPassword(ctx context.Context, email, pw string) (string, error) {
+	userID, encoded, err := s.store.PasswordHash(ctx, email)
+	if errors.Is(err, apperr.ErrBadCredentials) {
+		if err := s.passwords.Burn(ctx, pw); err != nil {
 			return "", fmt.Errorf("hashing for an unknown email: %w", err)
 		}
 		return "", err
@@ -125,18 +125,18 @@ func (s *Server) checkPassword(ctx context.Context, email, password string) (str
 	if err != nil {
 		return "", err
 	}
-	ok, err := s.passwords.verify(ctx, encoded, password)
-	if errors.Is(err, errBadHash) {
+	ok, err := s.passwords.Verify(ctx, encoded, pw)
+	if errors.Is(err, password.ErrBadHash) {
 		// A row the operator must repair; the caller learns nothing more than from a
 		// wrong password.
 		s.logger.Error("stored password hash is unusable", zap.String("user_id", userID))
-		return "", errBadCredentials
+		return "", apperr.ErrBadCredentials
 	}
 	if err != nil {
 		return "", fmt.Errorf("verifying password: %w", err)
 	}
 	if !ok {
-		return "", errBadCredentials
+		return "", apperr.ErrBadCredentials
 	}
 	return userID, nil
 }
@@ -155,7 +155,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 // logout call it.
 func (s *Server) logOut(w http.ResponseWriter, r *http.Request) error {
 	if sum, ok := sessionTokenHash(r); ok {
-		if err := s.deleteSession(r.Context(), sum); err != nil {
+		if err := s.store.DeleteSession(r.Context(), sum); err != nil {
 			return err
 		}
 	}
@@ -179,20 +179,20 @@ func sessionTokenHash(r *http.Request) ([sha256.Size]byte, bool) {
 		return [sha256.Size]byte{}, false
 	}
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(c.Value)
-	if err != nil || len(raw) != sessionTokenBytes {
+	if err != nil || len(raw) != store.SessionTokenBytes {
 		return [sha256.Size]byte{}, false
 	}
 	return sha256.Sum256([]byte(c.Value)), true
 }
 
 // authenticate returns the id of the user whose live session r presents, or
-// errUnauthenticated.
+// apperr.ErrUnauthenticated.
 func (s *Server) authenticate(r *http.Request) (string, error) {
 	sum, ok := sessionTokenHash(r)
 	if !ok {
-		return "", errUnauthenticated
+		return "", apperr.ErrUnauthenticated
 	}
-	userID, err := s.sessionUser(r.Context(), sum)
+	userID, err := s.store.SessionUser(r.Context(), sum)
 	if err != nil {
 		return "", err
 	}

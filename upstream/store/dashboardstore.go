@@ -1,20 +1,20 @@
-package upstream
+package store
 
 import (
 	"context"
 	"fmt"
 )
 
-// orgMembership is one organisation a user belongs to, as the dashboard's chooser
+// OrgMembership is one organisation a user belongs to, as the dashboard's chooser
 // shows it.
-type orgMembership struct {
+type OrgMembership struct {
 	ID   string
 	Name string
 	Role string
 }
 
-// userOrgs returns the organisations userID is a member of, by name.
-func (s *Server) userOrgs(ctx context.Context, userID string) ([]orgMembership, error) {
+// UserOrgs returns the organisations userID is a member of, by name.
+func (s *Store) UserOrgs(ctx context.Context, userID string) ([]OrgMembership, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT o.id::text, o.name, m.role
 		FROM memberships m JOIN orgs o ON o.id = m.org_id
@@ -24,9 +24,9 @@ func (s *Server) userOrgs(ctx context.Context, userID string) ([]orgMembership, 
 		return nil, fmt.Errorf("listing memberships: %w", err)
 	}
 	defer rows.Close()
-	var orgs []orgMembership
+	var orgs []OrgMembership
 	for rows.Next() {
-		var o orgMembership
+		var o OrgMembership
 		if err := rows.Scan(&o.ID, &o.Name, &o.Role); err != nil {
 			return nil, fmt.Errorf("listing memberships: %w", err)
 		}

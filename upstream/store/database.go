@@ -1,4 +1,4 @@
-package upstream
+package store
 
 import (
 	"context"
@@ -14,11 +14,11 @@ import (
 // batch) when serve's --database-timeout is not given.
 const DefaultDatabaseTimeout = 5 * time.Second
 
-// defaultMaxConns is the pool size when DATABASE_URL has no pool_max_conns. pgxpool's
+// DefaultMaxConns is the pool size when DATABASE_URL has no pool_max_conns. pgxpool's
 // own default, max(4, NumCPU), queues dashboard requests behind four slow statements on
 // a small machine; 16 connections stay far below PostgreSQL's default max_connections
 // (100) even with a few upstream instances.
-const defaultMaxConns = 16
+const DefaultMaxConns = 16
 
 // defaultMinConns is the floor of connections the pool keeps open when DATABASE_URL
 // has no pool_min_conns, so that requests after a quiet spell, or after PostgreSQL
@@ -26,10 +26,10 @@ const defaultMaxConns = 16
 // open (pgxpool opens them in the background, within ConnectTimeout).
 const defaultMinConns = 4
 
-// poolConfig parses databaseURL into a pool configuration whose every wait on the
+// PoolConfig parses databaseURL into a pool configuration whose every wait on the
 // database is bounded by timeout (see timeoutTracer). maxConns, when positive, sets the
-// pool size; otherwise pool_max_conns of the URL does, or defaultMaxConns.
-func poolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgxpool.Config, error) {
+// pool size; otherwise pool_max_conns of the URL does, or DefaultMaxConns.
+func PoolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, err
@@ -38,7 +38,7 @@ func poolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgx
 	case maxConns > 0:
 		cfg.MaxConns = maxConns
 	case !strings.Contains(databaseURL, "pool_max_conns"):
-		cfg.MaxConns = defaultMaxConns
+		cfg.MaxConns = DefaultMaxConns
 	}
 	if !strings.Contains(databaseURL, "pool_min_conns") {
 		cfg.MinConns = min(defaultMinConns, cfg.MaxConns)
@@ -57,7 +57,7 @@ func poolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgx
 // returns, and call its End method when the wait is over. Applying the timeout here,
 // once, covers every query of the upstream and of the keystore it shares the pool
 // with, without a deadline at each call site. A statement or acquire that outlives the
-// timeout fails with context.DeadlineExceeded, which ErrorCode maps to EUNAVAILABLE
+// timeout fails with context.DeadlineExceeded, which apperr.Code maps to EUNAVAILABLE
 // (503). Each wait gets the whole timeout: a request making several queries that each
 // answer in time never fails for their sum.
 type timeoutTracer struct {
@@ -105,12 +105,8 @@ func (t timeoutTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ p
 	t.end(ctx)
 }
 
-// openPool opens a pool configured by poolConfig and pings it.
-func openPool(ctx context.Context, databaseURL string, maxConns int32, timeout time.Duration) (*pgxpool.Pool, error) {
-	cfg, err := poolConfig(databaseURL, maxConns, timeout)
-	if err != nil {
-		return nil, errBadDatabaseURL
-	}
+// Open opens a pool configured by cfg (from PoolConfig) and pings it.
+func Open(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to postgres: %w", err)

@@ -1,9 +1,13 @@
-package upstream
+package store
 
-import "slices"
+import (
+	"slices"
 
-// plan is the part of an organisation's plan that gates monitor writes.
-type plan struct {
+	"github.com/keygate/keygate/upstream/apperr"
+)
+
+// planLimits is the part of an organisation's plan that gates monitor writes.
+type planLimits struct {
 	// maxMonitors is the number of live monitors allowed; -1 means no cap.
 	maxMonitors int
 	// minInterval is the smallest interval_seconds allowed.
@@ -31,20 +35,20 @@ const skipMonitorQuota = -1
 // Only the fields w sets are gated, so that a PATCH that renames a monitor of an
 // organisation since moved to a smaller plan still succeeds; a create sets every field
 // (defaults included) and is gated on all of them.
-func planGate(p plan, w monitorWrite, liveMonitors int) error {
+func planGate(p planLimits, w MonitorWrite, liveMonitors int) error {
 	if liveMonitors != skipMonitorQuota && p.maxMonitors >= 0 && liveMonitors >= p.maxMonitors {
-		return errMonitorQuota
+		return apperr.ErrMonitorQuota
 	}
-	if w.intervalSeconds != nil && *w.intervalSeconds < p.minInterval {
-		return errMinIntervalQuota
+	if w.IntervalSeconds != nil && *w.IntervalSeconds < p.minInterval {
+		return apperr.ErrMinIntervalQuota
 	}
-	for _, loc := range w.locations {
+	for _, loc := range w.Locations {
 		if !slices.Contains(p.locations, loc) {
-			return featureGated("location:" + loc)
+			return apperr.FeatureGated("location:" + loc)
 		}
 	}
-	if w.typ != nil && !slices.Contains(p.checkTypes, *w.typ) {
-		return featureGated("check_type:" + *w.typ)
+	if w.Type != nil && !slices.Contains(p.checkTypes, *w.Type) {
+		return apperr.FeatureGated("check_type:" + *w.Type)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package upstream
+package store
 
 import (
 	"context"
@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// monitor is a monitor as the API returns it: never its config, assertions,
+// Monitor is a monitor as the API returns it: never its config, assertions,
 // config_version, paused_reason, org_id or deleted_at, which are not even read.
-type monitor struct {
+type Monitor struct {
 	ID              string    `json:"id"`
 	Name            string    `json:"name"`
 	Type            string    `json:"type"`
@@ -30,8 +32,8 @@ type monitor struct {
 const monitorColumns = `m.id::text, m.name, m.type, m.target, m.interval_seconds, m.locations, m.paused, m.created_at, m.updated_at`
 
 // scanMonitor scans monitorColumns (and any extra destinations after them) from row.
-func scanMonitor(row pgx.Row, extra ...any) (monitor, error) {
-	var m monitor
+func scanMonitor(row pgx.Row, extra ...any) (Monitor, error) {
+	var m Monitor
 	dest := append([]any{&m.ID, &m.Name, &m.Type, &m.Target, &m.IntervalSeconds, &m.Locations, &m.Paused,
 		&m.CreatedAt, &m.UpdatedAt}, extra...)
 	err := row.Scan(dest...)
@@ -39,90 +41,90 @@ func scanMonitor(row pgx.Row, extra ...any) (monitor, error) {
 	return m, err
 }
 
-// createMonitor inserts a monitor for orgID once it passes the plan's gates. The org's
+// CreateMonitor inserts a monitor for orgID once it passes the plan's gates. The org's
 // row is locked (FOR NO KEY UPDATE, which does not block the foreign-key checks of other
 // tables) for the whole transaction, so concurrent creates in one org count and insert
 // one at a time: two creates at max_monitors - 1 cannot both succeed. w must have been
-// through forCreate.
-func (s *Server) createMonitor(ctx context.Context, orgID string, w monitorWrite) (monitor, error) {
+// through ForCreate.
+func (s *Store) CreateMonitor(ctx context.Context, orgID string, w MonitorWrite) (Monitor, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return monitor{}, fmt.Errorf("beginning transaction: %w", err)
+		return Monitor{}, fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx)
 
-	var p plan
+	var p planLimits
 	err = tx.QueryRow(ctx, `SELECT p.max_monitors, p.min_interval_seconds, p.locations, p.check_types
 FROM orgs o JOIN plans p ON p.name = o.plan
 WHERE o.id = $1
 FOR NO KEY UPDATE OF o`, orgID).Scan(&p.maxMonitors, &p.minInterval, &p.locations, &p.checkTypes)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return monitor{}, errNotFound
+		return Monitor{}, apperr.ErrNotFound
 	}
 	if err != nil {
-		return monitor{}, fmt.Errorf("locking org: %w", err)
+		return Monitor{}, fmt.Errorf("locking org: %w", err)
 	}
 	live := skipMonitorQuota
 	if p.maxMonitors >= 0 {
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM monitors WHERE org_id = $1 AND deleted_at IS NULL`,
 			orgID).Scan(&live); err != nil {
-			return monitor{}, fmt.Errorf("counting monitors: %w", err)
+			return Monitor{}, fmt.Errorf("counting monitors: %w", err)
 		}
 	}
 	if err := planGate(p, w, live); err != nil {
-		return monitor{}, err
+		return Monitor{}, err
 	}
 	m, err := scanMonitor(tx.QueryRow(ctx, `INSERT INTO monitors AS m
 	(org_id, name, type, target, interval_seconds, locations, paused, config, assertions)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING `+monitorColumns,
-		orgID, *w.name, *w.typ, *w.target, *w.intervalSeconds, w.locations, *w.paused, w.config, w.assertions))
+		orgID, *w.Name, *w.Type, *w.Target, *w.IntervalSeconds, w.Locations, *w.Paused, w.Config, w.Assertions))
 	if err != nil {
-		return monitor{}, fmt.Errorf("inserting monitor: %w", err)
+		return Monitor{}, fmt.Errorf("inserting monitor: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return monitor{}, fmt.Errorf("committing monitor: %w", err)
+		return Monitor{}, fmt.Errorf("committing monitor: %w", err)
 	}
 	return m, nil
 }
 
-// patchMonitor applies w to the live monitor id of orgID, after checking that the
+// PatchMonitor applies w to the live monitor id of orgID, after checking that the
 // resulting target suits the resulting type and that the fields w sets pass the plan's
 // gates. config_version grows by one when the stored config or assertions change
 // (compared as jsonb, so key order and white space do not count). A w that sets
 // nothing changes nothing, updated_at included.
-func (s *Server) patchMonitor(ctx context.Context, orgID, id string, w monitorWrite) (monitor, error) {
+func (s *Store) PatchMonitor(ctx context.Context, orgID, id string, w MonitorWrite) (Monitor, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return monitor{}, fmt.Errorf("beginning transaction: %w", err)
+		return Monitor{}, fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx)
 
-	var p plan
+	var p planLimits
 	cur, err := scanMonitor(tx.QueryRow(ctx, `SELECT `+monitorColumns+`, p.max_monitors, p.min_interval_seconds, p.locations, p.check_types
 FROM monitors m JOIN orgs o ON o.id = m.org_id JOIN plans p ON p.name = o.plan
 WHERE m.id = $1 AND m.org_id = $2 AND m.deleted_at IS NULL
 FOR UPDATE OF m`, id, orgID), &p.maxMonitors, &p.minInterval, &p.locations, &p.checkTypes)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return monitor{}, errMonitorNotFound
+		return Monitor{}, apperr.ErrMonitorNotFound
 	}
 	if err != nil {
-		return monitor{}, fmt.Errorf("reading monitor: %w", err)
+		return Monitor{}, fmt.Errorf("reading monitor: %w", err)
 	}
-	if w.typ != nil || w.target != nil {
+	if w.Type != nil || w.Target != nil {
 		typ, target := cur.Type, cur.Target
-		if w.typ != nil {
-			typ = *w.typ
+		if w.Type != nil {
+			typ = *w.Type
 		}
-		if w.target != nil {
-			target = *w.target
+		if w.Target != nil {
+			target = *w.Target
 		}
-		if err := checkTarget(typ, target); err != nil {
-			return monitor{}, err
+		if err := CheckTarget(typ, target); err != nil {
+			return Monitor{}, err
 		}
 	}
 	if err := planGate(p, w, skipMonitorQuota); err != nil {
-		return monitor{}, err
+		return Monitor{}, err
 	}
 	if w.empty() {
 		return cur, nil
@@ -142,79 +144,79 @@ FOR UPDATE OF m`, id, orgID), &p.maxMonitors, &p.minInterval, &p.locations, &p.c
 	updated_at       = now()
 WHERE m.id = $1 AND m.org_id = $2
 RETURNING `+monitorColumns,
-		id, orgID, w.name, w.typ, w.target, w.intervalSeconds, w.locations, w.paused, w.config, w.assertions))
+		id, orgID, w.Name, w.Type, w.Target, w.IntervalSeconds, w.Locations, w.Paused, w.Config, w.Assertions))
 	if err != nil {
-		return monitor{}, fmt.Errorf("updating monitor: %w", err)
+		return Monitor{}, fmt.Errorf("updating monitor: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return monitor{}, fmt.Errorf("committing monitor: %w", err)
+		return Monitor{}, fmt.Errorf("committing monitor: %w", err)
 	}
 	return m, nil
 }
 
-// getMonitor returns the live monitor id of orgID, or errMonitorNotFound.
-func (s *Server) getMonitor(ctx context.Context, orgID, id string) (monitor, error) {
+// GetMonitor returns the live monitor id of orgID, or apperr.ErrMonitorNotFound.
+func (s *Store) GetMonitor(ctx context.Context, orgID, id string) (Monitor, error) {
 	m, err := scanMonitor(s.pool.QueryRow(ctx, `SELECT `+monitorColumns+`
 FROM monitors m WHERE m.id = $1 AND m.org_id = $2 AND m.deleted_at IS NULL`, id, orgID))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return monitor{}, errMonitorNotFound
+		return Monitor{}, apperr.ErrMonitorNotFound
 	}
 	if err != nil {
-		return monitor{}, fmt.Errorf("reading monitor: %w", err)
+		return Monitor{}, fmt.Errorf("reading monitor: %w", err)
 	}
 	return m, nil
 }
 
-// deleteMonitor soft-deletes the live monitor id of orgID, or answers
-// errMonitorNotFound; a deleted monitor is not found again.
-func (s *Server) deleteMonitor(ctx context.Context, orgID, id string) error {
+// DeleteMonitor soft-deletes the live monitor id of orgID, or answers
+// apperr.ErrMonitorNotFound; a deleted monitor is not found again.
+func (s *Store) DeleteMonitor(ctx context.Context, orgID, id string) error {
 	tag, err := s.pool.Exec(ctx, `UPDATE monitors SET deleted_at = now(), updated_at = now()
 WHERE id = $1 AND org_id = $2 AND deleted_at IS NULL`, id, orgID)
 	if err != nil {
 		return fmt.Errorf("deleting monitor: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return errMonitorNotFound
+		return apperr.ErrMonitorNotFound
 	}
 	return nil
 }
 
-// cursor is a position in an org's monitor list: the (created_at, id) of the last
+// Cursor is a position in an org's monitor list: the (created_at, id) of the last
 // monitor of a page. Clients see it only as an opaque string.
-type cursor struct {
+type Cursor struct {
 	createdAt time.Time
 	id        string
 }
 
-// encode returns c as base64url text of "<unix microseconds>,<id>"; PostgreSQL keeps
+// Encode returns c as base64url text of "<unix microseconds>,<id>"; PostgreSQL keeps
 // microseconds, so the position is exact.
-func (c cursor) encode() string {
+func (c Cursor) Encode() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.createdAt.UnixMicro(), 10) + "," + c.id))
 }
 
-// decodeCursor is the inverse of encode; anything else is an EINVALID error naming
+// DecodeCursor is the inverse of Encode; anything else is an EINVALID error naming
 // "cursor".
-func decodeCursor(s string) (cursor, error) {
-	bad := invalid("cursor", "is not a cursor this API returned")
+func DecodeCursor(s string) (Cursor, error) {
+	bad := apperr.Invalid("cursor", "is not a cursor this API returned")
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
 	if err != nil {
-		return cursor{}, bad
+		return Cursor{}, bad
 	}
 	micros, id, ok := strings.Cut(string(raw), ",")
-	if !ok || !validUUID(id) {
-		return cursor{}, bad
+	if !ok || !ValidUUID(id) {
+		return Cursor{}, bad
 	}
 	us, err := strconv.ParseInt(micros, 10, 64)
 	if err != nil {
-		return cursor{}, bad
+		return Cursor{}, bad
 	}
-	return cursor{createdAt: time.UnixMicro(us), id: id}, nil
+	return Cursor{createdAt: time.UnixMicro(us), id: id}, nil
 }
 
-// listMonitors returns up to limit live monitors of orgID after the position after (or
+// ListMonitors returns up to limit live monitors of orgID after the position after (or
 // from the start when nil), ordered by (created_at, id), and the cursor of the next
 // page, nil at the end.
-func (s *Server) listMonitors(ctx context.Context, orgID string, limit int, after *cursor) ([]monitor, *cursor, error) {
+func (s *Store) ListMonitors(ctx context.Context, orgID string, limit int, after *Cursor) ([]Monitor, *Cursor, error) {
 	var (
 		rows pgx.Rows
 		err  error
@@ -231,7 +233,7 @@ ORDER BY m.created_at, m.id LIMIT $2`, orgID, limit+1, after.createdAt, after.id
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing monitors: %w", err)
 	}
-	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (monitor, error) { return scanMonitor(row) })
+	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Monitor, error) { return scanMonitor(row) })
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing monitors: %w", err)
 	}
@@ -240,5 +242,5 @@ ORDER BY m.created_at, m.id LIMIT $2`, orgID, limit+1, after.createdAt, after.id
 	}
 	ms = ms[:limit]
 	last := ms[limit-1]
-	return ms, &cursor{createdAt: last.CreatedAt, id: last.ID}, nil
+	return ms, &Cursor{createdAt: last.CreatedAt, id: last.ID}, nil
 }

@@ -1,4 +1,4 @@
-package upstream
+package store
 
 import (
 	"context"
@@ -6,19 +6,34 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
 // The queries of organisations, their plans and their memberships that the routes make.
 // The operator's writes to the same tables are in operatorstore.go.
 
-// memberRole returns the role of userID in orgID, or errNotFound when userID is not a
+// Member roles. Owner exists only for people; keys are Admin, Editor or Viewer.
+const (
+	RoleOwner  = "Owner"
+	RoleAdmin  = "Admin"
+	RoleEditor = "Editor"
+	RoleViewer = "Viewer"
+)
+
+// ValidMemberRole reports whether role is a membership role.
+func ValidMemberRole(role string) bool {
+	return role == RoleOwner || role == RoleAdmin || role == RoleEditor || role == RoleViewer
+}
+
+// MemberRole returns the role of userID in orgID, or apperr.ErrNotFound when userID is not a
 // member (or orgID does not exist).
-func (s *Server) memberRole(ctx context.Context, orgID, userID string) (string, error) {
+func (s *Store) MemberRole(ctx context.Context, orgID, userID string) (string, error) {
 	var role string
 	err := s.pool.QueryRow(ctx, `SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2`,
 		orgID, userID).Scan(&role)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", errNotFound
+		return "", apperr.ErrNotFound
 	}
 	if err != nil {
 		return "", fmt.Errorf("looking up membership: %w", err)
@@ -26,14 +41,14 @@ func (s *Server) memberRole(ctx context.Context, orgID, userID string) (string, 
 	return role, nil
 }
 
-// apiRateLimit returns the api_rate_limit of orgID's plan (0: no API access), or
-// errNotFound when the org does not exist (it was deleted since its membership was read).
-func (s *Server) apiRateLimit(ctx context.Context, orgID string) (int, error) {
+// APIRateLimit returns the api_rate_limit of orgID's plan (0: no API access), or
+// apperr.ErrNotFound when the org does not exist (it was deleted since its membership was read).
+func (s *Store) APIRateLimit(ctx context.Context, orgID string) (int, error) {
 	var rateLimit int
 	err := s.pool.QueryRow(ctx, `SELECT p.api_rate_limit FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.id = $1`,
 		orgID).Scan(&rateLimit)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, errNotFound
+		return 0, apperr.ErrNotFound
 	}
 	if err != nil {
 		return 0, fmt.Errorf("looking up plan: %w", err)

@@ -1,4 +1,4 @@
-package upstream
+package store
 
 import (
 	"context"
@@ -10,10 +10,10 @@ import (
 // outage never holds locks, or runs, for long.
 const purgeBatch = 5000
 
-// purgeExpired deletes the expired sessions (by the database's clock, which judges
-// them in authenticate) and the login attempts that left the window by now, in
-// batches, and returns how many of each it deleted.
-func (s *Server) purgeExpired(ctx context.Context, now time.Time) (sessions, attempts int64, err error) {
+// PurgeExpired deletes the expired sessions (by the database's clock, which judges
+// them in SessionUser) and the login attempts that left the throttle's window by now,
+// in batches, and returns how many of each it deleted.
+func (s *Store) PurgeExpired(ctx context.Context, now time.Time, window time.Duration) (sessions, attempts int64, err error) {
 	for _, p := range []struct {
 		sql  string
 		args []any
@@ -22,7 +22,7 @@ func (s *Server) purgeExpired(ctx context.Context, now time.Time) (sessions, att
 		{`DELETE FROM sessions WHERE token_hash IN
 			(SELECT token_hash FROM sessions WHERE expires_at <= now() LIMIT $1)`, []any{purgeBatch}, &sessions},
 		{`DELETE FROM login_attempts WHERE id IN
-			(SELECT id FROM login_attempts WHERE at <= $1 LIMIT $2)`, []any{now.Add(-s.throttle.Window), purgeBatch}, &attempts},
+			(SELECT id FROM login_attempts WHERE at <= $1 LIMIT $2)`, []any{now.Add(-window), purgeBatch}, &attempts},
 	} {
 		for {
 			tag, err := s.pool.Exec(ctx, p.sql, p.args...)

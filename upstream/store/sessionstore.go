@@ -1,4 +1,4 @@
-package upstream
+package store
 
 import (
 	"context"
@@ -7,20 +7,27 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/upstream/apperr"
 )
 
 // The queries of users' passwords and sessions. A session is stored as the SHA-256 of
 // its token, never the token.
 
-// passwordHash returns the id and stored password hash of the user with email, whatever
-// its case, or errBadCredentials when there is none.
-func (s *Server) passwordHash(ctx context.Context, email string) (userID, encoded string, err error) {
+// SessionTokenBytes is the number of random bytes of a session token, which the cookie
+// carries in unpadded base64url.
+const SessionTokenBytes = 32
+
+// PasswordHash returns the id and stored password hash of the user with email, whatever
+// its case, or apperr.ErrBadCredentials when there is none.
+func (s *Store) PasswordHash(ctx context.Context, email string) (userID, encoded string, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT id::text, password_hash FROM users WHERE lower(email) = lower($1)`,
 		email).Scan(&userID, &encoded)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", errBadCredentials
+		return "", "", apperr.ErrBadCredentials
 	}
 	if err != nil {
 		return "", "", fmt.Errorf("looking up user: %w", err)
@@ -28,10 +35,10 @@ func (s *Server) passwordHash(ctx context.Context, email string) (userID, encode
 	return userID, encoded, nil
 }
 
-// createSession stores a new session of userID and returns its token. Only the token's
-// SHA-256 is stored. The user's expired sessions are deleted on the way.
-func (s *Server) createSession(ctx context.Context, userID string) (string, error) {
-	var raw [sessionTokenBytes]byte
+// CreateSession stores a new session of userID that lives for ttl and returns its
+// token. Only the token's SHA-256 is stored. The user's expired sessions are deleted on the way.
+func (s *Store) CreateSession(ctx context.Context, userID string, ttl time.Duration) (string, error) {
+	var raw [SessionTokenBytes]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return "", fmt.Errorf("reading random bytes: %w", err)
 	}
@@ -40,21 +47,21 @@ func (s *Server) createSession(ctx context.Context, userID string) (string, erro
 	batch := &pgx.Batch{}
 	batch.Queue(`DELETE FROM sessions WHERE user_id = $1 AND expires_at <= now()`, userID)
 	batch.Queue(`INSERT INTO sessions (token_hash, user_id, expires_at) VALUES ($1, $2, now() + $3::interval)`,
-		sum[:], userID, s.sessionTTL)
+		sum[:], userID, ttl)
 	if err := s.pool.SendBatch(ctx, batch).Close(); err != nil {
 		return "", fmt.Errorf("creating session: %w", err)
 	}
 	return token, nil
 }
 
-// sessionUser returns the user of the live session whose token hashes to sum, or
-// errUnauthenticated. Expiry is judged by the database's clock.
-func (s *Server) sessionUser(ctx context.Context, sum [sha256.Size]byte) (string, error) {
+// SessionUser returns the user of the live session whose token hashes to sum, or
+// apperr.ErrUnauthenticated. Expiry is judged by the database's clock.
+func (s *Store) SessionUser(ctx context.Context, sum [sha256.Size]byte) (string, error) {
 	var userID string
 	err := s.pool.QueryRow(ctx, `SELECT user_id::text FROM sessions WHERE token_hash = $1 AND expires_at > now()`,
 		sum[:]).Scan(&userID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", errUnauthenticated
+		return "", apperr.ErrUnauthenticated
 	}
 	if err != nil {
 		return "", fmt.Errorf("looking up session: %w", err)
@@ -62,8 +69,8 @@ func (s *Server) sessionUser(ctx context.Context, sum [sha256.Size]byte) (string
 	return userID, nil
 }
 
-// deleteSession deletes the session whose token hashes to sum, if there is one.
-func (s *Server) deleteSession(ctx context.Context, sum [sha256.Size]byte) error {
+// DeleteSession deletes the session whose token hashes to sum, if there is one.
+func (s *Store) DeleteSession(ctx context.Context, sum [sha256.Size]byte) error {
 	if _, err := s.pool.Exec(ctx, `DELETE FROM sessions WHERE token_hash = $1`, sum[:]); err != nil {
 		return fmt.Errorf("deleting session: %w", err)
 	}

@@ -1,4 +1,4 @@
-package upstream
+package store
 
 import (
 	"context"
@@ -24,7 +24,7 @@ type LoginThrottle struct {
 	PerClient int
 }
 
-// DefaultLoginThrottle is the throttle of a Server whose Config leaves it zero.
+// DefaultLoginThrottle is the throttle of a server whose configuration leaves it zero.
 var DefaultLoginThrottle = LoginThrottle{Window: 15 * time.Minute, PerEmail: 5, PerClient: 30}
 
 // The login throttle is a sliding-window log in PostgreSQL, so that every upstream
@@ -36,17 +36,16 @@ var DefaultLoginThrottle = LoginThrottle{Window: 15 * time.Minute, PerEmail: 5, 
 // (email, address) pair; an attempt that could not be judged (the hashing queue was
 // full, the database failed) gives its row back.
 
-// emailKey is how login_attempts stores an email: SHA-256 of its lower-case form.
-func emailKey(email string) []byte {
+// EmailKey is how login_attempts stores an email: SHA-256 of its lower-case form.
+func EmailKey(email string) []byte {
 	sum := sha256.Sum256([]byte(strings.ToLower(email)))
 	return sum[:]
 }
 
-// reserveLogin records a login attempt for (client, email) at now and returns its id,
-// or returns how long the caller must wait when the failures of the window already
-// reach a limit (then nothing is recorded).
-func (s *Server) reserveLogin(ctx context.Context, client string, email []byte, now time.Time) (int64, time.Duration, error) {
-	t := s.throttle
+// ReserveLogin records a login attempt for (client, email) at now and returns its id,
+// or returns how long the caller must wait when the failures of t's window already
+// reach one of t's limits (then nothing is recorded). email is an EmailKey.
+func (s *Store) ReserveLogin(ctx context.Context, t LoginThrottle, client string, email []byte, now time.Time) (int64, time.Duration, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("reserving login attempt: %w", err)
@@ -100,16 +99,16 @@ func (t LoginThrottle) wait(ats []time.Time, limit int, now time.Time) time.Dura
 	return max(ats[len(ats)-limit].Add(t.Window).Sub(now), time.Nanosecond)
 }
 
-// releaseLogin deletes the attempt id, which turned out not to be a failure.
-func (s *Server) releaseLogin(ctx context.Context, id int64) error {
+// ReleaseLogin deletes the attempt id, which turned out not to be a failure.
+func (s *Store) ReleaseLogin(ctx context.Context, id int64) error {
 	if _, err := s.pool.Exec(ctx, `DELETE FROM login_attempts WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("releasing login attempt: %w", err)
 	}
 	return nil
 }
 
-// forgetLogins deletes the attempts of (client, email) after a successful login.
-func (s *Server) forgetLogins(ctx context.Context, client string, email []byte) error {
+// ForgetLogins deletes the attempts of (client, email) after a successful login.
+func (s *Store) ForgetLogins(ctx context.Context, client string, email []byte) error {
 	if _, err := s.pool.Exec(ctx, `DELETE FROM login_attempts WHERE client = $1 AND email_hash = $2`, client, email); err != nil {
 		return fmt.Errorf("forgetting login attempts: %w", err)
 	}

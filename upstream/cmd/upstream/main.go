@@ -1,7 +1,7 @@
 // Command upstream is keygate's upstream service and its operator command line:
 // `upstream serve`, `upstream migrate`, and the plan, org, user and member commands.
-// Run `upstream --help` for the list. The commands live in package upstream
-// (commands.go and serve.go; cli.go parses and dispatches them).
+// Run `upstream --help` for the list. The commands live in package cli, which serves
+// package httpapi and writes through package store.
 package main
 
 import (
@@ -10,12 +10,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/keygate/keygate/upstream"
+	"github.com/keygate/keygate/upstream/cli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := upstream.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	code := cli.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	os.Exit(code)
 }
