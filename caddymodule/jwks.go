@@ -15,7 +15,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(JWKS{})
-	httpcaddyfile.RegisterHandlerDirective("v1_gateway_jwks", parseJWKSCaddyfile)
+	httpcaddyfile.RegisterDirective("v1_gateway_jwks", parseJWKSCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("v1_gateway_jwks", httpcaddyfile.Before, "respond")
 }
 
@@ -77,7 +77,10 @@ func (j *JWKS) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Han
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
-//	v1_gateway_jwks [<matcher>] <pem file>...
+//	v1_gateway_jwks <pem file>...
+//
+// It takes no matcher, so that an absolute path (/etc/keygate/identity.pem) is read as
+// a file rather than as a path matcher: place it in a handle or route block.
 func (j *JWKS) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	j.Files = d.RemainingArgs()
@@ -90,10 +93,12 @@ func (j *JWKS) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-func parseJWKSCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+func parseJWKSCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	j := new(JWKS)
-	err := j.UnmarshalCaddyfile(h.Dispenser)
-	return j, err
+	if err := j.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return h.NewRoute(nil, j), nil
 }
 
 // Interface guards

@@ -148,6 +148,11 @@ type Stack struct {
 	redisMode  string // redis_mode of the gateways
 	redisTLSCA string // redis_tls_ca of the gateways started from now on
 	gwOptions  string // more v1_gateway option lines for the gateways started from now on
+	// identityKey, if set, is the identity_key of the gateways, which then send no
+	// gateway_secret; the upstream has no GATEWAY_SECRET and verifies with
+	// --gateway-jwks against the JWKS of gateway 0, at jwksAddr.
+	identityKey string
+	jwksAddr    string
 }
 
 type gateway struct {
@@ -183,6 +188,9 @@ type stackOptions struct {
 	// the gateways and the operator CLI use (e.g. the same database through
 	// PgBouncer). The migrations always run on the direct URL.
 	databaseVia func(direct string) string
+	// identityKey is a PEM file of an Ed25519 key: the gateways sign the caller's
+	// identity with it instead of sending the shared secret (Stack.identityKey).
+	identityKey string
 }
 
 // newStackWith is newStack with options.
@@ -208,10 +216,16 @@ func newStackWith(t *testing.T, o stackOptions) *Stack {
 	if o.databaseVia != nil {
 		s.dbURL = o.databaseVia(s.dbURL)
 	}
+	secretEnv := "GATEWAY_SECRET=" + gatewaySecret
+	if o.identityKey != "" {
+		s.identityKey = o.identityKey
+		s.jwksAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		secretEnv = "GATEWAY_SECRET="
+	}
 	if s.redisURL == "" {
 		t.Fatal("the Redis URL is not set: run the tests with `make test`")
 	}
-	s.cliEnv = append(os.Environ(), "DATABASE_URL="+s.dbURL, "GATEWAY_SECRET="+gatewaySecret)
+	s.cliEnv = append(os.Environ(), "DATABASE_URL="+s.dbURL, secretEnv)
 	s.upAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s.startUpstream()
 	for _, mode := range []string{"open", "closed"} {
@@ -256,7 +270,11 @@ func (s *Stack) start(name string, env []string, args ...string) *proc {
 // startUpstream starts (or restarts) the upstream on its address.
 func (s *Stack) startUpstream() {
 	s.t.Helper()
-	s.upstream = s.start("upstream", s.cliEnv, filepath.Join(s.bin, "upstream"), "serve", "--addr", s.upAddr)
+	args := []string{filepath.Join(s.bin, "upstream"), "serve", "--addr", s.upAddr}
+	if s.jwksAddr != "" {
+		args = append(args, "--gateway-jwks", "http://"+s.jwksAddr+"/.well-known/jwks.json")
+	}
+	s.upstream = s.start("upstream", s.cliEnv, args...)
 	waitListening(s.t, s.upAddr, s.upstream)
 }
 
@@ -291,12 +309,15 @@ http://{{.Addr}} {
 			redis_mode     {{.RedisMode}}
 			{{with .RedisTLSCA}}redis_tls_ca {{.}}{{end}}
 			key_prefix     {{.Prefix}}
-			gateway_secret {env.GATEWAY_SECRET}
+			{{if .IdentityKey}}identity_key {{.IdentityKey}}{{else}}gateway_secret {env.GATEWAY_SECRET}{{end}}
 			limiter_failure {{.Mode}}
 			{{.Extra}}
 		}
 		reverse_proxy {{.Upstream}}
 	}
+	{{with .IdentityKey}}handle /.well-known/jwks.json {
+		v1_gateway_jwks {{.}}
+	}{{end}}
 	handle {
 		reverse_proxy {{.Upstream}}
 	}
@@ -307,14 +328,17 @@ http://{{.Addr}} {
 func (s *Stack) startGateway(mode string) *gateway {
 	s.t.Helper()
 	g := &gateway{
-		addr:    fmt.Sprintf("127.0.0.1:%d", freePort(s.t)),
+		addr:    s.jwksAddr,
 		adminAt: fmt.Sprintf("127.0.0.1:%d", freePort(s.t)),
 		mode:    mode,
+	}
+	if len(s.gateways) > 0 || g.addr == "" {
+		g.addr = fmt.Sprintf("127.0.0.1:%d", freePort(s.t))
 	}
 	var cfg bytes.Buffer
 	caddyfileTmpl.Execute(&cfg, map[string]any{
 		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": mode, "Upstream": s.upAddr,
-		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": s.gwOptions,
+		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": s.gwOptions, "IdentityKey": s.identityKey,
 	})
 	dir := s.t.TempDir()
 	g.config = filepath.Join(dir, "Caddyfile")
