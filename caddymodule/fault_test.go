@@ -34,6 +34,24 @@ func newLatencyProxy(t *testing.T, target string) *latencyproxy.Proxy {
 	return p
 }
 
+// slowGateway starts a gateway, with a test upstream, whose PostgreSQL (d's database,
+// dbParams appended to its URL) and Redis answer through latency proxies that delay
+// them by pgDelay and rdDelay from before it starts. options are the handler's other
+// options.
+func slowGateway(t *testing.T, d *db, dbParams string, pgDelay, rdDelay time.Duration, options map[string]any) (gw *gateway, pg, rd *latencyproxy.Proxy) {
+	t.Helper()
+	pg = newLatencyProxy(t, hostOf(t, d.url))
+	rd = newLatencyProxy(t, hostOf(t, redisURL(t)))
+	pg.SetDelay(pgDelay)
+	rd.SetDelay(rdDelay)
+	options["redis_url"] = withHost(t, redisURL(t), rd.Addr())
+	gw = startGateway(t, gatewayConfig{
+		handler:  gatewayOptions(withHost(t, d.url, pg.Addr())+dbParams, options),
+		upstream: newUpstream(t).addr(),
+	})
+	return gw, pg, rd
+}
+
 // statuses sends n concurrent GETs and counts their statuses, and how many 200s came
 // without RateLimit headers (let through uncounted).
 func statuses(t *testing.T, gw *gateway, n int, path, key string) (byStatus map[int]int, uncounted int) {
@@ -67,17 +85,8 @@ func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 	d.plan("small", 20)
 	key, _ := d.key(d.org("small"), keystore.RoleEditor)
 	loadKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
-	pg := newLatencyProxy(t, hostOf(t, d.url))
-	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
-	pg.SetDelay(800 * time.Millisecond)
-	rd.SetDelay(550 * time.Millisecond)
-	up := newUpstream(t)
-	gw := startGateway(t, gatewayConfig{
-		handler: gatewayOptions(withHost(t, d.url, pg.Addr())+"&pool_max_conns=8", map[string]any{
-			"redis_url": withHost(t, redisURL(t), rd.Addr()), "database_timeout": "1500ms", "redis_timeout": "1s",
-		}),
-		upstream: up.addr(),
-	})
+	gw, _, _ := slowGateway(t, d, "&pool_max_conns=8", 800*time.Millisecond, 550*time.Millisecond,
+		map[string]any{"database_timeout": "1500ms", "redis_timeout": "1s"})
 	steadyWithin(t, gw, loadKey, 8, 10*time.Second)
 	awayFromWindowEdge(t, 12*time.Second)
 	got, uncounted := statuses(t, gw, 60, "/v1/me", key)
@@ -364,17 +373,8 @@ func TestAColdStartBehindSlowDependenciesReachesAnExactSteadyState(t *testing.T)
 	d := newDB(t)
 	d.plan("small", 20)
 	loadKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
-	pg := newLatencyProxy(t, hostOf(t, d.url))
-	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
-	pg.SetDelay(800 * time.Millisecond)
-	rd.SetDelay(130 * time.Millisecond)
-	up := newUpstream(t)
-	gw := startGateway(t, gatewayConfig{
-		handler: gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{
-			"redis_url": withHost(t, redisURL(t), rd.Addr()), "database_timeout": "2s", "redis_timeout": "200ms",
-		}),
-		upstream: up.addr(),
-	})
+	gw, pg, rd := slowGateway(t, d, "", 800*time.Millisecond, 130*time.Millisecond,
+		map[string]any{"database_timeout": "2s", "redis_timeout": "200ms"})
 	for _, phase := range []string{"cold start", "after a restart"} {
 		if phase == "after a restart" {
 			pg.Drop()

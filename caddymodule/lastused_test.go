@@ -136,7 +136,7 @@ func TestLastUsedFlusherSurvivesReloadsAndFlushesWhenRemoved(t *testing.T) {
 	d := newDB(t)
 	key, id := d.key(d.org("pro"), keystore.RoleEditor)
 	up := newUpstream(t)
-	dbURL := withParam(d.url, "application_name", randomName(t))
+	dbURL := d.ownURL(t)
 	gc := gatewayConfig{handler: gatewayOptions(dbURL, map[string]any{"last_used_interval": "1h"}), upstream: up.addr()}
 	gw := startGateway(t, gc)
 	listen := strings.TrimPrefix(gw.base, "http://")

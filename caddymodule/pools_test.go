@@ -27,6 +27,13 @@ func withParam(u, name, value string) string {
 	return u + sep + name + "=" + value
 }
 
+// ownURL returns d's URL with an application_name no other test uses: the gateway
+// shares a pool among the configs with the same settings, so this URL's pool is the
+// test's own, and its connections can be told apart in pg_stat_activity.
+func (d *db) ownURL(t testing.TB) string {
+	return withParam(d.url, "application_name", randomName(t))
+}
+
 func randomName(t testing.TB) string {
 	t.Helper()
 	var b [6]byte
@@ -209,8 +216,8 @@ func TestChangedSettingsBuildANewPool(t *testing.T) {
 	d := newDB(t)
 	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
 	up := newUpstream(t)
-	first := withParam(d.url, "application_name", randomName(t))
-	second := withParam(d.url, "application_name", randomName(t))
+	first := d.ownURL(t)
+	second := d.ownURL(t)
 
 	gw := startGateway(t, gatewayConfig{handler: gatewayOptions(first, nil), upstream: up.addr()})
 	gw.get(t, "/v1/me", key)
