@@ -34,8 +34,7 @@ func timed(t *testing.T, limit time.Duration, f func() Resp) Resp {
 
 func TestRedisDownOpenAndClosedAndBack(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	_, key := s.loginOwner(org).createKey(org.ID, "k", "Admin", nil)
+	_, key := s.newKey("pro", "Admin")
 	open, closed := s.api(key, 0), s.api(key, 1)
 	for _, a := range []*api{open, closed} {
 		if r := a.do("GET", "/v1/me", nil); r.Status != 200 || r.Header.Get("RateLimit") == "" {
@@ -78,8 +77,7 @@ func TestRedisDownOpenAndClosedAndBack(t *testing.T) {
 
 func TestPostgresDownAnswers503AndRecoversWithoutRestartingCaddy(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	_, key := s.loginOwner(org).createKey(org.ID, "k", "Admin", nil)
+	_, key := s.newKey("pro", "Admin")
 	a := s.api(key, 0)
 	if r := a.do("GET", "/v1/me", nil); r.Status != 200 {
 		t.Fatalf("before: %d %s", r.Status, r.Body)
@@ -124,8 +122,7 @@ func TestPostgresDownAnswers503AndRecoversWithoutRestartingCaddy(t *testing.T) {
 
 func TestUpstreamDownAnswers502JSON(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	_, key := s.loginOwner(org).createKey(org.ID, "k", "Admin", nil)
+	_, key := s.newKey("pro", "Admin")
 	a := s.api(key, 0)
 
 	s.stopUpstream()

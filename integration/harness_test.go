@@ -479,6 +479,14 @@ func (s *Stack) login(email, password string) *Client {
 
 func (s *Stack) loginOwner(o Org) *Client { return s.login(o.Email, o.Password) }
 
+// newKey creates an org on plan and, through its owner's dashboard, a key named k of
+// role: all that a test of /v1 alone needs before it starts.
+func (s *Stack) newKey(plan, role string) (Org, string) {
+	org := s.newOrg(plan)
+	_, key := s.loginOwner(org).createKey(org.ID, "k", role, nil)
+	return org, key
+}
+
 // Resp is a whole response.
 type Resp struct {
 	Status int

@@ -167,8 +167,7 @@ func TestRetryAfterIsTheTimeLeftInTheWindow(t *testing.T) {
 
 func TestUnlimitedPlanHasNoCapAndNoHeaders(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("enterprise")
-	_, key := s.loginOwner(org).createKey(org.ID, "k", "Admin", nil)
+	_, key := s.newKey("enterprise", "Admin")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	bad := 0

@@ -77,8 +77,7 @@ func TestRolesOnV1(t *testing.T) {
 
 func TestMonitorsThroughV1NeverShowHiddenFieldsAndStayInTheirOrg(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	_, key := s.loginOwner(org).createKey(org.ID, "k", "Admin", nil)
+	org, key := s.newKey("pro", "Admin")
 	a := s.api(key, 0)
 
 	created := a.do("POST", "/v1/monitors", newMonitor("homepage"))

@@ -18,8 +18,7 @@ func TestGatewayOnTLSRedisNeedsTheRightCA(t *testing.T) {
 	tlsURL := testenv.Getenv(t, "REDIS_TLS_URL")
 	ca, wrongCA := testenv.Getenv(t, "REDIS_TLS_CA"), testenv.Getenv(t, "REDIS_TLS_WRONG_CA")
 	s := newStackWith(t, stackOptions{redisURL: tlsURL, redisTLSCA: wrongCA})
-	org := s.newOrg("pro")
-	_, key := s.loginOwner(org).createKey(org.ID, "k", "Admin", nil)
+	_, key := s.newKey("pro", "Admin")
 
 	for range 3 {
 		r := s.api(key, 1).do("GET", "/v1/me", nil)

@@ -132,8 +132,7 @@ func TestGatewaysOnSentinelKeepCountingThroughAFailover(t *testing.T) {
 	const n = 30
 	s.cli("", "plan", "put", "--name", "sentinel", "--api-rate-limit", strconv.Itoa(n), "--max-monitors", "10",
 		"--min-interval", "60", "--locations", "us-east", "--check-types", "http")
-	org := s.newOrg("sentinel")
-	_, key := s.loginOwner(org).createKey(org.ID, "k", "Viewer", nil)
+	_, key := s.newKey("sentinel", "Viewer")
 	set.waitReady(t)
 	waitForWindowRoom(20) // the failover takes seconds; the budget must not reset meanwhile
 
