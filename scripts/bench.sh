@@ -23,7 +23,10 @@
 #       rate limit: the module's CPU per request without the throughput effect
 #       (bench_matched below; informational)
 #   (m) the cost of metrics: the gateway with and without disable_metrics, in one Caddy
-#       of its own, ROUNDS alternating runs each (bench_metrics below)
+#       of its own, ROUNDS alternating runs each (bench_pair below)
+#   (i) the cost of signed identity: the gateway with identity_key and with
+#       gateway_secret alone, the same way (bench_pair below)
+#   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #
 # (c), (cL), (b), (c401) and (c429) run ROUNDS times, in that order, so that gateway and
 # plain alternate; the report gives the median of the rounds, since the machine is small
@@ -41,7 +44,8 @@
 # FAULT_DURATION (5s, each run of (f)), BENCH_LINGER ((cL)'s batch_linger, 2ms; off skips
 # (cL)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
-# MATCHED_CONNS (CONNS: hey's workers in (r)).
+# MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY and
+# BENCH_CLUSTER (1; 0 skips (m), (i) or (k)).
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
 # meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
@@ -55,7 +59,7 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
-need_tools wrk curl
+need_tools wrk curl openssl
 [ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
 # bench_port picks the bench's listening ports below the ephemeral range (32768 and
@@ -256,7 +260,7 @@ for u in "http://$up/v1/monitors/$monitor" "http://$plain/v1/monitors/$monitor";
 done
 wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$gw/v1/monitors/$monitor" >/dev/null
 
-# ---- CPU per request, per process (issue 15) -------------------------------------
+# ---- CPU per request, per process ------------------------------------------------
 # proc_ticks PID prints the CPU time of PID and of its reaped children (utime + stime +
 # cutime + cstime, /proc/PID/stat fields 14-17) in clock ticks; 0 once it is gone.
 # pg_ticks sums the postmaster and every backend and worker it runs.
@@ -527,64 +531,77 @@ cpu_report=$(
 cpu_report+=$matched_report
 verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 
-# ---- (m) metrics on and off (issue 11) -------------------------------------------
-# bench_metrics runs one Caddy with two gateway sites that differ only in
-# disable_metrics, measures them ROUNDS times alternating, and sets metrics_report.
-# Both share one process, one PostgreSQL pool and one Redis client, so the only
-# difference is the metrics bookkeeping (the access-log fields are set in both).
-# BENCH_METRICS=0 skips it.
-metrics_site() { gateway_site "$@"; } # ADDR [disable_metrics]
-bench_metrics() {
-	local on off pid addr round
-	on="127.0.0.1:$(bench_port)"
-	off="127.0.0.1:$(bench_port)"
+# ---- (m) and (i): one option on and off -----------------------------------------
+# bench_pair VAR TITLE LABEL_A OPTION_A LABEL_B OPTION_B runs one Caddy with two
+# gateway sites that differ only in one option line (empty: none), measures them
+# ROUNDS times alternating, Caddy's CPU per request included, and sets VAR to a
+# report with the A/B throughput ratio. Both sites share one process, one PostgreSQL
+# pool and one Redis client, so the only difference is the option's work.
+#   (m) metrics on against disable_metrics: what the metrics bookkeeping costs.
+#   (i) identity_key against gateway_secret alone: what signing X-Gateway-Identity
+#       costs (the upstream checks the shared secret in both; verifying the assertion
+#       is the upstream's cost, not the gateway's).
+# BENCH_METRICS=0 and BENCH_IDENTITY=0 skip them.
+metrics_site() { gateway_site "$@"; } # ADDR [OPTION]
+bench_pair() {
+	local -n _report=$1
+	local title=$2 label_a=$3 opt_a=$4 label_b=$5 opt_b=$6
+	local a b pid addr round
+	a="127.0.0.1:$(bench_port)"
+	b="127.0.0.1:$(bench_port)"
 	{
 		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
-		metrics_site "$on"
-		metrics_site "$off" disable_metrics
-	} >"$stack/Caddyfile.metrics"
-	bin/caddy run --config "$stack/Caddyfile.metrics" --adapter caddyfile >"$stack/caddy-metrics.log" 2>&1 &
+		metrics_site "$a" ${opt_a:+"$opt_a"}
+		metrics_site "$b" ${opt_b:+"$opt_b"}
+	} >"$stack/Caddyfile.pair"
+	bin/caddy run --config "$stack/Caddyfile.pair" --adapter caddyfile >"$stack/caddy-pair.log" 2>&1 &
 	pid=$!
 	pids+=($pid)
-	for addr in "$on" "$off"; do
-		wait_http "http://$addr/v1/me" || { tail -n 20 "$stack/caddy-metrics.log" >&2; exit 1; }
+	for addr in "$a" "$b"; do
+		wait_http "http://$addr/v1/me" || { tail -n 20 "$stack/caddy-pair.log" >&2; exit 1; }
 		wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$addr/v1/monitors/$monitor" >/dev/null
 	done
-	local on_runs=() off_runs=()
-	# Odd rounds measure on first, even rounds off first, so that neither always
-	# has the warmer (or the more disturbed) slot.
+	# cpu_snapshot reads caddy_pid: this Caddy's, for these runs.
+	local caddy_pid=$pid a_runs=() b_runs=()
+	# Odd rounds measure A first, even rounds B first, so that neither always has the
+	# warmer (or the more disturbed) slot.
 	for round in $(seq 1 "$ROUNDS"); do
-		echo "measuring (m) metrics on / off, round $round…" >&2
+		echo "measuring $title, round $round…" >&2
 		if ((round % 2)); then
-			on_runs+=("$(measure "http://$on/v1/monitors/$monitor" "${auth[@]}")")
-			off_runs+=("$(measure "http://$off/v1/monitors/$monitor" "${auth[@]}")")
+			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
+			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
 		else
-			off_runs+=("$(measure "http://$off/v1/monitors/$monitor" "${auth[@]}")")
-			on_runs+=("$(measure "http://$on/v1/monitors/$monitor" "${auth[@]}")")
+			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
+			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
 		fi
 	done
 	kill "$pid" 2>/dev/null || true
-	local on_rps on_p99 off_rps off_p99 m_ratio
-	on_rps=$(FIELD=1 mean "${on_runs[@]}")
-	on_p99=$(FIELD=3 mean "${on_runs[@]}")
-	off_rps=$(FIELD=1 mean "${off_runs[@]}")
-	off_p99=$(FIELD=3 mean "${off_runs[@]}")
-	m_ratio=$(awk -v a="$on_rps" -v b="$off_rps" 'BEGIN {printf "%.3f", a / b}')
-	local runs_on runs_off
-	runs_on=$(printf '%s\n' "${on_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
-	runs_off=$(printf '%s\n' "${off_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
-	metrics_report=$'\n\n'$(
+	wait "$pid" 2>/dev/null || true
+	local a_rps a_p99 a_cpu b_rps b_p99 b_cpu ratio runs_a runs_b
+	a_rps=$(FIELD=1 mean "${a_runs[@]}") a_p99=$(FIELD=3 mean "${a_runs[@]}") a_cpu=$(FIELD=4 mean "${a_runs[@]}")
+	b_rps=$(FIELD=1 mean "${b_runs[@]}") b_p99=$(FIELD=3 mean "${b_runs[@]}") b_cpu=$(FIELD=4 mean "${b_runs[@]}")
+	ratio=$(awk -v a="$a_rps" -v b="$b_rps" 'BEGIN {printf "%.3f", a / b}')
+	runs_a=$(printf '%s\n' "${a_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
+	runs_b=$(printf '%s\n' "${b_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
+	_report=$'\n\n'$(
 		cat <<EOF
-(m) metrics, mean of $ROUNDS alternating runs   req/s      p99 ms
-    gateway, metrics on                $(printf '%9.0f %11.3f' "$on_rps" "$on_p99")
-    gateway, disable_metrics           $(printf '%9.0f %11.3f' "$off_rps" "$off_p99")
-    on/off throughput ratio            $m_ratio   (>= 0.95: $(verdict "$m_ratio >= 0.95"))
-    runs (req/s): on $runs_on; off $runs_off
+$title, mean of $ROUNDS alternating runs      req/s      p99 ms  caddy us/req
+    $(printf '%-34s %9.0f %11.3f %11.1f' "$label_a" "$a_rps" "$a_p99" "$a_cpu")
+    $(printf '%-34s %9.0f %11.3f %11.1f' "$label_b" "$b_rps" "$b_p99" "$b_cpu")
+    A/B throughput ratio               $ratio   (>= 0.95: $(verdict "$ratio >= 0.95"))
+    runs (req/s): A $runs_a; B $runs_b
 EOF
 	)
 }
-metrics_report=""
-[ "${BENCH_METRICS:-1}" = 1 ] && bench_metrics
+metrics_report="" identity_report=""
+if [ "${BENCH_METRICS:-1}" = 1 ]; then
+	bench_pair metrics_report "(m) metrics" "A: gateway, metrics on" "" "B: gateway, disable_metrics" disable_metrics
+fi
+if [ "${BENCH_IDENTITY:-1}" = 1 ]; then
+	openssl genpkey -algorithm ed25519 -out "$stack/identity.pem" 2>/dev/null
+	bench_pair identity_report "(i) signed identity" "A: gateway, identity_key" "identity_key $stack/identity.pem" \
+		"B: gateway, gateway_secret alone" ""
+fi
 # ---- end of (m) ----------------------------------------------------------------------
 
 # (e) The 50 MB list, on a Caddy of its own so that its peak RSS is the filter's alone.
@@ -602,7 +619,7 @@ rss_peak=$(awk '/^VmHWM:/ {print $2}' "/proc/$big_pid/status")
 rss_growth_mb=$(awk -v a="$rss_before" -v b="$rss_peak" 'BEGIN {printf "%.1f", (b - a) / 1024}')
 leaked=$(grep -c -E '"(config|assertions|org_id|config_version|paused_reason)"' "$stack/big.out" || true)
 
-# ---- (f) fault run: slow and hung dependencies (issue 9) ----------------------------
+# ---- (f) fault run: slow and hung dependencies ------------------------------------
 # fault_run sets f_open_before, f_open_hung, f_local_before, f_local_hung (req/s) and
 # f_pg_503 (503s a second while PostgreSQL hangs). It runs its own Caddy, with the
 # gateways reaching Redis and PostgreSQL through latency proxies it hangs (SIGUSR1)
@@ -707,12 +724,12 @@ targets:
   PostgreSQL hung, 503s/s   $(printf '%.0f' "$f_pg_503")   (>= 100: $(verdict "$f_pg_503 >= 100"))
 EOF
 )
-report+=$metrics_report
+report+=$metrics_report$identity_report
 echo "$report"
 echo "$report" >"$OUT"
 echo "(written to $OUT)"
 
-# ---- (k) Redis Cluster beside the single Redis (issue 12) ---------------------------
+# ---- (k) Redis Cluster beside the single Redis ------------------------------------
 # bench_cluster starts a 3-master Redis Cluster (stack.sh up-cluster) and two Caddys of
 # the (m) site (metrics_site), one whose REDIS_URL is the stack's single Redis and one
 # whose REDIS_URL is the Cluster (redis_mode cluster), and measures GET
