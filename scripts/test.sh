@@ -27,8 +27,8 @@ source "$stack/env"
 export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA REDIS_SENTINEL_URL REDIS_SENTINEL_PRIMARY_PIDFILE STACK_DIR="$stack"
 
 go vet ./...
-# The key lookups through PgBouncer in transaction pooling, with the exec mode the
-# README recommends (pgx's default statement cache fails there: README, PgBouncer).
+# The key lookups through PgBouncer in transaction pooling, with the exec mode
+# docs/operations.md recommends (pgx's default statement cache fails there).
 DATABASE_URL="$PGBOUNCER_DATABASE_URL&default_query_exec_mode=exec" go test -count=1 ./keystore
 # The integration suite stops and restarts the shared PostgreSQL and Redis, so it runs
 # after the other packages rather than beside them.
