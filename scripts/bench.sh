@@ -69,12 +69,7 @@ bench_port() { free_port 20000 12000; }
 
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-bench.XXXXXX")
 pids=()
-cleanup() {
-	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	scripts/stack.sh down "$stack"
-}
-trap cleanup EXIT
+trap 'stop_stack "$stack"' EXIT
 scripts/stack.sh up "$stack" >/dev/null
 source "$stack/env"
 GATEWAY_SECRET=bench-secret-0123456789abcdef

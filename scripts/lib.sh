@@ -18,6 +18,15 @@ free_port() {
 	return 1
 }
 
+# stop_stack DIR kills the caller's background processes, listed in its array pids,
+# waits for them, then stops the stack in DIR: the EXIT trap of run.sh and bench.sh.
+stop_stack() {
+	local pid
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	scripts/stack.sh down "$1"
+}
+
 # wait_http URL [SECONDS] waits until URL answers anything over HTTP.
 wait_http() {
 	local url=$1 secs=${2:-30} i

@@ -30,12 +30,7 @@ make -s build # incremental; the first xcaddy build takes a few minutes
 stack=.stack/run
 mkdir -p .stack
 pids=()
-cleanup() {
-	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	scripts/stack.sh down "$stack"
-}
-trap cleanup EXIT
+trap 'stop_stack "$stack"' EXIT
 trap 'exit 0' INT TERM
 scripts/stack.sh down "$stack"
 scripts/stack.sh up "$stack" >/dev/null
