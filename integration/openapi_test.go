@@ -18,7 +18,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -26,12 +25,12 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
 	"github.com/keygate/keygate/openapi"
+	"github.com/keygate/keygate/openapi/openapitest"
 )
 
 // document is one OpenAPI document and its router.
@@ -51,12 +50,7 @@ func loadDocuments() (map[string]*document, error) {
 	documentsOnce.Do(func() {
 		documents = map[string]*document{}
 		for _, name := range openapi.Names {
-			loader := openapi3.NewLoader()
-			loader.IsExternalRefsAllowed = true
-			loader.ReadFromURIFunc = func(_ *openapi3.Loader, u *url.URL) ([]byte, error) {
-				return openapi.Files.ReadFile(u.Path)
-			}
-			doc, err := loader.LoadFromURI(&url.URL{Path: name})
+			doc, err := openapitest.Load(name)
 			if err != nil {
 				documentsErr = err
 				return

@@ -2,25 +2,20 @@ package openapi_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/keygate/keygate/openapi"
+	"github.com/keygate/keygate/openapi/openapitest"
 )
 
-// Load parses the documents in openapi.Files, resolving dashboard.yaml's references
-// to v1.yaml, and validates them as OpenAPI 3.1 (kin-openapi's document validation,
-// with JSON Schema 2020-12 for 3.1 documents).
+// load parses the document name of openapi.Files, resolving dashboard.yaml's
+// references to v1.yaml; the tests validate it as OpenAPI 3.1 (kin-openapi's document
+// validation, with JSON Schema 2020-12 for 3.1 documents).
 func load(t *testing.T, name string) *openapi3.T {
 	t.Helper()
-	loader := openapi3.NewLoader()
-	loader.IsExternalRefsAllowed = true
-	loader.ReadFromURIFunc = func(_ *openapi3.Loader, u *url.URL) ([]byte, error) {
-		return openapi.Files.ReadFile(u.Path)
-	}
-	doc, err := loader.LoadFromURI(&url.URL{Path: name})
+	doc, err := openapitest.Load(name)
 	if err != nil {
 		t.Fatalf("loading %s: %v", name, err)
 	}
