@@ -172,24 +172,24 @@ func listedKey(t *testing.T, c *Client, orgID, id string) map[string]any {
 // waitLastUsed polls the key list until the key shows a last_used_at, and returns it.
 func waitLastUsed(t *testing.T, c *Client, orgID, id string, within time.Duration) time.Time {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var at time.Time
+	eventually(t, within, "a last_used_at", func() bool {
 		e := listedKey(t, c, orgID, id)
-		if v, ok := e["last_used_at"].(string); ok {
-			at, err := time.Parse(time.RFC3339Nano, v)
-			if err != nil {
-				t.Fatalf("last_used_at %q is not RFC 3339: %v", v, err)
-			}
-			return at
+		v, present := e["last_used_at"]
+		if present && v == nil {
+			return false // not used yet, or not flushed yet
 		}
-		if v, present := e["last_used_at"]; !present || v != nil {
+		s, ok := v.(string)
+		if !ok {
 			t.Fatalf("last_used_at is %#v, want a time or null", v)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no last_used_at within %v", within)
+		var err error
+		if at, err = time.Parse(time.RFC3339Nano, s); err != nil {
+			t.Fatalf("last_used_at %q is not RFC 3339: %v", s, err)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return true
+	})
+	return at
 }
 
 func TestLastUsedAppearsWithinTheFlushInterval(t *testing.T) {

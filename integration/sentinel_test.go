@@ -21,8 +21,9 @@ import (
 // and the stack's shared Sentinel set, whose primary caddymodule's test kills, is left
 // alone.
 type sentinelSet struct {
-	url     string // redis_url for redis_mode sentinel
-	pidfile string // the primary's
+	url     string                 // redis_url for redis_mode sentinel
+	pidfile string                 // the primary's
+	opts    *redis.FailoverOptions // url's, for the test's own clients
 }
 
 // startSentinelSet starts a Sentinel set and stops it when the test ends.
@@ -45,6 +46,9 @@ func startSentinelSet(t *testing.T) sentinelSet {
 	set := sentinelSet{url: env["REDIS_SENTINEL_URL"], pidfile: env["REDIS_SENTINEL_PRIMARY_PIDFILE"]}
 	if set.url == "" || set.pidfile == "" {
 		t.Fatalf("stack.sh up-sentinel wrote %v", env)
+	}
+	if set.opts, err = redis.ParseFailoverURL(set.url); err != nil {
+		t.Fatal(err)
 	}
 	return set
 }
@@ -72,10 +76,7 @@ func readEnvFile(t *testing.T, path string) map[string]string {
 // up, and the two other Sentinels: before that, a killed primary would not be replaced.
 func (set sentinelSet) waitReady(t *testing.T) {
 	t.Helper()
-	opts, err := redis.ParseFailoverURL(set.url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := set.opts
 	ctx := context.Background()
 	eventually(t, 20*time.Second, "the Sentinels know the replica and each other", func() bool {
 		for _, addr := range opts.SentinelAddrs {
@@ -96,11 +97,7 @@ func (set sentinelSet) waitReady(t *testing.T) {
 // primary with SIGKILL.
 func (set sentinelSet) killPrimary(t *testing.T) {
 	t.Helper()
-	opts, err := redis.ParseFailoverURL(set.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewFailoverClient(opts)
+	c := redis.NewFailoverClient(set.opts)
 	defer c.Close()
 	if n, err := c.Do(context.Background(), "WAIT", 1, 2000).Int(); err != nil || n != 1 {
 		t.Fatalf("WAIT for the replica: %d replicas, %v", n, err)
