@@ -30,11 +30,10 @@ func Getenv(tb testing.TB, name string) string {
 // skips the test when name is not set.
 func GetenvOrSkip(tb testing.TB, name string) string {
 	tb.Helper()
-	v := os.Getenv(name)
-	if v == "" {
+	if os.Getenv(name) == "" {
 		tb.Skipf("%s is not set (scripts/stack.sh up-cluster, up-tls or up-sentinel DIR)", name)
 	}
-	return v
+	return Getenv(tb, name)
 }
 
 // Exchange sends req with c and returns the response with its whole body, read and
