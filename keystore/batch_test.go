@@ -136,13 +136,7 @@ func TestBatcherRecoversAfterADatabaseError(t *testing.T) {
 	b := keystore.NewBatcher(s, keystore.BatcherOptions{Timeout: 200 * time.Millisecond})
 	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdLocks(t, pool, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`)
 	// The batch query times out on its own timeout even if the caller would wait longer.
 	if _, ok, err := b.Verify(ctx, full); ok || err == nil {
 		t.Errorf("Verify on a locked table = %v, %v; want an error", ok, err)

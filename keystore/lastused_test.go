@@ -151,14 +151,7 @@ func TestRecordDoesNotWaitForABlockedFlush(t *testing.T) {
 	ctx := context.Background()
 	s, pool, org := newStore(t, "pro")
 	k, _ := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleEditor})
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM api_keys WHERE key_id = $1 FOR UPDATE`, k.ID); err != nil {
-		t.Fatal(err)
-	}
+	tx := holdLocks(t, pool, `SELECT 1 FROM api_keys WHERE key_id = $1 FOR UPDATE`, k.ID)
 
 	lu := keystore.NewLastUsed(pool, keystore.LastUsedOptions{})
 	lu.Record(k.ID)

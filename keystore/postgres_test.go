@@ -34,6 +34,22 @@ func newOrg(t *testing.T, pool *pgxpool.Pool, plan string) string {
 	return id
 }
 
+// holdLocks begins a transaction on pool that runs sql, so that the locks sql takes
+// are held until the test rolls the transaction back, or ends.
+func holdLocks(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 func create(t *testing.T, s *keystore.Store, nk keystore.NewKey) (keystore.Record, string) {
 	t.Helper()
 	rec, full, err := s.Create(context.Background(), nk)
@@ -169,14 +185,7 @@ func TestVerifyTimesOutOnAStuckDatabase(t *testing.T) {
 	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 
 	// Hold a lock that the lookup must wait for.
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	holdLocks(t, pool, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`)
 	for name, v := range verifiers(s) {
 		tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		start := time.Now()
