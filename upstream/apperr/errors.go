@@ -21,10 +21,10 @@ import (
 const (
 	// EINVALID is a request (or command line) with a bad value. HTTP: 400
 	// {"error":"invalid_request","message":Message}, where Message names the field.
-	EINVALID = "Invalid"
+	EINVALID = "invalid"
 	// EUNAUTHORIZED is a request without valid credentials. HTTP: 401
 	// {"error":Message}, Message being "unauthenticated", "api key unauthenticated"
-	// or "Invalid credentials" depending on the route.
+	// or "invalid credentials" depending on the route.
 	EUNAUTHORIZED = "unauthorized"
 	// EFORBIDDEN is an authenticated caller whose role lacks the permission. HTTP: 403
 	// {"error":"forbidden"}.
@@ -148,7 +148,7 @@ func FeatureGated(feature string) *Error {
 var (
 	ErrUnauthenticated   = &Error{Code: EUNAUTHORIZED, Message: "unauthenticated"}
 	ErrKeyUnauth         = &Error{Code: EUNAUTHORIZED, Message: "api key unauthenticated"}
-	ErrBadCredentials    = &Error{Code: EUNAUTHORIZED, Message: "Invalid credentials"}
+	ErrBadCredentials    = &Error{Code: EUNAUTHORIZED, Message: "invalid credentials"}
 	ErrForbidden         = &Error{Code: EFORBIDDEN, Message: "forbidden"}
 	ErrNotFound          = &Error{Code: ENOTFOUND, Message: "not found"}
 	ErrMonitorNotFound   = &Error{Code: ENOTFOUND, Message: "monitor not found"}

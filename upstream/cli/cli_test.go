@@ -3,12 +3,10 @@ package cli
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -17,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/keygate/keygate/schema/schematest"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // run runs the command line with args and stdin against the environment env.
@@ -144,11 +144,11 @@ func TestOperatorCommands(t *testing.T) {
 
 	// The password is the first line without its line ending: it logs in, and the
 	// stored hash is argon2id.
-	e := newTestEnvOn(t, dbURL)
-	e.login("ada@example.com", "s3cret pass")
-	r := e.anon().do("POST", "/auth/login", `{"email":"ada@example.com","password":"s3cret pass\r"}`)
-	want(t, r, 401, `{"error":"invalid credentials"}`)
-	if hash := scalar[string](e, `SELECT password_hash FROM users WHERE id = $1`, user); !strings.HasPrefix(hash, "$argon2id$v=19$") {
+	e := upstreamtest.NewEnvOn(t, dbURL)
+	e.Login("ada@example.com", "s3cret pass")
+	r := e.Anon().Do("POST", "/auth/login", `{"email":"ada@example.com","password":"s3cret pass\r"}`)
+	upstreamtest.Want(t, r, 401, `{"error":"invalid credentials"}`)
+	if hash := upstreamtest.Scalar[string](e, `SELECT password_hash FROM users WHERE id = $1`, user); !strings.HasPrefix(hash, "$argon2id$v=19$") {
 		t.Errorf("stored hash %q", hash)
 	}
 }
@@ -222,38 +222,9 @@ func TestCommandsNeedTheirEnvironment(t *testing.T) {
 	}
 }
 
-// emptyDatabase creates a database without the schema, dropped when the test ends.
-func emptyDatabase(t *testing.T) string {
-	t.Helper()
-	base := schematest.URL(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "test_empty_" + hex.EncodeToString(b[:])
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), base)
-		if err != nil {
-			return
-		}
-		defer conn.Close(context.Background())
-		_, _ = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	})
-	u, _ := url.Parse(base)
-	u.Path = "/" + name
-	return u.String()
-}
-
 func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
-	dbURL := emptyDatabase(t)
-	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": testSecret}
+	dbURL := upstreamtest.EmptyDatabase(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret}
 
 	code, _, stderr := run(t, env, "", "serve", "--addr", "127.0.0.1:0")
 	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 3: run `upstream migrate` first (or serve --migrate)\n" {
@@ -268,8 +239,8 @@ func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
 }
 
 func TestServeServesUntilCancelled(t *testing.T) {
-	dbURL := emptyDatabase(t)
-	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": testSecret, "KEY_PREFIX": "acme"}
+	dbURL := upstreamtest.EmptyDatabase(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret, "KEY_PREFIX": "acme"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pr, pw := io.Pipe()
@@ -307,8 +278,8 @@ func TestServeServesUntilCancelled(t *testing.T) {
 			if entry.KeyPrefix != "acme" {
 				t.Errorf("key prefix %q, want acme from KEY_PREFIX", entry.KeyPrefix)
 			}
-			if entry.MaxConns != defaultMaxConns {
-				t.Errorf("pool_max_conns %d, want %d", entry.MaxConns, defaultMaxConns)
+			if entry.MaxConns != store.DefaultMaxConns {
+				t.Errorf("pool_max_conns %d, want %d", entry.MaxConns, store.DefaultMaxConns)
 			}
 			break
 		}
@@ -380,5 +351,36 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	}
 	if !strings.Contains(rest.String(), `"msg":"request"`) || !strings.Contains(rest.String(), `"msg":"stopped"`) {
 		t.Errorf("logs after start:\n%s", rest.String())
+	}
+}
+
+func TestNewPasswordsHaveAtLeastTenCharacters(t *testing.T) {
+	e := upstreamtest.NewEnv(t)
+	for _, tc := range []struct {
+		name, password string
+		ok             bool
+	}{
+		{"9 characters", "123456789", false},
+		{"9 characters in 27 bytes", "日本語日本語日本語", false},
+		{"10 characters", "1234567890", true},
+		{"10 characters in 20 bytes", "éééééééééé", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Users are created by the command line, which checks the password once.
+			code, _, stderr := run(t, map[string]string{"DATABASE_URL": e.DBURL}, tc.password+"\n",
+				"user", "create", "--email", fmt.Sprintf("u%d@example.com", e.Seq.Add(1)), "--password-stdin")
+			if tc.ok {
+				if code != 0 {
+					t.Fatalf("user create: exit %d, stderr %q", code, stderr)
+				}
+				return
+			}
+			if code != 2 || stderr != "upstream user create: password: must be at least 10 characters\n" {
+				t.Errorf("user create: exit %d, stderr %q; want 2 and the password rule", code, stderr)
+			}
+		})
+	}
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM users`); n != 2 {
+		t.Errorf("%d users created, want 2", n)
 	}
 }

@@ -101,10 +101,10 @@ type principalKey struct{}
 
 // The headers of CONTRACT §3, set by the gateway on every request it proxies.
 const (
-	headerSecret  = "X-Gateway-Secret"
-	headerOrgID   = "X-Gateway-Org-Id"
-	headerKeyID   = "X-Gateway-Key-Id"
-	headerKeyRole = "X-Gateway-Key-Role"
+	HeaderSecret  = "X-Gateway-Secret"
+	HeaderOrgID   = "X-Gateway-Org-Id"
+	HeaderKeyID   = "X-Gateway-Key-Id"
+	HeaderKeyRole = "X-Gateway-Key-Role"
 )
 
 // gatewayAuth admits a /v1 request only when it carries exactly one X-Gateway-Secret
@@ -132,7 +132,7 @@ func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 // is, which then names the caller (CONTRACT §15); otherwise the X-Gateway-* headers do.
 func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal, bool) {
 	if s.secretSet {
-		secrets := h.Values(headerSecret)
+		secrets := h.Values(HeaderSecret)
 		presented := ""
 		if len(secrets) == 1 {
 			presented = secrets[0]
@@ -153,7 +153,7 @@ func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal
 		}
 		return principal{orgID: id.OrgID, keyID: id.KeyID, role: id.Role}, true
 	}
-	orgIDs, keyIDs, roles := h.Values(headerOrgID), h.Values(headerKeyID), h.Values(headerKeyRole)
+	orgIDs, keyIDs, roles := h.Values(HeaderOrgID), h.Values(HeaderKeyID), h.Values(HeaderKeyRole)
 	if len(orgIDs) != 1 || len(keyIDs) != 1 || len(roles) != 1 {
 		return principal{}, false
 	}

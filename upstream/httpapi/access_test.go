@@ -1,4 +1,4 @@
-package httpapi
+package httpapi_test
 
 import (
 	"net/http"
@@ -7,31 +7,34 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 const bodyKeyUnauth = `{"error":"api key unauthenticated"}`
 
 func TestV1RequiresTheGatewaySecret(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
-	identity := []string{headerOrgID, org, headerKeyID, "AAAAAAAAAAAAAAAAAAAAAA", headerKeyRole, roleAdmin}
-	anon := e.anon().with(identity...)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
+	identity := []string{httpapi.HeaderOrgID, org, httpapi.HeaderKeyID, "AAAAAAAAAAAAAAAAAAAAAA", httpapi.HeaderKeyRole, store.RoleAdmin}
+	anon := e.Anon().With(identity...)
 	for _, tc := range []struct {
 		name string
-		c    *client
+		c    *upstreamtest.Client
 	}{
 		{"no secret", anon},
-		{"empty secret", anon.with(headerSecret, "")},
-		{"wrong secret", anon.with(headerSecret, "wrong")},
-		{"secret with a suffix", anon.with(headerSecret, testSecret+"x")},
-		{"secret's prefix", anon.with(headerSecret, testSecret[:len(testSecret)-1])},
-		{"secret in another case", anon.with(headerSecret, "TEST-GATEWAY-SECRET-0123456789")},
-		{"secret twice", anon.with(headerSecret, testSecret, headerSecret, testSecret)},
-		{"a wrong and a right secret", anon.with(headerSecret, "wrong", headerSecret, testSecret)},
-		{"a session cookie instead", owner.with(identity...)},
-		{"an API key instead", anon.with("Authorization", "Bearer mon_live_AAAAAAAAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")},
-		{"no headers at all", e.anon()},
+		{"empty secret", anon.With(httpapi.HeaderSecret, "")},
+		{"wrong secret", anon.With(httpapi.HeaderSecret, "wrong")},
+		{"secret with a suffix", anon.With(httpapi.HeaderSecret, upstreamtest.GatewaySecret+"x")},
+		{"secret's prefix", anon.With(httpapi.HeaderSecret, upstreamtest.GatewaySecret[:len(upstreamtest.GatewaySecret)-1])},
+		{"secret in another case", anon.With(httpapi.HeaderSecret, "TEST-GATEWAY-SECRET-0123456789")},
+		{"secret twice", anon.With(httpapi.HeaderSecret, upstreamtest.GatewaySecret, httpapi.HeaderSecret, upstreamtest.GatewaySecret)},
+		{"a wrong and a right secret", anon.With(httpapi.HeaderSecret, "wrong", httpapi.HeaderSecret, upstreamtest.GatewaySecret)},
+		{"a session cookie instead", owner.With(identity...)},
+		{"an API key instead", anon.With("Authorization", "Bearer mon_live_AAAAAAAAAAAAAAAAAAAAAA.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")},
+		{"no headers at all", e.Anon()},
 	} {
 		for _, rt := range []struct{ method, path string }{
 			{"GET", "/v1/monitors"},
@@ -43,77 +46,77 @@ func TestV1RequiresTheGatewaySecret(t *testing.T) {
 			{"GET", "/v1"},
 		} {
 			t.Run(tc.name+" "+rt.method+" "+rt.path, func(t *testing.T) {
-				r := tc.c.do(rt.method, rt.path, `{"name":"n","type":"http","target":"https://example.com"}`)
-				want(t, r, 401, bodyKeyUnauth)
-				if got := r.header.Get("WWW-Authenticate"); got != "Bearer" {
+				r := tc.c.Do(rt.method, rt.path, `{"name":"n","type":"http","target":"https://example.com"}`)
+				upstreamtest.Want(t, r, 401, bodyKeyUnauth)
+				if got := r.Header.Get("WWW-Authenticate"); got != "Bearer" {
 					t.Errorf("WWW-Authenticate = %q, want Bearer", got)
 				}
 			})
 		}
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM monitors`); n != 0 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM monitors`); n != 0 {
 		t.Errorf("monitors = %d, want none created", n)
 	}
 }
 
 func TestV1RefusesMalformedIdentityHeaders(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	good := e.gateway(org, roleAdmin)
-	without := func(name string) *client {
-		c := good.with()
-		c.header.Del(name)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	good := e.Gateway(org, store.RoleAdmin)
+	without := func(name string) *upstreamtest.Client {
+		c := good.With()
+		c.Header.Del(name)
 		return c
 	}
-	replaced := func(name, value string) *client {
-		c := good.with()
-		c.header.Set(name, value)
+	replaced := func(name, value string) *upstreamtest.Client {
+		c := good.With()
+		c.Header.Set(name, value)
 		return c
 	}
 	for _, tc := range []struct {
 		name string
-		c    *client
+		c    *upstreamtest.Client
 	}{
-		{"no org", without(headerOrgID)},
-		{"org not a UUID", replaced(headerOrgID, "acme")},
-		{"org a UUID without hyphens", replaced(headerOrgID, "00000000000000000000000000000000")},
-		{"two orgs", good.with(headerOrgID, "00000000-0000-0000-0000-000000000000")},
-		{"no key id", without(headerKeyID)},
-		{"empty key id", replaced(headerKeyID, "")},
-		{"key id with a dot", replaced(headerKeyID, "AAAAAAAAAAAAAAAA.AAAAAA")},
-		{"no role", without(headerKeyRole)},
-		{"role Owner", replaced(headerKeyRole, "Owner")},
-		{"role in lower case", replaced(headerKeyRole, "admin")},
-		{"two roles", good.with(headerKeyRole, roleViewer)},
+		{"no org", without(httpapi.HeaderOrgID)},
+		{"org not a UUID", replaced(httpapi.HeaderOrgID, "acme")},
+		{"org a UUID without hyphens", replaced(httpapi.HeaderOrgID, "00000000000000000000000000000000")},
+		{"two orgs", good.With(httpapi.HeaderOrgID, "00000000-0000-0000-0000-000000000000")},
+		{"no key id", without(httpapi.HeaderKeyID)},
+		{"empty key id", replaced(httpapi.HeaderKeyID, "")},
+		{"key id with a dot", replaced(httpapi.HeaderKeyID, "AAAAAAAAAAAAAAAA.AAAAAA")},
+		{"no role", without(httpapi.HeaderKeyRole)},
+		{"role Owner", replaced(httpapi.HeaderKeyRole, "Owner")},
+		{"role in lower case", replaced(httpapi.HeaderKeyRole, "admin")},
+		{"two roles", good.With(httpapi.HeaderKeyRole, store.RoleViewer)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want(t, tc.c.do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
+			upstreamtest.Want(t, tc.c.Do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
 		})
 	}
-	want(t, good.do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
-	want(t, good.do("GET", "/v1/no-such-route", ""), 404, bodyNotFound)
+	upstreamtest.Want(t, good.Do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
+	upstreamtest.Want(t, good.Do("GET", "/v1/no-such-route", ""), 404, bodyNotFound)
 }
 
 func TestV1ActsForTheOrgAndRoleOfTheHeaders(t *testing.T) {
-	e := newTestEnv(t)
-	org, other := e.org("pro"), e.org("pro")
+	e := upstreamtest.NewEnv(t)
+	org, other := e.Org("pro"), e.Org("pro")
 	body := `{"name":"n","type":"http","target":"https://example.com"}`
-	viewer := e.gateway(org, roleViewer)
-	want(t, viewer.do("POST", "/v1/monitors", body), 403, bodyForbidden)
-	m := door{"v1", e.gateway(org, roleEditor), "/v1/monitors"}.create(t, body)
-	want(t, viewer.do("PATCH", "/v1/monitors/"+m.ID, `{"name":"x"}`), 403, bodyForbidden)
-	want(t, viewer.do("DELETE", "/v1/monitors/"+m.ID, ""), 403, bodyForbidden)
-	wantStatus(t, viewer.do("GET", "/v1/monitors/"+m.ID, ""), 200)
+	viewer := e.Gateway(org, store.RoleViewer)
+	upstreamtest.Want(t, viewer.Do("POST", "/v1/monitors", body), 403, bodyForbidden)
+	m := door{"v1", e.Gateway(org, store.RoleEditor), "/v1/monitors"}.create(t, body)
+	upstreamtest.Want(t, viewer.Do("PATCH", "/v1/monitors/"+m.ID, `{"name":"x"}`), 403, bodyForbidden)
+	upstreamtest.Want(t, viewer.Do("DELETE", "/v1/monitors/"+m.ID, ""), 403, bodyForbidden)
+	upstreamtest.WantStatus(t, viewer.Do("GET", "/v1/monitors/"+m.ID, ""), 200)
 
-	if got := scalar[string](e, `SELECT org_id::text FROM monitors WHERE id = $1`, m.ID); got != org {
+	if got := upstreamtest.Scalar[string](e, `SELECT org_id::text FROM monitors WHERE id = $1`, m.ID); got != org {
 		t.Errorf("monitor created in org %s, want %s", got, org)
 	}
 	// The same monitor through another org's identity does not exist.
-	want(t, e.gateway(other, roleAdmin).do("GET", "/v1/monitors/"+m.ID, ""), 404, `{"error":"monitor not found"}`)
+	upstreamtest.Want(t, e.Gateway(other, store.RoleAdmin).Do("GET", "/v1/monitors/"+m.ID, ""), 404, `{"error":"monitor not found"}`)
 	// Headers naming a UUID that is no org find nothing and create nothing.
-	ghost := e.gateway("00000000-0000-0000-0000-000000000000", roleAdmin)
-	want(t, ghost.do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
-	want(t, ghost.do("POST", "/v1/monitors", body), http.StatusNotFound, bodyNotFound)
+	ghost := e.Gateway("00000000-0000-0000-0000-000000000000", store.RoleAdmin)
+	upstreamtest.Want(t, ghost.Do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
+	upstreamtest.Want(t, ghost.Do("POST", "/v1/monitors", body), http.StatusNotFound, bodyNotFound)
 }
 
 func TestV1WithSignedIdentityAcceptsOnlyTheGatewaysAssertion(t *testing.T) {
@@ -125,23 +128,23 @@ func TestV1WithSignedIdentityAcceptsOnlyTheGatewaysAssertion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newTestEnv(t, func(c *Config) { c.GatewaySecret, c.Identity = "", verifier })
-	org := e.org("pro")
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.GatewaySecret, c.Identity = "", verifier })
+	org := e.Org("pro")
 	id := gatewayauth.Identity{KeyID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: org, Role: "Viewer"}
 	good := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), id))
-	want(t, e.anon().with(gatewayauth.Header, good).do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
+	upstreamtest.Want(t, e.Anon().With(gatewayauth.Header, good).Do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
 	// The assertion's role, not a header's: a Viewer cannot write.
-	r := e.anon().with(gatewayauth.Header, good, headerKeyRole, "Admin").do("POST", "/v1/monitors", `{"name":"a","type":"http","target":"https://example.com"}`)
-	want(t, r, 403, `{"error":"forbidden"}`)
+	r := e.Anon().With(gatewayauth.Header, good, httpapi.HeaderKeyRole, "Admin").Do("POST", "/v1/monitors", `{"name":"a","type":"http","target":"https://example.com"}`)
+	upstreamtest.Want(t, r, 403, `{"error":"forbidden"}`)
 	for _, f := range append(gatewayauthtest.Forgeries(t, priv, id),
 		gatewayauthtest.Forgery{Name: "headers alone", Header: nil}) {
 		t.Run(f.Name, func(t *testing.T) {
-			c := e.gateway(org, "Admin") // the plain headers, and a secret the server has none of
+			c := e.Gateway(org, "Admin") // the plain headers, and a secret the server has none of
 			for _, v := range f.Header {
-				c = c.with(gatewayauth.Header, v)
+				c = c.With(gatewayauth.Header, v)
 			}
-			r := c.do("GET", "/v1/monitors", "")
-			want(t, r, 401, bodyKeyUnauth)
+			r := c.Do("GET", "/v1/monitors", "")
+			upstreamtest.Want(t, r, 401, bodyKeyUnauth)
 		})
 	}
 }
@@ -152,11 +155,11 @@ func TestV1WithSecretAndSignedIdentityNeedsBoth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newTestEnv(t, func(c *Config) { c.Identity = verifier })
-	org := e.org("pro")
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.Identity = verifier })
+	org := e.Org("pro")
 	id := gatewayauth.Identity{KeyID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: org, Role: "Admin"}
 	good := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), id))
-	want(t, e.gateway(org, "Admin").with(gatewayauth.Header, good).do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
-	want(t, e.anon().with(gatewayauth.Header, good).do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
-	want(t, e.gateway(org, "Admin").do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
+	upstreamtest.Want(t, e.Gateway(org, "Admin").With(gatewayauth.Header, good).Do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
+	upstreamtest.Want(t, e.Anon().With(gatewayauth.Header, good).Do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
+	upstreamtest.Want(t, e.Gateway(org, "Admin").Do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
 }

@@ -1,4 +1,4 @@
-package httpapi
+package httpapi_test
 
 import (
 	"context"
@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // The bodies of the dashboard key routes' refusals (CONTRACT §6).
@@ -20,13 +23,13 @@ const (
 )
 
 func TestKeyRoutesCheckSessionMembershipPermissionPlanAndBodyInThatOrder(t *testing.T) {
-	e := newTestEnv(t)
-	pro, free, other := e.org("pro"), e.org("free"), e.org("pro")
-	owner := e.person(roleOwner, pro, free)
-	admin := e.person(roleAdmin, pro)
-	editor := e.person(roleEditor, pro, free)
-	viewer := e.person(roleViewer, pro)
-	outsider := e.person(roleOwner, other)
+	e := upstreamtest.NewEnv(t)
+	pro, free, other := e.Org("pro"), e.Org("free"), e.Org("pro")
+	owner := e.Person(store.RoleOwner, pro, free)
+	admin := e.Person(store.RoleAdmin, pro)
+	editor := e.Person(store.RoleEditor, pro, free)
+	viewer := e.Person(store.RoleViewer, pro)
+	outsider := e.Person(store.RoleOwner, other)
 	badBody := `{"name":"","role":"Owner"}`
 	goodBody := `{"name":"ci","role":"Viewer"}`
 	keyID := "AAAAAAAAAAAAAAAAAAAAAA"
@@ -38,16 +41,16 @@ func TestKeyRoutesCheckSessionMembershipPermissionPlanAndBodyInThatOrder(t *test
 
 	for _, tc := range []struct {
 		name   string
-		c      *client
+		c      *upstreamtest.Client
 		org    string
 		routes []route
 		status int
 		body   string
 	}{
-		{"no session", e.anon(), pro, []route{create, list, revoke}, 401, bodyUnauthenticated},
-		{"no session and a malformed org", e.anon(), "nope", []route{create, list, revoke}, 401, bodyUnauthenticated},
-		{"an unknown session", e.anon().with("Cookie", "session=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"), pro, []route{create, list, revoke}, 401, bodyUnauthenticated},
-		{"a malformed session", e.anon().with("Cookie", "session=x"), pro, []route{create, list, revoke}, 401, bodyUnauthenticated},
+		{"no session", e.Anon(), pro, []route{create, list, revoke}, 401, bodyUnauthenticated},
+		{"no session and a malformed org", e.Anon(), "nope", []route{create, list, revoke}, 401, bodyUnauthenticated},
+		{"an unknown session", e.Anon().With("Cookie", "session=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"), pro, []route{create, list, revoke}, 401, bodyUnauthenticated},
+		{"a malformed session", e.Anon().With("Cookie", "session=x"), pro, []route{create, list, revoke}, 401, bodyUnauthenticated},
 		{"not a member", outsider, pro, []route{create, list, revoke}, 404, bodyNotFound},
 		{"a malformed org id", owner, "not-a-uuid", []route{create, list, revoke}, 404, bodyNotFound},
 		{"an unknown org id", owner, "00000000-0000-0000-0000-000000000000", []route{create, list, revoke}, 404, bodyNotFound},
@@ -63,21 +66,21 @@ func TestKeyRoutesCheckSessionMembershipPermissionPlanAndBodyInThatOrder(t *test
 	} {
 		for _, rt := range tc.routes {
 			t.Run(tc.name+" "+rt.method, func(t *testing.T) {
-				want(t, tc.c.do(rt.method, "/orgs/"+tc.org+rt.suffix, rt.body), tc.status, tc.body)
+				upstreamtest.Want(t, tc.c.Do(rt.method, "/orgs/"+tc.org+rt.suffix, rt.body), tc.status, tc.body)
 			})
 		}
 	}
 	// With a good body, the same Owner on the free plan is still refused by the plan.
-	want(t, owner.do("POST", "/orgs/"+free+"/api-keys", goodBody), 403, bodyAPIGated)
-	if n := scalar[int](e, `SELECT count(*) FROM api_keys`); n != 0 {
+	upstreamtest.Want(t, owner.Do("POST", "/orgs/"+free+"/api-keys", goodBody), 403, bodyAPIGated)
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM api_keys`); n != 0 {
 		t.Errorf("api keys = %d, want none created", n)
 	}
 }
 
 func TestCreateKeyValidatesItsBody(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
 	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 	for _, tc := range []struct{ name, body, message string }{
 		{"not JSON", `{`, "body: is not valid JSON"},
@@ -98,26 +101,26 @@ func TestCreateKeyValidatesItsBody(t *testing.T) {
 		{"repeated field", `{"name":"ci","role":"Admin","name":"cd"}`, "name: appears more than once"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want(t, owner.do("POST", "/orgs/"+org+"/api-keys", tc.body), 400,
-				`{"error":"invalid_request","message":`+jsonBody(tc.message)+`}`)
+			upstreamtest.Want(t, owner.Do("POST", "/orgs/"+org+"/api-keys", tc.body), 400,
+				`{"error":"invalid_request","message":`+upstreamtest.JSONBody(tc.message)+`}`)
 		})
 	}
-	r := owner.do("POST", "/orgs/"+org+"/api-keys", `{"name":"`+strings.Repeat("é", 100)+`","role":"Admin","expires_at":null}`)
-	wantStatus(t, r, 201)
+	r := owner.Do("POST", "/orgs/"+org+"/api-keys", `{"name":"`+strings.Repeat("é", 100)+`","role":"Admin","expires_at":null}`)
+	upstreamtest.WantStatus(t, r, 201)
 }
 
 func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
 	expires := time.Now().Add(24 * time.Hour).UTC().Truncate(time.Second)
 
-	r := owner.do("POST", "/orgs/"+org+"/api-keys",
-		jsonBody(map[string]string{"name": "ci", "role": "Editor", "expires_at": expires.Format(time.RFC3339)}))
-	wantStatus(t, r, http.StatusCreated)
+	r := owner.Do("POST", "/orgs/"+org+"/api-keys",
+		upstreamtest.JSONBody(map[string]string{"name": "ci", "role": "Editor", "expires_at": expires.Format(time.RFC3339)}))
+	upstreamtest.WantStatus(t, r, http.StatusCreated)
 	var created map[string]any
-	r.decode(t, &created)
-	if got := sortedKeys(created); got != "created_at,expires_at,id,key,name,role" {
+	r.Decode(t, &created)
+	if got := upstreamtest.SortedKeys(created); got != "created_at,expires_at,id,key,name,role" {
 		t.Fatalf("create answered fields %s", got)
 	}
 	id, full := created["id"].(string), created["key"].(string)
@@ -130,65 +133,65 @@ func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
 	if _, err := time.Parse(time.RFC3339, created["created_at"].(string)); err != nil || !strings.HasSuffix(created["created_at"].(string), "Z") {
 		t.Errorf("created_at %v is not RFC 3339 in UTC", created["created_at"])
 	}
-	if r.header.Get("Cache-Control") != "no-store" {
-		t.Errorf("Cache-Control = %q, want no-store", r.header.Get("Cache-Control"))
+	if r.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("Cache-Control = %q, want no-store", r.Header.Get("Cache-Control"))
 	}
 
 	// The key works with the gateway's keystore, bound to the org and role chosen.
-	k, ok, err := e.srv.keys.Verify(context.Background(), full)
+	k, ok, err := e.Keys.Verify(context.Background(), full)
 	if err != nil || !ok || k.OrgID != org || k.Role != keystore.RoleEditor {
 		t.Errorf("Verify = %+v, %v, %v", k, ok, err)
 	}
 
 	secret := full[strings.IndexByte(full, '.')+1:]
-	r = owner.do("GET", "/orgs/"+org+"/api-keys", "")
-	want(t, r, 200, `{"data":[{"id":"`+id+`","name":"ci","role":"Editor","created_at":`+jsonBody(created["created_at"])+
+	r = owner.Do("GET", "/orgs/"+org+"/api-keys", "")
+	upstreamtest.Want(t, r, 200, `{"data":[{"id":"`+id+`","name":"ci","role":"Editor","created_at":`+upstreamtest.JSONBody(created["created_at"])+
 		`,"expires_at":"`+expires.Format(time.RFC3339)+`","revoked_at":null,"last_used_at":null,"masked_key":"mon_live_`+id+`.********"}]}`)
-	if strings.Contains(r.body, secret) {
+	if strings.Contains(r.Body, secret) {
 		t.Error("the list shows the secret")
 	}
 }
 
 func TestKeyPrefixIsConfigurable(t *testing.T) {
-	e := newTestEnv(t, func(c *Config) { c.KeyFormat, _ = keystore.NewFormat("acme") })
-	org := e.org("pro")
-	owner := e.person(roleAdmin, org)
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.KeyFormat, _ = keystore.NewFormat("acme") })
+	org := e.Org("pro")
+	owner := e.Person(store.RoleAdmin, org)
 	var created struct{ ID, Key string }
-	r := owner.do("POST", "/orgs/"+org+"/api-keys", `{"name":"ci","role":"Admin"}`)
-	r.decode(t, &created)
+	r := owner.Do("POST", "/orgs/"+org+"/api-keys", `{"name":"ci","role":"Admin"}`)
+	r.Decode(t, &created)
 	if !strings.HasPrefix(created.Key, "acme_live_"+created.ID+".") {
 		t.Errorf("key %q does not use the prefix acme", created.Key)
 	}
-	wantStatus(t, owner.do("GET", "/orgs/"+org+"/api-keys", ""), 200)
+	upstreamtest.WantStatus(t, owner.Do("GET", "/orgs/"+org+"/api-keys", ""), 200)
 }
 
 func TestRevokeKeyIsIdempotentAndConfinedToTheOrg(t *testing.T) {
-	e := newTestEnv(t)
-	org, other := e.org("pro"), e.org("pro")
-	owner := e.person(roleOwner, org)
-	otherOwner := e.person(roleOwner, other)
-	newKey := func(c *client, org string) (string, string) {
+	e := upstreamtest.NewEnv(t)
+	org, other := e.Org("pro"), e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
+	otherOwner := e.Person(store.RoleOwner, other)
+	newKey := func(c *upstreamtest.Client, org string) (string, string) {
 		var k struct{ ID, Key string }
-		c.do("POST", "/orgs/"+org+"/api-keys", `{"name":"k","role":"Admin"}`).decode(t, &k)
+		c.Do("POST", "/orgs/"+org+"/api-keys", `{"name":"k","role":"Admin"}`).Decode(t, &k)
 		return k.ID, k.Key
 	}
 	id, full := newKey(owner, org)
 	foreignID, foreignFull := newKey(otherOwner, other)
 
-	want(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/"+foreignID, ""), 404, bodyNotFound)
-	want(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/nope", ""), 404, bodyNotFound)
-	want(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/BBBBBBBBBBBBBBBBBBBBBB", ""), 404, bodyNotFound)
+	upstreamtest.Want(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/"+foreignID, ""), 404, bodyNotFound)
+	upstreamtest.Want(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/nope", ""), 404, bodyNotFound)
+	upstreamtest.Want(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/BBBBBBBBBBBBBBBBBBBBBB", ""), 404, bodyNotFound)
 	// The foreign org's Owner cannot revoke through their own org's path either.
-	want(t, otherOwner.do("DELETE", "/orgs/"+other+"/api-keys/"+id, ""), 404, bodyNotFound)
+	upstreamtest.Want(t, otherOwner.Do("DELETE", "/orgs/"+other+"/api-keys/"+id, ""), 404, bodyNotFound)
 
-	want(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/"+id, ""), 204, "")
-	want(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/"+id, ""), 204, "")
+	upstreamtest.Want(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/"+id, ""), 204, "")
+	upstreamtest.Want(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/"+id, ""), 204, "")
 
 	ctx := context.Background()
-	if _, ok, err := e.srv.keys.Verify(ctx, full); ok || err != nil {
+	if _, ok, err := e.Keys.Verify(ctx, full); ok || err != nil {
 		t.Errorf("revoked key verifies: %v, %v", ok, err)
 	}
-	if _, ok, err := e.srv.keys.Verify(ctx, foreignFull); !ok || err != nil {
+	if _, ok, err := e.Keys.Verify(ctx, foreignFull); !ok || err != nil {
 		t.Errorf("the foreign key was touched: %v, %v", ok, err)
 	}
 	var list struct {
@@ -197,7 +200,7 @@ func TestRevokeKeyIsIdempotentAndConfinedToTheOrg(t *testing.T) {
 			RevokedAt *string `json:"revoked_at"`
 		} `json:"data"`
 	}
-	owner.do("GET", "/orgs/"+org+"/api-keys", "").decode(t, &list)
+	owner.Do("GET", "/orgs/"+org+"/api-keys", "").Decode(t, &list)
 	if len(list.Data) != 1 || list.Data[0].ID != id || list.Data[0].RevokedAt == nil {
 		t.Errorf("list = %+v, want only the org's key, revoked", list.Data)
 	}

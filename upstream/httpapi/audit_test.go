@@ -1,10 +1,14 @@
-package httpapi
+package httpapi_test
 
 import (
 	"fmt"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // event is an audit event as the list answers it.
@@ -24,30 +28,30 @@ type eventPage struct {
 }
 
 func TestAuditEventsRecordCreateRollAndRevokeNewestFirst(t *testing.T) {
-	e := newTestEnv(t)
-	org, other := e.org("pro"), e.org("pro")
-	owner := e.person(roleOwner, org)
-	admin := e.person(roleAdmin, org)
-	otherOwner := e.person(roleOwner, other)
+	e := upstreamtest.NewEnv(t)
+	org, other := e.Org("pro"), e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
+	admin := e.Person(store.RoleAdmin, org)
+	otherOwner := e.Person(store.RoleOwner, other)
 	start := time.Now().Add(-time.Second)
 
 	id, _ := newKey(t, owner, org, `{"name":"ci","role":"Admin"}`)
-	ownerID := scalar[string](e, `SELECT created_by::text FROM api_keys WHERE key_id = $1`, id)
-	r := admin.do("POST", "/orgs/"+org+"/api-keys/"+id+"/roll", `{"grace_seconds":30}`)
-	wantStatus(t, r, 201)
+	ownerID := upstreamtest.Scalar[string](e, `SELECT created_by::text FROM api_keys WHERE key_id = $1`, id)
+	r := admin.Do("POST", "/orgs/"+org+"/api-keys/"+id+"/roll", `{"grace_seconds":30}`)
+	upstreamtest.WantStatus(t, r, 201)
 	var rolled struct{ ID string }
-	r.decode(t, &rolled)
-	adminID := scalar[string](e, `SELECT created_by::text FROM api_keys WHERE key_id = $1`, rolled.ID)
-	wantStatus(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/"+rolled.ID, ""), 204)
+	r.Decode(t, &rolled)
+	adminID := upstreamtest.Scalar[string](e, `SELECT created_by::text FROM api_keys WHERE key_id = $1`, rolled.ID)
+	upstreamtest.WantStatus(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/"+rolled.ID, ""), 204)
 	// Revoking again changes nothing and is not audited again.
-	wantStatus(t, admin.do("DELETE", "/orgs/"+org+"/api-keys/"+rolled.ID, ""), 204)
+	upstreamtest.WantStatus(t, admin.Do("DELETE", "/orgs/"+org+"/api-keys/"+rolled.ID, ""), 204)
 	// Another org's trail is its own.
 	newKey(t, otherOwner, other, `{"name":"theirs","role":"Viewer"}`)
 
-	r = admin.do("GET", "/orgs/"+org+"/audit-events", "")
-	wantStatus(t, r, 200)
+	r = admin.Do("GET", "/orgs/"+org+"/audit-events", "")
+	upstreamtest.WantStatus(t, r, 200)
 	var page eventPage
-	r.decode(t, &page)
+	r.Decode(t, &page)
 	if page.NextCursor != nil {
 		t.Errorf("next_cursor = %q, want null", *page.NextCursor)
 	}
@@ -78,39 +82,39 @@ func TestAuditEventsRecordCreateRollAndRevokeNewestFirst(t *testing.T) {
 		}
 	}
 	// Fields that do not apply are absent, not null or empty.
-	r = owner.do("GET", "/orgs/"+org+"/audit-events?limit=1", "")
+	r = owner.Do("GET", "/orgs/"+org+"/audit-events?limit=1", "")
 	var raw struct {
 		Data []map[string]any `json:"data"`
 	}
-	r.decode(t, &raw)
-	if got := sortedKeys(raw.Data[0]); got != "action,actor,at,id,key_id" {
+	r.Decode(t, &raw)
+	if got := upstreamtest.SortedKeys(raw.Data[0]); got != "action,actor,at,id,key_id" {
 		t.Errorf("a key.revoked event has fields %s", got)
 	}
 }
 
 func TestAuditEventsAreForOwnersAndAdminsOfTheOrg(t *testing.T) {
-	e := newTestEnv(t)
-	org, other := e.org("pro"), e.org("free")
-	owner := e.person(roleOwner, org, other)
-	editor := e.person(roleEditor, org)
-	viewer := e.person(roleViewer, org)
-	outsider := e.person(roleOwner, other)
+	e := upstreamtest.NewEnv(t)
+	org, other := e.Org("pro"), e.Org("free")
+	owner := e.Person(store.RoleOwner, org, other)
+	editor := e.Person(store.RoleEditor, org)
+	viewer := e.Person(store.RoleViewer, org)
+	outsider := e.Person(store.RoleOwner, other)
 	path := "/orgs/" + org + "/audit-events"
-	want(t, e.anon().do("GET", path, ""), 401, bodyUnauthenticated)
-	want(t, outsider.do("GET", path, ""), 404, bodyNotFound)
-	want(t, owner.do("GET", "/orgs/nope/audit-events", ""), 404, bodyNotFound)
-	want(t, editor.do("GET", path, ""), 403, bodyForbidden)
-	want(t, viewer.do("GET", path, ""), 403, bodyForbidden)
-	want(t, owner.do("GET", path, ""), 200, `{"data":[],"next_cursor":null}`)
+	upstreamtest.Want(t, e.Anon().Do("GET", path, ""), 401, bodyUnauthenticated)
+	upstreamtest.Want(t, outsider.Do("GET", path, ""), 404, bodyNotFound)
+	upstreamtest.Want(t, owner.Do("GET", "/orgs/nope/audit-events", ""), 404, bodyNotFound)
+	upstreamtest.Want(t, editor.Do("GET", path, ""), 403, bodyForbidden)
+	upstreamtest.Want(t, viewer.Do("GET", path, ""), 403, bodyForbidden)
+	upstreamtest.Want(t, owner.Do("GET", path, ""), 200, `{"data":[],"next_cursor":null}`)
 	// A plan without API access still shows its trail.
-	want(t, owner.do("GET", "/orgs/"+other+"/audit-events", ""), 200, `{"data":[],"next_cursor":null}`)
-	want(t, owner.do("POST", path, ""), 405, `{"error":"method not allowed"}`)
+	upstreamtest.Want(t, owner.Do("GET", "/orgs/"+other+"/audit-events", ""), 200, `{"data":[],"next_cursor":null}`)
+	upstreamtest.Want(t, owner.Do("POST", path, ""), 405, `{"error":"method not allowed"}`)
 }
 
 func TestAuditEventsArePaginatedByCursor(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
 	var created []string
 	for i := 0; i < 5; i++ {
 		id, _ := newKey(t, owner, org, fmt.Sprintf(`{"name":"k%d","role":"Viewer"}`, i))
@@ -122,10 +126,10 @@ func TestAuditEventsArePaginatedByCursor(t *testing.T) {
 		if pages > 3 {
 			t.Fatal("the cursor does not end")
 		}
-		r := owner.do("GET", path, "")
-		wantStatus(t, r, 200)
+		r := owner.Do("GET", path, "")
+		upstreamtest.WantStatus(t, r, 200)
 		var page eventPage
-		r.decode(t, &page)
+		r.Decode(t, &page)
 		for _, ev := range page.Data {
 			seen = append(seen, ev.KeyID)
 		}
@@ -148,10 +152,10 @@ func TestAuditEventsArePaginatedByCursor(t *testing.T) {
 		return `{"error":"invalid_request","message":"` + field + `: ` + msg + `"}`
 	}
 	for _, q := range []string{"limit=0", "limit=201", "limit=x", "limit=1.5"} {
-		want(t, owner.do("GET", "/orgs/"+org+"/audit-events?"+q, ""), 400, bad("limit", "must be an integer from 1 to 200"))
+		upstreamtest.Want(t, owner.Do("GET", "/orgs/"+org+"/audit-events?"+q, ""), 400, bad("limit", "must be an integer from 1 to 200"))
 	}
-	for _, c := range []string{"x", "!!", encodeEventCursor(1) + "=", "ZTA", "ZS0x", "ZTAx", "MTI"} {
-		want(t, owner.do("GET", "/orgs/"+org+"/audit-events?cursor="+c, ""), 400, bad("cursor", "is not a cursor this API returned"))
+	for _, c := range []string{"x", "!!", httpapi.EncodeEventCursor(1) + "=", "ZTA", "ZS0x", "ZTAx", "MTI"} {
+		upstreamtest.Want(t, owner.Do("GET", "/orgs/"+org+"/audit-events?cursor="+c, ""), 400, bad("cursor", "is not a cursor this API returned"))
 	}
-	wantStatus(t, owner.do("GET", "/orgs/"+org+"/audit-events?limit=200&cursor=", ""), 200)
+	upstreamtest.WantStatus(t, owner.Do("GET", "/orgs/"+org+"/audit-events?limit=200&cursor=", ""), 200)
 }

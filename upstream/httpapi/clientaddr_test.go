@@ -1,8 +1,11 @@
-package httpapi
+package httpapi_test
 
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 )
 
 func TestSessionCookieIsSecureThroughATrustedProxySayingHTTPS(t *testing.T) {
@@ -23,44 +26,22 @@ func TestSessionCookieIsSecureThroughATrustedProxySayingHTTPS(t *testing.T) {
 		{"--secure-cookies", nil, true, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newTestEnv(t, func(c *Config) {
+			e := upstreamtest.NewEnv(t, func(c *httpapi.Config) {
 				c.TrustedProxies = tc.trusted
 				c.SecureCookies = tc.secure
 			})
-			email, password := e.user()
-			r := e.anon().with(tc.headers...).do("POST", "/auth/login", jsonBody(map[string]string{"email": email, "password": password}))
-			wantStatus(t, r, 204)
-			cookies := r.cookies()
+			email, password := e.User()
+			r := e.Anon().With(tc.headers...).Do("POST", "/auth/login", upstreamtest.JSONBody(map[string]string{"email": email, "password": password}))
+			upstreamtest.WantStatus(t, r, 204)
+			cookies := r.Cookies()
 			if len(cookies) != 1 || cookies[0].Secure != tc.want {
 				t.Errorf("cookies = %v, want one session cookie with Secure=%v", cookies, tc.want)
 			}
 			// Logging out clears the cookie with the same attributes.
-			r = e.anon().with(tc.headers...).do("POST", "/auth/logout", "")
-			if cookies := r.cookies(); len(cookies) != 1 || cookies[0].Secure != tc.want {
+			r = e.Anon().With(tc.headers...).Do("POST", "/auth/logout", "")
+			if cookies := r.Cookies(); len(cookies) != 1 || cookies[0].Secure != tc.want {
 				t.Errorf("logout cookies = %v, want Secure=%v", cookies, tc.want)
 			}
 		})
-	}
-}
-
-func TestParseTrustedProxies(t *testing.T) {
-	for _, tc := range []struct {
-		in, want string
-		ok       bool
-	}{
-		{"", "[]", true},
-		{DefaultTrustedProxies, "[127.0.0.0/8 ::1/128]", true},
-		{" 10.1.2.3 , 192.168.7.9/16,::ffff:10.0.0.1", "[10.1.2.3/32 192.168.0.0/16 10.0.0.1/32]", true},
-		{"10.0.0.0/33", "", false},
-		{"caddy", "", false},
-	} {
-		got, err := parseTrustedProxies(tc.in)
-		if (err == nil) != tc.ok {
-			t.Errorf("parseTrustedProxies(%q): err %v", tc.in, err)
-			continue
-		}
-		if s := fmtPrefixes(got); tc.ok && s != tc.want {
-			t.Errorf("parseTrustedProxies(%q) = %s, want %s", tc.in, s, tc.want)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package httpapi
+package httpapi_test
 
 import (
 	"context"
@@ -11,6 +11,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // stallingProxy forwards TCP connections to PostgreSQL until stall is called; from then
@@ -105,24 +108,24 @@ func (p *stallingProxy) close() {
 
 func TestHungDatabaseAnswers503WithinTheDatabaseTimeout(t *testing.T) {
 	const timeout = time.Second
-	direct := newTestEnv(t)
-	proxy, proxiedURL := newStallingProxy(t, direct.dbURL)
-	serverPool := newTestPool(t, proxiedURL, timeout)
+	direct := upstreamtest.NewEnv(t)
+	proxy, proxiedURL := newStallingProxy(t, direct.DBURL)
+	serverPool := upstreamtest.NewPool(t, proxiedURL, timeout)
 	t.Cleanup(proxy.close) // before the pool closes, so that it need not wait for the stalled connections
-	e := newTestEnvWith(t, direct.pool, serverPool, direct.dbURL)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org) // logs in through the proxy while it forwards
-	email, password := e.user()
+	e := upstreamtest.NewEnvWith(t, direct.Pool, serverPool, direct.DBURL)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org) // logs in through the proxy while it forwards
+	email, password := e.User()
 
 	proxy.stall()
 	for _, tc := range []struct {
 		name, method, path, body string
-		c                        *client
+		c                        *upstreamtest.Client
 	}{
-		{"login", "POST", "/auth/login", jsonBody(map[string]string{"email": email, "password": password}), e.anon()},
+		{"login", "POST", "/auth/login", upstreamtest.JSONBody(map[string]string{"email": email, "password": password}), e.Anon()},
 		{"dashboard list", "GET", "/orgs/" + org + "/monitors", "", owner},
 		{"dashboard create", "POST", "/orgs/" + org + "/monitors", `{"name":"n","type":"http","target":"https://example.com"}`, owner},
-		{"gateway door", "GET", "/v1/monitors", "", e.gateway(org, roleAdmin)},
+		{"gateway door", "GET", "/v1/monitors", "", e.Gateway(org, store.RoleAdmin)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Every database wait of a request is bounded: a request waits at most an
@@ -133,52 +136,26 @@ func TestHungDatabaseAnswers503WithinTheDatabaseTimeout(t *testing.T) {
 			if tc.body != "" {
 				body = strings.NewReader(tc.body)
 			}
-			req, err := http.NewRequestWithContext(ctx, tc.method, e.ts.URL+tc.path, body)
+			req, err := http.NewRequestWithContext(ctx, tc.method, e.TS.URL+tc.path, body)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for k, vs := range tc.c.header {
+			for k, vs := range tc.c.Header {
 				req.Header[k] = vs
 			}
 			start := time.Now()
-			res, err := e.ts.Client().Do(req)
+			res, err := e.TS.Client().Do(req)
 			if err != nil {
 				t.Fatalf("no answer while the database hangs: %v", err)
 			}
 			b, _ := io.ReadAll(res.Body)
 			res.Body.Close()
 			elapsed := time.Since(start)
-			want(t, response{status: res.StatusCode, header: res.Header, body: string(b)}, 503, `{"error":"service_unavailable"}`)
+			upstreamtest.Want(t, upstreamtest.Response{Status: res.StatusCode, Header: res.Header, Body: string(b)}, 503, `{"error":"service_unavailable"}`)
 			if elapsed > 2*timeout+10*time.Second {
 				t.Errorf("answered after %v, want within about %v", elapsed, 2*timeout)
 			}
 			t.Logf("503 after %v", elapsed.Round(time.Millisecond))
 		})
-	}
-}
-
-func TestPoolConfigBoundsWaitsAndSizesThePool(t *testing.T) {
-	for _, tc := range []struct {
-		url      string
-		maxConns int32
-		want     int32
-		wantMin  int32
-	}{
-		{"postgres://u@127.0.0.1/db", 0, defaultMaxConns, defaultMinConns},
-		{"postgres://u@127.0.0.1/db?pool_max_conns=3", 0, 3, 3},
-		{"postgres://u@127.0.0.1/db?pool_max_conns=3", 2, 2, 2},
-		{"postgres://u@127.0.0.1/db?pool_min_conns=1", 0, defaultMaxConns, 1},
-	} {
-		cfg, err := poolConfig(tc.url, tc.maxConns, 3*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cfg.MaxConns != tc.want || cfg.MinConns != tc.wantMin {
-			t.Errorf("%s with maxConns %d: MaxConns = %d, MinConns = %d, want %d and %d",
-				tc.url, tc.maxConns, cfg.MaxConns, cfg.MinConns, tc.want, tc.wantMin)
-		}
-		if _, ok := cfg.ConnConfig.Tracer.(timeoutTracer); !ok || cfg.ConnConfig.ConnectTimeout != 3*time.Second {
-			t.Errorf("%s: tracer %T, connect timeout %v; want the timeout tracer and 3s", tc.url, cfg.ConnConfig.Tracer, cfg.ConnConfig.ConnectTimeout)
-		}
 	}
 }

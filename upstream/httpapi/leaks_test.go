@@ -1,4 +1,4 @@
-package httpapi
+package httpapi_test
 
 import (
 	"fmt"
@@ -6,20 +6,23 @@ import (
 	"testing"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // testLeakToken is the --leak-report-token of the leak report tests.
 const testLeakToken = "leak-report-token-0123456789abcdefghij"
 
 // newLeakEnv is a test server with the leak report route.
-func newLeakEnv(t *testing.T) *testEnv {
+func newLeakEnv(t *testing.T) *upstreamtest.Env {
 	t.Helper()
-	return newTestEnv(t, func(c *Config) { c.LeakReportToken = testLeakToken })
+	return upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.LeakReportToken = testLeakToken })
 }
 
 // reporter is a client authenticated for leak reports.
-func (e *testEnv) reporter() *client {
-	return e.anon().with("Authorization", "Bearer "+testLeakToken)
+func reporter(e *upstreamtest.Env) *upstreamtest.Client {
+	return e.Anon().With("Authorization", "Bearer "+testLeakToken)
 }
 
 // report builds a leak report body of token and url pairs.
@@ -28,14 +31,14 @@ func report(pairs ...string) string {
 	for i := 0; i+1 < len(pairs); i += 2 {
 		items = append(items, map[string]string{"token": pairs[i], "url": pairs[i+1]})
 	}
-	return jsonBody(items)
+	return upstreamtest.JSONBody(items)
 }
 
 func TestLeakReportRouteIsAbsentWithoutItsToken(t *testing.T) {
-	e := newTestEnv(t)
-	want(t, e.reporter().do("POST", "/security/leaked-keys", report("x", "https://example.com")), 404, bodyNotFound)
-	if _, err := NewServer(Config{Pool: e.pool, Logger: e.srv.logger, GatewaySecret: testSecret,
-		KeyFormat: e.srv.format, LeakReportToken: strings.Repeat("t", 31)}); err == nil {
+	e := upstreamtest.NewEnv(t)
+	upstreamtest.Want(t, reporter(e).Do("POST", "/security/leaked-keys", report("x", "https://example.com")), 404, bodyNotFound)
+	if _, err := httpapi.NewServer(httpapi.Config{Pool: e.Pool, Logger: e.Config.Logger, GatewaySecret: upstreamtest.GatewaySecret,
+		KeyFormat: e.Config.KeyFormat, LeakReportToken: strings.Repeat("t", 31)}); err == nil {
 		t.Error("NewServer accepted a leak report token of 31 characters")
 	}
 }
@@ -43,36 +46,38 @@ func TestLeakReportRouteIsAbsentWithoutItsToken(t *testing.T) {
 func TestLeakReportNeedsTheBearerToken(t *testing.T) {
 	e := newLeakEnv(t)
 	body := report("x", "https://example.com")
-	for name, c := range map[string]*client{
-		"no Authorization":    e.anon(),
-		"a wrong token":       e.anon().with("Authorization", "Bearer "+testLeakToken+"x"),
-		"a prefix":            e.anon().with("Authorization", "Bearer "+testLeakToken[:31]),
-		"an empty token":      e.anon().with("Authorization", "Bearer "),
-		"another scheme":      e.anon().with("Authorization", "Basic "+testLeakToken),
-		"the bare token":      e.anon().with("Authorization", testLeakToken),
-		"two headers":         e.reporter().with("Authorization", "Bearer "+testLeakToken),
-		"a session":           e.person(roleOwner, e.org("pro")),
-		"the gateway secret":  e.anon().with("Authorization", "Bearer "+testSecret),
-		"the token as cookie": e.anon().with("Cookie", "session="+testLeakToken),
+	for name, c := range map[string]*upstreamtest.Client{
+		"no Authorization":    e.Anon(),
+		"a wrong token":       e.Anon().With("Authorization", "Bearer "+testLeakToken+"x"),
+		"a prefix":            e.Anon().With("Authorization", "Bearer "+testLeakToken[:31]),
+		"an empty token":      e.Anon().With("Authorization", "Bearer "),
+		"another scheme":      e.Anon().With("Authorization", "Basic "+testLeakToken),
+		"the bare token":      e.Anon().With("Authorization", testLeakToken),
+		"two headers":         reporter(e).With("Authorization", "Bearer "+testLeakToken),
+		"a session":           e.Person(store.RoleOwner, e.Org("pro")),
+		"the gateway secret":  e.Anon().With("Authorization", "Bearer "+upstreamtest.GatewaySecret),
+		"the token as cookie": e.Anon().With("Cookie", "session="+testLeakToken),
 	} {
 		t.Run(name, func(t *testing.T) {
-			r := c.do("POST", "/security/leaked-keys", body)
-			want(t, r, 401, bodyUnauthenticated)
-			if r.header.Get("WWW-Authenticate") != "Bearer" {
-				t.Errorf("WWW-Authenticate = %q, want Bearer", r.header.Get("WWW-Authenticate"))
+			r := c.Do("POST", "/security/leaked-keys", body)
+			upstreamtest.Want(t, r, 401, bodyUnauthenticated)
+			if r.Header.Get("WWW-Authenticate") != "Bearer" {
+				t.Errorf("WWW-Authenticate = %q, want Bearer", r.Header.Get("WWW-Authenticate"))
 			}
 		})
 	}
-	wantStatus(t, e.anon().with("Authorization", "bearer "+testLeakToken).do("POST", "/security/leaked-keys", body), 200)
-	want(t, e.reporter().do("GET", "/security/leaked-keys", ""), 405, `{"error":"method not allowed"}`)
+	upstreamtest.WantStatus(t, e.Anon().With("Authorization", "bearer "+testLeakToken).Do("POST", "/security/leaked-keys", body), 200)
+	upstreamtest.Want(t, reporter(e).Do("GET", "/security/leaked-keys", ""), 405, `{"error":"method not allowed"}`)
 }
 
 func TestLeakReportValidatesItsBody(t *testing.T) {
 	e := newLeakEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
 	_, full := newKey(t, owner, org, `{"name":"ci","role":"Admin"}`)
-	bad := func(msg string) string { return `{"error":"invalid_request","message":` + jsonBody(msg) + `}` }
+	bad := func(msg string) string {
+		return `{"error":"invalid_request","message":` + upstreamtest.JSONBody(msg) + `}`
+	}
 	many := func(n int) string {
 		var pairs []string
 		for i := 0; i < n; i++ {
@@ -103,13 +108,13 @@ func TestLeakReportValidatesItsBody(t *testing.T) {
 		{"a body over 4 MiB", `[{"token":"` + strings.Repeat("x", 4<<20) + `","url":"u"}]`, 413, `{"error":"request_too_large"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want(t, e.reporter().do("POST", "/security/leaked-keys", tc.body), tc.status, tc.want)
+			upstreamtest.Want(t, reporter(e).Do("POST", "/security/leaked-keys", tc.body), tc.status, tc.want)
 		})
 	}
 	if !verifies(t, e, full) {
 		t.Error("a refused report revoked a key")
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM audit_events WHERE action = 'key.leaked'`); n != 0 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events WHERE action = 'key.leaked'`); n != 0 {
 		t.Errorf("refused reports wrote %d key.leaked events", n)
 	}
 	// 1000 reports with URLs of 2048 characters are accepted.
@@ -117,25 +122,25 @@ func TestLeakReportValidatesItsBody(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		pairs = append(pairs, fmt.Sprintf("garbage %d", i), strings.Repeat("u", 2048))
 	}
-	r := e.reporter().do("POST", "/security/leaked-keys", report(pairs...))
-	wantStatus(t, r, 200)
-	if n := strings.Count(r.body, `"outcome":"unknown"`); n != 1000 {
+	r := reporter(e).Do("POST", "/security/leaked-keys", report(pairs...))
+	upstreamtest.WantStatus(t, r, 200)
+	if n := strings.Count(r.Body, `"outcome":"unknown"`); n != 1000 {
 		t.Errorf("1000 garbage reports answered %d unknown", n)
 	}
 }
 
 func TestLeakReportRevokesLiveKeysOnceAndNeverEchoesThem(t *testing.T) {
 	e := newLeakEnv(t)
-	org, other := e.org("pro"), e.org("pro")
-	owner := e.person(roleOwner, org)
-	otherOwner := e.person(roleOwner, other)
+	org, other := e.Org("pro"), e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
+	otherOwner := e.Person(store.RoleOwner, other)
 	liveID, live := newKey(t, owner, org, `{"name":"leaked","role":"Admin"}`)
 	_, bystander := newKey(t, owner, org, `{"name":"bystander","role":"Admin"}`)
 	foreignID, foreign := newKey(t, otherOwner, other, `{"name":"theirs","role":"Viewer"}`)
 	revokedID, revoked := newKey(t, owner, org, `{"name":"revoked","role":"Viewer"}`)
-	wantStatus(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/"+revokedID, ""), 204)
+	upstreamtest.WantStatus(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/"+revokedID, ""), 204)
 	expiredID, expired := newKey(t, owner, org, `{"name":"expired","role":"Viewer"}`)
-	e.exec(`UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE key_id = $1`, expiredID)
+	e.Exec(`UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE key_id = $1`, expiredID)
 	// The bystander's id with the leaked key's secret: not the bystander's key.
 	wrongSecret := bystander[:strings.IndexByte(bystander, '.')] + live[strings.IndexByte(live, '.'):]
 	acme, _ := keystore.NewFormat("acme")
@@ -146,7 +151,7 @@ func TestLeakReportRevokesLiveKeysOnceAndNeverEchoesThem(t *testing.T) {
 	if _, _, ok := acme.Parse(otherPrefix); !ok {
 		t.Fatalf("%q does not parse as an acme key", otherPrefix)
 	}
-	eventsBefore := scalar[int](e, `SELECT count(*) FROM audit_events`)
+	eventsBefore := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events`)
 
 	body := report(
 		live, "https://github.com/a/b/blob/main/.env",
@@ -158,8 +163,8 @@ func TestLeakReportRevokesLiveKeysOnceAndNeverEchoesThem(t *testing.T) {
 		otherPrefix, "https://example.com/6",
 		live, "https://example.com/again",
 	)
-	r := e.reporter().do("POST", "/security/leaked-keys", body)
-	want(t, r, 200, `{"data":[`+
+	r := reporter(e).Do("POST", "/security/leaked-keys", body)
+	upstreamtest.Want(t, r, 200, `{"data":[`+
 		`{"url":"https://github.com/a/b/blob/main/.env","outcome":"revoked"},`+
 		`{"url":"https://pastebin.example/1","outcome":"unknown"},`+
 		`{"url":"https://gist.example/2","outcome":"revoked"},`+
@@ -170,10 +175,10 @@ func TestLeakReportRevokesLiveKeysOnceAndNeverEchoesThem(t *testing.T) {
 		`{"url":"https://example.com/again","outcome":"revoked"}]}`)
 	for _, secret := range []string{live, foreign, revoked, bystander} {
 		s := secret[strings.IndexByte(secret, '.')+1:]
-		if strings.Contains(r.body, s) {
+		if strings.Contains(r.Body, s) {
 			t.Errorf("the answer shows a secret")
 		}
-		for _, entry := range e.logs.All() {
+		for _, entry := range e.Logs.All() {
 			if strings.Contains(fmt.Sprint(entry.ContextMap(), entry.Message), s) {
 				t.Errorf("a log line shows a secret: %v", entry)
 			}
@@ -196,29 +201,29 @@ func TestLeakReportRevokesLiveKeysOnceAndNeverEchoesThem(t *testing.T) {
 		if tc.org == other {
 			c = otherOwner
 		}
-		c.do("GET", "/orgs/"+tc.org+"/audit-events?limit=1", "").decode(t, &page)
+		c.Do("GET", "/orgs/"+tc.org+"/audit-events?limit=1", "").Decode(t, &page)
 		if len(page.Data) != 1 || page.Data[0].Action != "key.leaked" || page.Data[0].KeyID != tc.key ||
 			page.Data[0].Actor != "leak-report" || page.Data[0].URL != tc.url || page.Data[0].NewKeyID != "" {
 			t.Errorf("latest event of %s = %+v, want key.leaked of %s by leak-report at %s", tc.org, page.Data, tc.key, tc.url)
 		}
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore+2 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore+2 {
 		t.Errorf("the report wrote %d events, want 2", n-eventsBefore)
 	}
 
 	// Reporting again is answered already_revoked and changes nothing.
-	revokedAt := scalar[string](e, `SELECT revoked_at::text FROM api_keys WHERE key_id = $1`, liveID)
-	want(t, e.reporter().do("POST", "/security/leaked-keys", report(live, "https://example.com/later")), 200,
+	revokedAt := upstreamtest.Scalar[string](e, `SELECT revoked_at::text FROM api_keys WHERE key_id = $1`, liveID)
+	upstreamtest.Want(t, reporter(e).Do("POST", "/security/leaked-keys", report(live, "https://example.com/later")), 200,
 		`{"data":[{"url":"https://example.com/later","outcome":"already_revoked"}]}`)
-	if n := scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore+2 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore+2 {
 		t.Errorf("a second report wrote %d events", n-eventsBefore-2)
 	}
-	if got := scalar[string](e, `SELECT revoked_at::text FROM api_keys WHERE key_id = $1`, liveID); got != revokedAt {
+	if got := upstreamtest.Scalar[string](e, `SELECT revoked_at::text FROM api_keys WHERE key_id = $1`, liveID); got != revokedAt {
 		t.Errorf("a second report moved revoked_at from %s to %s", revokedAt, got)
 	}
 	// The dashboard's revoke of a leaked key changes nothing and audits nothing.
-	wantStatus(t, owner.do("DELETE", "/orgs/"+org+"/api-keys/"+liveID, ""), 204)
-	if n := scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore+2 {
+	upstreamtest.WantStatus(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/"+liveID, ""), 204)
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore+2 {
 		t.Errorf("revoking a leaked key wrote %d events", n-eventsBefore-2)
 	}
 }

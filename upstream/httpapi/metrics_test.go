@@ -1,24 +1,21 @@
-package httpapi
+package httpapi_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	dto "github.com/prometheus/client_model/go"
 
-	"github.com/keygate/keygate/deploy/grafana"
 	"github.com/keygate/keygate/internal/promtext"
 	"github.com/keygate/keygate/schema/schematest"
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // scrapeText parses Prometheus's text format into samples by series, e.g.
@@ -32,41 +29,29 @@ func scrapeText(t *testing.T, body string) map[string]float64 {
 	return out
 }
 
-// get sends a GET to url and returns the status and body.
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	res, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(b)
-}
-
 func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
-	var m *Metrics
-	e := newTestEnv(t, func(c *Config) {
-		m = NewMetrics(c.Pool)
+	var m *httpapi.Metrics
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) {
+		m = httpapi.NewMetrics(c.Pool)
 		c.Metrics = m
 	})
-	admin := httptest.NewServer(AdminHandler(e.pool, m))
+	admin := httptest.NewServer(httpapi.AdminHandler(e.Pool, m))
 	t.Cleanup(admin.Close)
 
-	e.plan(small)
-	full, roomy := e.org("small"), e.org("small")
-	v1 := e.gateway(full, roleEditor)
+	e.Plan(small)
+	full, roomy := e.Org("small"), e.Org("small")
+	v1 := e.Gateway(full, store.RoleEditor)
 	for range 2 {
-		wantStatus(t, v1.do("POST", "/v1/monitors", `{"name":"m","type":"http","target":"https://example.com"}`), http.StatusCreated)
+		upstreamtest.WantStatus(t, v1.Do("POST", "/v1/monitors", `{"name":"m","type":"http","target":"https://example.com"}`), http.StatusCreated)
 	}
-	want(t, v1.do("POST", "/v1/monitors", `{"name":"m","type":"http","target":"https://example.com"}`), http.StatusPaymentRequired, bodyMonitorQuota)
-	want(t, e.gateway(roomy, roleEditor).do("POST", "/v1/monitors", `{"name":"m","type":"http","target":"https://example.com","locations":["ap-southeast"]}`),
+	upstreamtest.Want(t, v1.Do("POST", "/v1/monitors", `{"name":"m","type":"http","target":"https://example.com"}`), http.StatusPaymentRequired, bodyMonitorQuota)
+	upstreamtest.Want(t, e.Gateway(roomy, store.RoleEditor).Do("POST", "/v1/monitors", `{"name":"m","type":"http","target":"https://example.com","locations":["ap-southeast"]}`),
 		http.StatusForbidden, bodyLocationGated("ap-southeast"))
-	wantStatus(t, v1.do("GET", "/v1/monitors", ""), http.StatusOK)
-	wantStatus(t, e.anon().do("GET", "/no/such/route", ""), http.StatusNotFound)
-	wantStatus(t, e.anon().with(headerSecret, "wrong").do("GET", "/v1/monitors", ""), http.StatusUnauthorized)
+	upstreamtest.WantStatus(t, v1.Do("GET", "/v1/monitors", ""), http.StatusOK)
+	upstreamtest.WantStatus(t, e.Anon().Do("GET", "/no/such/route", ""), http.StatusNotFound)
+	upstreamtest.WantStatus(t, e.Anon().With(httpapi.HeaderSecret, "wrong").Do("GET", "/v1/monitors", ""), http.StatusUnauthorized)
 
-	status, body := get(t, admin.URL+"/metrics")
+	status, body := upstreamtest.Get(t, admin.URL+"/metrics")
 	if status != http.StatusOK {
 		t.Fatalf("GET /metrics: %d %s", status, body)
 	}
@@ -81,7 +66,7 @@ func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
 		`keygate_upstream_http_request_duration_seconds_count{route="POST /v1/monitors"}`: 4,
 		`keygate_upstream_gate_rejections_total{gate="monitors"}`:                         1,
 		`keygate_upstream_gate_rejections_total{gate="location"}`:                         1,
-		`keygate_upstream_db_pool_max_conns`:                                              float64(e.pool.Stat().MaxConns()),
+		`keygate_upstream_db_pool_max_conns`:                                              float64(e.Pool.Stat().MaxConns()),
 	} {
 		if g, ok := got[series]; !ok || g != w {
 			t.Errorf("%s = %v (present: %v), want %v", series, g, ok, w)
@@ -100,7 +85,7 @@ func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
 }
 
 func TestHealthzAndReadyz(t *testing.T) {
-	emptyPool, err := pgxpool.New(context.Background(), emptyDatabase(t))
+	emptyPool, err := pgxpool.New(context.Background(), upstreamtest.EmptyDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,10 +99,10 @@ func TestHealthzAndReadyz(t *testing.T) {
 	}{
 		{"database up", migrated, http.StatusOK, `{"status":"ready"}`},
 		{"database stopped", schematest.UnreachablePool(t), http.StatusServiceUnavailable, `{"error":"not_ready","reason":"database unreachable"}`},
-		{"schema not applied", emptyPool, http.StatusServiceUnavailable, fmt.Sprintf(`{"error":"not_ready","reason":"database schema at version 0, needs %d"}`, requiredSchemaVersion)},
+		{"schema not applied", emptyPool, http.StatusServiceUnavailable, fmt.Sprintf(`{"error":"not_ready","reason":"database schema at version 0, needs %d"}`, store.RequiredSchemaVersion)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			admin := httptest.NewServer(AdminHandler(tc.pool, NewMetrics(tc.pool)))
+			admin := httptest.NewServer(httpapi.AdminHandler(tc.pool, httpapi.NewMetrics(tc.pool)))
 			defer admin.Close()
 			res, err := http.Get(admin.URL + "/readyz")
 			if err != nil {
@@ -128,117 +113,12 @@ func TestHealthzAndReadyz(t *testing.T) {
 			if res.StatusCode != tc.status || strings.TrimSpace(string(b)) != tc.readyBody || res.Header.Get("Content-Type") != "application/json" {
 				t.Errorf("/readyz = %d %q %s, want %d %s", res.StatusCode, res.Header.Get("Content-Type"), b, tc.status, tc.readyBody)
 			}
-			if status, body := get(t, admin.URL+"/healthz"); status != http.StatusOK || strings.TrimSpace(body) != `{"status":"ok"}` {
+			if status, body := upstreamtest.Get(t, admin.URL+"/healthz"); status != http.StatusOK || strings.TrimSpace(body) != `{"status":"ok"}` {
 				t.Errorf("/healthz = %d %s, want 200 while serving", status, body)
 			}
-			if status, _ := get(t, admin.URL+"/metrics"); status != http.StatusOK {
+			if status, _ := upstreamtest.Get(t, admin.URL+"/metrics"); status != http.StatusOK {
 				t.Errorf("/metrics = %d", status)
 			}
 		})
-	}
-}
-
-// TestServeAdminAddrIsApartFromAddr runs `serve --admin-addr`: the admin endpoints
-// answer there, and the public address knows none of them.
-func TestServeAdminAddrIsApartFromAddr(t *testing.T) {
-	dbURL := schematest.NewDatabase(t)
-	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": testSecret}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, strings.NewReader(""), io.Discard, pw,
-			func(k string) string { return env[k] })
-		pw.Close()
-		done <- code
-	}()
-	var addr, adminAddr string
-	lines := bufio.NewScanner(pr)
-	for addr == "" && lines.Scan() {
-		var entry struct {
-			Msg       string `json:"msg"`
-			Addr      string `json:"addr"`
-			AdminAddr string `json:"admin_addr"`
-		}
-		if err := json.Unmarshal(lines.Bytes(), &entry); err != nil {
-			t.Fatalf("log line %q is not JSON", lines.Text())
-		}
-		switch entry.Msg {
-		case "serving admin endpoints":
-			adminAddr = entry.AdminAddr
-		case "serving":
-			addr = entry.Addr
-		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }() // logging never blocks the server
-	if addr == "" || adminAddr == "" {
-		t.Fatalf("serve logged addr %q and admin_addr %q", addr, adminAddr)
-	}
-
-	wantStatusOf := func(url string, status int, contains string) {
-		t.Helper()
-		got, body := get(t, url)
-		if got != status || !strings.Contains(body, contains) {
-			t.Errorf("GET %s = %d %.200s, want %d with %q", url, got, body, status, contains)
-		}
-	}
-	wantStatusOf("http://"+addr+"/auth/nope", http.StatusNotFound, `"error"`)
-	for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
-		wantStatusOf("http://"+addr+path, http.StatusNotFound, `{"error":"not found"}`)
-	}
-	wantStatusOf("http://"+adminAddr+"/healthz", http.StatusOK, `{"status":"ok"}`)
-	wantStatusOf("http://"+adminAddr+"/readyz", http.StatusOK, `{"status":"ready"}`)
-	wantStatusOf("http://"+adminAddr+"/metrics", http.StatusOK, `keygate_upstream_http_requests_total{code="404",route="none"} 4`)
-
-	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not stop")
-	}
-}
-
-// TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries: every series of
-// deploy/grafana/keygate.json that is not the gateway's (keygate_ without upstream_,
-// checked in caddymodule) is one the upstream's /metrics exports.
-func TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries(t *testing.T) {
-	m := NewMetrics(schematest.UnreachablePool(t))
-	m.observe("GET /v1/monitors", http.StatusOK, time.Millisecond) // the vectors' series exist once they have a child
-	m.gateRejected("monitors")
-	families, err := m.registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exported := map[string]bool{}
-	for _, f := range families {
-		exported[f.GetName()] = true
-		if f.GetType() == dto.MetricType_HISTOGRAM || f.GetType() == dto.MetricType_SUMMARY {
-			exported[f.GetName()+"_sum"], exported[f.GetName()+"_count"] = true, true
-			if f.GetType() == dto.MetricType_HISTOGRAM {
-				exported[f.GetName()+"_bucket"] = true
-				delete(exported, f.GetName())
-			}
-		}
-	}
-	queried, err := grafana.Series()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range queried {
-		if strings.HasPrefix(name, "keygate_") && !strings.HasPrefix(name, "keygate_upstream_") {
-			continue
-		}
-		if !exported[name] {
-			t.Errorf("the dashboard queries %s, which the upstream does not export", name)
-		}
-	}
-	for _, name := range []string{"keygate_upstream_http_requests_total", "keygate_upstream_http_request_duration_seconds_bucket", "keygate_upstream_gate_rejections_total"} {
-		if !slices.Contains(queried, name) {
-			t.Errorf("the dashboard has no panel over %s", name)
-		}
 	}
 }

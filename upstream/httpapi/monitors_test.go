@@ -1,4 +1,4 @@
-package httpapi
+package httpapi_test
 
 import (
 	"encoding/json"
@@ -7,34 +7,37 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // door is one of the two ways to the monitor routes, for one org and role.
 type door struct {
 	name string
-	c    *client
+	c    *upstreamtest.Client
 	base string
 }
 
 // doors returns the dashboard door (a member of org with role) and the /v1 door (a key
 // of org with role) to org's monitors.
-func (e *testEnv) doors(org, role string) []door {
-	e.t.Helper()
+func doors(e *upstreamtest.Env, org, role string) []door {
+	e.T.Helper()
 	return []door{
-		{"dashboard", e.person(role, org), "/orgs/" + org + "/monitors"},
-		{"v1", e.gateway(org, role), "/v1/monitors"},
+		{"dashboard", e.Person(role, org), "/orgs/" + org + "/monitors"},
+		{"v1", e.Gateway(org, role), "/v1/monitors"},
 	}
 }
 
 // create creates a monitor through d and returns it.
 func (d door) create(t *testing.T, body string) monitorOut {
 	t.Helper()
-	r := d.c.do("POST", d.base, body)
-	if r.status != http.StatusCreated {
-		t.Fatalf("%s: create: %d %s", d.name, r.status, r.body)
+	r := d.c.Do("POST", d.base, body)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("%s: create: %d %s", d.name, r.Status, r.Body)
 	}
 	var m monitorOut
-	r.decode(t, &m)
+	r.Decode(t, &m)
 	return m
 }
 
@@ -55,20 +58,20 @@ type monitorOut struct {
 const monitorFields = "created_at,id,interval_seconds,locations,name,paused,target,type,updated_at"
 
 func TestMonitorLifecycleOnBothDoors(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	for _, d := range e.doors(org, roleEditor) {
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	for _, d := range doors(e, org, store.RoleEditor) {
 		t.Run(d.name, func(t *testing.T) {
-			r := d.c.do("POST", d.base, `{"name":"api","type":"http","target":"https://example.com/health",
+			r := d.c.Do("POST", d.base, `{"name":"api","type":"http","target":"https://example.com/health",
 				"config":{"method":"GET"},"assertions":[{"status":200}],"id":"ignored","created_at":"ignored"}`)
-			wantStatus(t, r, 201)
+			upstreamtest.WantStatus(t, r, 201)
 			var fields map[string]any
-			r.decode(t, &fields)
-			if got := sortedKeys(fields); got != monitorFields {
+			r.Decode(t, &fields)
+			if got := upstreamtest.SortedKeys(fields); got != monitorFields {
 				t.Fatalf("create answered fields %s, want %s", got, monitorFields)
 			}
 			var m monitorOut
-			r.decode(t, &m)
+			r.Decode(t, &m)
 			if m.Name != "api" || m.Type != "http" || m.Target != "https://example.com/health" || m.IntervalSeconds != 300 ||
 				strings.Join(m.Locations, ",") != "us-east" || m.Paused || m.ID == "ignored" || !m.CreatedAt.Equal(m.UpdatedAt) {
 				t.Errorf("created %+v, want the body with its defaults", m)
@@ -77,32 +80,32 @@ func TestMonitorLifecycleOnBothDoors(t *testing.T) {
 				t.Errorf("created_at %v is not in UTC", fields["created_at"])
 			}
 
-			got := d.c.do("GET", d.base+"/"+m.ID, "")
-			want(t, got, 200, strings.TrimSuffix(r.body, "\n"))
+			got := d.c.Do("GET", d.base+"/"+m.ID, "")
+			upstreamtest.Want(t, got, 200, strings.TrimSuffix(r.Body, "\n"))
 
-			r = d.c.do("PATCH", d.base+"/"+m.ID, `{"name":"api v2","interval_seconds":60,"locations":["eu-west","us-east"],"paused":true}`)
-			wantStatus(t, r, 200)
+			r = d.c.Do("PATCH", d.base+"/"+m.ID, `{"name":"api v2","interval_seconds":60,"locations":["eu-west","us-east"],"paused":true}`)
+			upstreamtest.WantStatus(t, r, 200)
 			var p monitorOut
-			r.decode(t, &p)
+			r.Decode(t, &p)
 			if p.Name != "api v2" || p.IntervalSeconds != 60 || strings.Join(p.Locations, ",") != "eu-west,us-east" || !p.Paused ||
 				p.Target != m.Target || !p.CreatedAt.Equal(m.CreatedAt) || !p.UpdatedAt.After(m.UpdatedAt) {
 				t.Errorf("patched %+v from %+v", p, m)
 			}
 
-			r = d.c.do("GET", d.base, "")
-			wantStatus(t, r, 200)
-			if !strings.Contains(r.body, `"id":"`+m.ID+`"`) {
-				t.Errorf("list %s lacks %s", r.body, m.ID)
+			r = d.c.Do("GET", d.base, "")
+			upstreamtest.WantStatus(t, r, 200)
+			if !strings.Contains(r.Body, `"id":"`+m.ID+`"`) {
+				t.Errorf("list %s lacks %s", r.Body, m.ID)
 			}
 
-			want(t, d.c.do("DELETE", d.base+"/"+m.ID, ""), 204, "")
-			want(t, d.c.do("GET", d.base+"/"+m.ID, ""), 404, `{"error":"monitor not found"}`)
-			want(t, d.c.do("PATCH", d.base+"/"+m.ID, `{"name":"x"}`), 404, `{"error":"monitor not found"}`)
-			want(t, d.c.do("DELETE", d.base+"/"+m.ID, ""), 404, `{"error":"monitor not found"}`)
-			if r := d.c.do("GET", d.base, ""); strings.Contains(r.body, m.ID) {
-				t.Errorf("list %s shows the deleted monitor", r.body)
+			upstreamtest.Want(t, d.c.Do("DELETE", d.base+"/"+m.ID, ""), 204, "")
+			upstreamtest.Want(t, d.c.Do("GET", d.base+"/"+m.ID, ""), 404, `{"error":"monitor not found"}`)
+			upstreamtest.Want(t, d.c.Do("PATCH", d.base+"/"+m.ID, `{"name":"x"}`), 404, `{"error":"monitor not found"}`)
+			upstreamtest.Want(t, d.c.Do("DELETE", d.base+"/"+m.ID, ""), 404, `{"error":"monitor not found"}`)
+			if r := d.c.Do("GET", d.base, ""); strings.Contains(r.Body, m.ID) {
+				t.Errorf("list %s shows the deleted monitor", r.Body)
 			}
-			if n := scalar[int](e, `SELECT count(*) FROM monitors WHERE id = $1 AND deleted_at IS NOT NULL`, m.ID); n != 1 {
+			if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM monitors WHERE id = $1 AND deleted_at IS NOT NULL`, m.ID); n != 1 {
 				t.Error("delete is not soft: the row is gone or not marked")
 			}
 		})
@@ -110,27 +113,27 @@ func TestMonitorLifecycleOnBothDoors(t *testing.T) {
 }
 
 func TestWriteOnlyAndInternalFieldsAreNeverReturned(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	for _, d := range e.doors(org, roleAdmin) {
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	for _, d := range doors(e, org, store.RoleAdmin) {
 		t.Run(d.name, func(t *testing.T) {
 			m := d.create(t, `{"name":"n","type":"tcp","target":"db.example.com:5432","config":{"secret":"CONFIG-3"},"assertions":["ASSERT-3"]}`)
-			e.exec(`UPDATE monitors SET paused_reason = 'REASON-3' WHERE id = $1`, m.ID)
-			for _, r := range []response{
-				d.c.do("GET", d.base+"/"+m.ID, ""),
-				d.c.do("GET", d.base, ""),
-				d.c.do("PATCH", d.base+"/"+m.ID, `{"config":{"secret":"CONFIG-4"},"assertions":["ASSERT-4"]}`),
+			e.Exec(`UPDATE monitors SET paused_reason = 'REASON-3' WHERE id = $1`, m.ID)
+			for _, r := range []upstreamtest.Response{
+				d.c.Do("GET", d.base+"/"+m.ID, ""),
+				d.c.Do("GET", d.base, ""),
+				d.c.Do("PATCH", d.base+"/"+m.ID, `{"config":{"secret":"CONFIG-4"},"assertions":["ASSERT-4"]}`),
 			} {
 				for _, leak := range []string{"config", "assertions", "config_version", "paused_reason", "org_id", "deleted_at", "CONFIG-", "ASSERT-", "REASON-", org} {
-					if strings.Contains(r.body, leak) {
-						t.Errorf("response %s contains %q", r.body, leak)
+					if strings.Contains(r.Body, leak) {
+						t.Errorf("response %s contains %q", r.Body, leak)
 					}
 				}
 			}
 			var page struct{ Data []map[string]any }
-			d.c.do("GET", d.base, "").decode(t, &page)
+			d.c.Do("GET", d.base, "").Decode(t, &page)
 			for _, item := range page.Data {
-				if got := sortedKeys(item); got != monitorFields {
+				if got := upstreamtest.SortedKeys(item); got != monitorFields {
 					t.Errorf("list item fields %s, want %s", got, monitorFields)
 				}
 			}
@@ -139,11 +142,13 @@ func TestWriteOnlyAndInternalFieldsAreNeverReturned(t *testing.T) {
 }
 
 func TestConfigVersionGrowsWhenConfigOrAssertionsChange(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	d := e.doors(org, roleEditor)[1]
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	d := doors(e, org, store.RoleEditor)[1]
 	m := d.create(t, `{"name":"n","type":"http","target":"http://example.com","config":{"a":1,"b":[true,null]}}`)
-	version := func() int { return scalar[int](e, `SELECT config_version FROM monitors WHERE id = $1`, m.ID) }
+	version := func() int {
+		return upstreamtest.Scalar[int](e, `SELECT config_version FROM monitors WHERE id = $1`, m.ID)
+	}
 	for _, tc := range []struct {
 		name  string
 		patch string
@@ -160,25 +165,25 @@ func TestConfigVersionGrowsWhenConfigOrAssertionsChange(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.patch != "" {
-				wantStatus(t, d.c.do("PATCH", d.base+"/"+m.ID, tc.patch), 200)
+				upstreamtest.WantStatus(t, d.c.Do("PATCH", d.base+"/"+m.ID, tc.patch), 200)
 			}
 			if v := version(); v != tc.want {
 				t.Errorf("config_version = %d, want %d", v, tc.want)
 			}
 		})
 	}
-	if cfg := scalar[string](e, `SELECT config::text || assertions::text FROM monitors WHERE id = $1`, m.ID); cfg != "{}[]" {
+	if cfg := upstreamtest.Scalar[string](e, `SELECT config::text || assertions::text FROM monitors WHERE id = $1`, m.ID); cfg != "{}[]" {
 		t.Errorf("stored config and assertions = %s, want {}[]", cfg)
 	}
 }
 
 func TestConfigAndAssertionsAreStoredAsSent(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	d := e.doors(org, roleEditor)[0]
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	d := doors(e, org, store.RoleEditor)[0]
 	m := d.create(t, `{"name":"n","type":"http","target":"http://example.com",
 		"config":{"headers":{"X-A":"<b>&é"},"n":12345678901234567890,"f":1.5e3,"bad":"\ud800"},"assertions":[{"path":"$.ok","eq":true}]}`)
-	got := scalar[string](e, `SELECT jsonb_build_array(config, assertions)::text FROM monitors WHERE id = $1`, m.ID)
+	got := upstreamtest.Scalar[string](e, `SELECT jsonb_build_array(config, assertions)::text FROM monitors WHERE id = $1`, m.ID)
 	want := `[{"f": 1.5e3, "n": 12345678901234567890, "bad": "` + "\uFFFD" + `", "headers": {"X-A": "<b>&é"}}, [{"eq": true, "path": "$.ok"}]]`
 	// jsonb normalises 1.5e3 to 1500.
 	want = strings.Replace(want, "1.5e3", "1500", 1)
@@ -188,14 +193,14 @@ func TestConfigAndAssertionsAreStoredAsSent(t *testing.T) {
 }
 
 func TestMonitorsAreConfinedToTheirOrg(t *testing.T) {
-	e := newTestEnv(t)
-	mine, theirs := e.org("pro"), e.org("pro")
-	foreign := e.doors(theirs, roleEditor)[0].create(t, `{"name":"theirs","type":"http","target":"https://their.example"}`)
-	deleted := e.doors(mine, roleEditor)[1].create(t, `{"name":"gone","type":"http","target":"https://gone.example"}`)
-	e.exec(`UPDATE monitors SET deleted_at = now() WHERE id = $1`, deleted.ID)
+	e := upstreamtest.NewEnv(t)
+	mine, theirs := e.Org("pro"), e.Org("pro")
+	foreign := doors(e, theirs, store.RoleEditor)[0].create(t, `{"name":"theirs","type":"http","target":"https://their.example"}`)
+	deleted := doors(e, mine, store.RoleEditor)[1].create(t, `{"name":"gone","type":"http","target":"https://gone.example"}`)
+	e.Exec(`UPDATE monitors SET deleted_at = now() WHERE id = $1`, deleted.ID)
 	notFound := `{"error":"monitor not found"}`
 
-	for _, d := range e.doors(mine, roleAdmin) {
+	for _, d := range doors(e, mine, store.RoleAdmin) {
 		own := d.create(t, `{"name":"mine","type":"http","target":"https://my.example"}`)
 		for _, tc := range []struct{ name, id string }{
 			{"foreign", foreign.ID},
@@ -206,39 +211,39 @@ func TestMonitorsAreConfinedToTheirOrg(t *testing.T) {
 			{"sql", "1'%20OR%20'1'='1"},
 		} {
 			t.Run(d.name+" "+tc.name, func(t *testing.T) {
-				want(t, d.c.do("GET", d.base+"/"+tc.id, ""), 404, notFound)
-				want(t, d.c.do("PATCH", d.base+"/"+tc.id, `{"name":"hijacked"}`), 404, notFound)
-				want(t, d.c.do("DELETE", d.base+"/"+tc.id, ""), 404, notFound)
+				upstreamtest.Want(t, d.c.Do("GET", d.base+"/"+tc.id, ""), 404, notFound)
+				upstreamtest.Want(t, d.c.Do("PATCH", d.base+"/"+tc.id, `{"name":"hijacked"}`), 404, notFound)
+				upstreamtest.Want(t, d.c.Do("DELETE", d.base+"/"+tc.id, ""), 404, notFound)
 			})
 		}
-		r := d.c.do("GET", d.base+"?limit=200", "")
-		if strings.Contains(r.body, foreign.ID) || strings.Contains(r.body, "theirs") || strings.Contains(r.body, deleted.ID) {
-			t.Errorf("%s: list %s shows a foreign or deleted monitor", d.name, r.body)
+		r := d.c.Do("GET", d.base+"?limit=200", "")
+		if strings.Contains(r.Body, foreign.ID) || strings.Contains(r.Body, "theirs") || strings.Contains(r.Body, deleted.ID) {
+			t.Errorf("%s: list %s shows a foreign or deleted monitor", d.name, r.Body)
 		}
 	}
-	row := scalar[string](e, `SELECT name || ' ' || (deleted_at IS NULL)::text FROM monitors WHERE id = $1`, foreign.ID)
+	row := upstreamtest.Scalar[string](e, `SELECT name || ' ' || (deleted_at IS NULL)::text FROM monitors WHERE id = $1`, foreign.ID)
 	if row != "theirs true" {
 		t.Errorf("the foreign monitor is now %q", row)
 	}
 }
 
 func TestDashboardMonitorDoorChecksSessionMembershipAndRole(t *testing.T) {
-	e := newTestEnv(t)
-	org, other := e.org("pro"), e.org("pro")
-	m := e.doors(org, roleEditor)[1].create(t, `{"name":"n","type":"http","target":"http://192.0.2.1"}`)
-	viewer := e.person(roleViewer, org)
-	outsider := e.person(roleOwner, other)
+	e := upstreamtest.NewEnv(t)
+	org, other := e.Org("pro"), e.Org("pro")
+	m := doors(e, org, store.RoleEditor)[1].create(t, `{"name":"n","type":"http","target":"http://192.0.2.1"}`)
+	viewer := e.Person(store.RoleViewer, org)
+	outsider := e.Person(store.RoleOwner, other)
 	base := "/orgs/" + org + "/monitors"
 	body := `{"name":"x","type":"http","target":"https://example.com"}`
 	for _, tc := range []struct {
 		name         string
-		c            *client
+		c            *upstreamtest.Client
 		method, path string
 		status       int
 		want         string
 	}{
-		{"no session lists", e.anon(), "GET", base, 401, bodyUnauthenticated},
-		{"no session creates", e.anon(), "POST", base, 401, bodyUnauthenticated},
+		{"no session lists", e.Anon(), "GET", base, 401, bodyUnauthenticated},
+		{"no session creates", e.Anon(), "POST", base, 401, bodyUnauthenticated},
 		{"outsider reads", outsider, "GET", base + "/" + m.ID, 404, bodyNotFound},
 		{"outsider creates", outsider, "POST", base, 404, bodyNotFound},
 		{"malformed org", viewer, "GET", "/orgs/x/monitors", 404, bodyNotFound},
@@ -250,28 +255,28 @@ func TestDashboardMonitorDoorChecksSessionMembershipAndRole(t *testing.T) {
 		{"viewer lists", viewer, "GET", base, 200, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := tc.c.do(tc.method, tc.path, body)
+			r := tc.c.Do(tc.method, tc.path, body)
 			if tc.want == "" {
-				wantStatus(t, r, tc.status)
+				upstreamtest.WantStatus(t, r, tc.status)
 			} else {
-				want(t, r, tc.status, tc.want)
+				upstreamtest.Want(t, r, tc.status, tc.want)
 			}
 		})
 	}
 }
 
 func TestMonitorListPaginatesByCreationWithAnOpaqueCursor(t *testing.T) {
-	e := newTestEnv(t)
-	org, other := e.org("enterprise"), e.org("enterprise")
+	e := upstreamtest.NewEnv(t)
+	org, other := e.Org("enterprise"), e.Org("enterprise")
 	// Seven monitors: three sharing one created_at (one statement), to exercise the
 	// tie-break on id, and a deleted and a foreign one that must never be listed.
-	e.exec(`INSERT INTO monitors (org_id, name, type, target, created_at)
+	e.Exec(`INSERT INTO monitors (org_id, name, type, target, created_at)
 SELECT $1, 'm' || i, 'http', 'https://example.com', timestamptz '2030-01-01 00:00:00Z' + (i / 3) * interval '1 second'
 FROM generate_series(0, 6) i`, org)
-	e.exec(`INSERT INTO monitors (org_id, name, type, target, deleted_at) VALUES ($1, 'deleted', 'http', 'https://example.com', now())`, org)
-	e.exec(`INSERT INTO monitors (org_id, name, type, target) VALUES ($1, 'foreign', 'http', 'https://example.com')`, other)
+	e.Exec(`INSERT INTO monitors (org_id, name, type, target, deleted_at) VALUES ($1, 'deleted', 'http', 'https://example.com', now())`, org)
+	e.Exec(`INSERT INTO monitors (org_id, name, type, target) VALUES ($1, 'foreign', 'http', 'https://example.com')`, other)
 	var wantOrder []string
-	rows, err := e.pool.Query(t.Context(), `SELECT id::text FROM monitors WHERE org_id = $1 AND deleted_at IS NULL ORDER BY created_at, id`, org)
+	rows, err := e.Pool.Query(t.Context(), `SELECT id::text FROM monitors WHERE org_id = $1 AND deleted_at IS NULL ORDER BY created_at, id`, org)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +286,7 @@ FROM generate_series(0, 6) i`, org)
 		wantOrder = append(wantOrder, id)
 	}
 
-	for _, d := range e.doors(org, roleViewer) {
+	for _, d := range doors(e, org, store.RoleViewer) {
 		t.Run(d.name, func(t *testing.T) {
 			var got []string
 			cursor, pages := "", 0
@@ -290,20 +295,20 @@ FROM generate_series(0, 6) i`, org)
 				if cursor != "" {
 					path += "&cursor=" + cursor
 				}
-				r := d.c.do("GET", path, "")
-				wantStatus(t, r, 200)
+				r := d.c.Do("GET", path, "")
+				upstreamtest.WantStatus(t, r, 200)
 				var page struct {
 					Data       []monitorOut `json:"data"`
 					NextCursor *string      `json:"next_cursor"`
 				}
-				r.decode(t, &page)
+				r.Decode(t, &page)
 				pages++
 				for _, m := range page.Data {
 					got = append(got, m.ID)
 				}
 				if page.NextCursor == nil {
-					if !strings.HasSuffix(r.body, `"next_cursor":null}`+"\n") {
-						t.Errorf("last page %s lacks next_cursor null", r.body)
+					if !strings.HasSuffix(r.Body, `"next_cursor":null}`+"\n") {
+						t.Errorf("last page %s lacks next_cursor null", r.Body)
 					}
 					break
 				}
@@ -317,15 +322,15 @@ FROM generate_series(0, 6) i`, org)
 			}
 
 			var all struct{ Data []monitorOut }
-			d.c.do("GET", d.base, "").decode(t, &all)
+			d.c.Do("GET", d.base, "").Decode(t, &all)
 			if len(all.Data) != 7 {
 				t.Errorf("default page has %d monitors, want all 7", len(all.Data))
 			}
 			// A page ending exactly at the last monitor has no next cursor.
-			r := d.c.do("GET", d.base+"?limit=1&cursor="+cursorAfter(t, d, 6), "")
-			wantStatus(t, r, 200)
-			if !strings.Contains(r.body, `"id":"`+wantOrder[6]+`"`) || !strings.HasSuffix(r.body, `],"next_cursor":null}`+"\n") {
-				t.Errorf("last page = %s, want the 7th monitor and no next cursor", r.body)
+			r := d.c.Do("GET", d.base+"?limit=1&cursor="+cursorAfter(t, d, 6), "")
+			upstreamtest.WantStatus(t, r, 200)
+			if !strings.Contains(r.Body, `"id":"`+wantOrder[6]+`"`) || !strings.HasSuffix(r.Body, `],"next_cursor":null}`+"\n") {
+				t.Errorf("last page = %s, want the 7th monitor and no next cursor", r.Body)
 			}
 		})
 	}
@@ -337,16 +342,16 @@ func cursorAfter(t *testing.T, d door, n int) string {
 	var page struct {
 		NextCursor string `json:"next_cursor"`
 	}
-	d.c.do("GET", fmt.Sprintf("%s?limit=%d", d.base, n), "").decode(t, &page)
+	d.c.Do("GET", fmt.Sprintf("%s?limit=%d", d.base, n), "").Decode(t, &page)
 	return page.NextCursor
 }
 
 func TestMonitorListRefusesBadLimitsAndCursors(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
 	limitMsg := `{"error":"invalid_request","message":"limit: must be an integer from 1 to 200"}`
 	cursorMsg := `{"error":"invalid_request","message":"cursor: is not a cursor this API returned"}`
-	for _, d := range e.doors(org, roleViewer) {
+	for _, d := range doors(e, org, store.RoleViewer) {
 		for _, tc := range []struct{ query, want string }{
 			{"limit=0", limitMsg},
 			{"limit=201", limitMsg},
@@ -354,22 +359,22 @@ func TestMonitorListRefusesBadLimitsAndCursors(t *testing.T) {
 			{"limit=ten", limitMsg},
 			{"limit=1.5", limitMsg},
 			{"cursor=x", cursorMsg},
-			{"cursor=" + (cursor{createdAt: time.Now(), id: "x"}).encode(), cursorMsg},
+			{"cursor=" + (store.Cursor{CreatedAt: time.Now(), ID: "x"}).Encode(), cursorMsg},
 			{"cursor=eyJpZCI6MX0", cursorMsg},
 		} {
 			t.Run(d.name+" "+tc.query, func(t *testing.T) {
-				want(t, d.c.do("GET", d.base+"?"+tc.query, ""), 400, tc.want)
+				upstreamtest.Want(t, d.c.Do("GET", d.base+"?"+tc.query, ""), 400, tc.want)
 			})
 		}
-		want(t, d.c.do("GET", d.base+"?limit=&cursor=", ""), 200, `{"data":[],"next_cursor":null}`)
-		want(t, d.c.do("GET", d.base+"?limit=200", ""), 200, `{"data":[],"next_cursor":null}`)
+		upstreamtest.Want(t, d.c.Do("GET", d.base+"?limit=&cursor=", ""), 200, `{"data":[],"next_cursor":null}`)
+		upstreamtest.Want(t, d.c.Do("GET", d.base+"?limit=200", ""), 200, `{"data":[],"next_cursor":null}`)
 	}
 }
 
 func TestPatchThatChangesTypeRevalidatesTheTarget(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("enterprise")
-	for _, d := range e.doors(org, roleEditor) {
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("enterprise")
+	for _, d := range doors(e, org, store.RoleEditor) {
 		t.Run(d.name, func(t *testing.T) {
 			m := d.create(t, `{"name":"n","type":"http","target":"https://example.com"}`)
 			for _, tc := range []struct{ patch, want string }{
@@ -378,19 +383,19 @@ func TestPatchThatChangesTypeRevalidatesTheTarget(t *testing.T) {
 				{`{"target":"example.com"}`, "target: must be an absolute http or https URL with a host for type http"},
 				{`{"type":"icmp","target":"https://example.com"}`, "target: must be a hostname or an IP address for type icmp"},
 			} {
-				want(t, d.c.do("PATCH", d.base+"/"+m.ID, tc.patch), 400, `{"error":"invalid_request","message":`+jsonBody(tc.want)+`}`)
+				upstreamtest.Want(t, d.c.Do("PATCH", d.base+"/"+m.ID, tc.patch), 400, `{"error":"invalid_request","message":`+upstreamtest.JSONBody(tc.want)+`}`)
 			}
-			r := d.c.do("PATCH", d.base+"/"+m.ID, `{"type":"tcp","target":"example.com:443"}`)
-			wantStatus(t, r, 200)
+			r := d.c.Do("PATCH", d.base+"/"+m.ID, `{"type":"tcp","target":"example.com:443"}`)
+			upstreamtest.WantStatus(t, r, 200)
 			var p monitorOut
-			r.decode(t, &p)
+			r.Decode(t, &p)
 			if p.Type != "tcp" || p.Target != "example.com:443" {
 				t.Errorf("patched %+v", p)
 			}
 			// An empty PATCH changes nothing, not even updated_at.
-			r = d.c.do("PATCH", d.base+"/"+m.ID, `{}`)
+			r = d.c.Do("PATCH", d.base+"/"+m.ID, `{}`)
 			var same monitorOut
-			r.decode(t, &same)
+			r.Decode(t, &same)
 			if !same.UpdatedAt.Equal(p.UpdatedAt) {
 				t.Errorf("empty PATCH moved updated_at from %v to %v", p.UpdatedAt, same.UpdatedAt)
 			}
@@ -399,22 +404,22 @@ func TestPatchThatChangesTypeRevalidatesTheTarget(t *testing.T) {
 }
 
 func TestMonitorBodyOverOneMebibyteIs413(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	for _, d := range e.doors(org, roleEditor) {
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	for _, d := range doors(e, org, store.RoleEditor) {
 		m := d.create(t, `{"name":"n","type":"http","target":"https://example.com"}`)
 		big := `{"name":"n","type":"http","target":"https://example.com","config":{"pad":"` + strings.Repeat("x", 1<<20) + `"}}`
-		want(t, d.c.do("POST", d.base, big), 413, `{"error":"request_too_large"}`)
-		want(t, d.c.do("PATCH", d.base+"/"+m.ID, big), 413, `{"error":"request_too_large"}`)
+		upstreamtest.Want(t, d.c.Do("POST", d.base, big), 413, `{"error":"request_too_large"}`)
+		upstreamtest.Want(t, d.c.Do("PATCH", d.base+"/"+m.ID, big), 413, `{"error":"request_too_large"}`)
 		// Just under the limit is accepted.
 		fits := `{"config":{"pad":"` + strings.Repeat("x", 1<<20-len(`{"config":{"pad":""}}`)) + `"}}`
-		wantStatus(t, d.c.do("PATCH", d.base+"/"+m.ID, fits), 200)
+		upstreamtest.WantStatus(t, d.c.Do("PATCH", d.base+"/"+m.ID, fits), 200)
 	}
 }
 
 func TestMonitorWriteBodyIsValidatedStrictly(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("enterprise")
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("enterprise")
 	valid := map[string]any{"name": "n", "type": "http", "target": "https://example.com"}
 	with := func(kv ...any) string {
 		m := map[string]any{}
@@ -428,7 +433,7 @@ func TestMonitorWriteBodyIsValidatedStrictly(t *testing.T) {
 			}
 			m[kv[i].(string)] = kv[i+1]
 		}
-		return jsonBody(m)
+		return upstreamtest.JSONBody(m)
 	}
 	raw := func(s string) json.RawMessage { return json.RawMessage(s) }
 	deep := strings.Repeat("[", 70) + strings.Repeat("]", 70)
@@ -504,12 +509,12 @@ func TestMonitorWriteBodyIsValidatedStrictly(t *testing.T) {
 		{"assertions with NUL", with("assertions", raw(`["\u0000"]`)), "assertions: must not contain the character U+0000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, d := range e.doors(org, roleEditor)[1:] {
-				want(t, d.c.do("POST", d.base, tc.body), 400, `{"error":"invalid_request","message":`+jsonBody(tc.message)+`}`)
+			for _, d := range doors(e, org, store.RoleEditor)[1:] {
+				upstreamtest.Want(t, d.c.Do("POST", d.base, tc.body), 400, `{"error":"invalid_request","message":`+upstreamtest.JSONBody(tc.message)+`}`)
 			}
 		})
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM monitors`); n != 0 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM monitors`); n != 0 {
 		t.Fatalf("invalid bodies created %d monitors", n)
 	}
 
@@ -528,17 +533,17 @@ func TestMonitorWriteBodyIsValidatedStrictly(t *testing.T) {
 		{"full body", with("interval_seconds", 86400, "paused", true, "config", map[string]any{"a": []any{1, "b", nil}}, "assertions", []any{map[string]any{}})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, d := range e.doors(org, roleEditor)[1:] {
-				wantStatus(t, d.c.do("POST", d.base, tc.body), 201)
+			for _, d := range doors(e, org, store.RoleEditor)[1:] {
+				upstreamtest.WantStatus(t, d.c.Do("POST", d.base, tc.body), 201)
 			}
 		})
 	}
 }
 
 func TestPatchBodyIsValidatedStrictly(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("enterprise")
-	d := e.doors(org, roleEditor)[1]
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("enterprise")
+	d := doors(e, org, store.RoleEditor)[1]
 	m := d.create(t, `{"name":"n","type":"http","target":"https://example.com"}`)
 	for _, tc := range []struct{ body, message string }{
 		{`{"name":null}`, "name: must be a string, not null"},
@@ -550,10 +555,10 @@ func TestPatchBodyIsValidatedStrictly(t *testing.T) {
 		{`{"owner":"me"}`, "owner: unknown field"},
 		{`[]`, "body: must be a JSON object"},
 	} {
-		want(t, d.c.do("PATCH", d.base+"/"+m.ID, tc.body), 400, `{"error":"invalid_request","message":`+jsonBody(tc.message)+`}`)
+		upstreamtest.Want(t, d.c.Do("PATCH", d.base+"/"+m.ID, tc.body), 400, `{"error":"invalid_request","message":`+upstreamtest.JSONBody(tc.message)+`}`)
 	}
 	var got monitorOut
-	d.c.do("GET", d.base+"/"+m.ID, "").decode(t, &got)
+	d.c.Do("GET", d.base+"/"+m.ID, "").Decode(t, &got)
 	if got.Name != "n" || got.IntervalSeconds != 300 {
 		t.Errorf("refused patches changed the monitor: %+v", got)
 	}

@@ -1,4 +1,4 @@
-package httpapi
+package httpapi_test
 
 import (
 	"context"
@@ -6,23 +6,26 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // newKey creates a key of name and role in org through the route and returns its id and
 // full key.
-func newKey(t *testing.T, c *client, org, body string) (id, full string) {
+func newKey(t *testing.T, c *upstreamtest.Client, org, body string) (id, full string) {
 	t.Helper()
-	r := c.do("POST", "/orgs/"+org+"/api-keys", body)
-	wantStatus(t, r, 201)
+	r := c.Do("POST", "/orgs/"+org+"/api-keys", body)
+	upstreamtest.WantStatus(t, r, 201)
 	var k struct{ ID, Key string }
-	r.decode(t, &k)
+	r.Decode(t, &k)
 	return k.ID, k.Key
 }
 
 // verifies reports whether full is a live key to the gateway's keystore.
-func verifies(t *testing.T, e *testEnv, full string) bool {
+func verifies(t *testing.T, e *upstreamtest.Env, full string) bool {
 	t.Helper()
-	_, ok, err := e.srv.keys.Verify(context.Background(), full)
+	_, ok, err := e.Keys.Verify(context.Background(), full)
 	if err != nil {
 		t.Fatalf("Verify: %v", err)
 	}
@@ -30,34 +33,36 @@ func verifies(t *testing.T, e *testEnv, full string) bool {
 }
 
 func TestRollChecksSessionMembershipPermissionPlanBodyAndKeyInThatOrder(t *testing.T) {
-	e := newTestEnv(t)
-	pro, free, other := e.org("pro"), e.org("free"), e.org("pro")
-	owner := e.person(roleOwner, pro, free)
-	editor := e.person(roleEditor, pro)
-	viewer := e.person(roleViewer, pro)
-	outsider := e.person(roleOwner, other)
+	e := upstreamtest.NewEnv(t)
+	pro, free, other := e.Org("pro"), e.Org("free"), e.Org("pro")
+	owner := e.Person(store.RoleOwner, pro, free)
+	editor := e.Person(store.RoleEditor, pro)
+	viewer := e.Person(store.RoleViewer, pro)
+	outsider := e.Person(store.RoleOwner, other)
 	id, full := newKey(t, owner, pro, `{"name":"ci","role":"Admin"}`)
 	foreignID, _ := newKey(t, outsider, other, `{"name":"theirs","role":"Admin"}`)
-	e.exec(`INSERT INTO api_keys (key_id, org_id, name, role, secret_hash) VALUES ('FreeFreeFreeFreeFree01', $1, 'f', 'Admin', decode(repeat('00', 32), 'hex'))`, free)
+	e.Exec(`INSERT INTO api_keys (key_id, org_id, name, role, secret_hash) VALUES ('FreeFreeFreeFreeFree01', $1, 'f', 'Admin', decode(repeat('00', 32), 'hex'))`, free)
 	revokedID, _ := newKey(t, owner, pro, `{"name":"gone","role":"Viewer"}`)
-	wantStatus(t, owner.do("DELETE", "/orgs/"+pro+"/api-keys/"+revokedID, ""), 204)
+	upstreamtest.WantStatus(t, owner.Do("DELETE", "/orgs/"+pro+"/api-keys/"+revokedID, ""), 204)
 	expiredID, _ := newKey(t, owner, pro, `{"name":"old","role":"Viewer"}`)
-	e.exec(`UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE key_id = $1`, expiredID)
-	keysBefore := scalar[int](e, `SELECT count(*) FROM api_keys`)
-	eventsBefore := scalar[int](e, `SELECT count(*) FROM audit_events`)
+	e.Exec(`UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE key_id = $1`, expiredID)
+	keysBefore := upstreamtest.Scalar[int](e, `SELECT count(*) FROM api_keys`)
+	eventsBefore := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events`)
 
 	roll := func(org, id string) string { return "/orgs/" + org + "/api-keys/" + id + "/roll" }
-	bad := func(msg string) string { return `{"error":"invalid_request","message":` + jsonBody(msg) + `}` }
+	bad := func(msg string) string {
+		return `{"error":"invalid_request","message":` + upstreamtest.JSONBody(msg) + `}`
+	}
 	conflict := `{"error":"conflict","message":"the key is revoked or expired and cannot be rolled"}`
 	for _, tc := range []struct {
 		name   string
-		c      *client
+		c      *upstreamtest.Client
 		path   string
 		body   string
 		status int
 		want   string
 	}{
-		{"no session", e.anon(), roll(pro, id), `{}`, 401, bodyUnauthenticated},
+		{"no session", e.Anon(), roll(pro, id), `{}`, 401, bodyUnauthenticated},
 		{"not a member", outsider, roll(pro, id), `{}`, 404, bodyNotFound},
 		{"a malformed org", owner, roll("nope", id), `{}`, 404, bodyNotFound},
 		{"an Editor", editor, roll(pro, id), `{}`, 403, bodyForbidden},
@@ -80,32 +85,32 @@ func TestRollChecksSessionMembershipPermissionPlanBodyAndKeyInThatOrder(t *testi
 		{"an expired key", owner, roll(pro, expiredID), `{"grace_seconds":60}`, 409, conflict},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want(t, tc.c.do("POST", tc.path, tc.body), tc.status, tc.want)
+			upstreamtest.Want(t, tc.c.Do("POST", tc.path, tc.body), tc.status, tc.want)
 		})
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM api_keys`); n != keysBefore {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM api_keys`); n != keysBefore {
 		t.Errorf("refused rolls changed the key count from %d to %d", keysBefore, n)
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events`); n != eventsBefore {
 		t.Errorf("refused rolls wrote %d audit events", n-eventsBefore)
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM api_keys WHERE expires_at IS NOT NULL AND key_id IN ($1, $2)`, id, foreignID); n != 0 || !verifies(t, e, full) {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM api_keys WHERE expires_at IS NOT NULL AND key_id IN ($1, $2)`, id, foreignID); n != 0 || !verifies(t, e, full) {
 		t.Errorf("refused rolls touched a live key")
 	}
 }
 
 func TestRollWithoutGraceReplacesTheKeyAtOnce(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	admin := e.person(roleAdmin, org)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	admin := e.Person(store.RoleAdmin, org)
 	oldID, oldFull := newKey(t, admin, org, `{"name":"deploy","role":"Editor"}`)
 
 	// An empty body is a grace of 0.
-	r := admin.do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", "")
-	wantStatus(t, r, 201)
+	r := admin.Do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", "")
+	upstreamtest.WantStatus(t, r, 201)
 	var created map[string]any
-	r.decode(t, &created)
-	if got := sortedKeys(created); got != "created_at,expires_at,id,key,name,role" {
+	r.Decode(t, &created)
+	if got := upstreamtest.SortedKeys(created); got != "created_at,expires_at,id,key,name,role" {
 		t.Fatalf("roll answered fields %s", got)
 	}
 	newID, newFull := created["id"].(string), created["key"].(string)
@@ -122,26 +127,26 @@ func TestRollWithoutGraceReplacesTheKeyAtOnce(t *testing.T) {
 		t.Error("the new key does not work")
 	}
 	// Rolling the old key again: it has expired.
-	want(t, admin.do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":0}`), 409,
+	upstreamtest.Want(t, admin.Do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":0}`), 409,
 		`{"error":"conflict","message":"the key is revoked or expired and cannot be rolled"}`)
-	if got := scalar[string](e, `SELECT created_by::text FROM api_keys WHERE key_id = $1`, newID); got == "" {
+	if got := upstreamtest.Scalar[string](e, `SELECT created_by::text FROM api_keys WHERE key_id = $1`, newID); got == "" {
 		t.Error("the new key has no creator")
 	}
 }
 
 func TestRollWithGraceKeepsTheOldKeyUntilItEndsAndNeverExtendsIt(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
 	oldID, oldFull := newKey(t, owner, org, `{"name":"ci","role":"Viewer"}`)
 	expiresIn := func(id string) float64 {
-		return scalar[float64](e, `SELECT extract(epoch FROM expires_at - now())::float8 FROM api_keys WHERE key_id = $1`, id)
+		return upstreamtest.Scalar[float64](e, `SELECT extract(epoch FROM expires_at - now())::float8 FROM api_keys WHERE key_id = $1`, id)
 	}
 
-	r := owner.do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":3600}`)
-	wantStatus(t, r, 201)
+	r := owner.Do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":3600}`)
+	upstreamtest.WantStatus(t, r, 201)
 	var first struct{ ID, Key string }
-	r.decode(t, &first)
+	r.Decode(t, &first)
 	if !verifies(t, e, oldFull) || !verifies(t, e, first.Key) {
 		t.Fatal("during the grace both keys must work")
 	}
@@ -149,11 +154,11 @@ func TestRollWithGraceKeepsTheOldKeyUntilItEndsAndNeverExtendsIt(t *testing.T) {
 		t.Errorf("old key expires in %.0fs, want about 3600s", d)
 	}
 	// A key in its grace can be rolled again, but its expiry only ever comes closer.
-	wantStatus(t, owner.do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":86400}`), 201)
+	upstreamtest.WantStatus(t, owner.Do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":86400}`), 201)
 	if d := expiresIn(oldID); d < 3590 || d > 3600 {
 		t.Errorf("a longer grace moved the expiry to %.0fs from now", d)
 	}
-	wantStatus(t, owner.do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":60}`), 201)
+	upstreamtest.WantStatus(t, owner.Do("POST", "/orgs/"+org+"/api-keys/"+oldID+"/roll", `{"grace_seconds":60}`), 201)
 	if d := expiresIn(oldID); d < 50 || d > 60 {
 		t.Errorf("a shorter grace left the expiry %.0fs from now, want about 60s", d)
 	}
@@ -162,24 +167,24 @@ func TestRollWithGraceKeepsTheOldKeyUntilItEndsAndNeverExtendsIt(t *testing.T) {
 	// extend the old key.
 	exp := time.Now().Add(10 * time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
 	limitedID, _ := newKey(t, owner, org, `{"name":"temp","role":"Admin","expires_at":"`+exp+`"}`)
-	r = owner.do("POST", "/orgs/"+org+"/api-keys/"+limitedID+"/roll", `{"grace_seconds":86400}`)
-	wantStatus(t, r, 201)
+	r = owner.Do("POST", "/orgs/"+org+"/api-keys/"+limitedID+"/roll", `{"grace_seconds":86400}`)
+	upstreamtest.WantStatus(t, r, 201)
 	var rolled struct {
 		ExpiresAt string `json:"expires_at"`
 	}
-	r.decode(t, &rolled)
+	r.Decode(t, &rolled)
 	if rolled.ExpiresAt != exp {
 		t.Errorf("new key expires_at = %q, want the old key's %q", rolled.ExpiresAt, exp)
 	}
-	if got := scalar[time.Time](e, `SELECT expires_at FROM api_keys WHERE key_id = $1`, limitedID); got.UTC().Format(time.RFC3339) != exp {
+	if got := upstreamtest.Scalar[time.Time](e, `SELECT expires_at FROM api_keys WHERE key_id = $1`, limitedID); got.UTC().Format(time.RFC3339) != exp {
 		t.Errorf("old key expires_at moved to %v, want %s", got, exp)
 	}
 }
 
 func TestConcurrentRollsOfOneKeyWithoutGraceLetOneThrough(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
 	for round := 0; round < 5; round++ {
 		id, _ := newKey(t, owner, org, `{"name":"race","role":"Admin"}`)
 		statuses := make([]int, 4)
@@ -188,7 +193,7 @@ func TestConcurrentRollsOfOneKeyWithoutGraceLetOneThrough(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				statuses[i] = owner.do("POST", "/orgs/"+org+"/api-keys/"+id+"/roll", `{"grace_seconds":0}`).status
+				statuses[i] = owner.Do("POST", "/orgs/"+org+"/api-keys/"+id+"/roll", `{"grace_seconds":0}`).Status
 			}()
 		}
 		wg.Wait()
@@ -204,7 +209,7 @@ func TestConcurrentRollsOfOneKeyWithoutGraceLetOneThrough(t *testing.T) {
 		if created != 1 || conflicts != len(statuses)-1 {
 			t.Errorf("round %d: statuses %v, want one 201 and the rest 409", round, statuses)
 		}
-		if n := scalar[int](e, `SELECT count(*) FROM audit_events WHERE action = 'key.rolled' AND key_id = $1`, id); n != 1 {
+		if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM audit_events WHERE action = 'key.rolled' AND key_id = $1`, id); n != 1 {
 			t.Errorf("round %d: %d key.rolled events, want 1", round, n)
 		}
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// sessionCookie is the name of the cookie holding the session token.
-const sessionCookie = "session"
+// SessionCookie is the name of the cookie holding the session token.
+const SessionCookie = "session"
 
 // handleLogin answers POST /auth/login {"email","password"}: 204 with a session cookie,
 // or 401 {"error":"invalid credentials"} whether the email is unknown or the password
@@ -76,7 +76,7 @@ func (s *Server) logIn(w http.ResponseWriter, r *http.Request, email, password s
 	}
 	infoOf(r.Context()).userID = userID
 	http.SetCookie(w, &http.Cookie{
-		Name:     sessionCookie,
+		Name:     SessionCookie,
 		Value:    token,
 		Path:     "/",
 		MaxAge:   int(s.sessionTTL / time.Second),
@@ -160,7 +160,7 @@ func (s *Server) logOut(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	http.SetCookie(w, &http.Cookie{
-		Name:     sessionCookie,
+		Name:     SessionCookie,
 		Value:    "",
 		Path:     "/",
 		MaxAge:   -1,
@@ -174,7 +174,7 @@ func (s *Server) logOut(w http.ResponseWriter, r *http.Request) error {
 // sessionTokenHash returns the SHA-256 of r's session token, and false when r carries no
 // cookie that could be a session token.
 func sessionTokenHash(r *http.Request) ([sha256.Size]byte, bool) {
-	c, err := r.Cookie(sessionCookie)
+	c, err := r.Cookie(SessionCookie)
 	if err != nil {
 		return [sha256.Size]byte{}, false
 	}

@@ -1,22 +1,29 @@
-package httpapi
+package httpapi_test
 
 import (
+	"context"
 	"crypto/sha256"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/password"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 func TestLoginSetsAnHttpOnlyLaxSessionCookieAndStoresOnlyItsHash(t *testing.T) {
-	e := newTestEnv(t, func(c *Config) { c.SessionTTL = time.Hour })
-	email, password := e.user()
-	r := e.anon().do("POST", "/auth/login", jsonBody(map[string]string{"email": email, "password": password}))
-	want(t, r, http.StatusNoContent, "")
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.SessionTTL = time.Hour })
+	email, password := e.User()
+	r := e.Anon().Do("POST", "/auth/login", upstreamtest.JSONBody(map[string]string{"email": email, "password": password}))
+	upstreamtest.Want(t, r, http.StatusNoContent, "")
 
-	cookies := r.cookies()
+	cookies := r.Cookies()
 	if len(cookies) != 1 {
 		t.Fatalf("cookies = %v, want one", cookies)
 	}
@@ -29,25 +36,25 @@ func TestLoginSetsAnHttpOnlyLaxSessionCookieAndStoresOnlyItsHash(t *testing.T) {
 	}
 
 	sum := sha256.Sum256([]byte(c.Value))
-	if n := scalar[int](e, `SELECT count(*) FROM sessions WHERE token_hash = $1`, sum[:]); n != 1 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM sessions WHERE token_hash = $1`, sum[:]); n != 1 {
 		t.Errorf("sessions with the token's hash = %d, want 1", n)
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM sessions WHERE position($1::bytea in token_hash) > 0`, []byte(c.Value)); n != 0 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM sessions WHERE position($1::bytea in token_hash) > 0`, []byte(c.Value)); n != 0 {
 		t.Errorf("the token itself is stored")
 	}
-	ttl := scalar[float64](e, `SELECT extract(epoch FROM expires_at - created_at)::float8 FROM sessions`)
+	ttl := upstreamtest.Scalar[float64](e, `SELECT extract(epoch FROM expires_at - created_at)::float8 FROM sessions`)
 	if ttl != 3600 {
 		t.Errorf("session lifetime = %vs, want 3600", ttl)
 	}
 }
 
 func TestSessionCookieIsSecureOverTLS(t *testing.T) {
-	e := newTestEnv(t)
-	email, password := e.user()
-	ts := httptest.NewTLSServer(e.srv)
+	e := upstreamtest.NewEnv(t)
+	email, password := e.User()
+	ts := httptest.NewTLSServer(e.Server)
 	defer ts.Close()
 	res, err := ts.Client().Post(ts.URL+"/auth/login", "application/json",
-		strings.NewReader(jsonBody(map[string]string{"email": email, "password": password})))
+		strings.NewReader(upstreamtest.JSONBody(map[string]string{"email": email, "password": password})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,21 +65,21 @@ func TestSessionCookieIsSecureOverTLS(t *testing.T) {
 }
 
 func TestSessionCookieIsSecureBehindATLSProxyWhenConfigured(t *testing.T) {
-	e := newTestEnv(t, func(c *Config) { c.SecureCookies = true })
-	email, password := e.user()
-	r := e.anon().do("POST", "/auth/login", jsonBody(map[string]string{"email": email, "password": password}))
-	if cs := r.cookies(); r.status != 204 || len(cs) != 1 || !cs[0].Secure {
-		t.Errorf("got %d with cookies %v, want 204 and a Secure cookie", r.status, cs)
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.SecureCookies = true })
+	email, password := e.User()
+	r := e.Anon().Do("POST", "/auth/login", upstreamtest.JSONBody(map[string]string{"email": email, "password": password}))
+	if cs := r.Cookies(); r.Status != 204 || len(cs) != 1 || !cs[0].Secure {
+		t.Errorf("got %d with cookies %v, want 204 and a Secure cookie", r.Status, cs)
 	}
-	r = e.anon().do("POST", "/auth/logout", "")
-	if cs := r.cookies(); len(cs) != 1 || !cs[0].Secure {
+	r = e.Anon().Do("POST", "/auth/logout", "")
+	if cs := r.Cookies(); len(cs) != 1 || !cs[0].Secure {
 		t.Errorf("logout cookies %v, want a Secure cookie", cs)
 	}
 }
 
 func TestLoginRefusesWrongCredentialsAlike(t *testing.T) {
-	e := newTestEnv(t)
-	email, password := e.user()
+	e := upstreamtest.NewEnv(t)
+	email, password := e.User()
 	for _, tc := range []struct {
 		name            string
 		email, password string
@@ -86,14 +93,14 @@ func TestLoginRefusesWrongCredentialsAlike(t *testing.T) {
 		{"unknown email", "nobody@example.com", password, 401, `{"error":"invalid credentials"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := e.srv.passwords.derivations.Load()
-			r := e.anon().do("POST", "/auth/login", jsonBody(map[string]string{"email": tc.email, "password": tc.password}))
-			want(t, r, tc.status, tc.body)
-			if tc.status != 204 && len(r.cookies()) != 0 {
-				t.Errorf("a refused login set cookies %v", r.cookies())
+			before := e.Server.Passwords().Derivations()
+			r := e.Anon().Do("POST", "/auth/login", upstreamtest.JSONBody(map[string]string{"email": tc.email, "password": tc.password}))
+			upstreamtest.Want(t, r, tc.status, tc.body)
+			if tc.status != 204 && len(r.Cookies()) != 0 {
+				t.Errorf("a refused login set cookies %v", r.Cookies())
 			}
 			// Known or not, the email costs exactly one argon2id derivation.
-			if n := e.srv.passwords.derivations.Load() - before; n != 1 {
+			if n := e.Server.Passwords().Derivations() - before; n != 1 {
 				t.Errorf("argon2id derivations = %d, want 1", n)
 			}
 		})
@@ -101,7 +108,7 @@ func TestLoginRefusesWrongCredentialsAlike(t *testing.T) {
 }
 
 func TestLoginValidatesItsBody(t *testing.T) {
-	e := newTestEnv(t)
+	e := upstreamtest.NewEnv(t)
 	for _, tc := range []struct {
 		name, body, want string
 	}{
@@ -113,61 +120,61 @@ func TestLoginValidatesItsBody(t *testing.T) {
 		{"unknown field", `{"email":"a@b.c","password":"x","remember":true}`, `{"error":"invalid_request","message":"remember: unknown field"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want(t, e.anon().do("POST", "/auth/login", tc.body), 400, tc.want)
+			upstreamtest.Want(t, e.Anon().Do("POST", "/auth/login", tc.body), 400, tc.want)
 		})
 	}
 }
 
 func TestLogoutEndsTheSession(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	c := e.person(roleOwner, org)
-	wantStatus(t, c.do("GET", "/orgs/"+org+"/api-keys", ""), 200)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	c := e.Person(store.RoleOwner, org)
+	upstreamtest.WantStatus(t, c.Do("GET", "/orgs/"+org+"/api-keys", ""), 200)
 
-	r := c.do("POST", "/auth/logout", "")
-	want(t, r, http.StatusNoContent, "")
-	if cs := r.cookies(); len(cs) != 1 || cs[0].Name != "session" || cs[0].MaxAge != -1 || cs[0].Value != "" {
+	r := c.Do("POST", "/auth/logout", "")
+	upstreamtest.Want(t, r, http.StatusNoContent, "")
+	if cs := r.Cookies(); len(cs) != 1 || cs[0].Name != "session" || cs[0].MaxAge != -1 || cs[0].Value != "" {
 		t.Errorf("logout cookies = %v, want the session cookie cleared", cs)
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM sessions`); n != 0 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM sessions`); n != 0 {
 		t.Errorf("sessions after logout = %d, want 0", n)
 	}
-	want(t, c.do("GET", "/orgs/"+org+"/api-keys", ""), 401, `{"error":"unauthenticated"}`)
+	upstreamtest.Want(t, c.Do("GET", "/orgs/"+org+"/api-keys", ""), 401, `{"error":"unauthenticated"}`)
 
 	// Logging out without a (valid) session still answers 204.
-	want(t, c.do("POST", "/auth/logout", ""), http.StatusNoContent, "")
-	want(t, e.anon().do("POST", "/auth/logout", ""), http.StatusNoContent, "")
-	want(t, e.anon().with("Cookie", "session=garbage").do("POST", "/auth/logout", ""), http.StatusNoContent, "")
+	upstreamtest.Want(t, c.Do("POST", "/auth/logout", ""), http.StatusNoContent, "")
+	upstreamtest.Want(t, e.Anon().Do("POST", "/auth/logout", ""), http.StatusNoContent, "")
+	upstreamtest.Want(t, e.Anon().With("Cookie", "session=garbage").Do("POST", "/auth/logout", ""), http.StatusNoContent, "")
 }
 
 func TestExpiredSessionIsRefusedAndDeletedAtTheNextLogin(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	email, password := e.user()
-	e.member(org, email, roleOwner)
-	c := e.login(email, password)
-	e.exec(`UPDATE sessions SET expires_at = now() - interval '1 second'`)
-	want(t, c.do("GET", "/orgs/"+org+"/api-keys", ""), 401, `{"error":"unauthenticated"}`)
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	email, password := e.User()
+	e.Member(org, email, store.RoleOwner)
+	c := e.Login(email, password)
+	e.Exec(`UPDATE sessions SET expires_at = now() - interval '1 second'`)
+	upstreamtest.Want(t, c.Do("GET", "/orgs/"+org+"/api-keys", ""), 401, `{"error":"unauthenticated"}`)
 
-	fresh := e.login(email, password)
-	wantStatus(t, fresh.do("GET", "/orgs/"+org+"/api-keys", ""), 200)
-	if n := scalar[int](e, `SELECT count(*) FROM sessions`); n != 1 {
+	fresh := e.Login(email, password)
+	upstreamtest.WantStatus(t, fresh.Do("GET", "/orgs/"+org+"/api-keys", ""), 200)
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM sessions`); n != 1 {
 		t.Errorf("sessions = %d, want only the live one", n)
 	}
 }
 
 func TestCrossOriginStateChangesAreRefused(t *testing.T) {
-	e := newTestEnv(t)
-	org := e.org("pro")
-	owner := e.person(roleOwner, org)
-	email, password := e.user()
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
+	email, password := e.User()
 	monitor := `{"name":"m","type":"http","target":"https://example.com"}`
 	forbidden := `{"error":"forbidden"}`
-	host := strings.TrimPrefix(e.ts.URL, "http://")
+	host := strings.TrimPrefix(e.TS.URL, "http://")
 
 	for _, tc := range []struct {
 		name    string
-		c       *client
+		c       *upstreamtest.Client
 		method  string
 		path    string
 		body    string
@@ -180,26 +187,63 @@ func TestCrossOriginStateChangesAreRefused(t *testing.T) {
 		{"cross-site key creation", owner, "POST", "/orgs/" + org + "/api-keys", `{"name":"k","role":"Admin"}`, []string{"Sec-Fetch-Site", "cross-site"}, 403},
 		{"cross-site key revocation", owner, "DELETE", "/orgs/" + org + "/api-keys/AAAAAAAAAAAAAAAAAAAAAA", "", []string{"Sec-Fetch-Site", "cross-site"}, 403},
 		{"cross-site logout", owner, "POST", "/auth/logout", "", []string{"Sec-Fetch-Site", "cross-site"}, 403},
-		{"cross-site login", e.anon(), "POST", "/auth/login", jsonBody(map[string]string{"email": email, "password": password}), []string{"Sec-Fetch-Site", "cross-site"}, 403},
+		{"cross-site login", e.Anon(), "POST", "/auth/login", upstreamtest.JSONBody(map[string]string{"email": email, "password": password}), []string{"Sec-Fetch-Site", "cross-site"}, 403},
 		{"same-origin create", owner, "POST", "/orgs/" + org + "/monitors", monitor, []string{"Sec-Fetch-Site", "same-origin"}, 201},
 		{"matching Origin create", owner, "POST", "/orgs/" + org + "/monitors", monitor, []string{"Origin", "http://" + host}, 201},
 		{"non-browser create", owner, "POST", "/orgs/" + org + "/monitors", monitor, nil, 201},
 		{"cross-site read", owner, "GET", "/orgs/" + org + "/monitors", "", []string{"Sec-Fetch-Site", "cross-site"}, 200},
-		{"cross-site /v1 write is the gateway's business", e.gateway(org, roleEditor), "POST", "/v1/monitors", monitor, []string{"Sec-Fetch-Site", "cross-site"}, 201},
+		{"cross-site /v1 write is the gateway's business", e.Gateway(org, store.RoleEditor), "POST", "/v1/monitors", monitor, []string{"Sec-Fetch-Site", "cross-site"}, 201},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := tc.c.with(tc.headers...).do(tc.method, tc.path, tc.body)
+			r := tc.c.With(tc.headers...).Do(tc.method, tc.path, tc.body)
 			if tc.status == 403 {
-				want(t, r, 403, forbidden)
+				upstreamtest.Want(t, r, 403, forbidden)
 			} else {
-				wantStatus(t, r, tc.status)
+				upstreamtest.WantStatus(t, r, tc.status)
 			}
 		})
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM monitors`); n != 4 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM monitors`); n != 4 {
 		t.Errorf("monitors = %d, want the 4 allowed creates only", n)
 	}
-	if n := scalar[int](e, `SELECT count(*) FROM api_keys`); n != 0 {
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM api_keys`); n != 0 {
 		t.Errorf("api keys = %d, want 0", n)
+	}
+}
+
+func TestFullHashingQueueAnswers503AtOnceAndCountsNoFailure(t *testing.T) {
+	e := upstreamtest.NewEnv(t)
+	email, password := e.User()
+	// Every running and waiting place of the queue is taken.
+	release := e.Server.Passwords().Saturate()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", e.TS.URL+"/auth/login",
+		strings.NewReader(upstreamtest.JSONBody(map[string]string{"email": email, "password": password})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.TS.Client().Do(req)
+	if err != nil {
+		t.Fatalf("login with a full queue did not answer: %v", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	upstreamtest.Want(t, upstreamtest.Response{Status: res.StatusCode, Header: res.Header, Body: string(body)}, 503, `{"error":"service_unavailable"}`)
+	if n := upstreamtest.Scalar[int](e, `SELECT count(*) FROM login_attempts`); n != 0 {
+		t.Errorf("%d login attempts kept after a 503, want 0", n)
+	}
+
+	release()
+	e.Login(email, password)
+}
+
+func TestATooShortPasswordIsA400NamingTheField(t *testing.T) {
+	e := upstreamtest.NewEnv(t)
+	for _, pw := range []string{"123456789", "日本語日本語日本語"} {
+		rec := httptest.NewRecorder()
+		e.Server.WriteError(rec, httptest.NewRequest("POST", "/", nil), password.CheckNew(pw))
+		upstreamtest.Want(t, upstreamtest.Response{Status: rec.Code, Header: rec.Header(), Body: rec.Body.String()}, 400,
+			`{"error":"invalid_request","message":"password: must be at least 10 characters"}`)
 	}
 }

@@ -184,14 +184,14 @@ WHERE id = $1 AND org_id = $2 AND deleted_at IS NULL`, id, orgID)
 // Cursor is a position in an org's monitor list: the (created_at, id) of the last
 // monitor of a page. Clients see it only as an opaque string.
 type Cursor struct {
-	createdAt time.Time
-	id        string
+	CreatedAt time.Time
+	ID        string
 }
 
 // Encode returns c as base64url text of "<unix microseconds>,<id>"; PostgreSQL keeps
 // microseconds, so the position is exact.
 func (c Cursor) Encode() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.createdAt.UnixMicro(), 10) + "," + c.id))
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.CreatedAt.UnixMicro(), 10) + "," + c.ID))
 }
 
 // DecodeCursor is the inverse of Encode; anything else is an EINVALID error naming
@@ -210,7 +210,7 @@ func DecodeCursor(s string) (Cursor, error) {
 	if err != nil {
 		return Cursor{}, bad
 	}
-	return Cursor{createdAt: time.UnixMicro(us), id: id}, nil
+	return Cursor{CreatedAt: time.UnixMicro(us), ID: id}, nil
 }
 
 // ListMonitors returns up to limit live monitors of orgID after the position after (or
@@ -228,7 +228,7 @@ ORDER BY m.created_at, m.id LIMIT $2`, orgID, limit+1)
 	} else {
 		rows, err = s.pool.Query(ctx, `SELECT `+monitorColumns+` FROM monitors m
 WHERE m.org_id = $1 AND m.deleted_at IS NULL AND (m.created_at, m.id) > ($3::timestamptz, $4::uuid)
-ORDER BY m.created_at, m.id LIMIT $2`, orgID, limit+1, after.createdAt, after.id)
+ORDER BY m.created_at, m.id LIMIT $2`, orgID, limit+1, after.CreatedAt, after.ID)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing monitors: %w", err)
@@ -242,5 +242,5 @@ ORDER BY m.created_at, m.id LIMIT $2`, orgID, limit+1, after.createdAt, after.id
 	}
 	ms = ms[:limit]
 	last := ms[limit-1]
-	return ms, &Cursor{createdAt: last.CreatedAt, id: last.ID}, nil
+	return ms, &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}, nil
 }

@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keygate/keygate/upstream/httpapi"
+	"github.com/keygate/keygate/upstream/internal/upstreamtest"
+	"github.com/keygate/keygate/upstream/store"
+
+	"github.com/keygate/keygate/schema/schematest"
+)
+
+func TestParseTrustedProxies(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"", "[]", true},
+		{defaultTrustedProxies, "[127.0.0.0/8 ::1/128]", true},
+		{" 10.1.2.3 , 192.168.7.9/16,::ffff:10.0.0.1", "[10.1.2.3/32 192.168.0.0/16 10.0.0.1/32]", true},
+		{"10.0.0.0/33", "", false},
+		{"caddy", "", false},
+	} {
+		got, err := parseTrustedProxies(tc.in)
+		if (err == nil) != tc.ok {
+			t.Errorf("parseTrustedProxies(%q): err %v", tc.in, err)
+			continue
+		}
+		if s := fmt.Sprint(got); tc.ok && s != tc.want {
+			t.Errorf("parseTrustedProxies(%q) = %s, want %s", tc.in, s, tc.want)
+		}
+	}
+}
+
+// TestServeAdminAddrIsApartFromAddr runs `serve --admin-addr`: the admin endpoints
+// answer there, and the public address knows none of them.
+func TestServeAdminAddrIsApartFromAddr(t *testing.T) {
+	dbURL := schematest.NewDatabase(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, strings.NewReader(""), io.Discard, pw,
+			func(k string) string { return env[k] })
+		pw.Close()
+		done <- code
+	}()
+	var addr, adminAddr string
+	lines := bufio.NewScanner(pr)
+	for addr == "" && lines.Scan() {
+		var entry struct {
+			Msg       string `json:"msg"`
+			Addr      string `json:"addr"`
+			AdminAddr string `json:"admin_addr"`
+		}
+		if err := json.Unmarshal(lines.Bytes(), &entry); err != nil {
+			t.Fatalf("log line %q is not JSON", lines.Text())
+		}
+		switch entry.Msg {
+		case "serving admin endpoints":
+			adminAddr = entry.AdminAddr
+		case "serving":
+			addr = entry.Addr
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }() // logging never blocks the server
+	if addr == "" || adminAddr == "" {
+		t.Fatalf("serve logged addr %q and admin_addr %q", addr, adminAddr)
+	}
+
+	wantStatusOf := func(url string, status int, contains string) {
+		t.Helper()
+		got, body := upstreamtest.Get(t, url)
+		if got != status || !strings.Contains(body, contains) {
+			t.Errorf("GET %s = %d %.200s, want %d with %q", url, got, body, status, contains)
+		}
+	}
+	wantStatusOf("http://"+addr+"/auth/nope", http.StatusNotFound, `"error"`)
+	for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+		wantStatusOf("http://"+addr+path, http.StatusNotFound, `{"error":"not found"}`)
+	}
+	wantStatusOf("http://"+adminAddr+"/healthz", http.StatusOK, `{"status":"ok"}`)
+	wantStatusOf("http://"+adminAddr+"/readyz", http.StatusOK, `{"status":"ready"}`)
+	wantStatusOf("http://"+adminAddr+"/metrics", http.StatusOK, `keygate_upstream_http_requests_total{code="404",route="none"} 4`)
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("serve exited %d", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestLogsCarryNoSecrets(t *testing.T) {
+	var logs lockedBuffer
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.Logger = newLogger(&logs) })
+	org := e.Org("pro")
+	email, password := e.User()
+	e.Member(org, email, store.RoleOwner)
+	owner := e.Login(email, password)
+	token := strings.TrimPrefix(owner.Header.Get("Cookie"), "session=")
+
+	var key struct{ ID, Key string }
+	owner.Do("POST", "/orgs/"+org+"/api-keys", `{"name":"ci","role":"Admin"}`).Decode(t, &key)
+	gw := e.Gateway(org, store.RoleAdmin)
+	upstreamtest.WantStatus(t, gw.Do("POST", "/v1/monitors", `{"name":"n","type":"http","target":"https://example.com","config":{"token":"CONFIG-SECRET"}}`), 201)
+	upstreamtest.WantStatus(t, e.Anon().With(httpapi.HeaderSecret, "WRONG-SECRET").Do("GET", "/v1/monitors", ""), 401)
+	upstreamtest.WantStatus(t, e.Anon().Do("POST", "/auth/login", `{"email":"`+email+`","password":"WRONG-PASSWORD"}`), 401)
+	upstreamtest.WantStatus(t, owner.Do("POST", "/auth/logout", ""), 204)
+
+	out := logs.String()
+	if !strings.Contains(out, `"msg":"request"`) || !strings.Contains(out, `"path":"/auth/login"`) {
+		t.Fatalf("no request log:\n%s", out)
+	}
+	for _, secret := range []string{password, "WRONG-PASSWORD", token, upstreamtest.GatewaySecret, "WRONG-SECRET", key.Key,
+		key.Key[strings.IndexByte(key.Key, '.')+1:], "CONFIG-SECRET", "session="} {
+		if strings.Contains(out, secret) {
+			t.Errorf("logs contain %q:\n%s", secret, out)
+		}
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Errorf("log line %q is not JSON", line)
+		}
+	}
+}

@@ -1,0 +1,55 @@
+package httpapi
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/keygate/keygate/deploy/grafana"
+	"github.com/keygate/keygate/schema/schematest"
+)
+
+// TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries: every series of
+// deploy/grafana/keygate.json that is not the gateway's (keygate_ without upstream_,
+// checked in caddymodule) is one the upstream's /metrics exports.
+func TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries(t *testing.T) {
+	m := NewMetrics(schematest.UnreachablePool(t))
+	m.observe("GET /v1/monitors", http.StatusOK, time.Millisecond) // the vectors' series exist once they have a child
+	m.gateRejected("monitors")
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		exported[f.GetName()] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM || f.GetType() == dto.MetricType_SUMMARY {
+			exported[f.GetName()+"_sum"], exported[f.GetName()+"_count"] = true, true
+			if f.GetType() == dto.MetricType_HISTOGRAM {
+				exported[f.GetName()+"_bucket"] = true
+				delete(exported, f.GetName())
+			}
+		}
+	}
+	queried, err := grafana.Series()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range queried {
+		if strings.HasPrefix(name, "keygate_") && !strings.HasPrefix(name, "keygate_upstream_") {
+			continue
+		}
+		if !exported[name] {
+			t.Errorf("the dashboard queries %s, which the upstream does not export", name)
+		}
+	}
+	for _, name := range []string{"keygate_upstream_http_requests_total", "keygate_upstream_http_request_duration_seconds_bucket", "keygate_upstream_gate_rejections_total"} {
+		if !slices.Contains(queried, name) {
+			t.Errorf("the dashboard has no panel over %s", name)
+		}
+	}
+}
