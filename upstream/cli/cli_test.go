@@ -27,6 +27,33 @@ func run(t *testing.T, env map[string]string, stdin string, args ...string) (cod
 	return code, out.String(), errOut.String()
 }
 
+// startServe runs the command line with args and the environment env until ctx ends,
+// and returns its standard error, where serve logs, and the channel of its exit code.
+func startServe(ctx context.Context, env map[string]string, args ...string) (stderr io.Reader, done <-chan int) {
+	pr, pw := io.Pipe()
+	codes := make(chan int, 1)
+	go func() {
+		code := Main(ctx, args, strings.NewReader(""), io.Discard, pw, func(k string) string { return env[k] })
+		pw.Close()
+		codes <- code
+	}()
+	return pr, codes
+}
+
+// wantExit waits for the exit code of serve on done and checks that it is 0; what
+// follows the code in the failure's words.
+func wantExit(t *testing.T, done <-chan int, what string) {
+	t.Helper()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("serve exited %d%s", code, what)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
 // idOf returns the "id" of a command's JSON output.
 func idOf(t *testing.T, stdout string) string {
 	t.Helper()
@@ -243,15 +270,8 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret, "KEY_PREFIX": "acme"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--migrate", "--purge-interval", "50ms",
-			"--login-window", "1m", "--login-failures-per-email", "1", "--login-failures-per-client", "5"}, strings.NewReader(""), io.Discard, pw,
-			func(k string) string { return env[k] })
-		pw.Close()
-		done <- code
-	}()
+	pr, done := startServe(ctx, env, "serve", "--addr", "127.0.0.1:0", "--migrate", "--purge-interval", "50ms",
+		"--login-window", "1m", "--login-failures-per-email", "1", "--login-failures-per-client", "5")
 
 	// The logs are read as they come, so that logging never blocks the server.
 	logLines := make(chan string, 100)
@@ -341,14 +361,7 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	for line := range logLines {
 		rest.WriteString(line + "\n")
 	}
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("serve exited %d after cancellation", code)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	wantExit(t, done, " after cancellation")
 	if !strings.Contains(rest.String(), `"msg":"request"`) || !strings.Contains(rest.String(), `"msg":"stopped"`) {
 		t.Errorf("logs after start:\n%s", rest.String())
 	}

@@ -11,13 +11,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
-
-	"github.com/keygate/keygate/schema/schematest"
 )
 
 func TestParseTrustedProxies(t *testing.T) {
@@ -49,14 +47,7 @@ func TestServeAdminAddrIsApartFromAddr(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		code := Main(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, strings.NewReader(""), io.Discard, pw,
-			func(k string) string { return env[k] })
-		pw.Close()
-		done <- code
-	}()
+	pr, done := startServe(ctx, env, "serve", "--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")
 	var addr, adminAddr string
 	lines := bufio.NewScanner(pr)
 	for addr == "" && lines.Scan() {
@@ -96,14 +87,7 @@ func TestServeAdminAddrIsApartFromAddr(t *testing.T) {
 	wantStatusOf("http://"+adminAddr+"/metrics", http.StatusOK, `keygate_upstream_http_requests_total{code="404",route="none"} 4`)
 
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	wantExit(t, done, "")
 }
 
 // lockedBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.

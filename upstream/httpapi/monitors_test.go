@@ -30,28 +30,15 @@ func doors(e *upstreamtest.Env, org, role string) []door {
 }
 
 // create creates a monitor through d and returns it.
-func (d door) create(t *testing.T, body string) monitorOut {
+func (d door) create(t *testing.T, body string) store.Monitor {
 	t.Helper()
 	r := d.c.Do("POST", d.base, body)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("%s: create: %d %s", d.name, r.Status, r.Body)
 	}
-	var m monitorOut
+	var m store.Monitor
 	r.Decode(t, &m)
 	return m
-}
-
-// monitorOut is a monitor as a client decodes it.
-type monitorOut struct {
-	ID              string    `json:"id"`
-	Name            string    `json:"name"`
-	Type            string    `json:"type"`
-	Target          string    `json:"target"`
-	IntervalSeconds int       `json:"interval_seconds"`
-	Locations       []string  `json:"locations"`
-	Paused          bool      `json:"paused"`
-	CreatedAt       time.Time `json:"created_at"`
-	UpdatedAt       time.Time `json:"updated_at"`
 }
 
 // monitorFields are the fields of a monitor as returned, and no others.
@@ -70,7 +57,7 @@ func TestMonitorLifecycleOnBothDoors(t *testing.T) {
 			if got := upstreamtest.SortedKeys(fields); got != monitorFields {
 				t.Fatalf("create answered fields %s, want %s", got, monitorFields)
 			}
-			var m monitorOut
+			var m store.Monitor
 			r.Decode(t, &m)
 			if m.Name != "api" || m.Type != "http" || m.Target != "https://example.com/health" || m.IntervalSeconds != 300 ||
 				strings.Join(m.Locations, ",") != "us-east" || m.Paused || m.ID == "ignored" || !m.CreatedAt.Equal(m.UpdatedAt) {
@@ -85,7 +72,7 @@ func TestMonitorLifecycleOnBothDoors(t *testing.T) {
 
 			r = d.c.Do("PATCH", d.base+"/"+m.ID, `{"name":"api v2","interval_seconds":60,"locations":["eu-west","us-east"],"paused":true}`)
 			upstreamtest.WantStatus(t, r, 200)
-			var p monitorOut
+			var p store.Monitor
 			r.Decode(t, &p)
 			if p.Name != "api v2" || p.IntervalSeconds != 60 || strings.Join(p.Locations, ",") != "eu-west,us-east" || !p.Paused ||
 				p.Target != m.Target || !p.CreatedAt.Equal(m.CreatedAt) || !p.UpdatedAt.After(m.UpdatedAt) {
@@ -298,8 +285,8 @@ FROM generate_series(0, 6) i`, org)
 				r := d.c.Do("GET", path, "")
 				upstreamtest.WantStatus(t, r, 200)
 				var page struct {
-					Data       []monitorOut `json:"data"`
-					NextCursor *string      `json:"next_cursor"`
+					Data       []store.Monitor `json:"data"`
+					NextCursor *string         `json:"next_cursor"`
 				}
 				r.Decode(t, &page)
 				pages++
@@ -321,7 +308,7 @@ FROM generate_series(0, 6) i`, org)
 				t.Errorf("paged %d pages of %v, want 3 pages of %v", pages, got, wantOrder)
 			}
 
-			var all struct{ Data []monitorOut }
+			var all struct{ Data []store.Monitor }
 			d.c.Do("GET", d.base, "").Decode(t, &all)
 			if len(all.Data) != 7 {
 				t.Errorf("default page has %d monitors, want all 7", len(all.Data))
@@ -387,14 +374,14 @@ func TestPatchThatChangesTypeRevalidatesTheTarget(t *testing.T) {
 			}
 			r := d.c.Do("PATCH", d.base+"/"+m.ID, `{"type":"tcp","target":"example.com:443"}`)
 			upstreamtest.WantStatus(t, r, 200)
-			var p monitorOut
+			var p store.Monitor
 			r.Decode(t, &p)
 			if p.Type != "tcp" || p.Target != "example.com:443" {
 				t.Errorf("patched %+v", p)
 			}
 			// An empty PATCH changes nothing, not even updated_at.
 			r = d.c.Do("PATCH", d.base+"/"+m.ID, `{}`)
-			var same monitorOut
+			var same store.Monitor
 			r.Decode(t, &same)
 			if !same.UpdatedAt.Equal(p.UpdatedAt) {
 				t.Errorf("empty PATCH moved updated_at from %v to %v", p.UpdatedAt, same.UpdatedAt)
@@ -557,7 +544,7 @@ func TestPatchBodyIsValidatedStrictly(t *testing.T) {
 	} {
 		upstreamtest.Want(t, d.c.Do("PATCH", d.base+"/"+m.ID, tc.body), 400, `{"error":"invalid_request","message":`+upstreamtest.JSONBody(tc.message)+`}`)
 	}
-	var got monitorOut
+	var got store.Monitor
 	d.c.Do("GET", d.base+"/"+m.ID, "").Decode(t, &got)
 	if got.Name != "n" || got.IntervalSeconds != 300 {
 		t.Errorf("refused patches changed the monitor: %+v", got)
