@@ -347,7 +347,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 }
 
 // TestExampleCaddyfileServes runs Caddyfile.example itself against the test
-// database, Redis and upstream: the operator's config does what the README says.
+// database, Redis and upstream: the operator's config does what docs/configuration.md says.
 func TestExampleCaddyfileServes(t *testing.T) {
 	d := newDB(t)
 	key, _ := d.key(d.org("pro"), keystore.RoleEditor)

@@ -101,7 +101,7 @@ type Handler struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// LegacyKeys is what happens to a key made before secrets carried a checksum
-	// (README, Key format): "accept" looks it up as any other key, "reject" answers
+	// (docs/security.md, Keys): "accept" looks it up as any other key, "reject" answers
 	// it the one 401 without a database query. Keys with a checksum are checked
 	// before any query either way: a wrong checksum is the 401 at once.
 	// Default: accept
@@ -184,11 +184,10 @@ type Handler struct {
 	RedisMinConns int `json:"redis_min_conns,omitempty"`
 
 	// LookupLanes is how many batched key lookups may be in flight at once. Concurrent
-	// requests share one query (WHERE key_id = ANY($1)) that is sent as soon as a lane
-	// is free; a request only ever joins a query not yet sent, so every answer still
+	// requests share one query (keystore.Batcher) that is sent as soon as a lane is
+	// free; a request only ever joins a query not yet sent, so every answer still
 	// comes from a query that started after the request arrived. One lane makes the
-	// largest batches, which suited a 2-core machine best (see the README's
-	// performance section). Default: 1
+	// largest batches, which suited a 2-core machine best (docs/performance.md). Default: 1
 	LookupLanes int `json:"lookup_lanes,omitempty"`
 
 	// BatchLinger lets a batch of key lookups or a round of counts started while
@@ -199,7 +198,7 @@ type Handler struct {
 	// Options.Linger). Fewer, larger round trips cost the gateway, PostgreSQL and
 	// Redis less CPU per request, for up to twice BatchLinger of latency (lookup and
 	// count). Freshness holds: a request still only joins a round trip not yet sent.
-	// At most a tenth of database_timeout and of redis_timeout (README, Performance).
+	// At most a tenth of database_timeout and of redis_timeout (docs/performance.md).
 	// Default: 0 (off)
 	BatchLinger caddy.Duration `json:"batch_linger,omitempty"`
 
@@ -213,7 +212,7 @@ type Handler struct {
 	DisableCountPipelining bool `json:"disable_count_pipelining,omitempty"`
 
 	// DisableMetrics leaves the keygate_* series out of Caddy's metrics registry and
-	// skips their bookkeeping on every request (README, Operations). The access log
+	// skips their bookkeeping on every request (docs/operations.md, Metrics). The access log
 	// fields outcome, key_id and org_id stay. Default: false
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 

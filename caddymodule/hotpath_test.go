@@ -129,12 +129,8 @@ func BenchmarkServeHTTP(b *testing.B) {
 
 // maxHotAllocs is the allocations per request each hot path may make, as measured by
 // BenchmarkServeHTTP -benchmem: lower them when the code gets better, never raise them
-// to let a regression through.
-// (Before issue 15: proxied 28, me 19, unknown_key 10, malformed_key 6, over_limit 20.
-// Before deadlines went to the Gatherer rather than into a context.WithTimeout of the
-// handler's, and before the proxyWriter kept a copy of the count rather than a
-// pointer to it: 17, 14, 6, 2, 15.) The ExtraLogFields of the test outlive a request, so its growth is not
-// counted.
+// to let a regression through. The ExtraLogFields of the test outlive a request, so
+// its growth is not counted.
 var maxHotAllocs = map[string]float64{
 	"proxied":       12,
 	"me":            9,

@@ -30,7 +30,7 @@ func throughPgBouncer(t *testing.T, direct, bouncer, mode string) string {
 
 // TestKeysAndMonitorsThroughPgBouncer runs the upstream, both gateways and the operator
 // CLI on PgBouncer in transaction pooling (only the migrations go to PostgreSQL
-// directly), in each query mode the README names for it: logins and the login throttle,
+// directly), in each query mode docs/operations.md names for it: logins and the login throttle,
 // a key created, used and revoked (401 on the very next request, on both gateways),
 // monitors created, read, changed and deleted through /v1, with concurrent requests
 // so that key lookups batch and connections are shared.

@@ -10,8 +10,8 @@ import (
 )
 
 // Batcher verifies keys like Store.Verify, but gathers the lookups of concurrent
-// requests into one query (WHERE key_id = ANY($1)), so that under load PostgreSQL
-// answers one statement for many requests.
+// requests into one query (the statement lookupStatement chooses for the batch's
+// size), so that under load PostgreSQL answers one statement for many requests.
 //
 // Freshness is kept: a request only ever joins a batch that has not been sent yet, and a
 // batch is sent as soon as a lane is free (no timer). So every answer comes from a query

@@ -12,7 +12,7 @@ import (
 	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
-// referenceChecksum is the checksum as the README defines it, written the obvious
+// referenceChecksum is the checksum as docs/security.md defines it, written the obvious
 // way: the IEEE CRC-32 of body in base62 (0-9A-Za-z) by math/big, left-padded with
 // '0' to six characters.
 func referenceChecksum(body string) string {

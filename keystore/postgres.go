@@ -41,7 +41,7 @@ WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AN
 // no dearer than its custom ones: it does for `= $1` and `IN ($1, …, $n)`, where it
 // knows how many ids come, but not for `= ANY($1)` once api_keys has more than a few
 // pages of analysed rows, and then plans the three-table join anew on every execution
-// (README, Performance). So a batch of one id is `= $1`, a batch of up to
+// (docs/performance.md). So a batch of one id is `= $1`, a batch of up to
 // maxInListIDs ids is an IN list of the next power of two of parameters (the last id
 // repeated: a handful of statements per connection, and a repeated id matches once),
 // and only a larger batch, whose planning is shared by its many ids, is `= ANY($1)`.

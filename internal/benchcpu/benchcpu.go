@@ -1,6 +1,6 @@
 // Package benchcpu makes Go benchmarks report the CPU time spent per operation by the
 // benchmark's own process and by the servers it talks to (Redis, PostgreSQL), as `make
-// bench` does per process for the gateway (README, Performance). On a small shared
+// bench` does per process for the gateway (docs/performance.md). On a small shared
 // machine ns/op moves with whatever else runs; the CPU each process spends per
 // operation is much steadier, and it shows where a hand-off or a round trip costs.
 //

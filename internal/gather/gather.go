@@ -16,7 +16,7 @@
 // of them about to call Do join the batch: the callers one round trip answered at once
 // (a key lookup's, on their way to the count) or one netpoll woke, and the callers just
 // answered, on their way back in a closed loop. Without the Gosched the first of them
-// goes alone and the others wait for its round trip (README, Performance: measured).
+// goes alone and the others wait for its round trip (docs/performance.md: measured).
 // With nothing else ready to run, Gosched returns at once.
 //
 // Lanes: with one lane one batch is in flight at a time, with more several, each still
@@ -472,7 +472,7 @@ func (g *Gatherer[Req, Resp]) take(b *batch[Req, Resp]) {
 // worker goroutine: one left idle by an earlier batch if there is one, else a new one.
 // A worker waits workerIdle for another batch before it ends, so that under load
 // batches are not each run on a fresh goroutine whose stack the round trip's client
-// library grows anew, copy by copy (README, Performance: measured).
+// library grows anew, copy by copy (docs/performance.md: measured).
 func (g *Gatherer[Req, Resp]) dispatch(b *batch[Req, Resp]) {
 	select {
 	case g.work <- b:
