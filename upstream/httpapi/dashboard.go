@@ -24,9 +24,9 @@ import (
 // The dashboard is the JSON API's second door, for a person in a browser
 // (CONTRACT §14): server-rendered pages under /dashboard whose forms call the same
 // code as /auth and /orgs/{orgId}/api-keys (logIn, member, checkAPIAccess, createKey,
-// rollKey, revokeKey, the keystore). Its state-changing forms pass the same
-// cross-origin protection as the JSON API (routes), and the session cookie is the
-// same SameSite=Lax cookie.
+// rollKey, revokeKey, the keystore). Its pages stand in the same route table as the
+// JSON API (routes), so its state-changing forms pass the same cross-origin
+// protection, and the session cookie is the same SameSite=Lax cookie.
 
 //go:embed web
 var webFiles embed.FS
@@ -55,20 +55,6 @@ const auditPageSize = 50
 
 // keyRoles are the roles a key may have, in the create form's order.
 var keyRoles = []string{string(keystore.RoleAdmin), string(keystore.RoleEditor), string(keystore.RoleViewer)}
-
-// dashboardRoutes adds the dashboard's pages and assets to mux.
-func (s *Server) dashboardRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /dashboard", s.page(s.pageHome))
-	mux.HandleFunc("POST /dashboard/login", s.page(s.pageLogin))
-	mux.HandleFunc("POST /dashboard/logout", s.page(s.pageLogout))
-	mux.HandleFunc("GET /dashboard/orgs/{orgId}", s.page(s.pageKeys))
-	mux.HandleFunc("POST /dashboard/orgs/{orgId}/keys", s.page(s.pageCreateKey))
-	mux.HandleFunc("GET /dashboard/orgs/{orgId}/keys/{id}/revoke", s.page(s.pageConfirmRevoke))
-	mux.HandleFunc("POST /dashboard/orgs/{orgId}/keys/{id}/revoke", s.page(s.pageRevoke))
-	mux.HandleFunc("POST /dashboard/orgs/{orgId}/keys/{id}/roll", s.page(s.pageRoll))
-	mux.HandleFunc("GET /dashboard/orgs/{orgId}/audit", s.page(s.pageAudit))
-	mux.HandleFunc("GET /dashboard/static/{file}", s.page(s.pageStatic))
-}
 
 // pageData is what every template may show; each page fills what it needs.
 type pageData struct {

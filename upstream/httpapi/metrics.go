@@ -91,46 +91,48 @@ func (m *Metrics) gateRejected(detail string) {
 // poolCollector exports pgxpool's statistics, read at every scrape.
 type poolCollector struct{ pool *pgxpool.Pool }
 
-var (
-	poolAcquired = prometheus.NewDesc("keygate_upstream_db_pool_acquired_conns",
-		"Connections of the database pool in use.", nil, nil)
-	poolIdle = prometheus.NewDesc("keygate_upstream_db_pool_idle_conns",
-		"Idle connections of the database pool.", nil, nil)
-	poolTotal = prometheus.NewDesc("keygate_upstream_db_pool_total_conns",
-		"Connections of the database pool, in use, idle or being opened.", nil, nil)
-	poolMax = prometheus.NewDesc("keygate_upstream_db_pool_max_conns",
-		"Largest number of connections the database pool opens.", nil, nil)
-	poolAcquires = prometheus.NewDesc("keygate_upstream_db_pool_acquires_total",
-		"Connections acquired from the database pool.", nil, nil)
-	poolEmptyAcquires = prometheus.NewDesc("keygate_upstream_db_pool_empty_acquires_total",
-		"Acquires that had to wait for a connection to be opened or released.", nil, nil)
-	poolCanceledAcquires = prometheus.NewDesc("keygate_upstream_db_pool_canceled_acquires_total",
-		"Acquires given up because their context ended.", nil, nil)
-	poolAcquireSeconds = prometheus.NewDesc("keygate_upstream_db_pool_acquire_seconds_total",
-		"Time spent acquiring connections from the database pool.", nil, nil)
-)
+// poolStat is one of pgxpool's statistics as a metric: its description, whether it is
+// a gauge or a counter, and how to read it from a Stat.
+type poolStat struct {
+	desc *prometheus.Desc
+	kind prometheus.ValueType
+	read func(*pgxpool.Stat) float64
+}
+
+// newPoolStat returns the poolStat of the metric name of kind, explained by help and
+// read by read.
+func newPoolStat[N int32 | int64 | float64](kind prometheus.ValueType, name, help string, read func(*pgxpool.Stat) N) poolStat {
+	return poolStat{
+		desc: prometheus.NewDesc(name, help, nil, nil),
+		kind: kind,
+		read: func(s *pgxpool.Stat) float64 { return float64(read(s)) },
+	}
+}
+
+// acquireSeconds is the time spent acquiring connections, in seconds.
+func acquireSeconds(s *pgxpool.Stat) float64 { return s.AcquireDuration().Seconds() }
+
+// poolStats are the statistics poolCollector exports.
+var poolStats = []poolStat{
+	newPoolStat(prometheus.GaugeValue, "keygate_upstream_db_pool_acquired_conns", "Connections of the database pool in use.", (*pgxpool.Stat).AcquiredConns),
+	newPoolStat(prometheus.GaugeValue, "keygate_upstream_db_pool_idle_conns", "Idle connections of the database pool.", (*pgxpool.Stat).IdleConns),
+	newPoolStat(prometheus.GaugeValue, "keygate_upstream_db_pool_total_conns", "Connections of the database pool, in use, idle or being opened.", (*pgxpool.Stat).TotalConns),
+	newPoolStat(prometheus.GaugeValue, "keygate_upstream_db_pool_max_conns", "Largest number of connections the database pool opens.", (*pgxpool.Stat).MaxConns),
+	newPoolStat(prometheus.CounterValue, "keygate_upstream_db_pool_acquires_total", "Connections acquired from the database pool.", (*pgxpool.Stat).AcquireCount),
+	newPoolStat(prometheus.CounterValue, "keygate_upstream_db_pool_empty_acquires_total", "Acquires that had to wait for a connection to be opened or released.", (*pgxpool.Stat).EmptyAcquireCount),
+	newPoolStat(prometheus.CounterValue, "keygate_upstream_db_pool_canceled_acquires_total", "Acquires given up because their context ended.", (*pgxpool.Stat).CanceledAcquireCount),
+	newPoolStat(prometheus.CounterValue, "keygate_upstream_db_pool_acquire_seconds_total", "Time spent acquiring connections from the database pool.", acquireSeconds),
+}
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{poolAcquired, poolIdle, poolTotal, poolMax,
-		poolAcquires, poolEmptyAcquires, poolCanceledAcquires, poolAcquireSeconds} {
-		ch <- d
+	for _, st := range poolStats {
+		ch <- st.desc
 	}
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.pool.Stat()
-	gauge := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	for _, st := range poolStats {
+		ch <- prometheus.MustNewConstMetric(st.desc, st.kind, st.read(s))
 	}
-	counter := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
-	}
-	gauge(poolAcquired, float64(s.AcquiredConns()))
-	gauge(poolIdle, float64(s.IdleConns()))
-	gauge(poolTotal, float64(s.TotalConns()))
-	gauge(poolMax, float64(s.MaxConns()))
-	counter(poolAcquires, float64(s.AcquireCount()))
-	counter(poolEmptyAcquires, float64(s.EmptyAcquireCount()))
-	counter(poolCanceledAcquires, float64(s.CanceledAcquireCount()))
-	counter(poolAcquireSeconds, s.AcquireDuration().Seconds())
 }

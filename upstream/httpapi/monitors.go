@@ -78,11 +78,7 @@ func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p p
 		return err
 	}
 	m, err := s.store.CreateMonitor(r.Context(), p.orgID, in)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusCreated, m)
-	return nil
+	return writeMonitor(w, http.StatusCreated, m, err)
 }
 
 // readMonitorWrite reads r's body (413) and decodes it as a monitor write (400).
@@ -94,57 +90,55 @@ func readMonitorWrite(w http.ResponseWriter, r *http.Request) (store.MonitorWrit
 	return decodeMonitorWrite(body)
 }
 
-// monitorID returns the path's {id}, or apperr.ErrMonitorNotFound when it is not a UUID: a
-// malformed id is answered before anything else is read.
-func monitorID(r *http.Request) (string, error) {
-	id := r.PathValue("id")
-	if !store.ValidUUID(id) {
-		return "", apperr.ErrMonitorNotFound
-	}
-	return id, nil
-}
-
-// handleGetMonitor answers GET …/monitors/{id}: 200 with the monitor.
-func (s *Server) handleGetMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
-	id, err := monitorID(r)
+// writeMonitor answers with m and status, or returns err, the error of the store call
+// that gave m.
+func writeMonitor(w http.ResponseWriter, status int, m store.Monitor, err error) error {
 	if err != nil {
 		return err
 	}
-	m, err := s.store.GetMonitor(r.Context(), p.orgID, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, m)
+	writeJSON(w, status, m)
 	return nil
 }
 
-// handlePatchMonitor answers PATCH …/monitors/{id}: 200 with the monitor. A malformed
-// id is 404 before the body is read; then come the body (400, 413), the monitor (404),
-// the target's fit to the type (400) and the gates of the fields the body sets.
-func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
-	id, err := monitorID(r)
-	if err != nil {
-		return err
+// monitorHandler is a route on the monitor of the path's {id}, which monitorRoute has
+// checked.
+type monitorHandler func(w http.ResponseWriter, r *http.Request, p principal, id string) error
+
+// monitorRoute adapts h to a principalHandler that answers apperr.ErrMonitorNotFound
+// when the path's {id} is not a UUID: a malformed id is answered before anything else
+// is read.
+func monitorRoute(h monitorHandler) principalHandler {
+	return func(w http.ResponseWriter, r *http.Request, p principal) error {
+		id := r.PathValue("id")
+		if !store.ValidUUID(id) {
+			return apperr.ErrMonitorNotFound
+		}
+		return h(w, r, p, id)
 	}
+}
+
+// handleGetMonitor answers GET …/monitors/{id}: 200 with the monitor.
+func (s *Server) handleGetMonitor(w http.ResponseWriter, r *http.Request, p principal, id string) error {
+	m, err := s.store.GetMonitor(r.Context(), p.orgID, id)
+	return writeMonitor(w, http.StatusOK, m, err)
+}
+
+// handlePatchMonitor answers PATCH …/monitors/{id}: 200 with the monitor. A malformed
+// id is 404 before the body is read (monitorRoute); then come the body (400, 413), the
+// monitor (404), the target's fit to the type (400) and the gates of the fields the
+// body sets.
+func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p principal, id string) error {
 	in, err := readMonitorWrite(w, r)
 	if err != nil {
 		return err
 	}
 	m, err := s.store.PatchMonitor(r.Context(), p.orgID, id, in)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, m)
-	return nil
+	return writeMonitor(w, http.StatusOK, m, err)
 }
 
 // handleDeleteMonitor answers DELETE …/monitors/{id}: 204; the monitor is kept,
 // marked deleted, and is not found from then on.
-func (s *Server) handleDeleteMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
-	id, err := monitorID(r)
-	if err != nil {
-		return err
-	}
+func (s *Server) handleDeleteMonitor(w http.ResponseWriter, r *http.Request, p principal, id string) error {
 	if err := s.store.DeleteMonitor(r.Context(), p.orgID, id); err != nil {
 		return err
 	}
