@@ -98,14 +98,11 @@ func createdKey(rec keystore.Record, full string) createdKeyJSON {
 // decodeNewKey decodes and checks a key creation body. expires_at may be absent or
 // null for a key that lives until revoked; otherwise it must be in the future.
 func (s *Server) decodeNewKey(body []byte) (keystore.NewKey, error) {
-	var nk keystore.NewKey
-	var haveName, haveRole bool
-	err := decodeObject(body, func(name string, raw json.RawMessage) error {
+	return decodeObjectInto(body, "", []string{"name", "role"}, func(nk *keystore.NewKey, name string, raw json.RawMessage) error {
 		var err error
 		switch name {
 		case "name":
 			nk.Name, err = decodeText(name, raw, 1, 100)
-			haveName = true
 		case "role":
 			var role string
 			role, err = decodeString(name, raw)
@@ -113,7 +110,6 @@ func (s *Server) decodeNewKey(body []byte) (keystore.NewKey, error) {
 				err = apperr.Invalid(name, "must be one of Admin, Editor, Viewer")
 			}
 			nk.Role = keystore.Role(role)
-			haveRole = true
 		case "expires_at":
 			if string(raw) == "null" {
 				return nil
@@ -129,15 +125,6 @@ func (s *Server) decodeNewKey(body []byte) (keystore.NewKey, error) {
 		}
 		return err
 	})
-	switch {
-	case err != nil:
-		return keystore.NewKey{}, err
-	case !haveName:
-		return keystore.NewKey{}, apperr.Invalid("name", "required")
-	case !haveRole:
-		return keystore.NewKey{}, apperr.Invalid("role", "required")
-	}
-	return nk, nil
 }
 
 // handleListKeys answers GET /orgs/{orgId}/api-keys: every key of the org, revoked and

@@ -59,6 +59,29 @@ func decodeObject(body []byte, field func(name string, raw json.RawMessage) erro
 	return nil
 }
 
+// decodeObjectInto decodes body as one JSON object into a T: field fills v from each
+// member in document order (decodeObject), and every name of required must then have
+// been a member. The first one absent, in the order of required, is an apperr.EINVALID
+// error saying "required" of its name after prefix ("[0]." for the first object of an
+// array, "" for a body). On an error it returns the zero T.
+func decodeObjectInto[T any](body []byte, prefix string, required []string, field func(v *T, name string, raw json.RawMessage) error) (T, error) {
+	var v, zero T
+	seen := make(map[string]bool)
+	err := decodeObject(body, func(name string, raw json.RawMessage) error {
+		seen[name] = true
+		return field(&v, name, raw)
+	})
+	if err != nil {
+		return zero, err
+	}
+	for _, name := range required {
+		if !seen[name] {
+			return zero, apperr.Invalid(prefix+name, "required")
+		}
+	}
+	return v, nil
+}
+
 // kindOf names the JSON kind of raw for error messages.
 func kindOf(raw json.RawMessage) string {
 	if len(raw) == 0 {

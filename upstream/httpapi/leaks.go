@@ -132,9 +132,7 @@ func decodeLeakReport(i int, raw json.RawMessage) (keystore.LeakReport, error) {
 	if len(raw) == 0 || raw[0] != '{' {
 		return keystore.LeakReport{}, apperr.Invalid(at, "must be an object, not %s", kindOf(raw))
 	}
-	var rep keystore.LeakReport
-	var haveToken, haveURL bool
-	err := decodeObject(raw, func(name string, raw json.RawMessage) error {
+	return decodeObjectInto(raw, at+".", []string{"token", "url"}, func(rep *keystore.LeakReport, name string, raw json.RawMessage) error {
 		var err error
 		field := at + "." + name
 		switch name {
@@ -143,22 +141,11 @@ func decodeLeakReport(i int, raw json.RawMessage) (keystore.LeakReport, error) {
 			if err == nil && rep.Token == "" {
 				err = apperr.Invalid(field, "must not be empty")
 			}
-			haveToken = true
 		case "url":
 			rep.URL, err = decodeText(field, raw, 1, maxLeakURL)
-			haveURL = true
 		default:
 			err = apperr.Invalid(field, "unknown field")
 		}
 		return err
 	})
-	switch {
-	case err != nil:
-		return keystore.LeakReport{}, err
-	case !haveToken:
-		return keystore.LeakReport{}, apperr.Invalid(at+".token", "required")
-	case !haveURL:
-		return keystore.LeakReport{}, apperr.Invalid(at+".url", "required")
-	}
-	return rep, nil
 }

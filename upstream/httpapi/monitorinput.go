@@ -15,38 +15,27 @@ import (
 // first problem, in body order, is an EINVALID error naming its field. How target
 // relates to type is checked later (store.CheckTarget), when both are known.
 func decodeMonitorWrite(body []byte) (store.MonitorWrite, error) {
-	var w store.MonitorWrite
-	err := decodeObject(body, func(name string, raw json.RawMessage) error {
+	return decodeObjectInto(body, "", nil, func(w *store.MonitorWrite, name string, raw json.RawMessage) error {
 		var err error
 		switch name {
 		case "name":
-			var v string
-			v, err = decodeText(name, raw, 1, store.MaxNameLen)
-			w.Name = &v
+			w.Name, err = present(decodeText(name, raw, 1, store.MaxNameLen))
 		case "type":
-			var v string
-			v, err = decodeString(name, raw)
-			if err == nil && !slices.Contains(store.MonitorTypes, v) {
+			w.Type, err = present(decodeString(name, raw))
+			if err == nil && !slices.Contains(store.MonitorTypes, *w.Type) {
 				err = apperr.Invalid(name, "must be one of %s", strings.Join(store.MonitorTypes, ", "))
 			}
-			w.Type = &v
 		case "target":
-			var v string
-			v, err = decodeText(name, raw, 1, store.MaxTargetLen)
-			w.Target = &v
+			w.Target, err = present(decodeText(name, raw, 1, store.MaxTargetLen))
 		case "interval_seconds":
-			var v int
-			v, err = decodeInt(name, raw)
-			if err == nil && (v < store.MinInterval || v > store.MaxInterval) {
+			w.IntervalSeconds, err = present(decodeInt(name, raw))
+			if err == nil && (*w.IntervalSeconds < store.MinInterval || *w.IntervalSeconds > store.MaxInterval) {
 				err = apperr.Invalid(name, "must be from %d to %d", store.MinInterval, store.MaxInterval)
 			}
-			w.IntervalSeconds = &v
 		case "locations":
 			w.Locations, err = decodeLocations(name, raw)
 		case "paused":
-			var v bool
-			v, err = decodeBool(name, raw)
-			w.Paused = &v
+			w.Paused, err = present(decodeBool(name, raw))
 		case "config":
 			w.Config, err = decodeFreeJSON(name, raw, '{')
 		case "assertions":
@@ -58,10 +47,13 @@ func decodeMonitorWrite(body []byte) (store.MonitorWrite, error) {
 		}
 		return err
 	})
-	if err != nil {
-		return store.MonitorWrite{}, err
-	}
-	return w, nil
+}
+
+// present returns a pointer to v, the decoded value of a member the body sets, and
+// err: a MonitorWrite's pointer fields tell a member that is set from one that is
+// absent.
+func present[T any](v T, err error) (*T, error) {
+	return &v, err
 }
 
 // decodeLocations decodes a non-empty array of distinct known locations.
