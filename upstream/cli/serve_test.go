@@ -112,9 +112,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 	var logs lockedBuffer
 	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.Logger = newLogger(&logs) })
 	org := e.Org("pro")
-	email, password := e.User()
-	e.Member(org, email, store.RoleOwner)
-	owner := e.Login(email, password)
+	email, password, owner := e.Account(store.RoleOwner, org)
 	token := strings.TrimPrefix(owner.Header.Get("Cookie"), "session=")
 
 	var key struct{ ID, Key string }

@@ -15,9 +15,7 @@ import (
 const bodyKeyUnauth = `{"error":"api key unauthenticated"}`
 
 func TestV1RequiresTheGatewaySecret(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	identity := []string{httpapi.HeaderOrgID, org, httpapi.HeaderKeyID, "AAAAAAAAAAAAAAAAAAAAAA", httpapi.HeaderKeyRole, store.RoleAdmin}
 	anon := e.Anon().With(identity...)
 	for _, tc := range []struct {

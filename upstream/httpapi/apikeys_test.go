@@ -78,9 +78,7 @@ func TestKeyRoutesCheckSessionMembershipPermissionPlanAndBodyInThatOrder(t *test
 }
 
 func TestCreateKeyValidatesItsBody(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	_, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 	for _, tc := range []struct{ name, body, message string }{
 		{"not JSON", `{`, "body: is not valid JSON"},
@@ -110,9 +108,7 @@ func TestCreateKeyValidatesItsBody(t *testing.T) {
 }
 
 func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	expires := time.Now().Add(24 * time.Hour).UTC().Truncate(time.Second)
 
 	r := owner.Do("POST", "/orgs/"+org+"/api-keys",

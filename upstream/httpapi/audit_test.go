@@ -112,9 +112,7 @@ func TestAuditEventsAreForOwnersAndAdminsOfTheOrg(t *testing.T) {
 }
 
 func TestAuditEventsArePaginatedByCursor(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	_, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	var created []string
 	for i := 0; i < 5; i++ {
 		id, _ := newKey(t, owner, org, fmt.Sprintf(`{"name":"k%d","role":"Viewer"}`, i))

@@ -56,9 +56,7 @@ func keyCount(e *upstreamtest.Env, org string) int {
 func TestDashboardRefusesCrossSiteFormsAndChangesNothing(t *testing.T) {
 	e := upstreamtest.NewEnv(t)
 	org := e.Org("pro")
-	email, password := e.User()
-	e.Member(org, email, store.RoleOwner)
-	owner := e.Login(email, password)
+	email, password, owner := e.Account(store.RoleOwner, org)
 	id, full := dashboardKey(t, owner, org, "kept")
 	login := url.Values{"email": {email}, "password": {password}}.Encode()
 	create := url.Values{"name": {"new"}, "role": {"Admin"}}.Encode()
@@ -105,9 +103,7 @@ func TestDashboardRefusesCrossSiteFormsAndChangesNothing(t *testing.T) {
 }
 
 func TestDashboardPagesCarryTheSecurityHeaders(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	for _, tc := range []struct {
 		name, path string
 		c          *upstreamtest.Client
@@ -150,9 +146,7 @@ func TestDashboardPagesCarryTheSecurityHeaders(t *testing.T) {
 }
 
 func TestDashboardShowsANewKeyOnceAndMaskedAfter(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	r := form(owner).Do("POST", "/dashboard/orgs/"+org+"/keys", url.Values{"name": {"ci"}, "role": {"Editor"}}.Encode())
 	if r.Status != http.StatusCreated {
 		t.Fatalf("create: %d %s", r.Status, r.Body)
@@ -177,10 +171,7 @@ func TestDashboardShowsANewKeyOnceAndMaskedAfter(t *testing.T) {
 func TestDashboardErrorsAreWords(t *testing.T) {
 	e := upstreamtest.NewEnv(t)
 	org, free := e.Org("pro"), e.Org("free")
-	email, password := e.User()
-	e.Member(org, email, store.RoleOwner)
-	e.Member(free, email, store.RoleOwner)
-	owner := e.Login(email, password)
+	email, _, owner := e.Account(store.RoleOwner, org, free)
 	for _, tc := range []struct {
 		name, path, body string
 		status           int
@@ -204,9 +195,7 @@ func TestDashboardErrorsAreWords(t *testing.T) {
 }
 
 func TestDashboardMembersWhoMayNotManageKeysSeeNoControls(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	id, full := dashboardKey(t, owner, org, "shared")
 	for _, role := range []string{store.RoleEditor, store.RoleViewer} {
 		t.Run(role, func(t *testing.T) {

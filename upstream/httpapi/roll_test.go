@@ -100,9 +100,7 @@ func TestRollChecksSessionMembershipPermissionPlanBodyAndKeyInThatOrder(t *testi
 }
 
 func TestRollWithoutGraceReplacesTheKeyAtOnce(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	admin := e.Person(store.RoleAdmin, org)
+	e, org, admin := upstreamtest.NewOrgEnv(t, "pro", store.RoleAdmin)
 	oldID, oldFull := newKey(t, admin, org, `{"name":"deploy","role":"Editor"}`)
 
 	// An empty body is a grace of 0.
@@ -135,9 +133,7 @@ func TestRollWithoutGraceReplacesTheKeyAtOnce(t *testing.T) {
 }
 
 func TestRollWithGraceKeepsTheOldKeyUntilItEndsAndNeverExtendsIt(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	oldID, oldFull := newKey(t, owner, org, `{"name":"ci","role":"Viewer"}`)
 	expiresIn := func(id string) float64 {
 		return upstreamtest.Scalar[float64](e, `SELECT extract(epoch FROM expires_at - now())::float8 FROM api_keys WHERE key_id = $1`, id)
@@ -182,9 +178,7 @@ func TestRollWithGraceKeepsTheOldKeyUntilItEndsAndNeverExtendsIt(t *testing.T) {
 }
 
 func TestConcurrentRollsOfOneKeyWithoutGraceLetOneThrough(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	for round := 0; round < 5; round++ {
 		id, _ := newKey(t, owner, org, `{"name":"race","role":"Admin"}`)
 		statuses := make([]int, 4)

@@ -19,46 +19,60 @@ func TestUnknownRoutesAndWrongMethodsAnswerJSON(t *testing.T) {
 	e := upstreamtest.NewEnv(t)
 	org := e.Org("pro")
 	gw := e.Gateway(org, store.RoleAdmin)
-	methodNotAllowed := `{"error":"method not allowed"}`
+	// want checks the answer's status, body and Allow header, and that it redirects
+	// nowhere.
+	want := func(t *testing.T, r upstreamtest.Response, status int, body, allow string) {
+		t.Helper()
+		upstreamtest.Want(t, r, status, body)
+		if got := r.Header.Get("Allow"); got != allow {
+			t.Errorf("Allow = %q, want %q", got, allow)
+		}
+		if loc := r.Header.Get("Location"); loc != "" {
+			t.Errorf("Location = %q, want none", loc)
+		}
+	}
+	// A GET of an unknown path is 404, without Allow.
 	for _, tc := range []struct {
-		name         string
-		c            *upstreamtest.Client
-		method, path string
-		status       int
-		body, allow  string
+		name string
+		c    *upstreamtest.Client
+		path string
 	}{
-		{"root", e.Anon(), "GET", "/", 404, bodyNotFound, ""},
-		{"unknown path", e.Anon(), "GET", "/nope", 404, bodyNotFound, ""},
-		{"unknown org subpath", e.Anon(), "GET", "/orgs/" + org + "/billing", 404, bodyNotFound, ""},
-		{"trailing slash", e.Anon(), "GET", "/orgs/" + org + "/monitors/", 404, bodyNotFound, ""},
-		{"unknown /v1 path", gw, "GET", "/v1/keys", 404, bodyNotFound, ""},
-		{"GET login", e.Anon(), "GET", "/auth/login", 405, methodNotAllowed, "POST"},
-		{"PUT login", e.Anon(), "PUT", "/auth/login", 405, methodNotAllowed, "POST"},
-		{"PUT monitors", e.Anon(), "PUT", "/orgs/" + org + "/monitors", 405, methodNotAllowed, "GET, HEAD, POST"},
-		{"POST a monitor id", e.Anon(), "POST", "/orgs/" + org + "/monitors/x", 405, methodNotAllowed, "DELETE, GET, HEAD, PATCH"},
-		{"GET a key id", e.Anon(), "GET", "/orgs/" + org + "/api-keys/x", 405, methodNotAllowed, "DELETE"},
-		{"PUT /v1 monitor", gw, "PUT", "/v1/monitors/x", 405, methodNotAllowed, "DELETE, GET, HEAD, PATCH"},
+		{"root", e.Anon(), "/"},
+		{"unknown path", e.Anon(), "/nope"},
+		{"unknown org subpath", e.Anon(), "/orgs/" + org + "/billing"},
+		{"trailing slash", e.Anon(), "/orgs/" + org + "/monitors/"},
+		{"unknown /v1 path", gw, "/v1/keys"},
 		// Paths with empty or dot segments are unknown, never redirected to their
 		// clean form (http.ServeMux would answer 301 or 307 with HTML).
-		{"double slash", e.Anon(), "GET", "//", 404, bodyNotFound, ""},
-		{"dot segment", e.Anon(), "GET", "/./", 404, bodyNotFound, ""},
-		{"dot-dot segment", e.Anon(), "GET", "/orgs/../auth/login", 404, bodyNotFound, ""},
-		{"empty segment in a dashboard path", e.Anon(), "GET", "/orgs/" + org + "//monitors", 404, bodyNotFound, ""},
-		{"dot segment in a dashboard path", e.Anon(), "GET", "/orgs/" + org + "/./monitors", 404, bodyNotFound, ""},
-		{"escaped dot segment", e.Anon(), "GET", "/orgs/" + org + "/%2e/monitors", 404, bodyNotFound, ""},
-		{"empty segment under /v1", gw, "GET", "/v1//monitors", 404, bodyNotFound, ""},
-		{"dot segment under /v1", gw, "GET", "/v1/./monitors", 404, bodyNotFound, ""},
-		{"dot-dot at the end under /v1", gw, "GET", "/v1/monitors/x/..", 404, bodyNotFound, ""},
+		{"double slash", e.Anon(), "//"},
+		{"dot segment", e.Anon(), "/./"},
+		{"dot-dot segment", e.Anon(), "/orgs/../auth/login"},
+		{"empty segment in a dashboard path", e.Anon(), "/orgs/" + org + "//monitors"},
+		{"dot segment in a dashboard path", e.Anon(), "/orgs/" + org + "/./monitors"},
+		{"escaped dot segment", e.Anon(), "/orgs/" + org + "/%2e/monitors"},
+		{"empty segment under /v1", gw, "/v1//monitors"},
+		{"dot segment under /v1", gw, "/v1/./monitors"},
+		{"dot-dot at the end under /v1", gw, "/v1/monitors/x/.."},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := tc.c.Do(tc.method, tc.path, "")
-			upstreamtest.Want(t, r, tc.status, tc.body)
-			if got := r.Header.Get("Allow"); got != tc.allow {
-				t.Errorf("Allow = %q, want %q", got, tc.allow)
-			}
-			if loc := r.Header.Get("Location"); loc != "" {
-				t.Errorf("Location = %q, want none", loc)
-			}
+			want(t, tc.c.Do("GET", tc.path, ""), 404, bodyNotFound, "")
+		})
+	}
+	// A method a known path does not take is 405, with the methods it takes in Allow.
+	for _, tc := range []struct {
+		name                string
+		c                   *upstreamtest.Client
+		method, path, allow string
+	}{
+		{"GET login", e.Anon(), "GET", "/auth/login", "POST"},
+		{"PUT login", e.Anon(), "PUT", "/auth/login", "POST"},
+		{"PUT monitors", e.Anon(), "PUT", "/orgs/" + org + "/monitors", "GET, HEAD, POST"},
+		{"POST a monitor id", e.Anon(), "POST", "/orgs/" + org + "/monitors/x", "DELETE, GET, HEAD, PATCH"},
+		{"GET a key id", e.Anon(), "GET", "/orgs/" + org + "/api-keys/x", "DELETE"},
+		{"PUT /v1 monitor", gw, "PUT", "/v1/monitors/x", "DELETE, GET, HEAD, PATCH"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want(t, tc.c.Do(tc.method, tc.path, ""), 405, `{"error":"method not allowed"}`, tc.allow)
 		})
 	}
 }
@@ -91,41 +105,39 @@ func TestPanicIsRecoveredIntoAnInternalErrorWithoutDetails(t *testing.T) {
 	}
 }
 
-func TestBrokenDatabaseIsAnInternalErrorWithoutDetails(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
-	gw := e.Gateway(org, store.RoleAdmin)
-	e.Pool.Close()
-	for _, r := range []upstreamtest.Response{
-		owner.Do("GET", "/orgs/"+org+"/monitors", ""),
-		gw.Do("GET", "/v1/monitors", ""),
-		gw.Do("POST", "/v1/monitors", `{"name":"n","type":"http","target":"https://example.com"}`),
-		e.Anon().Do("POST", "/auth/login", `{"email":"a@example.com","password":"p"}`),
+func TestDatabaseFailuresAnswerWithoutDetails(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// fail breaks the server's database.
+		fail   func(t *testing.T, e *upstreamtest.Env)
+		status int
+		body   string
+		// logged is the message logged once a request.
+		logged string
+	}{
+		{"a broken database is an internal error", func(t *testing.T, e *upstreamtest.Env) { e.Pool.Close() },
+			500, `{"error":"internal"}`, "internal error"},
+		// The same server, its pool now pointing where no PostgreSQL listens.
+		{"an unreachable database is 503", func(t *testing.T, e *upstreamtest.Env) { e.Server.SetPool(schematest.UnreachablePool(t)) },
+			503, `{"error":"service_unavailable"}`, "database unavailable"},
 	} {
-		upstreamtest.Want(t, r, 500, `{"error":"internal"}`)
-	}
-	if n := e.Logs.FilterMessage("internal error").Len(); n != 4 {
-		t.Errorf("internal error log lines = %d, want 4", n)
-	}
-}
-
-func TestUnreachableDatabaseIs503(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
-	gw := e.Gateway(org, store.RoleAdmin)
-	// The same server, its pool now pointing where no PostgreSQL listens.
-	e.Server.SetPool(schematest.UnreachablePool(t))
-	for _, r := range []upstreamtest.Response{
-		owner.Do("GET", "/orgs/"+org+"/monitors", ""),
-		gw.Do("POST", "/v1/monitors", `{"name":"n","type":"http","target":"https://example.com"}`),
-		e.Anon().Do("POST", "/auth/login", `{"email":"a@example.com","password":"p"}`),
-	} {
-		upstreamtest.Want(t, r, 503, `{"error":"service_unavailable"}`)
-	}
-	if n := e.Logs.FilterMessage("database unavailable").Len(); n != 3 {
-		t.Errorf("database unavailable log lines = %d, want 3", n)
+		t.Run(tc.name, func(t *testing.T) {
+			e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
+			gw := e.Gateway(org, store.RoleAdmin)
+			tc.fail(t, e)
+			requests := []upstreamtest.Response{
+				owner.Do("GET", "/orgs/"+org+"/monitors", ""),
+				gw.Do("GET", "/v1/monitors", ""),
+				gw.Do("POST", "/v1/monitors", `{"name":"n","type":"http","target":"https://example.com"}`),
+				e.Anon().Do("POST", "/auth/login", `{"email":"a@example.com","password":"p"}`),
+			}
+			for _, r := range requests {
+				upstreamtest.Want(t, r, tc.status, tc.body)
+			}
+			if n := e.Logs.FilterMessage(tc.logged).Len(); n != len(requests) {
+				t.Errorf("%s log lines = %d, want %d", tc.logged, n, len(requests))
+			}
+		})
 	}
 }
 

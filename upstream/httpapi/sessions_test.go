@@ -126,9 +126,7 @@ func TestLoginValidatesItsBody(t *testing.T) {
 }
 
 func TestLogoutEndsTheSession(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	c := e.Person(store.RoleOwner, org)
+	e, org, c := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	upstreamtest.WantStatus(t, c.Do("GET", "/orgs/"+org+"/api-keys", ""), 200)
 
 	r := c.Do("POST", "/auth/logout", "")
@@ -150,9 +148,7 @@ func TestLogoutEndsTheSession(t *testing.T) {
 func TestExpiredSessionIsRefusedAndDeletedAtTheNextLogin(t *testing.T) {
 	e := upstreamtest.NewEnv(t)
 	org := e.Org("pro")
-	email, password := e.User()
-	e.Member(org, email, store.RoleOwner)
-	c := e.Login(email, password)
+	email, password, c := e.Account(store.RoleOwner, org)
 	e.Exec(`UPDATE sessions SET expires_at = now() - interval '1 second'`)
 	upstreamtest.Want(t, c.Do("GET", "/orgs/"+org+"/api-keys", ""), 401, `{"error":"unauthenticated"}`)
 
@@ -164,9 +160,7 @@ func TestExpiredSessionIsRefusedAndDeletedAtTheNextLogin(t *testing.T) {
 }
 
 func TestCrossOriginStateChangesAreRefused(t *testing.T) {
-	e := upstreamtest.NewEnv(t)
-	org := e.Org("pro")
-	owner := e.Person(store.RoleOwner, org)
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
 	email, password := e.User()
 	monitor := `{"name":"m","type":"http","target":"https://example.com"}`
 	forbidden := `{"error":"forbidden"}`

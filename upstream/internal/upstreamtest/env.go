@@ -55,6 +55,16 @@ func NewEnv(t *testing.T, opts ...func(*httpapi.Config)) *Env {
 	return NewEnvOn(t, schematest.NewDatabase(t), opts...)
 }
 
+// NewOrgEnv starts a Server on a fresh database (NewEnv) with an organisation on
+// planName and a person of role in it, and returns the organisation's id and a client
+// logged in as the person: where most route tests start.
+func NewOrgEnv(t *testing.T, planName, role string) (e *Env, orgID string, c *Client) {
+	t.Helper()
+	e = NewEnv(t)
+	orgID = e.Org(planName)
+	return e, orgID, e.Person(role, orgID)
+}
+
 // NewEnvOn starts a Server on the migrated database at dbURL.
 func NewEnvOn(t *testing.T, dbURL string, opts ...func(*httpapi.Config)) *Env {
 	t.Helper()
@@ -147,15 +157,22 @@ func (e *Env) Member(orgID, email, role string) {
 	}
 }
 
-// Person creates a user with role in each of orgIDs and returns a client logged in as
-// them.
-func (e *Env) Person(role string, orgIDs ...string) *Client {
+// Account creates a user with role in each of orgIDs and returns their email and
+// password and a client logged in as them.
+func (e *Env) Account(role string, orgIDs ...string) (email, password string, c *Client) {
 	e.T.Helper()
-	email, password := e.User()
+	email, password = e.User()
 	for _, o := range orgIDs {
 		e.Member(o, email, role)
 	}
-	return e.Login(email, password)
+	return email, password, e.Login(email, password)
+}
+
+// Person is Account for a test that needs only the client.
+func (e *Env) Person(role string, orgIDs ...string) *Client {
+	e.T.Helper()
+	_, _, c := e.Account(role, orgIDs...)
+	return c
 }
 
 // Login logs in and returns a client carrying the session cookie.
