@@ -200,6 +200,17 @@ func TestEveryCommandHasHelp(t *testing.T) {
 			if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "usage: upstream") {
 				t.Errorf("exit %d, stdout %q, stderr %q; want usage on stdout and exit 0", code, stdout, stderr)
 			}
+			// The synopsis, the first line, names every flag the command has.
+			synopsis, _, _ := strings.Cut(stdout, "\n")
+			named := map[string]bool{}
+			for _, m := range regexp.MustCompile(`--([a-z][a-z0-9-]*)`).FindAllStringSubmatch(synopsis, -1) {
+				named[m[1]] = true
+			}
+			for _, m := range flagLine.FindAllStringSubmatch(stdout, -1) {
+				if !named[m[1]] {
+					t.Errorf("the synopsis %q does not name --%s", synopsis, m[1])
+				}
+			}
 		})
 	}
 	code, stdout, stderr := run(t, nil, "")

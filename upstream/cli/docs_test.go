@@ -9,6 +9,10 @@ import (
 	"testing"
 )
 
+// flagLine matches the lines of a --help that list a flag, the flag's name in its
+// group.
+var flagLine = regexp.MustCompile(`(?m)^  -([a-z][a-z0-9-]*)`)
+
 // TestEveryCommandFlagAndVariableIsDocumented fails on a command, a flag or an
 // environment variable of the command line that docs/configuration.md does not name
 // (as `upstream NAME`, `--flag` and `VARIABLE`), so that the reference cannot fall
@@ -19,7 +23,6 @@ func TestEveryCommandFlagAndVariableIsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	documented := func(s string) bool { return bytes.Contains(doc, []byte("`"+s+"`")) }
-	flagLine := regexp.MustCompile(`(?m)^  -([a-z][a-z0-9-]*)`)
 	seen := 0
 	for _, cmd := range commands {
 		if !bytes.Contains(doc, []byte("`upstream "+cmd.name)) {
