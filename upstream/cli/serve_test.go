@@ -2,16 +2,15 @@ package cli
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
@@ -90,26 +89,8 @@ func TestServeAdminAddrIsApartFromAddr(t *testing.T) {
 	wantExit(t, done, "")
 }
 
-// lockedBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestLogsCarryNoSecrets(t *testing.T) {
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.Logger = newLogger(&logs) })
 	org := e.Org("pro")
 	email, password, owner := e.Account(store.RoleOwner, org)

@@ -80,12 +80,7 @@ func NewPool(t *testing.T, dbURL string, timeout time.Duration) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return schematest.OpenPool(t, cfg)
 }
 
 // NewEnvWith starts a Server on serverPool; the env's fixtures and queries use pool.
