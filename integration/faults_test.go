@@ -158,8 +158,7 @@ func TestUpstreamDownAnswers502JSON(t *testing.T) {
 // to check.)
 func TestLogsNeverShowKeysOrSessions(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 	id, key := owner.createKey(org.ID, "k", "Admin", nil)
 	session := owner.sessionCookie()
 	_, secret, _ := strings.Cut(key, ".")

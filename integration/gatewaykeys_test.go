@@ -194,8 +194,7 @@ func waitLastUsed(t *testing.T, c *Client, orgID, id string, within time.Duratio
 
 func TestLastUsedAppearsWithinTheFlushInterval(t *testing.T) {
 	s := newStack(t)
-	o := s.newOrg("pro")
-	owner := s.loginOwner(o)
+	o, owner := s.newOwner("pro")
 	id, key := owner.createKey(o.ID, "ci", "Editor", nil)
 	other, _ := owner.createKey(o.ID, "unused", "Editor", nil)
 	gw := s.withGateway("last_used_interval 1s")
@@ -219,8 +218,7 @@ func TestLastUsedAppearsWithinTheFlushInterval(t *testing.T) {
 
 func TestSlowLastUsedFlushNeverDelaysRequests(t *testing.T) {
 	s := newStack(t)
-	o := s.newOrg("pro")
-	owner := s.loginOwner(o)
+	o, owner := s.newOwner("pro")
 	id, key := owner.createKey(o.ID, "ci", "Editor", nil)
 	gw := s.withGateway("last_used_interval 1s")
 	ctx := context.Background()

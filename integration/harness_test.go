@@ -479,11 +479,19 @@ func (s *Stack) login(email, password string) *Client {
 
 func (s *Stack) loginOwner(o Org) *Client { return s.login(o.Email, o.Password) }
 
+// newOwner creates an org on plan and returns it with its Owner logged in at the
+// dashboard, through which a test creates the org's keys and monitors.
+func (s *Stack) newOwner(plan string) (Org, *Client) {
+	s.t.Helper()
+	org := s.newOrg(plan)
+	return org, s.loginOwner(org)
+}
+
 // newKey creates an org on plan and, through its owner's dashboard, a key named k of
 // role: all that a test of /v1 alone needs before it starts.
 func (s *Stack) newKey(plan, role string) (Org, string) {
-	org := s.newOrg(plan)
-	_, key := s.loginOwner(org).createKey(org.ID, "k", role, nil)
+	org, owner := s.newOwner(plan)
+	_, key := owner.createKey(org.ID, "k", role, nil)
 	return org, key
 }
 

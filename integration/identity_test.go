@@ -16,9 +16,8 @@ func TestTheUpstreamServesV1OnSignedIdentityAloneWithNoSharedSecret(t *testing.T
 	// over HTTP after the upstream started.
 	priv, keyFile := gatewayauthtest.NewKey(t)
 	s := newStackWith(t, stackOptions{identityKey: keyFile})
-	o := s.newOrg("pro")
+	o, owner := s.newOwner("pro")
 	other := s.newOrg("pro")
-	owner := s.loginOwner(o)
 	_, key := owner.createKey(o.ID, "ci", "Editor", nil)
 
 	r := s.api(key, 0).do("POST", "/v1/monitors", map[string]any{"name": "home", "type": "http", "target": "https://example.com"})

@@ -13,8 +13,7 @@ const unauthenticated = `{"error":"api key unauthenticated"}`
 
 func TestKeyLifeCycleAsAPersonDoesIt(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 
 	// Create: the full key, once.
 	r := owner.do("POST", "/orgs/"+org.ID+"/api-keys", map[string]any{"name": "ci deploys", "role": "Editor"}, nil)
@@ -89,8 +88,7 @@ func TestKeyLifeCycleAsAPersonDoesIt(t *testing.T) {
 
 func TestExpiryTakesEffectOnTheNextRequest(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 	// RFC 3339 in the body has whole seconds: expire at the start of a second 3-4 s away.
 	exp := time.Now().Add(3 * time.Second).Truncate(time.Second).Add(time.Second)
 	_, key := owner.createKey(org.ID, "short-lived", "Viewer", &exp)
@@ -114,8 +112,7 @@ func TestExpiryTakesEffectOnTheNextRequest(t *testing.T) {
 // and requires byte-identical answers: status, headers (but Date) and body.
 func TestEveryCredentialShapeGetsTheSame401(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 	revokedID, revoked := owner.createKey(org.ID, "revoked", "Admin", nil)
 	owner.do("DELETE", "/orgs/"+org.ID+"/api-keys/"+revokedID, nil, nil)
 	_, key := owner.createKey(org.ID, "good", "Admin", nil)

@@ -56,8 +56,7 @@ func wantMe(t *testing.T, s *Stack, key, orgID, role string) {
 
 func TestRollWithoutGraceRefusesTheOldKeyOnTheNextRequest(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 	oldID, oldKey := owner.createKey(org.ID, "deploys", "Editor", nil)
 	wantMe(t, s, oldKey, org.ID, "Editor")
 
@@ -72,8 +71,7 @@ func TestRollWithoutGraceRefusesTheOldKeyOnTheNextRequest(t *testing.T) {
 
 func TestRollWithGraceKeepsTheOldKeyUntilTheGraceEnds(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 	oldID, oldKey := owner.createKey(org.ID, "ci", "Viewer", nil)
 
 	const grace = 2 * time.Second
@@ -115,8 +113,7 @@ func TestRollWithGraceKeepsTheOldKeyUntilTheGraceEnds(t *testing.T) {
 func TestAuditTrailAndLeakReports(t *testing.T) {
 	s := newStack(t)
 	s.serveLeakReports()
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 	ownerID, _ := s.cli("", "member", "add", "--org", org.ID, "--email", org.Email, "--role", "Owner")["user_id"].(string)
 	report := func(token string, pairs ...string) Resp {
 		var items []map[string]string

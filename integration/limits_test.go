@@ -14,8 +14,7 @@ const featureGatedAPI = `{"error":"feature_gated","feature":"api","upgrade":true
 
 func TestAPIOffPlanIsGatedEverywhereAndPlanChangesApplyAtOnce(t *testing.T) {
 	s := newStack(t)
-	free := s.newOrg("free")
-	owner := s.loginOwner(free)
+	free, owner := s.newOwner("free")
 
 	// No key can be created on a plan without API access.
 	wantError(t, owner.do("POST", "/orgs/"+free.ID+"/api-keys", map[string]any{"name": "k", "role": "Admin"}, nil),
@@ -59,8 +58,7 @@ func TestRateLimitIsOneBudgetAcrossGatewaysAndPerKey(t *testing.T) {
 	const n = 20
 	s.cli("", "plan", "put", "--name", "tiny", "--api-rate-limit", strconv.Itoa(n), "--max-monitors", "10",
 		"--min-interval", "60", "--locations", "us-east", "--check-types", "http")
-	org := s.newOrg("tiny")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("tiny")
 	_, key := owner.createKey(org.ID, "a", "Viewer", nil)
 	_, other := owner.createKey(org.ID, "b", "Viewer", nil)
 
@@ -138,9 +136,7 @@ func TestRetryAfterIsTheTimeLeftInTheWindow(t *testing.T) {
 	s := newStack(t)
 	s.cli("", "plan", "put", "--name", "one", "--api-rate-limit", "1", "--max-monitors", "10",
 		"--min-interval", "60", "--locations", "us-east", "--check-types", "http")
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
-	_, key := owner.createKey(org.ID, "k", "Admin", nil)
+	org, key := s.newKey("pro", "Admin")
 	s.cli("", "org", "set-plan", "--org", org.ID, "--plan", "one")
 
 	waitForWindowRoom(5)

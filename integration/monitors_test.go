@@ -32,8 +32,7 @@ func wantNoHiddenFields(t *testing.T, r Resp) {
 
 func TestRolesOnV1(t *testing.T) {
 	s := newStack(t)
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 	_, admin := owner.createKey(org.ID, "admin", "Admin", nil)
 	_, editor := owner.createKey(org.ID, "editor", "Editor", nil)
 	_, viewer := owner.createKey(org.ID, "viewer", "Viewer", nil)
@@ -109,8 +108,7 @@ func TestMonitorsThroughV1NeverShowHiddenFieldsAndStayInTheirOrg(t *testing.T) {
 	}
 
 	// Another org sees none of it.
-	other := s.newOrg("pro")
-	_, otherKey := s.loginOwner(other).createKey(other.ID, "k", "Admin", nil)
+	other, otherKey := s.newKey("pro", "Admin")
 	b := s.api(otherKey, 1)
 	wantError(t, b.do("GET", "/v1/monitors/"+id, nil), 404, monitorNotFound)
 	wantError(t, b.do("PATCH", "/v1/monitors/"+id, map[string]any{"name": "pwned"}), 404, monitorNotFound)
@@ -167,8 +165,7 @@ func TestPlanGatesInOrderWithIdenticalBodiesOnBothDoors(t *testing.T) {
 	s := newStack(t)
 	s.cli("", "plan", "put", "--name", "small", "--api-rate-limit", "1000", "--max-monitors", "2",
 		"--min-interval", "120", "--locations", "us-east,eu-west", "--check-types", "http,tcp")
-	org := s.newOrg("small")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("small")
 	_, key := owner.createKey(org.ID, "k", "Editor", nil)
 	a := s.api(key, 0)
 

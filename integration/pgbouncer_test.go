@@ -47,8 +47,7 @@ func TestKeysAndMonitorsThroughPgBouncer(t *testing.T) {
 }
 
 func keysAndMonitorsScenario(t *testing.T, s *Stack) {
-	org := s.newOrg("pro")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("pro")
 
 	// The login throttle (a transaction under pg_advisory_xact_lock): five wrong
 	// passwords are 401, the sixth is refused before any check.

@@ -23,8 +23,7 @@ func TestGatewaysOnARedisClusterShareOneExactBudget(t *testing.T) {
 	const n, nKeys = 10, 6
 	s.cli("", "plan", "put", "--name", "tiny", "--api-rate-limit", strconv.Itoa(n), "--max-monitors", "10",
 		"--min-interval", "60", "--locations", "us-east", "--check-types", "http")
-	org := s.newOrg("tiny")
-	owner := s.loginOwner(org)
+	org, owner := s.newOwner("tiny")
 
 	opts, err := redis.ParseClusterURL(clusterURL)
 	if err != nil {
