@@ -22,7 +22,6 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
-	"github.com/keygate/keygate/keystore"
 )
 
 var updateAdapt = flag.Bool("update-adapt", false, "rewrite the expected JSON of testdata/caddyfile_adapt")
@@ -349,8 +348,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // TestExampleCaddyfileServes runs Caddyfile.example itself against the test
 // database, Redis and upstream: the operator's config does what docs/configuration.md says.
 func TestExampleCaddyfileServes(t *testing.T) {
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	listen := freeAddr(t)
 	t.Setenv("GATEWAY_ADDR", "http://"+listen)

@@ -96,8 +96,7 @@ func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 }
 
 func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
 	up := newUpstream(t)
 	gw := startGateway(t, gatewayConfig{
@@ -221,8 +220,7 @@ func remainingOf(res *http.Response) int {
 func TestNoModuleLogLineShowsAKey(t *testing.T) {
 	// Every line the module writes about a request, with the key in the path
 	// (percent-encoded) and in the query string.
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	_, secret, _ := strings.Cut(key, ".")
 	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
 	up := newUpstream(t)
@@ -278,8 +276,7 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 	// the connection is broken and the next lookup dials a new one (several round
 	// trips on a slow database); with tunePostgres's CancelRequest handling it
 	// survives when the answer comes within a quarter timeout more.
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
 	for _, tc := range []struct {
 		name      string
@@ -329,8 +326,7 @@ func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 	// database_timeout (storeWithin) and its cancelled query keeps its connection that
 	// grace, so a 503 comes between the two, never later.
 	const timeout = 800 * time.Millisecond
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	for _, tc := range []struct {
 		name    string
 		options map[string]any

@@ -243,8 +243,7 @@ func TestReverseProxyLogsTheGatewaySecretWithoutTheFilter(t *testing.T) {
 	// Why Caddyfile.example filters X-Gateway-Secret out of the logs: the reverse
 	// proxy logs the headers it sent upstream when it aborts a response (and at debug
 	// level), and Caddy redacts only Authorization, Cookie and the like.
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	gw := startGateway(t, gatewayConfig{handler: gatewayOptions(d.url, nil), upstream: newUpstream(t).addr()})
 	if res, err := gw.client.Do(mustRequest(t, gw.base+"/v1/invalid-json", key)); err == nil {
 		_, _ = io.Copy(io.Discard, res.Body)

@@ -56,6 +56,15 @@ func newDB(t *testing.T) *db {
 	return &db{t: t, pool: pool, url: url, store: keystore.New(pool, keystoretest.Format(t, "mon"))}
 }
 
+// newDBWithKey returns a fresh database holding an org on plan pro with an Editor key,
+// and the key in full with its id: what a test of one key needs before it starts.
+func newDBWithKey(t *testing.T) (d *db, key, id string) {
+	t.Helper()
+	d = newDB(t)
+	key, id = d.key(d.org("pro"), keystore.RoleEditor)
+	return d, key, id
+}
+
 // plan creates a plan with the given api_rate_limit.
 func (d *db) plan(name string, apiRateLimit int) {
 	d.t.Helper()

@@ -133,8 +133,7 @@ func lastUsedEntries() map[string]int {
 // TestLastUsedFlusherSurvivesReloadsAndFlushesWhenRemoved runs with an hour's
 // interval, so that only the flush of a flusher being stopped can write.
 func TestLastUsedFlusherSurvivesReloadsAndFlushesWhenRemoved(t *testing.T) {
-	d := newDB(t)
-	key, id := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, id := newDBWithKey(t)
 	up := newUpstream(t)
 	dbURL := d.ownURL(t)
 	gc := gatewayConfig{handler: gatewayOptions(dbURL, map[string]any{"last_used_interval": "1h"}), upstream: up.addr()}
@@ -167,8 +166,7 @@ func TestLastUsedFlusherSurvivesReloadsAndFlushesWhenRemoved(t *testing.T) {
 }
 
 func TestLastUsedIntervalOffStartsNoFlusher(t *testing.T) {
-	d := newDB(t)
-	key, id := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, id := newDBWithKey(t)
 	up := newUpstream(t)
 	gw := startGateway(t, gatewayConfig{handler: gatewayOptions(d.url, map[string]any{"last_used_interval": -1}), upstream: up.addr()})
 	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {

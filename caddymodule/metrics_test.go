@@ -295,8 +295,7 @@ func TestAccessLogCarriesTheDecision(t *testing.T) {
 // TestMetricsSurviveAReload: a new config registers the same collectors in Caddy's new
 // registry without an error, and the counters go on from where they were.
 func TestMetricsSurviveAReload(t *testing.T) {
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	gc := gatewayConfig{handler: gatewayOptions(d.url, nil), upstream: up.addr(), metrics: true}
 	gw := startGateway(t, gc)
@@ -335,8 +334,7 @@ func TestMetricsSurviveAReload(t *testing.T) {
 
 // TestDisableMetricsLeavesTheSeriesOut: disable_metrics registers nothing.
 func TestDisableMetricsLeavesTheSeriesOut(t *testing.T) {
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	gw := startGateway(t, gatewayConfig{
 		handler:  gatewayOptions(d.url, map[string]any{"disable_metrics": true}),

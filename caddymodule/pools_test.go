@@ -14,8 +14,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/keygate/keygate/keystore"
 )
 
 // withParam adds a query parameter to a URL.
@@ -80,8 +78,7 @@ func sharedRedis(url string, timeout time.Duration) *redis.Client {
 }
 
 func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	app := randomName(t)
 	dbURL := withParam(d.url, "application_name", app)
 	rURL := withParam(redisURL(t), "client_name", app)
@@ -213,8 +210,7 @@ func mustRedisOptions(t testing.TB, url string) *redis.Options {
 }
 
 func TestChangedSettingsBuildANewPool(t *testing.T) {
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	first := d.ownURL(t)
 	second := d.ownURL(t)
@@ -279,8 +275,7 @@ func TestInvalidConfigIsRefusedAtLoad(t *testing.T) {
 }
 
 func TestPlaceholdersAreReplaced(t *testing.T) {
-	d := newDB(t)
-	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	t.Setenv("KG_TEST_DATABASE_URL", d.url)
 	t.Setenv("KG_TEST_REDIS_URL", redisURL(t))
