@@ -18,6 +18,7 @@ func TestBatchLingerGathersBusyTrafficAndStaysExact(t *testing.T) {
 	d.plan("six", 6)
 	up := newUpstream(t)
 	const clients, each = 16, 10
+	var unlingered float64 // the batches of the run without a linger
 	for _, linger := range []string{"", "200ms"} {
 		t.Run("batch_linger="+linger, func(t *testing.T) {
 			opts := map[string]any{"redis_url": redisURL(t), "redis_timeout": "2s"}
@@ -62,9 +63,15 @@ func TestBatchLingerGathersBusyTrafficAndStaysExact(t *testing.T) {
 			batches := after[`keygate_key_lookup_batch_size_count`] - before[`keygate_key_lookup_batch_size_count`]
 			lookups := after[`keygate_key_lookup_batch_size_sum`] - before[`keygate_key_lookup_batch_size_sum`]
 			t.Logf("%v lookups in %v batches: %.1f a batch", lookups, batches, lookups/batches)
-			// Ten batches of all 16 at best; without a linger most go one or two at a time.
-			if linger != "" && batches > each+3 {
-				t.Errorf("%v lookups went in %v batches; want the batches to wait for all clients (at most %d)", lookups, batches, each+3)
+			// Ten batches of all 16 at best; without a linger they go three or four at a
+			// time (fifty batches on an idle machine). A client that the scheduler holds
+			// back past the pause splits a batch: on two cores shared with the other
+			// packages' tests that happens a few times a run, hence twice the best.
+			if linger == "" {
+				unlingered = batches
+			} else if batches > 2*each || batches > unlingered/2 {
+				t.Errorf("%v lookups went in %v batches (%v without a linger); want the batches to wait for all clients (at most %d, and half as many as without)",
+					lookups, batches, unlingered, 2*each)
 			}
 		})
 	}
