@@ -97,14 +97,6 @@ func (d *db) key(org string, role keystore.Role) (full, id string) {
 	return full, rec.ID
 }
 
-// exec runs SQL on the test database.
-func (d *db) exec(sql string, args ...any) {
-	d.t.Helper()
-	if _, err := d.pool.Exec(context.Background(), sql, args...); err != nil {
-		d.t.Fatal(err)
-	}
-}
-
 // seenRequest is what the test upstream saw of a request.
 type seenRequest struct {
 	Method string      `json:"method"`

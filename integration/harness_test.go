@@ -144,7 +144,6 @@ type Stack struct {
 	secrets    []string // strings that must never appear in any log
 	cliEnv     []string
 	keyPrefix  string
-	redisPrefx string
 	redisMode  string // redis_mode of the gateways
 	redisTLSCA string // redis_tls_ca of the gateways started from now on
 	gwOptions  string // more v1_gateway option lines for the gateways started from now on
@@ -438,17 +437,6 @@ func (s *Stack) newOrg(plan string) Org {
 	s.cli("", "member", "add", "--org", o.ID, "--email", o.Email, "--role", "Owner")
 	s.neverLog(o.Password)
 	return o
-}
-
-// addMember creates a user with role in org and returns a logged-in client.
-func (s *Stack) addMember(o Org, role string) *Client {
-	s.t.Helper()
-	email := fmt.Sprintf("%s-%d@example.com", strings.ToLower(role), time.Now().UnixNano())
-	pw := "pw-" + email
-	s.cli(pw+"\n", "user", "create", "--email", email, "--password-stdin")
-	s.cli("", "member", "add", "--org", o.ID, "--email", email, "--role", role)
-	s.neverLog(pw)
-	return s.login(email, pw)
 }
 
 // Client is an HTTP client of gateway 0 with a cookie jar (a person at the dashboard).

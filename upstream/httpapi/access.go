@@ -107,11 +107,9 @@ const (
 	HeaderKeyRole = "X-Gateway-Key-Role"
 )
 
-// gatewayAuth admits a /v1 request only when it carries exactly one X-Gateway-Secret
-// equal to the configured secret, and well-formed identity headers; anything else is
-// 401 {"error":"api key unauthenticated"}, before any route is looked up. The secret is
-// compared as SHA-256 digests in constant time, so neither its content nor its length
-// leaks through timing.
+// gatewayAuth admits a /v1 request only when gatewayPrincipal finds who the gateway
+// says is calling; anything else is 401 {"error":"api key unauthenticated"}, before
+// any route is looked up.
 func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := s.gatewayPrincipal(r.Context(), r.Header)
@@ -128,8 +126,10 @@ func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 }
 
 // gatewayPrincipal checks the gateway's headers and returns the identity they assert:
-// the shared secret when one is configured, and the signed identity when a verifier
-// is, which then names the caller (CONTRACT §15); otherwise the X-Gateway-* headers do.
+// exactly one X-Gateway-Secret equal to the configured secret, when one is configured
+// (compared as SHA-256 digests in constant time, so neither its content nor its length
+// leaks through timing), and exactly one valid X-Gateway-Identity when a verifier is,
+// which then names the caller (CONTRACT §15); otherwise the X-Gateway-* headers do.
 func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal, bool) {
 	if s.secretSet {
 		secrets := h.Values(HeaderSecret)
