@@ -593,7 +593,7 @@ if [ "${BENCH_METRICS:-1}" = 1 ]; then
 	bench_pair metrics_report "(m) metrics" "A: gateway, metrics on" "" "B: gateway, disable_metrics" disable_metrics
 fi
 if [ "${BENCH_IDENTITY:-1}" = 1 ]; then
-	openssl genpkey -algorithm ed25519 -out "$stack/identity.pem" 2>/dev/null
+	openssl genpkey -algorithm ed25519 -out "$stack/identity.pem"
 	bench_pair identity_report "(i) signed identity" "A: gateway, identity_key" "identity_key $stack/identity.pem" \
 		"B: gateway, gateway_secret alone" ""
 fi

@@ -38,7 +38,7 @@ source "$stack/env"
 # Signed identity: the gateway signs who is calling with a key made here, and the
 # upstream verifies it with the public half the gateway publishes. No shared secret.
 IDENTITY_KEY="$stack/identity.pem"
-openssl genpkey -algorithm ed25519 -out "$IDENTITY_KEY" 2>/dev/null
+openssl genpkey -algorithm ed25519 -out "$IDENTITY_KEY"
 unset GATEWAY_SECRET
 export DATABASE_URL REDIS_URL IDENTITY_KEY GATEWAY_PORT UPSTREAM_PORT METRICS_PORT
 # Caddyfile.example reads these two to place the gateway and find the upstream.
