@@ -63,6 +63,10 @@ const DefaultRefreshInterval = 5 * time.Second
 // longer: an outage of the JWKS should cost a second of 401s, not a whole interval.
 const retryAfterFailure = time.Second
 
+// fetchTimeout bounds a fetch that an assertion waits on, whatever Config.Client's own
+// timeout is: while it lasts, assertions of unknown kids wait for it.
+const fetchTimeout = 5 * time.Second
+
 // ErrUnauthenticated is what Verify's errors wrap: the request carries no valid
 // assertion.
 var ErrUnauthenticated = errors.New("gatewayauth: no valid identity assertion")
@@ -219,10 +223,21 @@ func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, bool
 	if v.failed {
 		wait = min(wait, retryAfterFailure)
 	}
-	if v.now().Sub(v.fetchedAt) < wait || v.fetch(ctx) != nil {
+	if v.now().Sub(v.fetchedAt) < wait || v.fetchFor(ctx) != nil {
 		return nil, false
 	}
 	return v.known(kid)
+}
+
+// fetchFor fetches the JWKS on behalf of a request: the fetch serves every assertion
+// that waits on it, so it goes on when the request that began it is cancelled (a
+// client that hung up would otherwise fail it for all, and hold the next fetch back
+// for a second), bounded by fetchTimeout rather than by that request. It must be
+// called with fetching held.
+func (v *Verifier) fetchFor(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
+	defer cancel()
+	return v.fetch(ctx)
 }
 
 // Verify checks an assertion: EdDSA, signed by a known key, issued by Issuer for the

@@ -151,6 +151,32 @@ func TestAJWKSThatCouldNotBeFetchedIsTriedAgainWithinASecond(t *testing.T) {
 	}
 }
 
+func TestAFetchOutlivesTheRequestThatBeganIt(t *testing.T) {
+	// The request that meets the unknown kid hangs up while the JWKS is on its way: the
+	// fetch is everyone's, so it completes, and the next request is not held back for
+	// a second by a failure that was only the first client's.
+	priv, file := gatewayauthtest.NewKey(t)
+	var fetches atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fetches.Add(1)
+		time.Sleep(300 * time.Millisecond)
+		b, _ := gatewayauth.JWKS(file)
+		w.Write(b)
+	}))
+	defer srv.Close()
+	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), testIdentity))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	v.Verify(ctx, tok) // hung up after 50 ms; its answer goes nowhere
+	if _, err := v.Verify(context.Background(), tok); err != nil || fetches.Load() != 1 {
+		t.Errorf("the request after the one that hung up: %v after %d fetches, want verified after 1", err, fetches.Load())
+	}
+}
+
 func TestAKnownKeysAssertionNeverWaitsOnAFetch(t *testing.T) {
 	priv, file := gatewayauthtest.NewKey(t)
 	stranger, _ := gatewayauthtest.NewKey(t)
