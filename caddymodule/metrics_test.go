@@ -25,15 +25,7 @@ import (
 // text format prints it, e.g. `keygate_requests_total{outcome="me"}`.
 func (g *gateway) scrape(t testing.TB) map[string]float64 {
 	t.Helper()
-	res, body := g.do(t, http.MethodGet, "/metrics", "", nil, "")
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %s", res.StatusCode, body)
-	}
-	out, err := promtext.Samples(string(body))
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	return out
+	return promtext.Scrape(t, g.base+"/metrics")
 }
 
 // wantSeries checks the difference of every named series between two scrapes; a

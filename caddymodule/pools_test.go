@@ -14,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/internal/redistest"
 )
 
 // withParam adds a query parameter to a URL.
@@ -92,8 +94,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 		}
 		return n
 	}
-	rdb := redis.NewClient(mustRedisOptions(t, redisURL(t)))
-	defer rdb.Close()
+	rdb := redistest.Client(t)
 	redisConns := func() int {
 		list, err := rdb.ClientList(ctx).Result()
 		if err != nil {
@@ -198,15 +199,6 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 		t.Errorf("the redis client outlived its last handler: %v", entries)
 	}
 	eventually(t, 5*time.Second, func() bool { return pgConns() == 0 && redisConns() == 0 })
-}
-
-func mustRedisOptions(t testing.TB, url string) *redis.Options {
-	t.Helper()
-	o, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return o
 }
 
 func TestChangedSettingsBuildANewPool(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -32,17 +31,7 @@ func (s *Stack) withGateway(options string) int {
 // gatewayMetric reads one series from gateway i's admin /metrics.
 func (s *Stack) gatewayMetric(i int, series string) float64 {
 	s.t.Helper()
-	res, err := plainClient.Get("http://" + s.gateways[i].adminAt + "/metrics")
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	samples, err := promtext.Samples(string(b))
-	if err != nil {
-		s.t.Fatalf("parsing /metrics: %v", err)
-	}
-	return samples[series]
+	return promtext.Scrape(s.t, "http://"+s.gateways[i].adminAt+"/metrics")[series]
 }
 
 // dbConn opens a connection of the test's own to the stack's database.

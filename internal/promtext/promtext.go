@@ -5,8 +5,13 @@ package promtext
 import (
 	"bufio"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
+	"testing"
+	"time"
+
+	"github.com/keygate/keygate/internal/testenv"
 )
 
 // Samples returns every sample of text by its series as the format prints it, for
@@ -30,3 +35,24 @@ func Samples(text string) (map[string]float64, error) {
 	}
 	return out, sc.Err()
 }
+
+// Scrape GETs url, a /metrics endpoint, and returns its Samples, failing the test
+// unless it answers 200 with samples that parse.
+func Scrape(tb testing.TB, url string) map[string]float64 {
+	tb.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	res, body := testenv.Exchange(tb, scrapeClient, req)
+	if res.StatusCode != http.StatusOK {
+		tb.Fatalf("GET %s: %d %s", url, res.StatusCode, body)
+	}
+	out, err := Samples(string(body))
+	if err != nil {
+		tb.Fatalf("GET %s: %v", url, err)
+	}
+	return out
+}
+
+var scrapeClient = &http.Client{Timeout: 30 * time.Second}

@@ -18,17 +18,6 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// scrapeText parses Prometheus's text format into samples by series, e.g.
-// `keygate_upstream_gate_rejections_total{gate="location"}`.
-func scrapeText(t *testing.T, body string) map[string]float64 {
-	t.Helper()
-	out, err := promtext.Samples(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
 	var m *httpapi.Metrics
 	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) {
@@ -51,11 +40,7 @@ func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
 	upstreamtest.WantStatus(t, e.Anon().Do("GET", "/no/such/route", ""), http.StatusNotFound)
 	upstreamtest.WantStatus(t, e.Anon().With(httpapi.HeaderSecret, "wrong").Do("GET", "/v1/monitors", ""), http.StatusUnauthorized)
 
-	status, body := upstreamtest.Get(t, admin.URL+"/metrics")
-	if status != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %s", status, body)
-	}
-	got := scrapeText(t, body)
+	got := promtext.Scrape(t, admin.URL+"/metrics")
 	for series, w := range map[string]float64{
 		`keygate_upstream_http_requests_total{code="201",route="POST /v1/monitors"}`:      2,
 		`keygate_upstream_http_requests_total{code="402",route="POST /v1/monitors"}`:      1,
