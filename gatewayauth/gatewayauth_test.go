@@ -16,20 +16,32 @@ import (
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 )
 
-// jwksServer serves the JWKS of files and counts its fetches.
-func jwksServer(t *testing.T, files ...string) (*httptest.Server, *atomic.Int64) {
+// jwksVerifier returns a Verifier of a JWKS server whose answers serve writes (n is
+// which fetch it answers, from 1), refetched at most once per interval (0: the
+// default), and the count of its fetches.
+func jwksVerifier(t *testing.T, interval time.Duration, serve func(n int64, w http.ResponseWriter)) (*gatewayauth.Verifier, *atomic.Int64) {
 	t.Helper()
 	var fetches atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fetches.Add(1)
+		serve(fetches.Add(1), w)
+	}))
+	t.Cleanup(srv.Close)
+	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, &fetches
+}
+
+// publishing answers every fetch with the JWKS of files.
+func publishing(t *testing.T, files ...string) func(int64, http.ResponseWriter) {
+	return func(_ int64, w http.ResponseWriter) {
 		b, err := gatewayauth.JWKS(files...)
 		if err != nil {
 			t.Error(err)
 		}
 		w.Write(b)
-	}))
-	t.Cleanup(srv.Close)
-	return srv, &fetches
+	}
 }
 
 // through sends a request with headers to Middleware around a handler that answers
@@ -53,11 +65,7 @@ var testIdentity = gatewayauth.Identity{KeyID: "key1234567890abcdef", OrgID: "0b
 func TestMiddlewareAcceptsOnlyAValidAssertion(t *testing.T) {
 	priv, file := gatewayauthtest.NewKey(t)
 	kid := gatewayauthtest.KeyID(priv)
-	srv, _ := jwksServer(t, file)
-	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, _ := jwksVerifier(t, 0, publishing(t, file))
 	const want = "key1234567890abcdef 0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11 Editor"
 	now := time.Now()
 	for name, c := range map[string]gatewayauthtest.Claims{
@@ -80,18 +88,11 @@ func TestMiddlewareAcceptsOnlyAValidAssertion(t *testing.T) {
 func TestAnUnknownKidRefetchesTheJWKSAtMostOncePerInterval(t *testing.T) {
 	_, file := gatewayauthtest.NewKey(t)
 	newer, newerFile := gatewayauthtest.NewKey(t)
-	published := []string{file}
-	var fetches atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fetches.Add(1)
-		b, _ := gatewayauth.JWKS(published...)
-		w.Write(b)
-	}))
-	defer srv.Close()
-	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var published atomic.Value
+	published.Store([]string{file})
+	v, fetches := jwksVerifier(t, 300*time.Millisecond, func(n int64, w http.ResponseWriter) {
+		publishing(t, published.Load().([]string)...)(n, w)
+	})
 	tok := gatewayauthtest.Sign(t, newer, gatewayauth.KeyID(newer.Public().(ed25519.PublicKey)), gatewayauthtest.Good(time.Now(), testIdentity))
 	for range 20 {
 		if status, _ := through(v, []string{tok}); status != 401 {
@@ -103,7 +104,7 @@ func TestAnUnknownKidRefetchesTheJWKSAtMostOncePerInterval(t *testing.T) {
 	}
 	// The gateway publishes the new key; after the interval the next unknown kid
 	// fetches again and finds it.
-	published = []string{file, newerFile}
+	published.Store([]string{file, newerFile})
 	time.Sleep(350 * time.Millisecond)
 	if status, _ := through(v, []string{tok}); status != 200 {
 		t.Errorf("after the new key was published: %d, want 200", status)
@@ -119,21 +120,13 @@ func TestAJWKSThatCouldNotBeFetchedIsTriedAgainWithinASecond(t *testing.T) {
 	// second later, not a whole RefreshInterval.
 	priv, file := gatewayauthtest.NewKey(t)
 	var up atomic.Bool
-	var fetches atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fetches.Add(1)
+	v, fetches := jwksVerifier(t, time.Hour, func(n int64, w http.ResponseWriter) {
 		if !up.Load() {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 			return
 		}
-		b, _ := gatewayauth.JWKS(file)
-		w.Write(b)
-	}))
-	defer srv.Close()
-	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+		publishing(t, file)(n, w)
+	})
 	if err := v.Refresh(context.Background()); err == nil {
 		t.Fatal("Refresh of a JWKS answering 503 succeeded")
 	}
@@ -156,18 +149,10 @@ func TestAFetchOutlivesTheRequestThatBeganIt(t *testing.T) {
 	// fetch is everyone's, so it completes, and the next request is not held back for
 	// a second by a failure that was only the first client's.
 	priv, file := gatewayauthtest.NewKey(t)
-	var fetches atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fetches.Add(1)
+	v, fetches := jwksVerifier(t, time.Hour, func(n int64, w http.ResponseWriter) {
 		time.Sleep(300 * time.Millisecond)
-		b, _ := gatewayauth.JWKS(file)
-		w.Write(b)
-	}))
-	defer srv.Close()
-	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+		publishing(t, file)(n, w)
+	})
 	tok := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), testIdentity))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -181,20 +166,13 @@ func TestAKnownKeysAssertionNeverWaitsOnAFetch(t *testing.T) {
 	priv, file := gatewayauthtest.NewKey(t)
 	stranger, _ := gatewayauthtest.NewKey(t)
 	release := make(chan struct{})
-	var fetches atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if fetches.Add(1) > 1 {
+	v, fetches := jwksVerifier(t, time.Millisecond, func(n int64, w http.ResponseWriter) {
+		if n > 1 {
 			<-release // the refetch for the stranger's kid hangs
 		}
-		b, _ := gatewayauth.JWKS(file)
-		w.Write(b)
-	}))
-	defer srv.Close()
+		publishing(t, file)(n, w)
+	})
 	defer close(release)
-	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL, RefreshInterval: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := v.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -221,11 +199,7 @@ func TestAKnownKeysAssertionNeverWaitsOnAFetch(t *testing.T) {
 func TestRotationKeepsTheOldKeysAssertionsValidUntilTheyExpire(t *testing.T) {
 	oldKey, oldFile := gatewayauthtest.NewKey(t)
 	newKeyPriv, newFile := gatewayauthtest.NewKey(t)
-	srv, _ := jwksServer(t, newFile, oldFile) // the new key signs, the old one is still published
-	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: srv.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v, _ := jwksVerifier(t, 0, publishing(t, newFile, oldFile)) // the new key signs, the old one is still published
 	oldSigner, _ := gatewayauth.NewSigner(oldKey, gatewayauth.DefaultAudience)
 	newSigner, _ := gatewayauth.NewSigner(newKeyPriv, gatewayauth.DefaultAudience)
 	for name, s := range map[string]*gatewayauth.Signer{"old": oldSigner, "new": newSigner} {
