@@ -647,7 +647,8 @@ func resultOf(ctx context.Context, err error) callResult {
 	return callFailed
 }
 
-// breakerChanged returns the hook that logs dependency's breaker opening and closing.
+// breakerChanged returns the hook that logs dependency's breaker opening and closing,
+// and sets its keygate_dependency_up: 0 when it opens, 1 when its probe closes it.
 func (h *Handler) breakerChanged(dependency string) func(from, to breakerState) {
 	return func(from, to breakerState) {
 		switch {
@@ -657,6 +658,15 @@ func (h *Handler) breakerChanged(dependency string) func(from, to breakerState) 
 		case to == breakerClosed:
 			h.logger.Info("circuit breaker closed: the dependency answers again",
 				zap.String("dependency", dependency))
+		}
+		if h.metrics == nil {
+			return
+		}
+		switch to {
+		case breakerOpen:
+			h.metrics.dependency(dependency).Set(0)
+		case breakerClosed:
+			h.metrics.dependency(dependency).Set(1)
 		}
 	}
 }

@@ -94,6 +94,28 @@ func (d *depGauge) Set(v float64) {
 	d.g.Set(v)
 }
 
+// attempted sets the gauge from a request's call, made under ctx, that ended in err.
+// Two calls say nothing of the dependency and leave it alone: one abandoned because
+// the client went away, and one the breaker refused (the failures that opened it set
+// 0, and its probe sets 1 when it closes, see breakerChanged).
+func (d *depGauge) attempted(ctx context.Context, err error) {
+	switch {
+	case err == nil:
+		d.Set(1)
+	case errors.Is(err, errBreakerOpen) || ctx.Err() != nil:
+	default:
+		d.Set(0)
+	}
+}
+
+// dependency returns the gauge of the dependency named name ("postgres" or "redis").
+func (m *metrics) dependency(name string) *depGauge {
+	if name == "redis" {
+		return &m.redis
+	}
+	return &m.postgres
+}
+
 func newMetrics() *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricRequests,
@@ -107,7 +129,7 @@ func newMetrics() *metrics {
 		limiterErrors: newCounter(metricLimiterErrors,
 			"Rate-limit counts that could not be made (Redis unreachable or slower than redis_timeout)."),
 		dependencyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricDependencyUp,
-			Help: "1 while the last attempt to use the dependency succeeded, else 0."}, []string{"dependency"}),
+			Help: "1 while the last attempt to use the dependency succeeded (a request's, or the probe that closed its circuit breaker), else 0."}, []string{"dependency"}),
 		lastUsedDropped: newCounter(metricLastUsedDropped,
 			"Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached."),
 		lastUsedFlushErrors: newCounter(metricLastUsedErrors,
@@ -249,19 +271,13 @@ func (h *Handler) startTimer() time.Time {
 	return time.Now()
 }
 
-// observeLookup records a key lookup begun at start. A lookup abandoned because the
-// client went away says nothing of PostgreSQL and leaves the gauge alone.
+// observeLookup records a key lookup begun at start.
 func (h *Handler) observeLookup(r *http.Request, start time.Time, err error) {
 	if h.metrics == nil {
 		return
 	}
 	h.metrics.lookupDuration.Observe(time.Since(start).Seconds())
-	switch {
-	case err == nil:
-		h.metrics.postgres.Set(1)
-	case r.Context().Err() == nil:
-		h.metrics.postgres.Set(0)
-	}
+	h.metrics.postgres.attempted(r.Context(), err)
 }
 
 // observeCount records a rate-limit count begun at start.
@@ -277,15 +293,8 @@ func (h *Handler) observeCount(r *http.Request, start time.Time, err error) {
 
 // observeRedis sets Redis's keygate_dependency_up from a count made under the
 // request's context ctx; redisLimiter calls it, as only a Redis count says anything
-// of Redis. A count abandoned because the client went away leaves it alone.
-func (m *metrics) observeRedis(ctx context.Context, err error) {
-	switch {
-	case err == nil:
-		m.redis.Set(1)
-	case ctx.Err() == nil:
-		m.redis.Set(0)
-	}
-}
+// of Redis.
+func (m *metrics) observeRedis(ctx context.Context, err error) { m.redis.attempted(ctx, err) }
 
 // observeBatch is the Batcher's OnBatch.
 func (m *metrics) observeBatch(size int) { m.batchSize.Observe(float64(size)) }

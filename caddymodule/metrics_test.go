@@ -236,6 +236,47 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 	})
 }
 
+// TestDependencyUpFollowsTheBreakers: a dependency whose breaker opened is 0; the
+// requests the breaker refuses are no attempts and leave it so, and the probe that
+// closes the breaker again sets it to 1 before any request has got through.
+func TestDependencyUpFollowsTheBreakers(t *testing.T) {
+	d, key, _ := newDBWithKey(t)
+	pg := newLatencyProxy(t, hostOf(t, d.url))
+	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
+	up := newUpstream(t)
+	gw := startGateway(t, gatewayConfig{metrics: true, upstream: up.addr(), handler: gatewayOptions(withHost(t, d.url, pg.Addr()), map[string]any{
+		"redis_url":        withHost(t, redisURL(t), rd.Addr()),
+		"limiter_failure":  "closed",
+		"database_timeout": "300ms",
+		"redis_timeout":    "200ms",
+	})})
+	t.Cleanup(func() { pg.Resume(); rd.Resume() })
+	for _, dep := range []struct {
+		name  string
+		proxy *latencyproxy.Proxy
+	}{{"postgres", pg}, {"redis", rd}} {
+		series := `keygate_dependency_up{dependency="` + dep.name + `"}`
+		dep.proxy.Hang()
+		for range breakerThreshold {
+			if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("%s hung: %d %s", dep.name, res.StatusCode, body)
+			}
+		}
+		if got := gw.scrape(t)[series]; got != 0 {
+			t.Fatalf("%s with its breaker open: %v, want 0", series, got)
+		}
+		dep.proxy.Resume()
+		time.Sleep(breakerCooldown + 100*time.Millisecond)
+		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("%s back, the first request after the cooldown: %d %s, want 503 (refused; it starts the probe)", dep.name, res.StatusCode, body)
+		}
+		eventually(t, 5*time.Second, func() bool { return gw.scrape(t)[series] == 1 })
+		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+			t.Fatalf("%s back, breaker closed: %d %s", dep.name, res.StatusCode, body)
+		}
+	}
+}
+
 // TestAccessLogCarriesTheDecision reads the access log line of every outcome: it has
 // the outcome and, once the key is known, key_id and org_id, top-level; no line holds
 // a key or its secret.
