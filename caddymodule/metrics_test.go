@@ -270,7 +270,7 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("%s back, the first request after the cooldown: %d %s, want 503 (refused; it starts the probe)", dep.name, res.StatusCode, body)
 		}
-		eventually(t, 5*time.Second, func() bool { return gw.scrape(t)[series] == 1 })
+		eventually(t, 10*time.Second, func() bool { return gw.scrape(t)[series] == 1 })
 		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
 			t.Fatalf("%s back, breaker closed: %d %s", dep.name, res.StatusCode, body)
 		}
