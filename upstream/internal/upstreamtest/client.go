@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/keygate/keygate/internal/testenv"
 )
 
 // Client makes requests to the test server with fixed headers.
@@ -58,15 +60,7 @@ func (c *Client) Do(method, path, body string) Response {
 	for k, vs := range c.Header {
 		req.Header[k] = slices.Clone(vs)
 	}
-	res, err := c.Env.TS.Client().Do(req)
-	if err != nil {
-		c.Env.T.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		c.Env.T.Fatal(err)
-	}
+	res, b := testenv.Exchange(c.Env.T, c.Env.TS.Client(), req)
 	return Response{Status: res.StatusCode, Header: res.Header, Body: string(b)}
 }
 

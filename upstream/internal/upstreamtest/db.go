@@ -4,13 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"io"
 	"net/http"
 	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -46,11 +46,10 @@ func EmptyDatabase(t *testing.T) string {
 // Get sends a GET to url and returns the status and body.
 func Get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	res, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
+	res, b := testenv.Exchange(t, http.DefaultClient, req)
 	return res.StatusCode, string(b)
 }
