@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
@@ -232,5 +234,117 @@ func TestDashboardThrottledLoginIsSaidInWords(t *testing.T) {
 	}
 	if len(r.Cookies()) != 0 {
 		t.Error("a throttled login set a cookie")
+	}
+}
+
+// TestDashboardFormsAreCheckedAsTheJSONBodies sends the create and roll forms with bad
+// values. Each is refused with the message the JSON API gives the same value, shown on
+// the keys page, and nothing changes.
+func TestDashboardFormsAreCheckedAsTheJSONBodies(t *testing.T) {
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
+	id, full := dashboardKey(t, owner, org, "kept")
+	past := time.Now().Add(-time.Hour).UTC()
+	for _, tc := range []struct {
+		name    string
+		path    string     // the JSON route after /orgs/{org}/; the form's is alike
+		form    url.Values // the dashboard's form
+		json    string     // the JSON body of the same values; "" when JSON cannot say them
+		message string
+	}{
+		{"empty name", "api-keys", url.Values{"name": {""}, "role": {"Admin"}},
+			`{"name":"","role":"Admin"}`, "name: must be 1 to 100 characters long"},
+		{"name of 101 characters", "api-keys", url.Values{"name": {strings.Repeat("é", 101)}, "role": {"Admin"}},
+			`{"name":"` + strings.Repeat("é", 101) + `","role":"Admin"}`, "name: must be 1 to 100 characters long"},
+		{"name with a control character", "api-keys", url.Values{"name": {"a\x01b"}, "role": {"Admin"}},
+			`{"name":"a\u0001b","role":"Admin"}`, "name: must not contain control characters"},
+		{"no name field", "api-keys", url.Values{"role": {"Admin"}},
+			"", "name: must be 1 to 100 characters long"},
+		{"role Owner", "api-keys", url.Values{"name": {"ci"}, "role": {"Owner"}},
+			`{"name":"ci","role":"Owner"}`, "role: must be one of Admin, Editor, Viewer"},
+		{"empty role", "api-keys", url.Values{"name": {"ci"}, "role": {""}},
+			`{"name":"ci","role":""}`, "role: must be one of Admin, Editor, Viewer"},
+		{"expiry in the past", "api-keys", url.Values{"name": {"ci"}, "role": {"Admin"}, "expires_at": {past.Format("2006-01-02T15:04")}},
+			`{"name":"ci","role":"Admin","expires_at":"` + past.Format(time.RFC3339) + `"}`, "expires_at: must be in the future"},
+		{"expiry not a date", "api-keys", url.Values{"name": {"ci"}, "role": {"Admin"}, "expires_at": {"tomorrow"}},
+			"", "expires_at: must be a date and time"},
+		{"expiry checked before name and role", "api-keys", url.Values{"name": {""}, "role": {""}, "expires_at": {"tomorrow"}},
+			"", "expires_at: must be a date and time"},
+		{"name checked before role", "api-keys", url.Values{"name": {""}, "role": {""}},
+			`{"name":"","role":""}`, "name: must be 1 to 100 characters long"},
+		{"negative grace", "api-keys/" + id + "/roll", url.Values{"grace_seconds": {"-1"}},
+			`{"grace_seconds":-1}`, "grace_seconds: must be an integer from 0 to 86400"},
+		{"grace over a day", "api-keys/" + id + "/roll", url.Values{"grace_seconds": {"86401"}},
+			`{"grace_seconds":86401}`, "grace_seconds: must be an integer from 0 to 86400"},
+		{"grace beyond 32 bits", "api-keys/" + id + "/roll", url.Values{"grace_seconds": {"99999999999"}},
+			`{"grace_seconds":99999999999}`, "grace_seconds: must be an integer"},
+		{"grace not a number", "api-keys/" + id + "/roll", url.Values{"grace_seconds": {"1.5"}},
+			"", "grace_seconds: must be a whole number of seconds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			page := "/dashboard/orgs/" + org + "/" + strings.Replace(tc.path, "api-keys", "keys", 1)
+			r := form(owner).Do("POST", page, tc.form.Encode())
+			words := "Please check the form: " + tc.message + "."
+			if r.Status != http.StatusBadRequest || !strings.Contains(r.Body, words) ||
+				!strings.Contains(r.Body, `data-testid="key-row"`) {
+				t.Errorf("dashboard: %d, want 400 with %q on the keys page: %s", r.Status, words, r.Body)
+			}
+			if tc.json != "" {
+				upstreamtest.Want(t, owner.Do("POST", "/orgs/"+org+"/"+tc.path, tc.json), 400,
+					`{"error":"invalid_request","message":`+upstreamtest.JSONBody(tc.message)+`}`)
+			}
+		})
+	}
+	if n := keyCount(e, org); n != 1 || !liveKey(e, full) {
+		t.Errorf("the refused forms changed the keys: %d keys, the first live %v", n, liveKey(e, full))
+	}
+}
+
+// TestDashboardStoresANameThatIsNotUTF8AsJSONDoes checks that a byte of a key's name
+// that is not UTF-8 becomes U+FFFD on both doors, as encoding/json decodes it.
+func TestDashboardStoresANameThatIsNotUTF8AsJSONDoes(t *testing.T) {
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
+	r := form(owner).Do("POST", "/dashboard/orgs/"+org+"/keys", "name=a%FF%FEb&role=Admin")
+	upstreamtest.WantStatus(t, r, http.StatusCreated)
+	upstreamtest.WantStatus(t, owner.Do("POST", "/orgs/"+org+"/api-keys", "{\"name\":\"c\xff\xfed\",\"role\":\"Admin\"}"), http.StatusCreated)
+	recs, err := e.Keys.List(context.Background(), org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, rec := range recs {
+		names = append(names, rec.Name)
+	}
+	if want := []string{"a\uFFFD\uFFFDb", "c\uFFFD\uFFFDd"}; !slices.Equal(names, want) {
+		t.Errorf("names %q, want %q", names, want)
+	}
+}
+
+// TestDashboardSendsThoseWithoutASessionToTheLoginForm checks every page that needs a
+// session: without one it answers 303 to /dashboard, which shows the login form.
+func TestDashboardSendsThoseWithoutASessionToTheLoginForm(t *testing.T) {
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
+	id, full := dashboardKey(t, owner, org, "kept")
+	anon := form(e.Anon())
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", "/dashboard/orgs/" + org, ""},
+		{"GET", "/dashboard/orgs/" + org + "/audit", ""},
+		{"GET", "/dashboard/orgs/" + org + "/keys/" + id + "/revoke", ""},
+		{"POST", "/dashboard/orgs/" + org + "/keys", "name=ci&role=Admin"},
+		{"POST", "/dashboard/orgs/" + org + "/keys/" + id + "/revoke", ""},
+		{"POST", "/dashboard/orgs/" + org + "/keys/" + id + "/roll", "grace_seconds=0"},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			r := anon.Do(tc.method, tc.path, tc.body)
+			if r.Status != http.StatusSeeOther || r.Header.Get("Location") != "/dashboard" {
+				t.Errorf("%d to %q, want 303 to /dashboard: %s", r.Status, r.Header.Get("Location"), r.Body)
+			}
+		})
+	}
+	r := e.Anon().Do("GET", "/dashboard", "")
+	if r.Status != http.StatusOK || !strings.Contains(r.Body, `type="password"`) {
+		t.Errorf("/dashboard without a session: %d %s", r.Status, r.Body)
+	}
+	if n := keyCount(e, org); n != 1 || !liveKey(e, full) {
+		t.Errorf("the forms without a session changed the keys: %d keys, the first live %v", n, liveKey(e, full))
 	}
 }
