@@ -348,3 +348,25 @@ func TestDashboardSendsThoseWithoutASessionToTheLoginForm(t *testing.T) {
 		t.Errorf("the forms without a session changed the keys: %d keys, the first live %v", n, liveKey(e, full))
 	}
 }
+
+// TestDashboardShowsAServerFailureOnTheErrorPageAndLogsItOnce breaks the keystore's
+// database under the create form. The answer is the error page, not the keys page,
+// and the cause is logged once.
+func TestDashboardShowsAServerFailureOnTheErrorPageAndLogsItOnce(t *testing.T) {
+	direct := upstreamtest.NewEnv(t)
+	keysPool := upstreamtest.NewPool(t, direct.DBURL, store.DefaultDatabaseTimeout)
+	e := upstreamtest.NewEnvWith(t, direct.Pool, keysPool, direct.DBURL)
+	e.Server.SetPool(direct.Pool) // the sessions and plans stay on a working pool
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
+	keysPool.Close()
+
+	r := form(owner).Do("POST", "/dashboard/orgs/"+org+"/keys", "name=ci&role=Admin")
+	if r.Status != http.StatusInternalServerError || !strings.Contains(r.Body, "Something went wrong on our side.") ||
+		strings.Contains(r.Body, `data-testid="create-key-submit"`) {
+		t.Errorf("%d, want 500 on the error page: %s", r.Status, r.Body)
+	}
+	if n := e.Logs.FilterMessage("internal error").Len(); n != 1 {
+		t.Errorf("the failure was logged %d times, want once", n)
+	}
+}

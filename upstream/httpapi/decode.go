@@ -114,22 +114,30 @@ func decodeString(name string, raw json.RawMessage) (string, error) {
 	return s, nil
 }
 
-// decodeText decodes a string of minLen..maxLen characters without control characters,
-// which PostgreSQL's text type can store.
+// decodeText decodes a string that checkText accepts.
 func decodeText(name string, raw json.RawMessage, minLen, maxLen int) (string, error) {
 	s, err := decodeString(name, raw)
 	if err != nil {
 		return "", err
 	}
+	if err := checkText(name, s, minLen, maxLen); err != nil {
+		return "", err
+	}
+	return s, nil
+}
+
+// checkText checks that s has minLen to maxLen characters and no control characters.
+// PostgreSQL's text type can then store it.
+func checkText(name, s string, minLen, maxLen int) error {
 	if n := utf8.RuneCountInString(s); n < minLen || n > maxLen {
-		return "", apperr.Invalid(name, "must be %d to %d characters long", minLen, maxLen)
+		return apperr.Invalid(name, "must be %d to %d characters long", minLen, maxLen)
 	}
 	for _, r := range s {
 		if unicode.IsControl(r) {
-			return "", apperr.Invalid(name, "must not contain control characters")
+			return apperr.Invalid(name, "must not contain control characters")
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // decodeInt decodes raw, which must be a JSON integer literal (no fraction, no

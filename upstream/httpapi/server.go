@@ -181,9 +181,9 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("GET /openapi/"+name, serveDocument(name))
 	}
 
-	// The sessions, the keys and the dashboard's pages, each through the adapter that
-	// checks what it needs: handle nothing, keyRoute a member who may manage the org's
-	// keys, page the dashboard's session (dashboard.go).
+	// The sessions, the keys and the dashboard's pages. Each goes through its adapter:
+	// handle checks nothing, keyRoute wants a member who may manage keys, and page
+	// (dashboard.go) shows errors as pages.
 	for _, rt := range []struct {
 		pattern string
 		handler http.HandlerFunc

@@ -20,33 +20,48 @@ import (
 // SessionCookie is the name of the cookie holding the session token.
 const SessionCookie = "session"
 
-// handleLogin answers POST /auth/login {"email","password"}: 204 with a session cookie,
-// or 401 {"error":"invalid credentials"} whether the email is unknown or the password
-// wrong; both cost one argon2id derivation, so timing does not tell them apart either.
-// Past the login throttle's limits it answers 429 without deriving anything, and 503
-// when the hashing queue is full.
+// handleLogin answers POST /auth/login {"email","password"} with 204 and a session
+// cookie. A wrong password and an unknown email both answer 401 {"error":"invalid
+// credentials"}. Both cost one argon2id derivation, so timing does not tell them apart.
+// Past the login throttle's limits the answer is 429, with no derivation. A full
+// hashing queue is 503.
 func (s *Server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	body, err := readBody(w, r)
 	if err != nil {
 		return err
 	}
-	email, password, err := decodeLogin(body)
+	in, err := decodeLogin(body)
 	if err != nil {
 		return err
 	}
-	if err := s.logIn(w, r, email, password); err != nil {
+	if err := s.logIn(w, r, in); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-// logIn checks email and password against the login throttle and the stored hash and,
-// when they hold, opens a session and sets its cookie on w. Both doors of the login
-// (POST /auth/login and the dashboard's form) call it, so they throttle, count and
-// answer alike.
-func (s *Server) logIn(w http.ResponseWriter, r *http.Request, email, password string) error {
-	client, emailHash := s.clientAddr(r), store.EmailKey(email)
+// loginInput is what a login takes, from a JSON body or the dashboard's form.
+type loginInput struct {
+	Email, Password string
+}
+
+// check requires both fields, the email first.
+func (in loginInput) check() error {
+	switch {
+	case in.Email == "":
+		return apperr.Invalid("email", "required")
+	case in.Password == "":
+		return apperr.Invalid("password", "required")
+	}
+	return nil
+}
+
+// logIn checks in against the login throttle, then against the stored hash. When both
+// hold, it opens a session and sets its cookie on w. Both doors of the login call it,
+// so they throttle, count and answer alike.
+func (s *Server) logIn(w http.ResponseWriter, r *http.Request, in loginInput) error {
+	client, emailHash := s.clientAddr(r), store.EmailKey(in.Email)
 	attempt, wait, err := s.store.ReserveLogin(r.Context(), s.throttle, client, emailHash, s.now())
 	switch {
 	case err != nil:
@@ -54,7 +69,7 @@ func (s *Server) logIn(w http.ResponseWriter, r *http.Request, email, password s
 	case wait > 0:
 		return apperr.RateLimited(wait)
 	}
-	userID, err := s.checkPassword(r.Context(), email, password)
+	userID, err := s.checkPassword(r.Context(), in.Email, in.Password)
 	switch {
 	case errors.Is(err, apperr.ErrBadCredentials):
 		return err
@@ -87,29 +102,28 @@ func (s *Server) logIn(w http.ResponseWriter, r *http.Request, email, password s
 	return nil
 }
 
-// decodeLogin decodes a login body: both fields required and non-empty.
-func decodeLogin(body []byte) (email, password string, err error) {
-	err = decodeObject(body, func(name string, raw json.RawMessage) error {
+// decodeLogin decodes a login body {"email","password"}.
+func decodeLogin(body []byte) (loginInput, error) {
+	var in loginInput
+	err := decodeObject(body, func(name string, raw json.RawMessage) error {
 		var err error
 		switch name {
 		case "email":
-			email, err = decodeString(name, raw)
+			in.Email, err = decodeString(name, raw)
 		case "password":
-			password, err = decodeString(name, raw)
+			in.Password, err = decodeString(name, raw)
 		default:
 			err = apperr.Invalid(name, "unknown field")
 		}
 		return err
 	})
-	switch {
-	case err != nil:
-		return "", "", err
-	case email == "":
-		return "", "", apperr.Invalid("email", "required")
-	case password == "":
-		return "", "", apperr.Invalid("password", "required")
+	if err == nil {
+		err = in.check()
 	}
-	return email, password, nil
+	if err != nil {
+		return loginInput{}, err
+	}
+	return in, nil
 }
 
 // checkPassword returns the id of the user with email if pw is their password, and

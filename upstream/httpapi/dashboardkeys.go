@@ -1,0 +1,164 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/apperr"
+)
+
+// The dashboard's keys page and its forms: create, roll and revoke. Each form runs the
+// checks and the operation of its JSON route (apikeys.go) on the same input type
+// (keyinput.go).
+
+// pageKeys answers GET /dashboard/orgs/{orgId}: the org's keys, with the controls for
+// those who may manage them.
+func (s *Server) pageKeys(w http.ResponseWriter, r *http.Request) error {
+	p, data, err := s.orgPage(r, "API keys")
+	if err != nil {
+		return err
+	}
+	return s.showKeys(w, r, p, data, http.StatusOK)
+}
+
+// showKeys renders the keys page of p's organisation with data, as status.
+func (s *Server) showKeys(w http.ResponseWriter, r *http.Request, p principal, data *pageData, status int) error {
+	if err := s.listKeys(r.Context(), p, data); err != nil {
+		return err
+	}
+	s.render(w, status, "keys", data)
+	return nil
+}
+
+// listKeys adds the keys of p's organisation to data.
+func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) error {
+	recs, err := s.keys.List(ctx, p.orgID)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	for _, rec := range recs {
+		data.Keys = append(data.Keys, s.keyView(rec, now))
+	}
+	return nil
+}
+
+// keysError returns a form's err to show on the keys page. An error of the server
+// itself (503, 500) is shown on the error page instead.
+func (s *Server) keysError(ctx context.Context, p principal, data *pageData, err error) error {
+	switch apperr.Code(err) {
+	case apperr.EUNAVAILABLE, apperr.EINTERNAL:
+		return err
+	}
+	if lerr := s.listKeys(ctx, p, data); lerr != nil {
+		return lerr
+	}
+	return showOn("keys", data, err)
+}
+
+// keyView shows rec as of now.
+func (s *Server) keyView(rec keystore.Record, now time.Time) keyView {
+	return keyView{
+		ID: rec.ID, Name: rec.Name, Role: string(rec.Role), Masked: s.format.Mask(rec.ID),
+		Created:  pageTime(&rec.CreatedAt, ""),
+		Expires:  pageTime(rec.ExpiresAt, "never"),
+		LastUsed: pageTime(rec.LastUsedAt, "never"),
+		Revoked:  pageTime(rec.RevokedAt, "no"),
+		Live:     rec.RevokedAt == nil && (rec.ExpiresAt == nil || rec.ExpiresAt.After(now)),
+	}
+}
+
+// pageCreateKey answers the create form as POST /orgs/{orgId}/api-keys does. The keys
+// page then shows the full key once. No redirect leads to that page, so the key is in
+// this answer only.
+func (s *Server) pageCreateKey(w http.ResponseWriter, r *http.Request) error {
+	p, data, form, err := s.managerForm(w, r)
+	if err != nil {
+		return err
+	}
+	data.Form = keyForm{Name: form.Get("name"), Role: form.Get("role"), Expires: form.Get("expires_at")}
+	rec, full, err := s.createKeyFromForm(r.Context(), p, form)
+	if err != nil {
+		return s.keysError(r.Context(), p, data, err)
+	}
+	data.NewKey = &newKeyView{Name: rec.Name, Key: full}
+	data.Form = keyForm{Role: string(keystore.RoleViewer)}
+	return s.showKeys(w, r, p, data, http.StatusCreated)
+}
+
+// createKeyFromForm checks the plan's API access, reads the form and creates the key.
+func (s *Server) createKeyFromForm(ctx context.Context, p principal, form url.Values) (keystore.Record, string, error) {
+	if err := s.checkAPIAccess(ctx, p); err != nil {
+		return keystore.Record{}, "", err
+	}
+	in, err := createKeyForm(form, s.now())
+	if err != nil {
+		return keystore.Record{}, "", err
+	}
+	return s.createKey(ctx, p, in)
+}
+
+// pageRoll answers a row's roll form as POST /orgs/{orgId}/api-keys/{id}/roll does.
+// The keys page then shows the new key once.
+func (s *Server) pageRoll(w http.ResponseWriter, r *http.Request) error {
+	p, data, form, err := s.managerForm(w, r)
+	if err != nil {
+		return err
+	}
+	rec, full, err := s.rollKeyFromForm(r.Context(), p, r.PathValue("id"), form)
+	if err != nil {
+		return s.keysError(r.Context(), p, data, err)
+	}
+	data.NewKey = &newKeyView{Name: rec.Name, Key: full, Rolled: true}
+	return s.showKeys(w, r, p, data, http.StatusCreated)
+}
+
+// rollKeyFromForm checks the plan's API access, reads the form and rolls the key keyID.
+func (s *Server) rollKeyFromForm(ctx context.Context, p principal, keyID string, form url.Values) (keystore.Record, string, error) {
+	if err := s.checkAPIAccess(ctx, p); err != nil {
+		return keystore.Record{}, "", err
+	}
+	in, err := rollKeyForm(form)
+	if err != nil {
+		return keystore.Record{}, "", err
+	}
+	return s.rollKey(ctx, p, keyID, in)
+}
+
+// pageConfirmRevoke answers a row's revoke button with a page asking to confirm.
+func (s *Server) pageConfirmRevoke(w http.ResponseWriter, r *http.Request) error {
+	p, data, err := s.managerPage(r, "Revoke a key")
+	if err != nil {
+		return err
+	}
+	recs, err := s.keys.List(r.Context(), p.orgID)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	for _, rec := range recs {
+		if rec.ID == id {
+			data.Key = s.keyView(rec, s.now())
+			s.render(w, http.StatusOK, "revoke", data)
+			return nil
+		}
+	}
+	return apperr.ErrNotFound
+}
+
+// pageRevoke answers the confirmation as DELETE /orgs/{orgId}/api-keys/{id} does, then
+// goes back to the keys.
+func (s *Server) pageRevoke(w http.ResponseWriter, r *http.Request) error {
+	p, _, err := s.managerPage(r, "API keys")
+	if err != nil {
+		return err
+	}
+	if err := s.revokeKey(r.Context(), p, r.PathValue("id")); err != nil {
+		return err
+	}
+	seeOther(w, "/dashboard/orgs/"+p.orgID)
+	return nil
+}

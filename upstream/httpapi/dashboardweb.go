@@ -1,0 +1,113 @@
+package httpapi
+
+import (
+	"bytes"
+	"embed"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/store"
+)
+
+// The dashboard's web files: its templates, the data they show, and its stylesheet,
+// script and icon.
+
+//go:embed web
+var webFiles embed.FS
+
+// pages holds the dashboard's templates, one per page ("login", "orgs", "keys",
+// "revoke", "audit", "error"). Each page shares "head" and "foot".
+var pages = template.Must(template.New("").ParseFS(webFiles, "web/*.html"))
+
+// staticFiles are the stylesheet, script and icon the pages load.
+var staticFiles = func() fs.FS {
+	sub, err := fs.Sub(webFiles, "web/static")
+	if err != nil {
+		panic(err) // the embed pattern above guarantees the directory
+	}
+	return sub
+}()
+
+// pageData is what every template may show. Each page fills what it needs.
+type pageData struct {
+	Title     string
+	Error     string
+	User      bool // a user is logged in: the bar shows the navigation and log out
+	MultiOrg  bool // the user belongs to several organisations
+	Org       *store.OrgMembership
+	CanManage bool // the user may manage the org's keys (api_key:manage)
+
+	Email      string // login: the address typed, kept after an error
+	Orgs       []store.OrgMembership
+	Keys       []keyView
+	Key        keyView // revoke: the key to confirm
+	NewKey     *newKeyView
+	Form       keyForm
+	Roles      []string
+	Events     []eventView
+	NextCursor string
+}
+
+// keyView is a key's row: masked, times in words.
+type keyView struct {
+	ID, Name, Role, Masked              string
+	Created, Expires, LastUsed, Revoked string
+	Live                                bool
+}
+
+// newKeyView is a key just created or rolled. Its page is the one that shows it in
+// full.
+type newKeyView struct {
+	Name, Key string
+	Rolled    bool
+}
+
+// keyForm is what the create form was sent with, shown again after an error.
+type keyForm struct {
+	Name, Role, Expires string
+}
+
+// eventView is an audit event's row.
+type eventView struct {
+	At, Action, KeyID, NewKeyID, URL, Actor string
+}
+
+// render writes the page tmpl with data as status. The page goes to a buffer first,
+// so a template failure answers 500 rather than half a page.
+func (s *Server) render(w http.ResponseWriter, status int, tmpl string, data *pageData) {
+	var buf bytes.Buffer
+	if err := pages.ExecuteTemplate(&buf, tmpl, data); err != nil {
+		s.logger.Error("rendering dashboard page failed", zap.String("template", tmpl), zap.Error(err))
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// pageTime shows t to the minute in UTC, or absent when t is nil.
+func pageTime(t *time.Time, absent string) string {
+	if t == nil {
+		return absent
+	}
+	return t.UTC().Format("2006-01-02 15:04 UTC")
+}
+
+// pageStatic answers GET /dashboard/static/{file} with an embedded static file.
+func (s *Server) pageStatic(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("file")
+	if _, err := fs.Stat(staticFiles, name); err != nil {
+		return apperr.ErrNotFound
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	http.ServeFileFS(w, r, staticFiles, name)
+	return nil
+}
