@@ -21,101 +21,141 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// shutdownTimeout is how long serve waits for requests in flight after SIGINT or SIGTERM.
+// shutdownTimeout is how long serve waits for the requests in flight after SIGINT or
+// SIGTERM.
 const shutdownTimeout = 15 * time.Second
 
+// serveConfig is what serve runs with, parsed from its flags and environment.
+type serveConfig struct {
+	// api is the server's configuration. runServe adds its Pool, Logger and Metrics.
+	api        httpapi.Config
+	addr       string
+	adminAddr  string // "": the admin endpoints are not served
+	dbURL      string
+	dbTimeout  time.Duration
+	purgeEvery time.Duration
+	migrate    bool
+}
+
 func (c *cli) serve(name string, args []string) error {
+	cfg, err := c.parseServe(name, args)
+	if err != nil {
+		return err
+	}
+	return c.runServe(cfg)
+}
+
+// parseServe parses serve's flags and environment into a serveConfig. It makes every
+// check that needs no database, so a bad command line fails at once with exit code 2.
+func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
 	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
 requests must carry both.
 Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
-	addr := fs.String("addr", "127.0.0.1:9000", "`address` to listen on")
-	ttl := fs.Duration("session-ttl", httpapi.DefaultSessionTTL, "lifetime of a login `session`")
+	var cfg serveConfig
+	throttle := &cfg.api.LoginThrottle
+	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:9000", "`address` to listen on")
+	fs.DurationVar(&cfg.api.SessionTTL, "session-ttl", httpapi.DefaultSessionTTL, "lifetime of a login `session`")
 	prefixDefault := c.getenv("KEY_PREFIX")
 	if prefixDefault == "" {
 		prefixDefault = keystore.DefaultPrefix
 	}
 	prefix := fs.String("key-prefix", prefixDefault, "`prefix` of the API keys created, as configured in the gateway (env KEY_PREFIX)")
-	secureCookies := fs.Bool("secure-cookies", false, "mark the session cookie Secure even on plain-HTTP requests, for use behind a proxy that terminates TLS")
+	fs.BoolVar(&cfg.api.SecureCookies, "secure-cookies", false, "mark the session cookie Secure even on plain-HTTP requests, for use behind a proxy that terminates TLS")
 	trusted := fs.String("trusted-proxies", defaultTrustedProxies, "comma-separated `CIDRs` of the proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (empty: none)")
-	dbTimeout := fs.Duration("database-timeout", store.DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
-	purgeEvery := fs.Duration("purge-interval", httpapi.DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
-	loginWindow := fs.Duration("login-window", store.DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
-	perEmail := fs.Int("login-failures-per-email", store.DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
-	perClient := fs.Int("login-failures-per-client", store.DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
-	migrate := fs.Bool("migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
-	leakToken := fs.String("leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
+	fs.DurationVar(&cfg.dbTimeout, "database-timeout", store.DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
+	fs.DurationVar(&cfg.purgeEvery, "purge-interval", httpapi.DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
+	fs.DurationVar(&throttle.Window, "login-window", store.DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
+	fs.IntVar(&throttle.PerEmail, "login-failures-per-email", store.DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
+	fs.IntVar(&throttle.PerClient, "login-failures-per-client", store.DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
+	fs.BoolVar(&cfg.migrate, "migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
+	fs.StringVar(&cfg.api.LeakReportToken, "leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
 	jwks := fs.String("gateway-jwks", c.getenv("GATEWAY_JWKS"), "the gateway's public keys, to verify the signed identity of /v1 requests (X-Gateway-Identity): a JWKS `URL` (http:// or https://, the gateway's /.well-known/jwks.json) or a PEM file (env GATEWAY_JWKS; default: none, GATEWAY_SECRET alone)")
 	audience := fs.String("gateway-audience", gatewayauth.DefaultAudience, "the `aud` the gateway's identity assertions must carry (its identity_audience)")
-	adminAddr := fs.String("admin-addr", "", "`address` of /metrics, /healthz and /readyz, apart from --addr (default: not served)")
+	fs.StringVar(&cfg.adminAddr, "admin-addr", "", "`address` of /metrics, /healthz and /readyz, apart from --addr (default: not served)")
 	if err := c.parse(fs, args); err != nil {
-		return err
+		return serveConfig{}, err
 	}
-	if *ttl <= 0 {
+	if err := cfg.checkBounds(); err != nil {
+		return serveConfig{}, err
+	}
+	var err error
+	if cfg.api.TrustedProxies, err = parseTrustedProxies(*trusted); err != nil {
+		return serveConfig{}, usageErrorf("--trusted-proxies: %v", err)
+	}
+	if cfg.api.KeyFormat, err = keystore.NewFormat(*prefix); err != nil {
+		return serveConfig{}, usageErrorf("--key-prefix: %v", err)
+	}
+	if cfg.dbURL, err = c.databaseURL(); err != nil {
+		return serveConfig{}, err
+	}
+	cfg.api.GatewaySecret = c.getenv("GATEWAY_SECRET")
+	if cfg.api.GatewaySecret == "" && *jwks == "" {
+		return serveConfig{}, usageErrorf("neither GATEWAY_SECRET nor --gateway-jwks is set: set GATEWAY_SECRET to the gateway_secret of the gateway's configuration, or --gateway-jwks to its JWKS")
+	}
+	if cfg.api.Identity, err = identityVerifier(*jwks, *audience); err != nil {
+		return serveConfig{}, usageErrorf("--gateway-jwks: %v", err)
+	}
+	return cfg, nil
+}
+
+// checkBounds checks the numbers of cfg's flags, in the order of their messages.
+func (cfg *serveConfig) checkBounds() error {
+	throttle := cfg.api.LoginThrottle
+	switch {
+	case cfg.api.SessionTTL <= 0:
 		return usageErrorf("--session-ttl must be positive")
-	}
-	if *dbTimeout <= 0 {
+	case cfg.dbTimeout <= 0:
 		return usageErrorf("--database-timeout must be positive")
-	}
-	if *purgeEvery <= 0 {
+	case cfg.purgeEvery <= 0:
 		return usageErrorf("--purge-interval must be positive")
-	}
-	if *loginWindow <= 0 {
+	case throttle.Window <= 0:
 		return usageErrorf("--login-window must be positive")
-	}
-	if *perEmail <= 0 || *perClient <= 0 {
+	case throttle.PerEmail <= 0 || throttle.PerClient <= 0:
 		return usageErrorf("--login-failures-per-email and --login-failures-per-client must be positive")
-	}
-	if *leakToken != "" && len(*leakToken) < httpapi.MinLeakReportToken {
+	case cfg.api.LeakReportToken != "" && len(cfg.api.LeakReportToken) < httpapi.MinLeakReportToken:
 		return usageErrorf("--leak-report-token must be at least %d characters", httpapi.MinLeakReportToken)
 	}
-	proxies, err := parseTrustedProxies(*trusted)
-	if err != nil {
-		return usageErrorf("--trusted-proxies: %v", err)
-	}
-	format, err := keystore.NewFormat(*prefix)
-	if err != nil {
-		return usageErrorf("--key-prefix: %v", err)
-	}
-	dbURL, err := c.databaseURL()
-	if err != nil {
-		return err
-	}
-	secret := c.getenv("GATEWAY_SECRET")
-	if secret == "" && *jwks == "" {
-		return usageErrorf("neither GATEWAY_SECRET nor --gateway-jwks is set: set GATEWAY_SECRET to the gateway_secret of the gateway's configuration, or --gateway-jwks to its JWKS")
-	}
-	var identity *gatewayauth.Verifier
-	if *jwks != "" {
-		cfg := gatewayauth.Config{KeyFile: *jwks, Audience: *audience}
-		if strings.HasPrefix(*jwks, "http://") || strings.HasPrefix(*jwks, "https://") {
-			cfg = gatewayauth.Config{JWKSURL: *jwks, Audience: *audience}
-		}
-		if identity, err = gatewayauth.New(cfg); err != nil {
-			return usageErrorf("--gateway-jwks: %v", err)
-		}
-	}
+	return nil
+}
 
+// identityVerifier returns the verifier of the gateway's identity assertions whose keys
+// are at jwks, a URL or a PEM file, or nil when jwks is empty.
+func identityVerifier(jwks, audience string) (*gatewayauth.Verifier, error) {
+	if jwks == "" {
+		return nil, nil
+	}
+	cfg := gatewayauth.Config{KeyFile: jwks, Audience: audience}
+	if strings.HasPrefix(jwks, "http://") || strings.HasPrefix(jwks, "https://") {
+		cfg = gatewayauth.Config{JWKSURL: jwks, Audience: audience}
+	}
+	return gatewayauth.New(cfg)
+}
+
+// runServe serves cfg until c's context ends. The database pool, the admin endpoints and
+// the purge live as long as the server.
+func (c *cli) runServe(cfg serveConfig) error {
 	logger := newLogger(c.stderr)
 	defer func() { _ = logger.Sync() }()
-	if secret != "" && len(secret) < 16 {
+	cfg.api.Logger = logger
+	if s := cfg.api.GatewaySecret; s != "" && len(s) < 16 {
 		logger.Warn("gateway secret is shorter than 16 characters")
 	}
-	if identity != nil {
-		// The gateway may start after the upstream: a JWKS not there yet is fetched
+	if id := cfg.api.Identity; id != nil {
+		// The gateway may start after the upstream. A JWKS not there yet is fetched
 		// again when the first assertion comes.
-		if err := identity.Refresh(c.ctx); err != nil {
+		if err := id.Refresh(c.ctx); err != nil {
 			logger.Warn("the gateway's JWKS could not be fetched yet; /v1 answers 401 until it can", zap.Error(err))
 		}
 	}
-	if *migrate {
-		if err := schema.Migrate(c.ctx, dbURL); err != nil {
+	if cfg.migrate {
+		if err := schema.Migrate(c.ctx, cfg.dbURL); err != nil {
 			return err
 		}
 	}
-	pool, err := c.connect(0, *dbTimeout)
+	pool, err := c.connect(0, cfg.dbTimeout)
 	if err != nil {
 		return err
 	}
@@ -123,36 +163,45 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	if err := checkSchema(c.ctx, pool); err != nil {
 		return err
 	}
-	var metrics *httpapi.Metrics
-	if *adminAddr != "" {
-		metrics = httpapi.NewMetrics(pool)
+	cfg.api.Pool = pool
+	if cfg.adminAddr != "" {
+		cfg.api.Metrics = httpapi.NewMetrics(pool)
 	}
-	srv, err := httpapi.NewServer(httpapi.Config{Pool: pool, Logger: logger, GatewaySecret: secret, Identity: identity, KeyFormat: format,
-		SessionTTL: *ttl, SecureCookies: *secureCookies, TrustedProxies: proxies, Metrics: metrics,
-		LeakReportToken: *leakToken,
-		LoginThrottle:   store.LoginThrottle{Window: *loginWindow, PerEmail: *perEmail, PerClient: *perClient}})
+	srv, err := httpapi.NewServer(cfg.api)
 	if err != nil {
 		return err
 	}
-	if *adminAddr != "" {
-		stopAdmin, err := serveAdmin(*adminAddr, pool, metrics, logger)
+	if cfg.adminAddr != "" {
+		stopAdmin, err := serveAdmin(cfg.adminAddr, pool, cfg.api.Metrics, logger)
 		if err != nil {
 			return err
 		}
 		defer stopAdmin()
 	}
-	purgeCtx, stopPurge := context.WithCancel(c.ctx)
-	purged := make(chan struct{})
+	stopPurge := c.purge(srv, cfg.purgeEvery)
+	defer stopPurge() // before the pool closes: defers run last first
+	return c.listenAndServe(cfg, srv, logger)
+}
+
+// purge runs srv's purge every interval until the returned stop is called. stop waits
+// for the purge to end.
+func (c *cli) purge(srv *httpapi.Server, interval time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	done := make(chan struct{})
 	go func() {
-		defer close(purged)
-		srv.RunPurge(purgeCtx, *purgeEvery)
+		defer close(done)
+		srv.RunPurge(ctx, interval)
 	}()
-	// The purge stops before the pool closes (defers run last first).
-	defer func() {
-		stopPurge()
-		<-purged
-	}()
-	ln, err := net.Listen("tcp", *addr)
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// listenAndServe serves srv on cfg.addr until c's context ends, then shuts down
+// gracefully within shutdownTimeout.
+func (c *cli) listenAndServe(cfg serveConfig, srv *httpapi.Server, logger *zap.Logger) error {
+	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
@@ -165,11 +214,12 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          zap.NewStdLog(logger.Named("http")),
 	}
+	throttle := cfg.api.LoginThrottle
 	logger.Info("serving", zap.String("addr", ln.Addr().String()),
-		zap.String("key_prefix", format.Prefix()), zap.Duration("session_ttl", *ttl),
-		zap.Duration("database_timeout", *dbTimeout), zap.Int32("pool_max_conns", pool.Config().MaxConns),
-		zap.Duration("login_window", *loginWindow), zap.Int("login_failures_per_email", *perEmail),
-		zap.Int("login_failures_per_client", *perClient))
+		zap.String("key_prefix", cfg.api.KeyFormat.Prefix()), zap.Duration("session_ttl", cfg.api.SessionTTL),
+		zap.Duration("database_timeout", cfg.dbTimeout), zap.Int32("pool_max_conns", cfg.api.Pool.Config().MaxConns),
+		zap.Duration("login_window", throttle.Window), zap.Int("login_failures_per_email", throttle.PerEmail),
+		zap.Int("login_failures_per_client", throttle.PerClient))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
