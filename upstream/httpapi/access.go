@@ -12,8 +12,8 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// principal is who a request acts for, whichever door it came through: an organisation
-// and a role in it, with the user (dashboard) or key (gateway) behind it.
+// principal is who a request acts for, whichever door it came through. It is an
+// organisation and a role in it. A user (dashboard) or a key (gateway) stands behind it.
 type principal struct {
 	orgID  string
 	role   string
@@ -31,9 +31,9 @@ func (p principal) canManageKeys() bool {
 	return p.role == store.RoleOwner || p.role == store.RoleAdmin
 }
 
-// member authenticates r's session and its membership of the path's {orgId}, in the
-// contract's order: no live session is apperr.ErrUnauthenticated (401); an orgId that is
-// malformed, unknown or not the user's is apperr.ErrNotFound (404).
+// member checks r's session, then its user's membership of the path's {orgId}. No live
+// session is apperr.ErrUnauthenticated (401). An orgId that is malformed, unknown or not
+// the user's is apperr.ErrNotFound (404), so an outsider learns nothing.
 func (s *Server) member(r *http.Request) (principal, error) {
 	userID, err := s.authenticate(r)
 	if err != nil {
@@ -51,16 +51,16 @@ func (s *Server) member(r *http.Request) (principal, error) {
 	return principal{orgID: orgID, role: role, userID: userID}, nil
 }
 
-// principalHandler is a route acting for p, whom its door (memberRoute,
-// gatewayRoute) has authenticated and authorised: it writes its answer or returns the
-// error to answer with.
+// principalHandler is a route acting for p. Its door (memberRoute, gatewayRoute) has
+// authenticated and authorised p. It writes its answer or returns the error to answer
+// with.
 type principalHandler func(w http.ResponseWriter, r *http.Request, p principal) error
 
 // anyRole lets every principal through: the routes that only read.
 func anyRole(principal) bool { return true }
 
-// memberRoute serves h to members of the path's organisation whose role may pass, in
-// the contract's order: session (401), then membership (404), then role (403).
+// memberRoute serves h to the members of the path's organisation whose role may pass.
+// It checks the session (401), the membership (404), then the role (403).
 func (s *Server) memberRoute(may func(principal) bool, h principalHandler) http.HandlerFunc {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		p, err := s.member(r)
@@ -74,15 +74,14 @@ func (s *Server) memberRoute(may func(principal) bool, h principalHandler) http.
 	})
 }
 
-// keyRoute is the preamble of every dashboard key route: a member holding
-// api_key:manage (session 401, membership 404, role 403).
+// keyRoute is memberRoute for the routes of keys and their audit trail. The member
+// must hold api_key:manage.
 func (s *Server) keyRoute(h principalHandler) http.HandlerFunc {
 	return s.memberRoute(principal.canManageKeys, h)
 }
 
-// gatewayRoute serves h to the key that gatewayAuth found in r's context whose role may
-// pass; a write by a Viewer key is refused with 403, although the gateway refuses it
-// first.
+// gatewayRoute serves h to the key gatewayAuth put in r's context, if its role may
+// pass. A Viewer key's write is 403 here too, though the gateway refuses it first.
 func (s *Server) gatewayRoute(may func(principal) bool, h principalHandler) http.HandlerFunc {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		p, ok := r.Context().Value(principalKey{}).(principal)
@@ -99,7 +98,7 @@ func (s *Server) gatewayRoute(may func(principal) bool, h principalHandler) http
 
 type principalKey struct{}
 
-// The headers of CONTRACT §3, set by the gateway on every request it proxies.
+// The headers the gateway sets on every request it proxies (README.md, "The picture").
 const (
 	HeaderSecret  = "X-Gateway-Secret"
 	HeaderOrgID   = "X-Gateway-Org-Id"
@@ -108,13 +107,13 @@ const (
 )
 
 // gatewayAuth admits a /v1 request only when gatewayPrincipal finds who the gateway
-// says is calling; anything else is 401 {"error":"api key unauthenticated"}, before
-// any route is looked up.
+// says is calling. Anything else is 401 {"error":"api key unauthenticated"}, before any
+// route is looked up.
 func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := s.gatewayPrincipal(r.Context(), r.Header)
 		if !ok {
-			// The same challenge as the gateway's own 401 (CONTRACT §2).
+			// The same challenge as the gateway's own 401.
 			w.Header().Set("WWW-Authenticate", "Bearer")
 			s.writeError(w, r, apperr.ErrKeyUnauth)
 			return
@@ -125,11 +124,12 @@ func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 	})
 }
 
-// gatewayPrincipal checks the gateway's headers and returns the identity they assert:
-// exactly one X-Gateway-Secret equal to the configured secret, when one is configured
-// (compared as SHA-256 digests in constant time, so neither its content nor its length
-// leaks through timing), and exactly one valid X-Gateway-Identity when a verifier is,
-// which then names the caller (CONTRACT §15); otherwise the X-Gateway-* headers do.
+// gatewayPrincipal checks the gateway's headers and returns the identity they assert.
+// With a secret configured, it wants exactly one X-Gateway-Secret equal to it. The two
+// are compared as SHA-256 digests in constant time, so timing leaks neither content
+// nor length. With a verifier configured, it wants exactly one valid
+// X-Gateway-Identity, which names the caller (docs/security.md, "Signed identity").
+// Otherwise the X-Gateway-* headers name the caller.
 func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal, bool) {
 	if s.secretSet {
 		secrets := h.Values(HeaderSecret)

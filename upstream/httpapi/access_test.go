@@ -118,9 +118,9 @@ func TestV1ActsForTheOrgAndRoleOfTheHeaders(t *testing.T) {
 }
 
 func TestV1WithSignedIdentityAcceptsOnlyTheGatewaysAssertion(t *testing.T) {
-	// An upstream verifying the gateway's signed identity, with no shared secret: a
+	// An upstream verifies the gateway's signed identity, with no shared secret. A
 	// request sent straight to it gets nowhere without a valid assertion, whatever
-	// X-Gateway-* headers it carries, and a valid one names the caller.
+	// X-Gateway-* headers it carries. A valid assertion names the caller.
 	priv, keyFile := gatewayauthtest.NewKey(t)
 	verifier, err := gatewayauth.New(gatewayauth.Config{KeyFile: keyFile})
 	if err != nil {

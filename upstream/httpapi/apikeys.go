@@ -9,7 +9,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// keyJSON is a key in the dashboard's list: never its secret, never its hash.
+// keyJSON is a key in the list. It never holds the key's secret or hash.
 type keyJSON struct {
 	ID         string  `json:"id"`
 	Name       string  `json:"name"`
@@ -21,7 +21,8 @@ type keyJSON struct {
 	MaskedKey  string  `json:"masked_key"`
 }
 
-// createdKeyJSON is the answer to a key's creation, the only place its full key appears.
+// createdKeyJSON is the answer to a key's creation or roll. It is the one answer with
+// a full key.
 type createdKeyJSON struct {
 	ID        string  `json:"id"`
 	Name      string  `json:"name"`
@@ -33,7 +34,7 @@ type createdKeyJSON struct {
 
 // checkAPIAccess returns apperr.ErrAPIFeatureGated when the plan of p's organisation
 // has no API access (api_rate_limit 0). Keys can then be neither created nor rolled.
-// Both doors check it after the member's checks and before the input.
+// Both doors check it after the member and before the input (docs/openapi.md).
 func (s *Server) checkAPIAccess(ctx context.Context, p principal) error {
 	rateLimit, err := s.store.APIRateLimit(ctx, p.orgID)
 	if err != nil {
@@ -54,8 +55,7 @@ func (s *Server) keyWriteBody(w http.ResponseWriter, r *http.Request, p principa
 	return readBody(w, r)
 }
 
-// handleCreateKey answers POST /orgs/{orgId}/api-keys with 201 and the full key. The
-// checks are keyRoute's, then the plan's API access (403), then the body (400).
+// handleCreateKey answers POST /orgs/{orgId}/api-keys with 201 and the full key.
 func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p principal) error {
 	body, err := s.keyWriteBody(w, r, p)
 	if err != nil {
@@ -73,8 +73,8 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p princ
 	return nil
 }
 
-// createKey creates a key of p's organisation, made by p. It returns the key's record
-// and its full text.
+// createKey creates a key of p's organisation, as p. It returns the key's record and
+// its full text.
 func (s *Server) createKey(ctx context.Context, p principal, in createKeyInput) (keystore.Record, string, error) {
 	return s.keys.Create(ctx, keystore.NewKey{
 		OrgID: p.orgID, CreatedBy: p.userID, Name: in.Name, Role: in.Role, ExpiresAt: in.ExpiresAt,
@@ -93,8 +93,8 @@ func createdKey(rec keystore.Record, full string) createdKeyJSON {
 	}
 }
 
-// handleListKeys answers GET /orgs/{orgId}/api-keys: every key of the org, revoked and
-// expired ones included, oldest first, masked.
+// handleListKeys answers GET /orgs/{orgId}/api-keys with every key of the org, masked
+// and oldest first. Revoked and expired keys are listed too.
 func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request, p principal) error {
 	recs, err := s.keys.List(r.Context(), p.orgID)
 	if err != nil {
@@ -119,9 +119,8 @@ func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request, p princi
 	return nil
 }
 
-// handleRevokeKey answers DELETE /orgs/{orgId}/api-keys/{id}: 204, also for a key
-// already revoked; 404 for an id that is not one of the org's keys. The revocation is
-// audited as key.revoked by the caller; revoking again audits nothing.
+// handleRevokeKey answers DELETE /orgs/{orgId}/api-keys/{id} with 204, also for a key
+// already revoked. An id that is not one of the org's keys is 404.
 func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request, p principal) error {
 	if err := s.revokeKey(r.Context(), p, r.PathValue("id")); err != nil {
 		return err
@@ -130,8 +129,9 @@ func (s *Server) handleRevokeKey(w http.ResponseWriter, r *http.Request, p princ
 	return nil
 }
 
-// revokeKey revokes p's organisation's key keyID as p: apperr.ErrNotFound for a key id that is
-// not the org's.
+// revokeKey revokes the key keyID of p's organisation, as p. The audit trail records
+// key.revoked once: revoking again records nothing. A key that is not the org's is
+// apperr.ErrNotFound.
 func (s *Server) revokeKey(ctx context.Context, p principal, keyID string) error {
 	found, err := s.keys.Revoke(ctx, p.orgID, keyID, p.userID)
 	if err != nil {
@@ -147,8 +147,7 @@ func (s *Server) revokeKey(ctx context.Context, p principal, keyID string) error
 var errKeyNotLive = &apperr.Error{Code: apperr.ECONFLICT, Message: "the key is revoked or expired and cannot be rolled"}
 
 // handleRollKey answers POST /orgs/{orgId}/api-keys/{id}/roll with 201 and the new
-// key, shown once. The checks are those of a creation. Then a key that is not the
-// org's is 404, and a revoked or expired one 409.
+// key. A key that is not the org's is 404, a revoked or expired one 409.
 func (s *Server) handleRollKey(w http.ResponseWriter, r *http.Request, p principal) error {
 	body, err := s.keyWriteBody(w, r, p)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// The bodies of the dashboard key routes' refusals (CONTRACT §6).
+// The bodies of the key routes' refusals (openapi/dashboard.yaml).
 const (
 	bodyUnauthenticated = `{"error":"unauthenticated"}`
 	bodyNotFound        = `{"error":"not found"}`

@@ -9,8 +9,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// eventJSON is one audit event as the dashboard shows it. new_key_id appears on
-// key.rolled, url on key.leaked.
+// eventJSON is one audit event. new_key_id appears on key.rolled, url on key.leaked.
 type eventJSON struct {
 	ID       string `json:"id"`
 	Action   string `json:"action"`
@@ -21,8 +20,8 @@ type eventJSON struct {
 	At       string `json:"at"`
 }
 
-// handleListAuditEvents answers GET /orgs/{orgId}/audit-events?limit=&cursor=: 200
-// {"data":[event…],"next_cursor":string or null}, newest first. An empty limit or
+// handleListAuditEvents answers GET /orgs/{orgId}/audit-events?limit=&cursor= with
+// 200 {"data":[event…],"next_cursor":string or null}, newest first. An empty limit or
 // cursor counts as absent.
 func (s *Server) handleListAuditEvents(w http.ResponseWriter, r *http.Request, p principal) error {
 	q := r.URL.Query()
@@ -56,6 +55,7 @@ func (s *Server) handleListAuditEvents(w http.ResponseWriter, r *http.Request, p
 	return nil
 }
 
+// toEventJSON is e as both doors show it.
 func toEventJSON(e keystore.Event) eventJSON {
 	return eventJSON{
 		ID:       strconv.FormatInt(e.ID, 10),
@@ -68,14 +68,14 @@ func toEventJSON(e keystore.Event) eventJSON {
 	}
 }
 
-// encodeEventCursor returns the cursor of the page after the event id: base64url text
-// of "e<id>", opaque to clients.
+// encodeEventCursor returns the cursor of the page after the event id. It is the
+// base64url text of "e<id>", opaque to clients.
 func encodeEventCursor(id int64) string {
 	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(id, 10)))
 }
 
-// decodeEventCursor is the inverse of encodeEventCursor; anything else is an apperr.EINVALID
-// error naming "cursor".
+// decodeEventCursor is the inverse of encodeEventCursor. Anything else is an
+// apperr.EINVALID error naming "cursor".
 func decodeEventCursor(s string) (int64, error) {
 	bad := apperr.Invalid("cursor", "is not a cursor this API returned")
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)

@@ -27,11 +27,11 @@ func (s *Server) fromTrustedProxy(r *http.Request) (netip.Addr, bool) {
 	return a, false
 }
 
-// clientAddr returns the client login throttling counts r against: the address of
-// the last hop of X-Forwarded-For when the connection comes from a trusted proxy (the
-// address that proxy saw; earlier hops are the client's to write), otherwise the
-// connection's own address. A trusted proxy that sends no usable X-Forwarded-For
-// leaves its own address. See throttleClient for IPv6.
+// clientAddr returns the client the login throttle counts r against. From a trusted
+// proxy, it is the last hop of X-Forwarded-For: the address that proxy saw. The
+// earlier hops are the client's to write. Otherwise, or without a usable
+// X-Forwarded-For, it is the connection's address. throttleClient then groups IPv6
+// addresses.
 func (s *Server) clientAddr(r *http.Request) string {
 	conn, trusted := s.fromTrustedProxy(r)
 	if trusted {
@@ -47,10 +47,10 @@ func (s *Server) clientAddr(r *http.Request) string {
 	return throttleClient(conn)
 }
 
-// throttleClient is the client an address belongs to: the address itself for IPv4
-// and IPv6 loopback, its /64 for any other IPv6 address. A /64 is one subscriber's
-// network (the smallest prefix ISPs assign): counting its 2^64 addresses one by one
-// would give an attacker 2^64 fresh budgets.
+// throttleClient is the client an address belongs to. An IPv4 address or IPv6
+// loopback is its own client. Any other IPv6 address belongs to its /64. A /64 is one
+// subscriber's network, the smallest prefix ISPs assign. Counting its addresses one by
+// one would give an attacker 2^64 fresh budgets.
 func throttleClient(a netip.Addr) string {
 	if !a.Is6() || a.IsLoopback() {
 		return a.String()
@@ -58,9 +58,9 @@ func throttleClient(a netip.Addr) string {
 	return netip.PrefixFrom(a, 64).Masked().String()
 }
 
-// secureRequest reports whether r reached the service over TLS: directly, or through a
-// trusted proxy that says so in X-Forwarded-Proto, or by the operator's word
-// (--secure-cookies).
+// secureRequest reports whether r reached the service over TLS. It did when it came
+// directly over TLS, or from a trusted proxy saying so in X-Forwarded-Proto. The
+// operator may also say so for every request (Config.SecureCookies).
 func (s *Server) secureRequest(r *http.Request) bool {
 	if s.secure || r.TLS != nil {
 		return true

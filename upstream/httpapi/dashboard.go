@@ -11,12 +11,12 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// The dashboard is the JSON API's second door, for a person in a browser. Its pages
-// live under /dashboard and are rendered on the server. Its forms decode into the JSON
-// API's input types and call the same operations. Its routes stand in the API's route
-// table, so its forms pass the same cross-origin protection. Its session is the API's
-// cookie. This file holds the adapter every page goes through; the dashboard*.go files
-// hold the pages and their templates.
+// The dashboard is the JSON API's second door, for a person in a browser
+// (docs/dashboard.md). Its pages live under /dashboard and are rendered on the server.
+// Its forms decode into the JSON API's input types and call the same operations. Its
+// routes stand in the API's route table, so its forms pass the same cross-origin
+// protection. Its session is the API's cookie. This file holds the adapter of every
+// page. The other dashboard*.go files hold the pages and their templates.
 
 // dashboardCSP is the Content-Security-Policy of every dashboard answer. It allows
 // nothing from another origin, no inline script or style, no eval and no framing.
@@ -24,8 +24,8 @@ import (
 const dashboardCSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
 	"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
-// pageFunc is a dashboard page. It writes its answer, a page or a redirect, or it
-// returns the error to show and writes nothing.
+// pageFunc is a dashboard page. It writes its answer, a page or a redirect. Or it
+// returns the error to show, and writes nothing.
 type pageFunc func(w http.ResponseWriter, r *http.Request) error
 
 // page adapts h to net/http. It sets the security headers on every answer, errors
@@ -62,9 +62,9 @@ func showOn(tmpl string, data *pageData, err error) error {
 }
 
 // writePageError shows err to the person at the page. A page that needs a session and
-// finds none sends the browser to the login form. Any other error is said in words, on
-// the page showOn named or else on the error page. The status is the JSON API's for
-// the same error, and callerError logs internal causes as it does for the API.
+// finds none sends the browser to the login form. Any other error is said in words. It
+// appears on the page showOn named, or else on the error page. The status is the JSON
+// API's for the same error. callerError logs internal causes, as for the API.
 func (s *Server) writePageError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, apperr.ErrUnauthenticated) {
 		seeOther(w, "/dashboard")

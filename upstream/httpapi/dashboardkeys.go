@@ -11,8 +11,8 @@ import (
 )
 
 // The dashboard's keys page and its forms: create, roll and revoke. Each form runs the
-// checks and the operation of its JSON route (apikeys.go) on the same input type
-// (keyinput.go).
+// checks and the operation of its JSON route (apikeys.go). It decodes into the same
+// input type (keyinput.go).
 
 // pageKeys answers GET /dashboard/orgs/{orgId}: the org's keys, with the controls for
 // those who may manage them.

@@ -16,9 +16,9 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// stallingProxy forwards TCP connections to PostgreSQL until stall is called; from then
-// on it forwards nothing more in either direction and connects nothing new, while
-// keeping every connection open: a hung database, as its clients see one.
+// stallingProxy forwards TCP connections to PostgreSQL until stall is called. From then
+// on it forwards nothing in either direction and connects nothing new. It keeps every
+// connection open: a hung database, as its clients see one.
 type stallingProxy struct {
 	ln      net.Listener
 	target  string
@@ -27,8 +27,8 @@ type stallingProxy struct {
 	conns   []net.Conn
 }
 
-// newStallingProxy starts a proxy to the PostgreSQL of dbURL and returns it with dbURL
-// rewritten to go through it. It is closed when the test ends.
+// newStallingProxy starts a proxy to the PostgreSQL of dbURL. It returns the proxy and
+// dbURL rewritten to go through it. The proxy is closed when the test ends.
 func newStallingProxy(t *testing.T, dbURL string) (*stallingProxy, string) {
 	t.Helper()
 	u, err := url.Parse(dbURL)
@@ -128,8 +128,8 @@ func TestHungDatabaseAnswers503WithinTheDatabaseTimeout(t *testing.T) {
 		{"gateway door", "GET", "/v1/monitors", "", e.Gateway(org, store.RoleAdmin)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// Every database wait of a request is bounded: a request waits at most an
-			// acquire and a statement (2 s here); 10 s is the margin of a loaded machine.
+			// Every database wait of a request is bounded. A request waits at most an
+			// acquire and a statement, 2 s here. 10 s is the margin of a loaded machine.
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			var body io.Reader

@@ -14,10 +14,10 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// decodeObject reads body as exactly one JSON object and calls field for each of its
-// members in document order, stopping at the first error. A body that is not one
-// object, has anything but white space after it, or repeats a member name is an
-// apperr.EINVALID error naming "body" or the repeated field.
+// decodeObject reads body as exactly one JSON object. It calls field for each member
+// in document order and stops at the first error. The body must be one object with
+// only white space after it, or the error names "body". A repeated member is an error
+// naming it. Both are apperr.EINVALID.
 func decodeObject(body []byte, field func(name string, raw json.RawMessage) error) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -59,11 +59,11 @@ func decodeObject(body []byte, field func(name string, raw json.RawMessage) erro
 	return nil
 }
 
-// decodeObjectInto decodes body as one JSON object into a T: field fills v from each
-// member in document order (decodeObject), and every name of required must then have
-// been a member. The first one absent, in the order of required, is an apperr.EINVALID
-// error saying "required" of its name after prefix ("[0]." for the first object of an
-// array, "" for a body). On an error it returns the zero T.
+// decodeObjectInto decodes body as one JSON object into a T. field fills v from each
+// member, as in decodeObject. Every name of required must then have been a member.
+// The first one absent is an apperr.EINVALID error: "required", naming prefix+name.
+// prefix is "" for a body and "[0]." for the first object of an array. On an error
+// decodeObjectInto returns the zero T.
 func decodeObjectInto[T any](body []byte, prefix string, required []string, field func(v *T, name string, raw json.RawMessage) error) (T, error) {
 	var v, zero T
 	seen := make(map[string]bool)
@@ -82,7 +82,7 @@ func decodeObjectInto[T any](body []byte, prefix string, required []string, fiel
 	return v, nil
 }
 
-// kindOf names the JSON kind of raw for error messages.
+// kindOf names the JSON kind of raw, for error messages.
 func kindOf(raw json.RawMessage) string {
 	if len(raw) == 0 {
 		return "nothing"
@@ -140,8 +140,8 @@ func checkText(name, s string, minLen, maxLen int) error {
 	return nil
 }
 
-// decodeInt decodes raw, which must be a JSON integer literal (no fraction, no
-// exponent, not a string).
+// decodeInt decodes raw, a JSON integer literal of 32 bits. A fraction, an exponent or
+// a string is an error.
 func decodeInt(name string, raw json.RawMessage) (int, error) {
 	if len(raw) == 0 || !(raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
 		return 0, apperr.Invalid(name, "must be an integer, not %s", kindOf(raw))
@@ -177,14 +177,14 @@ func decodeTime(name string, raw json.RawMessage) (time.Time, error) {
 	return t, nil
 }
 
-// maxJSONDepth bounds the nesting of the free-form config and assertions, well within
-// what PostgreSQL's jsonb parser accepts.
+// maxJSONDepth bounds the nesting of the free-form config and assertions. PostgreSQL's
+// jsonb parser accepts far deeper.
 const maxJSONDepth = 64
 
-// decodeFreeJSON decodes raw, which must be a JSON value of the kind want ('{' object or
-// '[' array), checks that PostgreSQL's jsonb can store it (no NUL characters, numbers
-// within its range, bounded depth), and returns it re-encoded: unpaired surrogate
-// escapes, which jsonb refuses, become U+FFFD as they do in every Go string.
+// decodeFreeJSON decodes raw, a JSON value of the kind want: '{' object or '[' array.
+// It checks that PostgreSQL's jsonb can store it (storableJSON). It returns it
+// re-encoded. So unpaired surrogate escapes, which jsonb refuses, become U+FFFD, as in
+// every Go string.
 func decodeFreeJSON(name string, raw json.RawMessage, want byte) ([]byte, error) {
 	if len(raw) == 0 || raw[0] != want {
 		kind := "an object"
@@ -209,7 +209,8 @@ func decodeFreeJSON(name string, raw json.RawMessage, want byte) ([]byte, error)
 	return out, nil
 }
 
-// storableJSON checks v, decoded with UseNumber, against jsonb's limits.
+// storableJSON checks v, decoded with UseNumber, against jsonb's limits: no NUL
+// character, numbers within range, bounded depth.
 func storableJSON(name string, v any, depth int) error {
 	if depth > maxJSONDepth {
 		return apperr.Invalid(name, "is nested more than %d levels deep", maxJSONDepth)
@@ -220,10 +221,10 @@ func storableJSON(name string, v any, depth int) error {
 			return apperr.Invalid(name, "must not contain the character U+0000")
 		}
 	case json.Number:
-		// Numbers must lie in the range of a float64, the range RFC 8259 calls
-		// interoperable, and be written in at most 100 characters; that keeps them well
-		// within the limits of jsonb's numeric. A float64 that rounds to zero although
-		// the digits are not all zeros is an underflow.
+		// A number must lie in the range of a float64, which RFC 8259 calls
+		// interoperable. It must have at most 100 characters. That keeps it well within
+		// jsonb's numeric. A float64 of zero from digits that are not all zeros is an
+		// underflow.
 		f, err := strconv.ParseFloat(string(v), 64)
 		if err != nil || len(v) > 100 || (f == 0 && strings.ContainsAny(mantissa(string(v)), "123456789")) {
 			return apperr.Invalid(name, "holds a number out of range")
@@ -257,7 +258,7 @@ func mantissa(n string) string {
 	return n
 }
 
-// storableString reports whether PostgreSQL can store s in jsonb: it has no NUL.
+// storableString reports whether s has no NUL, so jsonb can store it.
 func storableString(s string) bool {
 	return strings.IndexByte(s, 0) < 0
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// errorResponse is how one code answers over HTTP: a status and the body built from
+// errorResponse is how one code answers over HTTP: a status, and a body built from
 // the *apperr.Error.
 type errorResponse struct {
 	status int
@@ -22,11 +22,12 @@ func fixedBody(text string) func(*apperr.Error) errorBody {
 	return func(*apperr.Error) errorBody { return errorBody{Error: text} }
 }
 
-// messageBody is the body {"error":Message}, for the codes whose routes choose the words.
+// messageBody is the body {"error":Message}. Its route chooses the words.
 func messageBody(e *apperr.Error) errorBody { return errorBody{Error: e.Message} }
 
-// errorResponses is the one table from an error's code to its HTTP status and body
-// (CONTRACT §6); the comments of the codes in package apperr say the same.
+// errorResponses is the one table from an error's code to its HTTP status and body.
+// The comments of the codes in package apperr say the same. The OpenAPI documents
+// (docs/openapi.md) list every body.
 var errorResponses = map[string]errorResponse{
 	apperr.EINVALID: {http.StatusBadRequest, func(e *apperr.Error) errorBody {
 		return errorBody{Error: "invalid_request", Message: e.Message}
@@ -52,20 +53,20 @@ var errorResponses = map[string]errorResponse{
 	apperr.EINTERNAL:    {http.StatusInternalServerError, fixedBody("internal")},
 }
 
-// errorBody is every error body's shape; the optional fields appear only for the codes
-// that carry them.
+// errorBody is every error body's shape. The optional members appear only for the
+// codes that carry them.
 type errorBody struct {
 	Error   string `json:"error"`
 	Message string `json:"message,omitempty"`
 	Metric  string `json:"metric,omitempty"`
 	Feature string `json:"feature,omitempty"`
 	Upgrade bool   `json:"upgrade,omitempty"`
-	// RetryAfter keeps the contract's camelCase (CONTRACT §11).
+	// RetryAfter is camelCase, as in the gateway's own 429 (README.md).
 	RetryAfter int `json:"retryAfter,omitempty"`
 }
 
 // writeError answers r with the status and JSON body of err's code (errorResponses).
-// A plan gate's refusal is counted, a throttled login gets Retry-After.
+// It counts a plan gate's refusal. A throttled login gets Retry-After.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e := s.callerError(r, err)
 	resp := errorResponses[e.Code]
@@ -78,18 +79,18 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	writeJSON(w, resp.status, resp.body(e))
 }
 
-// callerError returns the *apperr.Error to answer err with. A database that cannot be reached
-// is logged with its cause and answered with apperr.ErrUnavailable; anything without a code of
-// errorResponses is logged with its cause and answered with apperr.ErrInternalForClient, so
-// that no internal detail reaches the caller.
+// callerError returns the *apperr.Error to answer err with. No internal detail reaches
+// the caller. A database that cannot be reached is apperr.ErrUnavailable. Anything
+// without a code of errorResponses is apperr.ErrInternalForClient. Both are logged with
+// their cause.
 func (s *Server) callerError(r *http.Request, err error) *apperr.Error {
 	code := apperr.Code(err)
 	var e *apperr.Error
 	_, known := errorResponses[code]
 	switch {
 	case code == apperr.EUNAVAILABLE && errors.As(err, &e):
-		// An overload this package detected itself (a full hashing queue): the request
-		// log shows the 503; an error line per refused request would flood the log.
+		// An overload this package detected itself, such as a full hashing queue. The
+		// request log shows the 503. An error line per refusal would flood the log.
 		return e
 	case code == apperr.EUNAVAILABLE:
 		s.logger.Error("database unavailable",

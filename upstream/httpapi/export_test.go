@@ -10,7 +10,7 @@ import (
 )
 
 // The hooks below reach into a Server for the black-box tests of package
-// httpapi_test, which see nothing else unexported.
+// httpapi_test. Those see nothing else unexported.
 
 // Passwords returns the hasher s checks logins with.
 func (s *Server) Passwords() *password.Hasher { return s.passwords }

@@ -10,7 +10,7 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// The bodies of the plan gates (CONTRACT §6).
+// The bodies of the plan gates (openapi/v1.yaml).
 const (
 	bodyMonitorQuota  = `{"error":"quota_exceeded","metric":"monitors","upgrade":true}`
 	bodyIntervalQuota = `{"error":"quota_exceeded","metric":"min_interval_seconds","upgrade":true}`
@@ -36,8 +36,8 @@ func TestCreateGatesApplyInOrderWithIdenticalBodiesOnBothDoors(t *testing.T) {
 	fill.create(t, `{"name":"1","type":"http","target":"https://example.com"}`)
 	fill.create(t, `{"name":"2","type":"http","target":"https://example.com"}`)
 
-	// Every body fails the gates from its own onwards, so each case also shows that the
-	// gates before it come first.
+	// Every body fails its own gate and all the later ones. So each case also shows
+	// that the earlier gates pass.
 	for _, tc := range []struct {
 		name   string
 		org    string
@@ -175,8 +175,8 @@ func TestPatchGatesOnlyTheFieldsItSets(t *testing.T) {
 			ids = append(ids, m.ID)
 		}
 	}
-	// The org moves to a smaller plan: its four monitors now break every gate, and it
-	// is over its count.
+	// The org moves to a smaller plan. Its four monitors now break every gate, and
+	// they are over its count.
 	e.SetPlan(org, "small")
 
 	for i, d := range doors {

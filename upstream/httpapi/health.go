@@ -11,18 +11,18 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// readyTimeout bounds the database check of /readyz, so that a probe never hangs on a
-// database that does not answer.
+// readyTimeout bounds the database check of /readyz. A probe never hangs on a database
+// that does not answer.
 const readyTimeout = 2 * time.Second
 
-// AdminHandler serves what operators and orchestrators ask of the upstream, on an
-// address of its own (`serve --admin-addr`), never on the public one:
+// AdminHandler serves what operators and orchestrators ask of the upstream. It has an
+// address of its own (`serve --admin-addr`), never the public one:
 //
-//   - GET /metrics: m in Prometheus's format;
-//   - GET /healthz: 200 {"status":"ok"} while the process serves (liveness);
-//   - GET /readyz: 200 {"status":"ready"} when the database answers and has the schema
-//     this code needs, else 503 {"error":"not_ready","reason":"…"} (readiness: take
-//     the instance out of the load balancer, do not restart it).
+//   - GET /metrics: m in Prometheus's format.
+//   - GET /healthz: 200 {"status":"ok"} while the process serves (liveness).
+//   - GET /readyz: 200 {"status":"ready"} when the database answers with the schema
+//     this code needs. Otherwise 503 {"error":"not_ready","reason":"…"}: take the
+//     instance out of the load balancer, but do not restart it (readiness).
 func AdminHandler(pool *pgxpool.Pool, m *Metrics) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())

@@ -11,9 +11,9 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// The inputs of a key's creation and roll. A JSON body of the API and a form of the
-// dashboard decode into the same types. The two decoders share the check of each
-// field, so a bad value gets the same message at both doors.
+// The inputs of a key's creation and roll. The API's JSON body and the dashboard's
+// form decode into the same types. The two decoders share the check of each field. So
+// a bad value gets the same message at both doors.
 
 // createKeyInput is what a key's creation takes (createKey).
 type createKeyInput struct {

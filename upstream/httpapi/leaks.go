@@ -15,12 +15,12 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// Bounds of a leak report (CONTRACT §12).
+// Bounds of a leak report (docs/security.md, "Keys").
 const (
-	// maxLeakReports is the most tokens one request may report; more is 413.
+	// maxLeakReports is the most tokens one request may report. More is 413.
 	maxLeakReports = 1000
-	// maxLeakReportBytes bounds a leak report's body: 1000 reports with URLs of 2048
-	// characters do not fit in maxBodyBytes.
+	// maxLeakReportBytes bounds a leak report's body. 1000 reports with URLs of 2048
+	// characters would not fit in maxBodyBytes.
 	maxLeakReportBytes = 4 << 20
 	// MinLeakReportToken is the shortest Config.LeakReportToken accepted.
 	MinLeakReportToken = 32
@@ -28,18 +28,18 @@ const (
 	maxLeakURL = 2048
 )
 
-// leakOutcomeJSON is the answer for one reported token: never the token, nor any part
-// of it.
+// leakOutcomeJSON is the answer for one reported token. It never holds the token, nor
+// any part of it.
 type leakOutcomeJSON struct {
 	URL     string `json:"url"`
 	Outcome string `json:"outcome"`
 }
 
-// handleLeakReport answers POST /security/leaked-keys, the route of secret scanners:
-// a bearer token equal to --leak-report-token (401 otherwise), then a JSON array of
-// 1..1000 {"token","url"} (400, 413 above 1000), then 200 {"data":[{"url","outcome"}…]}
-// in the order of the reports. Every live key among the tokens is revoked and audited
-// as key.leaked.
+// handleLeakReport answers POST /security/leaked-keys, the route of secret scanners.
+// The bearer token must be Config.LeakReportToken (401). The body is a JSON array of
+// 1 to 1000 {"token","url"} (400, and 413 above 1000). The answer is 200
+// {"data":[{"url","outcome"}…]}, in the order of the reports. Every live key among the
+// tokens is revoked, and audited as key.leaked.
 func (s *Server) handleLeakReport(w http.ResponseWriter, r *http.Request) error {
 	if !s.leakReporter(r.Header) {
 		w.Header().Set("WWW-Authenticate", "Bearer")
@@ -71,8 +71,9 @@ func (s *Server) handleLeakReport(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// leakReporter reports whether h carries exactly one Authorization header
-// "Bearer <--leak-report-token>", compared as SHA-256 digests in constant time.
+// leakReporter reports whether h carries exactly one Authorization header "Bearer
+// <token>" with Config.LeakReportToken. The tokens are compared as SHA-256 digests in
+// constant time.
 func (s *Server) leakReporter(h http.Header) bool {
 	values := h.Values("Authorization")
 	presented := ""
@@ -85,10 +86,10 @@ func (s *Server) leakReporter(h http.Header) bool {
 	return subtle.ConstantTimeCompare(sum[:], s.leakTokenSum[:]) == 1 && presented != ""
 }
 
-// decodeLeakReports decodes a leak report's body: a JSON array of 1..maxLeakReports
-// objects {"token": non-empty string, "url": 1..2048 characters}. More reports than
-// maxLeakReports is apperr.ErrRequestTooLarge; anything else wrong is apperr.EINVALID naming the
-// report's index and field.
+// decodeLeakReports decodes a leak report's body: a JSON array of 1 to maxLeakReports
+// objects. Each is {"token": non-empty string, "url": 1 to maxLeakURL characters}. More
+// reports are apperr.ErrRequestTooLarge. Anything else wrong is an apperr.EINVALID
+// error naming the report's index and field.
 func decodeLeakReports(body []byte) ([]keystore.LeakReport, error) {
 	notArray := apperr.Invalid("body", `must be a JSON array of {"token","url"} objects`)
 	dec := json.NewDecoder(bytes.NewReader(body))

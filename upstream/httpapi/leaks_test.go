@@ -144,8 +144,8 @@ func TestLeakReportRevokesLiveKeysOnceAndNeverEchoesThem(t *testing.T) {
 	// The bystander's id with the leaked key's secret: not the bystander's key.
 	wrongSecret := bystander[:strings.IndexByte(bystander, '.')] + live[strings.IndexByte(live, '.'):]
 	acme, _ := keystore.NewFormat("acme")
-	// The live key's id and secret under another prefix, with the checksum that
-	// prefix needs (the checksum covers the whole key).
+	// The live key's id and secret under another prefix. The checksum covers the
+	// whole key, so it is the one that prefix needs.
 	otherBody := "acme" + live[len("mon"):len(live)-keystore.ChecksumLen]
 	otherPrefix := otherBody + keystore.Checksum(otherBody)
 	if _, _, ok := acme.Parse(otherPrefix); !ok {

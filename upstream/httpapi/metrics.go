@@ -12,15 +12,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// routeNone is the route label of a request no route took: a 404, a 405, or a /v1
-// request refused for its gateway secret before routing.
+// routeNone is the route label of a request no route took. It is a 404, a 405, or a
+// /v1 request refused before routing for its gateway secret.
 const routeNone = "none"
 
-// Metrics are the upstream's Prometheus series, served by `serve --admin-addr` on
-// /metrics (CONTRACT §10): requests by route (the mux pattern, never the path, so that
-// ids stay out of the labels) and status, their durations by route, plan-gate
-// rejections by gate, the database pool's statistics, and the Go runtime's and the
-// process's collectors. A nil *Metrics records nothing.
+// Metrics are the upstream's Prometheus series, served on /metrics by `serve
+// --admin-addr` (docs/operations.md). They count requests by route and status, and
+// time them by route. The route is the mux pattern, never the path, so ids stay out of
+// the labels. They count plan-gate refusals by gate. They export the database pool's
+// statistics, the Go runtime's and the process's. A nil *Metrics records nothing.
 type Metrics struct {
 	registry *prometheus.Registry
 	requests *prometheus.CounterVec
@@ -61,7 +61,7 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 }
 
-// observe records one answered request. status 0 is a 200 nothing was written for.
+// observe records one answered request. Status 0 is a 200 with nothing written.
 func (m *Metrics) observe(route string, status int, took time.Duration) {
 	if m == nil {
 		return
@@ -76,10 +76,10 @@ func (m *Metrics) observe(route string, status int, took time.Duration) {
 	m.duration.WithLabelValues(route).Observe(took.Seconds())
 }
 
-// gateRejected counts a refusal by the plan gate named in detail: the metric of a
-// quota_exceeded or the feature of a feature_gated answer, without what follows a
-// colon ("location:mars" is the gate "location"), so that the client's input never
-// becomes a label.
+// gateRejected counts a refusal by the plan gate named in detail. detail is the metric
+// of a quota_exceeded or the feature of a feature_gated answer. What follows a colon
+// is dropped, so the client's input never becomes a label: "location:mars" is the gate
+// "location".
 func (m *Metrics) gateRejected(detail string) {
 	if m == nil {
 		return
@@ -91,16 +91,16 @@ func (m *Metrics) gateRejected(detail string) {
 // poolCollector exports pgxpool's statistics, read at every scrape.
 type poolCollector struct{ pool *pgxpool.Pool }
 
-// poolStat is one of pgxpool's statistics as a metric: its description, whether it is
-// a gauge or a counter, and how to read it from a Stat.
+// poolStat is one of pgxpool's statistics as a metric. It has a description, a kind
+// (gauge or counter), and a way to read it from a Stat.
 type poolStat struct {
 	desc *prometheus.Desc
 	kind prometheus.ValueType
 	read func(*pgxpool.Stat) float64
 }
 
-// newPoolStat returns the poolStat of the metric name of kind, explained by help and
-// read by read.
+// newPoolStat returns the poolStat of the metric name of kind. help explains it and
+// read reads it.
 func newPoolStat[N int32 | int64 | float64](kind prometheus.ValueType, name, help string, read func(*pgxpool.Stat) N) poolStat {
 	return poolStat{
 		desc: prometheus.NewDesc(name, help, nil, nil),

@@ -13,9 +13,9 @@ import (
 	"github.com/keygate/keygate/schema/schematest"
 )
 
-// TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries: every series of
-// deploy/grafana/keygate.json that is not the gateway's (keygate_ without upstream_,
-// checked in caddymodule) is one the upstream's /metrics exports.
+// TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries checks the upstream's series of
+// deploy/grafana/keygate.json: each is one its /metrics exports. The gateway's series,
+// keygate_ without upstream_, are checked in caddymodule.
 func TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries(t *testing.T) {
 	m := NewMetrics(schematest.UnreachablePool(t))
 	m.observe("GET /v1/monitors", http.StatusOK, time.Millisecond) // the vectors' series exist once they have a child

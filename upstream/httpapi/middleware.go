@@ -9,8 +9,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// requestInfo is filled in by the authentication steps so that the request log can say
-// who made a request. It travels in the request's context.
+// requestInfo tells the request log who made a request. The authentication steps fill
+// it in. It travels in the request's context.
 type requestInfo struct {
 	userID string
 	orgID  string
@@ -28,8 +28,8 @@ func infoOf(ctx context.Context) *requestInfo {
 	return &requestInfo{}
 }
 
-// statusWriter remembers the status and size of a response for the request log and for
-// recoverPanics, which may only answer while nothing has been written.
+// statusWriter remembers the status and size of a response. The request log reports
+// them. recoverPanics may answer only while nothing has been written.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
@@ -55,8 +55,8 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// logRequests writes one log line per request: method, path, status, size, duration and
-// the ids of whoever made it. It never logs headers, bodies or query strings, so that
+// logRequests writes one log line per request: method, path, status, size, duration,
+// and the ids of whoever made it. It never logs headers, bodies or query strings. So
 // cookies, secrets, passwords and keys stay out of the logs.
 func (s *Server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -93,9 +93,9 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 	})
 }
 
-// recoverPanics turns a panic in a handler into a logged error and, when nothing has
-// been written yet, a 500 {"error":"internal"}; the client never sees the panic's value
-// or stack. http.ErrAbortHandler is passed on, as net/http expects.
+// recoverPanics logs a handler's panic. If nothing has been written yet, it answers 500
+// {"error":"internal"}. The client never sees the panic's value or stack.
+// http.ErrAbortHandler is passed on, as net/http expects.
 func (s *Server) recoverPanics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw, ok := w.(*statusWriter)

@@ -9,11 +9,11 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// decodeMonitorWrite decodes a POST or PATCH body strictly: one JSON object whose
-// members are the writable fields, each of the right type and range (null is never a
-// valid value), or the read-only id, created_at and updated_at, which are ignored. The
-// first problem, in body order, is an EINVALID error naming its field. How target
-// relates to type is checked later (store.CheckTarget), when both are known.
+// decodeMonitorWrite decodes a POST or PATCH body strictly. It is one JSON object of
+// writable fields, each of the right type and range. null is never a valid value. The
+// read-only id, created_at and updated_at may be sent back, and are ignored. The first
+// problem, in body order, is an EINVALID error naming its field. Whether target suits
+// type is checked later, when both are known (store.CheckTarget).
 func decodeMonitorWrite(body []byte) (store.MonitorWrite, error) {
 	return decodeObjectInto(body, "", nil, func(w *store.MonitorWrite, name string, raw json.RawMessage) error {
 		var err error
@@ -50,8 +50,7 @@ func decodeMonitorWrite(body []byte) (store.MonitorWrite, error) {
 }
 
 // present returns a pointer to v, the decoded value of a member the body sets, and
-// err: a MonitorWrite's pointer fields tell a member that is set from one that is
-// absent.
+// err. A MonitorWrite's nil pointer is a member the body leaves out.
 func present[T any](v T, err error) (*T, error) {
 	return &v, err
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// FuzzDecodeMonitorWrite checks that no body makes the decoder panic, that every
-// refusal is an EINVALID error naming a field, and that whatever it accepts as config
-// or assertions is JSON of the right kind that jsonb can store.
+// FuzzDecodeMonitorWrite checks that no body makes the decoder panic. Every refusal is
+// an EINVALID error naming a field. Whatever it accepts as config or assertions is
+// JSON of the right kind, which jsonb can store.
 func FuzzDecodeMonitorWrite(f *testing.F) {
 	for _, seed := range []string{
 		`{"name":"n","type":"http","target":"https://example.com","interval_seconds":60,"locations":["us-east"],"paused":false,"config":{"a":[1,2.5,"x",null,true]},"assertions":[{}]}`,

@@ -14,8 +14,8 @@ const (
 	maxPageSize     = 200
 )
 
-// pageLimit parses a list's limit query parameter: 1..maxPageSize, defaultPageSize
-// when empty.
+// pageLimit parses a list's limit query parameter: 1 to maxPageSize, or
+// defaultPageSize when empty.
 func pageLimit(v string) (int, error) {
 	if v == "" {
 		return defaultPageSize, nil
@@ -27,11 +27,11 @@ func pageLimit(v string) (int, error) {
 	return n, nil
 }
 
-// The monitor routes below are one implementation behind two doors (routes): each
-// receives the principal its door authenticated, and every query is confined to that
-// principal's organisation, so a foreign monitor is as absent as a missing one.
+// The monitor routes serve both doors (routes). Each receives the principal its door
+// authenticated. Every query is confined to that principal's organisation, so a
+// foreign monitor is as absent as a missing one.
 
-// handleListMonitors answers GET …/monitors?limit=&cursor=: 200
+// handleListMonitors answers GET …/monitors?limit=&cursor= with 200
 // {"data":[monitor…],"next_cursor":string or null}. An empty limit or cursor counts as
 // absent.
 func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p principal) error {
@@ -67,8 +67,8 @@ func (s *Server) handleListMonitors(w http.ResponseWriter, r *http.Request, p pr
 	return nil
 }
 
-// handleCreateMonitor answers POST …/monitors: 201 with the monitor, after the body
-// (400, 413) and the plan's gates (402, 403).
+// handleCreateMonitor answers POST …/monitors with 201 and the monitor. The body comes
+// first (400, 413), then the plan's gates (402, 403).
 func (s *Server) handleCreateMonitor(w http.ResponseWriter, r *http.Request, p principal) error {
 	in, err := readMonitorWrite(w, r)
 	if err == nil {
@@ -90,8 +90,8 @@ func readMonitorWrite(w http.ResponseWriter, r *http.Request) (store.MonitorWrit
 	return decodeMonitorWrite(body)
 }
 
-// writeMonitor answers with m and status, or returns err, the error of the store call
-// that gave m.
+// writeMonitor answers with m and status. It returns err instead, the error of the
+// store call that gave m, if there is one.
 func writeMonitor(w http.ResponseWriter, status int, m store.Monitor, err error) error {
 	if err != nil {
 		return err
@@ -100,13 +100,12 @@ func writeMonitor(w http.ResponseWriter, status int, m store.Monitor, err error)
 	return nil
 }
 
-// monitorHandler is a route on the monitor of the path's {id}, which monitorRoute has
-// checked.
+// monitorHandler is a route on the monitor of the path's {id}. monitorRoute has
+// checked id.
 type monitorHandler func(w http.ResponseWriter, r *http.Request, p principal, id string) error
 
-// monitorRoute adapts h to a principalHandler that answers apperr.ErrMonitorNotFound
-// when the path's {id} is not a UUID: a malformed id is answered before anything else
-// is read.
+// monitorRoute adapts h to a principalHandler. A path's {id} that is not a UUID is
+// apperr.ErrMonitorNotFound, before anything else is read.
 func monitorRoute(h monitorHandler) principalHandler {
 	return func(w http.ResponseWriter, r *http.Request, p principal) error {
 		id := r.PathValue("id")
@@ -117,16 +116,15 @@ func monitorRoute(h monitorHandler) principalHandler {
 	}
 }
 
-// handleGetMonitor answers GET …/monitors/{id}: 200 with the monitor.
+// handleGetMonitor answers GET …/monitors/{id} with 200 and the monitor.
 func (s *Server) handleGetMonitor(w http.ResponseWriter, r *http.Request, p principal, id string) error {
 	m, err := s.store.GetMonitor(r.Context(), p.orgID, id)
 	return writeMonitor(w, http.StatusOK, m, err)
 }
 
-// handlePatchMonitor answers PATCH …/monitors/{id}: 200 with the monitor. A malformed
-// id is 404 before the body is read (monitorRoute); then come the body (400, 413), the
-// monitor (404), the target's fit to the type (400) and the gates of the fields the
-// body sets.
+// handlePatchMonitor answers PATCH …/monitors/{id} with 200 and the monitor. After the
+// id (monitorRoute) come the body (400, 413) and the monitor (404). Then come the
+// target's fit to the type (400) and the gates of the fields the body sets.
 func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p principal, id string) error {
 	in, err := readMonitorWrite(w, r)
 	if err != nil {
@@ -136,8 +134,8 @@ func (s *Server) handlePatchMonitor(w http.ResponseWriter, r *http.Request, p pr
 	return writeMonitor(w, http.StatusOK, m, err)
 }
 
-// handleDeleteMonitor answers DELETE …/monitors/{id}: 204; the monitor is kept,
-// marked deleted, and is not found from then on.
+// handleDeleteMonitor answers DELETE …/monitors/{id} with 204. The monitor is kept but
+// marked deleted, and it is not found from then on.
 func (s *Server) handleDeleteMonitor(w http.ResponseWriter, r *http.Request, p principal, id string) error {
 	if err := s.store.DeleteMonitor(r.Context(), p.orgID, id); err != nil {
 		return err

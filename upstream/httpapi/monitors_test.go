@@ -19,8 +19,8 @@ type door struct {
 	base string
 }
 
-// doors returns the dashboard door (a member of org with role) and the /v1 door (a key
-// of org with role) to org's monitors.
+// doors returns both doors to org's monitors, each with role. The dashboard's is a
+// member of org, the /v1 door's a key of org.
 func doors(e *upstreamtest.Env, org, role string) []door {
 	e.T.Helper()
 	return []door{
@@ -255,8 +255,8 @@ func TestDashboardMonitorDoorChecksSessionMembershipAndRole(t *testing.T) {
 func TestMonitorListPaginatesByCreationWithAnOpaqueCursor(t *testing.T) {
 	e := upstreamtest.NewEnv(t)
 	org, other := e.Org("enterprise"), e.Org("enterprise")
-	// Seven monitors: three sharing one created_at (one statement), to exercise the
-	// tie-break on id, and a deleted and a foreign one that must never be listed.
+	// Seven monitors. Three share one created_at (one statement), for the tie-break on
+	// id. A deleted one and a foreign one must never be listed.
 	e.Exec(`INSERT INTO monitors (org_id, name, type, target, created_at)
 SELECT $1, 'm' || i, 'http', 'https://example.com', timestamptz '2030-01-01 00:00:00Z' + (i / 3) * interval '1 second'
 FROM generate_series(0, 6) i`, org)

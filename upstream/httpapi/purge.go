@@ -8,12 +8,12 @@ import (
 )
 
 // DefaultPurgeInterval is how often serve purges expired sessions and old login
-// attempts when --purge-interval is not given.
+// attempts, unless --purge-interval says otherwise.
 const DefaultPurgeInterval = 10 * time.Minute
 
-// RunPurge deletes expired sessions and login attempts older than the throttle's window
-// every interval, until ctx ends. A failed purge is logged and tried again at the next
-// tick; several instances purging at once only find less to delete.
+// RunPurge deletes expired sessions and login attempts older than the throttle's window.
+// It runs every interval until ctx ends. A failed purge is logged and tried again at
+// the next tick. Instances purging at once only find less to delete.
 func (s *Server) RunPurge(ctx context.Context, interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()

@@ -11,8 +11,8 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// newKey creates a key of name and role in org through the route and returns its id and
-// full key.
+// newKey creates a key of name and role in org through the route. It returns the key's
+// id and full text.
 func newKey(t *testing.T, c *upstreamtest.Client, org, body string) (id, full string) {
 	t.Helper()
 	r := c.Do("POST", "/orgs/"+org+"/api-keys", body)
@@ -159,7 +159,7 @@ func TestRollWithGraceKeepsTheOldKeyUntilItEndsAndNeverExtendsIt(t *testing.T) {
 		t.Errorf("a shorter grace left the expiry %.0fs from now, want about 60s", d)
 	}
 
-	// A key with an expiry passes it to its successor; a grace beyond it does not
+	// A key with an expiry passes it to its successor. A grace beyond it does not
 	// extend the old key.
 	exp := time.Now().Add(10 * time.Minute).UTC().Truncate(time.Second).Format(time.RFC3339)
 	limitedID, _ := newKey(t, owner, org, `{"name":"temp","role":"Admin","expires_at":"`+exp+`"}`)

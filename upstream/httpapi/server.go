@@ -1,16 +1,15 @@
 // Package httpapi is the HTTP interface of the upstream, the monitoring service behind
-// the keygate gateway: sessions, organisations' dashboard API keys, and monitors with
-// their plan gates, as JSON and as the dashboard's pages, plus the admin endpoints
-// (AdminHandler). The data is package store's; the command line that serves it is
-// package cli.
+// the keygate gateway. It serves sessions, the organisations' API keys, and monitors
+// with their plan gates. A person reads them as the dashboard's pages, a program as
+// JSON. The admin endpoints are apart (AdminHandler). Package store holds the data.
+// Package cli serves all this from the command line.
 //
-// Monitors have two doors onto one implementation: /orgs/{orgId}/monitors…,
-// authenticated by a session cookie and a membership, and /v1/monitors…, which trusts
-// only the identity headers the gateway adds, after checking the gateway's shared
-// secret in constant time (CONTRACT §3).
+// Monitors have two doors onto one implementation. /orgs/{orgId}/monitors… takes a
+// session cookie and a membership. /v1/monitors… takes the gateway's word: its shared
+// secret and the identity headers it adds (README.md, "The picture").
 //
-// Every error body is JSON with a string field "error" (errors.go); unknown routes,
-// wrong methods and panics included.
+// Every error body is JSON with a string member "error" (errors.go). Unknown routes,
+// wrong methods and panics answer so too.
 package httpapi
 
 import (
@@ -42,46 +41,44 @@ const maxBodyBytes = 1 << 20
 // DefaultSessionTTL is how long a session lives when Config.SessionTTL is zero.
 const DefaultSessionTTL = 7 * 24 * time.Hour
 
-// Config is what a Server needs. Pool, Logger, KeyFormat, and GatewaySecret or Identity
-// are required.
+// Config is what a Server needs. Pool, Logger and KeyFormat are required, and so is
+// GatewaySecret or Identity.
 type Config struct {
-	// Pool is the PostgreSQL pool holding the schema of package schema.
+	// Pool is the PostgreSQL pool. It holds the schema of package schema.
 	Pool *pgxpool.Pool
 	// Logger receives the request log and internal errors.
 	Logger *zap.Logger
 	// GatewaySecret is the shared secret every /v1 request must carry in
-	// X-Gateway-Secret. It must not be empty.
+	// X-Gateway-Secret. Default: none, when Identity is set.
 	GatewaySecret string
 	// Identity, if set, verifies the gateway's signed identity (X-Gateway-Identity) on
-	// every /v1 request, which then takes its caller from the assertion rather than
-	// the X-Gateway-* headers. With GatewaySecret as well, both must hold.
-	// Default: none.
+	// every /v1 request. The assertion then names the caller, not the X-Gateway-*
+	// headers. With GatewaySecret as well, both must hold. Default: none.
 	Identity *gatewayauth.Verifier
-	// KeyFormat is the format of the API keys the dashboard creates; the gateway must
-	// be configured with the same prefix.
+	// KeyFormat is the format of the API keys the dashboard creates. The gateway must
+	// have the same prefix.
 	KeyFormat keystore.Format
 	// SessionTTL is the lifetime of a session. Default: 7 days.
 	SessionTTL time.Duration
-	// SecureCookies marks the session cookie Secure on every response, for a server
-	// behind a proxy that terminates TLS; without it the cookie is Secure only on
-	// requests that reached this server over TLS. Default: false.
+	// SecureCookies marks the session cookie Secure on every response. It is for a
+	// server behind a proxy that terminates TLS. Without it, the cookie is Secure only
+	// on requests that came over TLS (secureRequest). Default: false.
 	SecureCookies bool
-	// Metrics, if set, counts requests by route and plan-gate rejections (see
-	// Metrics and AdminHandler). Default: none.
+	// Metrics, if set, counts requests by route and plan-gate refusals (see Metrics and
+	// AdminHandler). Default: none.
 	Metrics *Metrics
-	// TrustedProxies are the networks of the proxies (the gateway) whose
-	// X-Forwarded-For and X-Forwarded-Proto are believed (CONTRACT §11). serve's
-	// default is the loopback networks; here the default is none.
+	// TrustedProxies are the networks of the proxies whose X-Forwarded-For and
+	// X-Forwarded-Proto are believed, such as the gateway's. Default: none.
 	TrustedProxies []netip.Prefix
-	// store.LoginThrottle bounds failed logins per (email, client address) and per client
-	// address. Zero fields take those of store.DefaultLoginThrottle.
+	// LoginThrottle bounds failed logins per (email, client address) and per client
+	// address. Its zero fields take those of store.DefaultLoginThrottle.
 	LoginThrottle store.LoginThrottle
-	// LeakReportToken, if set, mounts POST /security/leaked-keys for secret scanners,
-	// who must send it as a bearer token (CONTRACT §12). At least 32 characters.
-	// Default: the route is absent.
+	// LeakReportToken, if set, mounts POST /security/leaked-keys for secret scanners
+	// (docs/security.md). They send it as a bearer token. It has at least
+	// MinLeakReportToken characters. Default: the route is absent.
 	LeakReportToken string
-	// Now is the clock of the checks made in Go (an API key's expires_at must be in the
-	// future; the login throttle's window). Default: time.Now.
+	// Now is the clock of the checks made in Go: a key's expiry and the login
+	// throttle's window. Default: time.Now.
 	Now func() time.Time
 }
 
@@ -98,11 +95,12 @@ type Server struct {
 	sessionTTL time.Duration
 	secure     bool
 	now        func() time.Time
-	// trustedProxies and throttle are Config's TrustedProxies and store.LoginThrottle.
+	// trustedProxies and throttle are Config's TrustedProxies and LoginThrottle.
 	trustedProxies []netip.Prefix
 	throttle       store.LoginThrottle
 	passwords      *password.Hasher
-	// leakTokenSum is SHA-256 of Config.LeakReportToken; leakReports whether it is set.
+	// leakTokenSum is the SHA-256 of Config.LeakReportToken. leakReports is whether
+	// it is set.
 	leakTokenSum [sha256.Size]byte
 	leakReports  bool
 	metrics      *Metrics // may be nil
@@ -169,11 +167,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handler.ServeHTTP(w, r)
 }
 
-// routes builds the route table. /v1 requests pass the gateway check before any route
-// is looked up, so that without the secret even an unknown /v1 path answers 401; every
-// other request passes Go's cross-origin protection, which refuses state-changing
-// browser requests sent from another origin (safe methods and requests without
-// Sec-Fetch-Site or Origin, such as curl's, pass).
+// routes builds the route table. A /v1 request passes the gateway check before any
+// route is looked up. So without the secret, even an unknown /v1 path answers 401. Any
+// other request passes Go's cross-origin protection. It refuses the state-changing
+// requests a browser sends from another origin. Safe methods pass, and so do requests
+// without Sec-Fetch-Site or Origin, such as curl's.
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 
@@ -181,9 +179,9 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("GET /openapi/"+name, serveDocument(name))
 	}
 
-	// The sessions, the keys and the dashboard's pages. Each goes through its adapter:
-	// handle checks nothing, keyRoute wants a member who may manage keys, and page
-	// (dashboard.go) shows errors as pages.
+	// The sessions, the keys and the dashboard's pages, each through its adapter.
+	// handle checks nothing. keyRoute wants a member who may manage keys. page
+	// (dashboard.go) shows errors on pages.
 	for _, rt := range []struct {
 		pattern string
 		handler http.HandlerFunc
@@ -242,7 +240,7 @@ func (s *Server) routes() http.Handler {
 }
 
 // serveDocument answers with the OpenAPI document name of package openapi, byte for
-// byte, to anyone: it describes the interface, it grants nothing.
+// byte. Anyone may read it: it describes the interface and grants nothing.
 func serveDocument(name string) http.HandlerFunc {
 	b, err := openapi.Files.ReadFile(name)
 	if err != nil {
@@ -258,12 +256,12 @@ func serveDocument(name string) http.HandlerFunc {
 	}
 }
 
-// handlerFunc is a route: it writes its answer, or returns the error to answer with
-// having written nothing.
+// handlerFunc is a route. It writes its answer, or it returns the error to answer with
+// and writes nothing.
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 
-// handle adapts h to net/http: the one place where a route's error becomes a response
-// (writeError).
+// handle adapts h to net/http. It is the one place where a route's error becomes a
+// response (writeError).
 func (s *Server) handle(h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
@@ -277,11 +275,11 @@ func isV1(path string) bool {
 	return path == "/v1" || strings.HasPrefix(path, "/v1/")
 }
 
-// jsonFallbacks answers the requests mux has no route for with JSON: 404
-// {"error":"not found"}, or 405 {"error":"method not allowed"} with mux's Allow header
-// when the path exists under other methods. A path with empty or dot segments is
-// unknown too (404), where mux would redirect to its clean form with an HTML body: no
-// answer of this API is a redirect.
+// jsonFallbacks answers with JSON the requests mux has no route for. A path known
+// under other methods is 405 {"error":"method not allowed"}, with mux's Allow header.
+// Any other is 404 {"error":"not found"}. So is a path with empty or dot segments.
+// mux would redirect it to its clean form, with HTML. No answer of this API is a
+// redirect.
 func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		if !cleanPath(r.URL.Path) {
@@ -293,8 +291,8 @@ func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 			mux.ServeHTTP(w, r)
 			return nil
 		}
-		// mux's own 404 and 405 handlers are run against a scratch writer only to learn
-		// which of the two applies and the Allow header of a 405.
+		// mux's own 404 and 405 handlers run against a scratch writer. They tell which
+		// of the two applies, and the Allow header of a 405.
 		probe := &headerProbe{header: make(http.Header)}
 		h.ServeHTTP(probe, r)
 		if probe.status == http.StatusMethodNotAllowed {
@@ -305,8 +303,8 @@ func (s *Server) jsonFallbacks(mux *http.ServeMux) http.Handler {
 	})
 }
 
-// cleanPath reports whether path is absolute and has no empty segment (//), except a
-// final one (a trailing slash), and no . or .. segment.
+// cleanPath reports whether path is absolute, with no dot segment and no empty one.
+// A final empty segment, a trailing slash, is allowed.
 func cleanPath(path string) bool {
 	if !strings.HasPrefix(path, "/") {
 		return false
@@ -339,9 +337,9 @@ func (p *headerProbe) WriteHeader(status int) {
 	}
 }
 
-// writeJSON answers with status and v as JSON. Responses are never compressed (the
-// gateway filters JSON bodies) and never cached: they are per caller, and one of them
-// holds a full API key.
+// writeJSON answers with status and v as JSON. Responses are never compressed, since
+// the gateway filters JSON bodies. Nor are they cached: they are per caller, and one of
+// them holds a full API key.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {

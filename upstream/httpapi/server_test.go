@@ -42,8 +42,8 @@ func TestUnknownRoutesAndWrongMethodsAnswerJSON(t *testing.T) {
 		{"unknown org subpath", e.Anon(), "/orgs/" + org + "/billing"},
 		{"trailing slash", e.Anon(), "/orgs/" + org + "/monitors/"},
 		{"unknown /v1 path", gw, "/v1/keys"},
-		// Paths with empty or dot segments are unknown, never redirected to their
-		// clean form (http.ServeMux would answer 301 or 307 with HTML).
+		// Paths with empty or dot segments are unknown. They are never redirected to
+		// their clean form, as http.ServeMux would with a 301 or 307 and HTML.
 		{"double slash", e.Anon(), "//"},
 		{"dot segment", e.Anon(), "/./"},
 		{"dot-dot segment", e.Anon(), "/orgs/../auth/login"},

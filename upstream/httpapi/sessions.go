@@ -74,9 +74,9 @@ func (s *Server) logIn(w http.ResponseWriter, r *http.Request, in loginInput) er
 	case errors.Is(err, apperr.ErrBadCredentials):
 		return err
 	case err != nil:
-		// Not a failure of the caller's: the attempt must not count against them. The
-		// request's context may be over (the client left); the database timeout still
-		// bounds the wait.
+		// Not a failure of the caller's, so the attempt must not count against them.
+		// The request's context may be over if the client left. The database timeout
+		// still bounds the wait.
 		if rerr := s.store.ReleaseLogin(context.WithoutCancel(r.Context()), attempt); rerr != nil {
 			s.logger.Warn("releasing login attempt failed", zap.Error(rerr))
 		}
@@ -141,8 +141,8 @@ func (s *Server) checkPassword(ctx context.Context, email, pw string) (string, e
 	}
 	ok, err := s.passwords.Verify(ctx, encoded, pw)
 	if errors.Is(err, password.ErrBadHash) {
-		// A row the operator must repair; the caller learns nothing more than from a
-		// wrong password.
+		// A row the operator must repair. The caller learns no more than from a wrong
+		// password.
 		s.logger.Error("stored password hash is unusable", zap.String("user_id", userID))
 		return "", apperr.ErrBadCredentials
 	}
@@ -155,8 +155,7 @@ func (s *Server) checkPassword(ctx context.Context, email, pw string) (string, e
 	return userID, nil
 }
 
-// handleLogout answers POST /auth/logout: the session, if any, is deleted and the
-// cookie cleared. It answers 204 with or without a valid session.
+// handleLogout answers POST /auth/logout with 204, with or without a valid session.
 func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 	if err := s.logOut(w, r); err != nil {
 		return err
@@ -165,7 +164,7 @@ func (s *Server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// logOut deletes r's session, if any, and clears its cookie on w: both doors of the
+// logOut deletes r's session, if any, and clears its cookie on w. Both doors of the
 // logout call it.
 func (s *Server) logOut(w http.ResponseWriter, r *http.Request) error {
 	if sum, ok := sessionTokenHash(r); ok {
@@ -185,8 +184,8 @@ func (s *Server) logOut(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// sessionTokenHash returns the SHA-256 of r's session token, and false when r carries no
-// cookie that could be a session token.
+// sessionTokenHash returns the SHA-256 of r's session token. It returns false when r
+// carries no cookie that could be a session token.
 func sessionTokenHash(r *http.Request) ([sha256.Size]byte, bool) {
 	c, err := r.Cookie(SessionCookie)
 	if err != nil {

@@ -11,12 +11,12 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// loopback is the trusted proxy of the throttle tests: the test client connects from it
-// and names the client address in X-Forwarded-For.
+// loopback is the trusted proxy of the throttle tests. The test client connects from
+// it, and names the client address in X-Forwarded-For.
 var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 
-// newThrottleEnv is a test server trusting loopback, with a one-minute window, 3
-// failures per (email, address) and 5 per address, on clock.
+// newThrottleEnv is a test server on clock that trusts loopback. Its window is a
+// minute. It allows 3 failures per (email, address) and 5 per address.
 func newThrottleEnv(t *testing.T, clock *upstreamtest.Clock) *upstreamtest.Env {
 	return upstreamtest.NewEnv(t, func(c *httpapi.Config) {
 		c.TrustedProxies = loopback
