@@ -5,8 +5,7 @@ import (
 	"fmt"
 )
 
-// OrgMembership is one organisation a user belongs to, as the dashboard's chooser
-// shows it.
+// OrgMembership is one organisation a user belongs to, as the dashboard shows it.
 type OrgMembership struct {
 	ID   string
 	Name string

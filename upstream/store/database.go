@@ -10,25 +10,25 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultDatabaseTimeout bounds each wait on PostgreSQL (a pool acquire, a statement, a
-// batch) when serve's --database-timeout is not given.
+// DefaultDatabaseTimeout bounds each wait on PostgreSQL: a pool acquire, a statement, a
+// batch. serve's --database-timeout may set another.
 const DefaultDatabaseTimeout = 5 * time.Second
 
 // DefaultMaxConns is the pool size when DATABASE_URL has no pool_max_conns. pgxpool's
-// own default, max(4, NumCPU), queues dashboard requests behind four slow statements on
-// a small machine; 16 connections stay far below PostgreSQL's default max_connections
-// (100) even with a few upstream instances.
+// own default is max(4, NumCPU). On a small machine, that queues dashboard requests
+// behind four slow statements. 16 connections stay far below PostgreSQL's default
+// max_connections (100), even with a few upstream instances.
 const DefaultMaxConns = 16
 
-// defaultMinConns is the floor of connections the pool keeps open when DATABASE_URL
-// has no pool_min_conns, so that requests after a quiet spell, or after PostgreSQL
-// restarted behind a slow link, find connections ready rather than wait for one to
-// open (pgxpool opens them in the background, within ConnectTimeout).
+// defaultMinConns is the floor of open connections when DATABASE_URL has no
+// pool_min_conns. Requests after a quiet spell then find connections ready. So do
+// requests after PostgreSQL restarted behind a slow link. pgxpool opens these
+// connections in the background, within ConnectTimeout (docs/dependencies.md).
 const defaultMinConns = 4
 
-// PoolConfig parses databaseURL into a pool configuration whose every wait on the
-// database is bounded by timeout (see timeoutTracer). maxConns, when positive, sets the
-// pool size; otherwise pool_max_conns of the URL does, or DefaultMaxConns.
+// PoolConfig parses databaseURL into a pool configuration. timeout bounds its every
+// wait on the database (timeoutTracer). A positive maxConns sets the pool size.
+// Otherwise the URL's pool_max_conns does, or else DefaultMaxConns.
 func PoolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
@@ -52,14 +52,14 @@ func PoolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgx
 	return cfg, nil
 }
 
-// timeoutTracer bounds every wait of a pool on PostgreSQL: pgx and pgxpool run the
+// timeoutTracer bounds every wait of a pool on PostgreSQL. pgx and pgxpool run the
 // acquire, each statement and each batch under the context a tracer's Start method
-// returns, and call its End method when the wait is over. Applying the timeout here,
-// once, covers every query of the upstream and of the keystore it shares the pool
-// with, without a deadline at each call site. A statement or acquire that outlives the
-// timeout fails with context.DeadlineExceeded, which apperr.Code maps to EUNAVAILABLE
-// (503). Each wait gets the whole timeout: a request making several queries that each
-// answer in time never fails for their sum.
+// returns. They call its End method when the wait is over. The timeout applied here,
+// once, covers every query. That includes the keystore's, which shares the pool. No
+// call site needs a deadline of its own. A wait that outlives the timeout fails with
+// context.DeadlineExceeded, which apperr.Code maps to EUNAVAILABLE (503). Each wait
+// gets the whole timeout. So a request never fails for the sum of queries that each
+// answer in time.
 type timeoutTracer struct {
 	timeout time.Duration
 }
@@ -105,7 +105,7 @@ func (t timeoutTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ p
 	t.end(ctx)
 }
 
-// Open opens a pool configured by cfg (from PoolConfig) and pings it.
+// Open opens a pool configured by cfg, from PoolConfig, and pings it.
 func Open(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

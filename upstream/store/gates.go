@@ -8,7 +8,7 @@ import (
 
 // planLimits is the part of an organisation's plan that gates monitor writes.
 type planLimits struct {
-	// maxMonitors is the number of live monitors allowed; -1 means no cap.
+	// maxMonitors is the number of live monitors allowed. -1 means no cap.
 	maxMonitors int
 	// minInterval is the smallest interval_seconds allowed.
 	minInterval int
@@ -18,12 +18,13 @@ type planLimits struct {
 	checkTypes []string
 }
 
-// skipMonitorQuota is passed to planGate for writes that do not add a monitor, to which the
-// count gate does not apply.
+// skipMonitorQuota is planGate's liveMonitors for a write that adds no monitor. The
+// count gate does not apply to it.
 const skipMonitorQuota = -1
 
-// planGate is the one place the plan gates of CONTRACT §6 are decided, for both doors,
-// after the body has been found valid. It returns the first gate w fails, in order:
+// planGate is the one place the plan gates are decided, for both doors
+// (openapi/v1.yaml). It runs after the body is found valid. It returns the first gate w
+// fails, in this order:
 //
 //  1. monitor count (creates only: liveMonitors is the org's count of live monitors,
 //     or skipMonitorQuota): 402 quota_exceeded "monitors";
@@ -32,9 +33,9 @@ const skipMonitorQuota = -1
 //     "location:<name>";
 //  4. check type: 403 feature_gated "check_type:<type>".
 //
-// Only the fields w sets are gated, so that a PATCH that renames a monitor of an
-// organisation since moved to a smaller plan still succeeds; a create sets every field
-// (defaults included) and is gated on all of them.
+// Only the fields w sets are gated. So a PATCH may rename a monitor of an organisation
+// that has since moved to a smaller plan. A create sets every field, defaults included,
+// and is gated on all of them.
 func planGate(p planLimits, w MonitorWrite, liveMonitors int) error {
 	if liveMonitors != skipMonitorQuota && p.maxMonitors >= 0 && liveMonitors >= p.maxMonitors {
 		return apperr.ErrMonitorQuota

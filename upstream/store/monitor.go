@@ -13,7 +13,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// The values a monitor's fields may take (CONTRACT §6), and the defaults of a create.
+// The values a monitor's fields may take, and the defaults of a create.
 var (
 	// MonitorTypes are the check types a monitor may have.
 	MonitorTypes = []string{"http", "tcp", "dns", "icmp"}
@@ -34,10 +34,11 @@ const (
 var defaultLocations = []string{"us-east"}
 
 // MonitorWrite is a monitor write, decoded from a request body. A nil field is one the
-// body does not set; Config and Assertions hold JSON that PostgreSQL's jsonb can store,
-// typed json.RawMessage so that pgx sends them as JSON text in every query exec mode: a
-// []byte would go as bytea ('\x7b7d') where pgx does not prepare the statement first
-// (exec and simple_protocol, the modes for PgBouncer's transaction pooling).
+// body does not set. Config and Assertions hold JSON that PostgreSQL's jsonb can store.
+// They are json.RawMessage so that pgx sends them as JSON text in every query exec
+// mode. A []byte would go as bytea ('\x7b7d') where pgx does not prepare the statement
+// first. Those are the modes exec and simple_protocol, for PgBouncer's transaction
+// pooling.
 type MonitorWrite struct {
 	Name            *string
 	Type            *string
@@ -55,8 +56,8 @@ func (w MonitorWrite) empty() bool {
 		w.Locations == nil && w.Paused == nil && w.Config == nil && w.Assertions == nil
 }
 
-// ForCreate checks that w can create a monitor: name, type and target are required,
-// interval_seconds and locations take their defaults, and target must suit type.
+// ForCreate checks that w can create a monitor. Name, type and target are required,
+// and target must suit type. The other fields, when left out, take their defaults.
 func (w MonitorWrite) ForCreate() (MonitorWrite, error) {
 	switch {
 	case w.Name == nil:
@@ -94,10 +95,10 @@ func (w MonitorWrite) ForCreate() (MonitorWrite, error) {
 //   - dns: a hostname (a name to resolve, so not an IP address);
 //   - icmp: a hostname or an IP address.
 //
-// A hostname is at most 253 characters of dot-separated labels of 1 to 63 letters,
-// digits and hyphens, neither starting nor ending with a hyphen, with an optional final
-// dot; its last label is not all digits. Internationalised names are given in punycode.
-// No target contains white space.
+// A hostname has at most 253 characters, and an optional final dot. Its labels are
+// separated by dots. A label has 1 to 63 letters, digits and hyphens, with no hyphen at
+// either end. The last label is not all digits. Internationalised names are given in
+// punycode. No target contains white space.
 func CheckTarget(typ, target string) error {
 	if strings.IndexFunc(target, unicode.IsSpace) >= 0 {
 		return apperr.Invalid("target", "must not contain white space")
@@ -165,8 +166,8 @@ func validPort(s string) bool {
 	return err == nil && n >= 1 && n <= 65535
 }
 
-// ValidUUID reports whether s is a UUID in its canonical textual form,
-// 8-4-4-4-12 hexadecimal digits of either case.
+// ValidUUID reports whether s is a UUID in its canonical textual form: 8-4-4-4-12
+// hexadecimal digits of either case.
 func ValidUUID(s string) bool {
 	if len(s) != 36 {
 		return false

@@ -14,8 +14,8 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// Monitor is a monitor as the API returns it: never its config, assertions,
-// config_version, paused_reason, org_id or deleted_at, which are not even read.
+// Monitor is a monitor as the API returns it. Its config, assertions, config_version,
+// paused_reason, org_id and deleted_at are never even read.
 type Monitor struct {
 	ID              string    `json:"id"`
 	Name            string    `json:"name"`
@@ -41,11 +41,11 @@ func scanMonitor(row pgx.Row, extra ...any) (Monitor, error) {
 	return m, err
 }
 
-// CreateMonitor inserts a monitor for orgID once it passes the plan's gates. The org's
-// row is locked (FOR NO KEY UPDATE, which does not block the foreign-key checks of other
-// tables) for the whole transaction, so concurrent creates in one org count and insert
-// one at a time: two creates at max_monitors - 1 cannot both succeed. w must have been
-// through ForCreate.
+// CreateMonitor inserts a monitor for orgID once it passes the plan's gates. w must
+// have been through ForCreate. The org's row is locked for the whole transaction, so
+// concurrent creates in one org count and insert one at a time. Two creates at
+// max_monitors - 1 cannot both succeed. The lock is FOR NO KEY UPDATE, which leaves
+// other tables' foreign-key checks alone.
 func (s *Store) CreateMonitor(ctx context.Context, orgID string, w MonitorWrite) (Monitor, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -88,11 +88,11 @@ RETURNING `+monitorColumns,
 	return m, nil
 }
 
-// PatchMonitor applies w to the live monitor id of orgID, after checking that the
-// resulting target suits the resulting type and that the fields w sets pass the plan's
-// gates. config_version grows by one when the stored config or assertions change
-// (compared as jsonb, so key order and white space do not count). A w that sets
-// nothing changes nothing, updated_at included.
+// PatchMonitor applies w to the live monitor id of orgID. The resulting target must
+// suit the resulting type. The fields w sets must pass the plan's gates.
+// config_version grows by one when the stored config or assertions change. They are
+// compared as jsonb, so key order and white space do not count. A w that sets nothing
+// changes nothing, updated_at included.
 func (s *Store) PatchMonitor(ctx context.Context, orgID, id string, w MonitorWrite) (Monitor, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -167,8 +167,8 @@ FROM monitors m WHERE m.id = $1 AND m.org_id = $2 AND m.deleted_at IS NULL`, id,
 	return m, nil
 }
 
-// DeleteMonitor soft-deletes the live monitor id of orgID, or answers
-// apperr.ErrMonitorNotFound; a deleted monitor is not found again.
+// DeleteMonitor marks the live monitor id of orgID deleted. It is not found again.
+// A monitor not found is apperr.ErrMonitorNotFound.
 func (s *Store) DeleteMonitor(ctx context.Context, orgID, id string) error {
 	tag, err := s.pool.Exec(ctx, `UPDATE monitors SET deleted_at = now(), updated_at = now()
 WHERE id = $1 AND org_id = $2 AND deleted_at IS NULL`, id, orgID)
@@ -181,20 +181,20 @@ WHERE id = $1 AND org_id = $2 AND deleted_at IS NULL`, id, orgID)
 	return nil
 }
 
-// Cursor is a position in an org's monitor list: the (created_at, id) of the last
-// monitor of a page. Clients see it only as an opaque string.
+// Cursor is a position in an org's monitor list: the (created_at, id) of a page's last
+// monitor. Clients see it only as an opaque string.
 type Cursor struct {
 	CreatedAt time.Time
 	ID        string
 }
 
-// Encode returns c as base64url text of "<unix microseconds>,<id>"; PostgreSQL keeps
-// microseconds, so the position is exact.
+// Encode returns c as the base64url text of "<unix microseconds>,<id>". PostgreSQL
+// keeps microseconds, so the position is exact.
 func (c Cursor) Encode() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.CreatedAt.UnixMicro(), 10) + "," + c.ID))
 }
 
-// DecodeCursor is the inverse of Encode; anything else is an EINVALID error naming
+// DecodeCursor is the inverse of Encode. Anything else is an EINVALID error naming
 // "cursor".
 func DecodeCursor(s string) (Cursor, error) {
 	bad := apperr.Invalid("cursor", "is not a cursor this API returned")
@@ -213,9 +213,9 @@ func DecodeCursor(s string) (Cursor, error) {
 	return Cursor{CreatedAt: time.UnixMicro(us), ID: id}, nil
 }
 
-// ListMonitors returns up to limit live monitors of orgID after the position after (or
-// from the start when nil), ordered by (created_at, id), and the cursor of the next
-// page, nil at the end.
+// ListMonitors returns up to limit live monitors of orgID, ordered by (created_at, id).
+// They start after the position after, or from the start when after is nil. It also
+// returns the cursor of the next page, nil at the end.
 func (s *Store) ListMonitors(ctx context.Context, orgID string, limit int, after *Cursor) ([]Monitor, *Cursor, error) {
 	var (
 		rows pgx.Rows

@@ -12,10 +12,10 @@ import (
 	"github.com/keygate/keygate/upstream/password"
 )
 
-// The operator's writes behind the commands of package cli (CONTRACT §7). Each changes
-// the database in one statement or transaction and returns what it wrote, which the
-// command prints as JSON. Their input has been checked by the command; a missing
-// referent is apperr.ENOTFOUND, a duplicate apperr.ECONFLICT.
+// The operator's writes behind the commands of package cli (docs/configuration.md).
+// Each changes the database in one statement or transaction. Each returns what it
+// wrote, and the command prints that as JSON. The command has checked their input. A
+// missing referent is apperr.ENOTFOUND, a duplicate apperr.ECONFLICT.
 
 // Plan is a plan as `plan put` writes and prints it.
 type Plan struct {
@@ -48,8 +48,7 @@ type Member struct {
 	Role   string `json:"role"`
 }
 
-// PutPlan creates the plan p.Name or replaces its limits; p has passed the command's
-// checks.
+// PutPlan creates the plan p.Name or replaces its limits.
 func (s *Store) PutPlan(ctx context.Context, p Plan) (Plan, error) {
 	_, err := s.pool.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types)
 VALUES ($1, $2, $3, $4, $5, $6)
@@ -67,8 +66,7 @@ ON CONFLICT (name) DO UPDATE SET
 	return p, nil
 }
 
-// CreateOrg creates an organisation on an existing plan; name has passed the command's
-// checks.
+// CreateOrg creates an organisation on an existing plan.
 func (s *Store) CreateOrg(ctx context.Context, name, planName string) (Org, error) {
 	o := Org{Name: name, Plan: planName}
 	err := s.pool.QueryRow(ctx, `INSERT INTO orgs (name, plan) SELECT $1, name FROM plans WHERE name = $2 RETURNING id::text`,
@@ -103,8 +101,8 @@ func (s *Store) SetOrgPlan(ctx context.Context, orgID, planName string) (Org, er
 	return o, nil
 }
 
-// CreateUser creates a user with an argon2id hash of pw by hasher; email and pw have
-// passed the command's checks. Emails are unique whatever their case.
+// CreateUser creates a user with hasher's hash of pw. Emails are unique, whatever their
+// case.
 func (s *Store) CreateUser(ctx context.Context, hasher *password.Hasher, email, pw string) (User, error) {
 	encoded, err := hasher.Hash(ctx, pw)
 	if err != nil {
@@ -123,8 +121,8 @@ func (s *Store) CreateUser(ctx context.Context, hasher *password.Hasher, email, 
 	return u, nil
 }
 
-// AddMember makes the user with email a member of orgID with role, which have passed
-// the command's checks; a user who is already a member gets the new role.
+// AddMember makes the user with email a member of orgID with role. A user who is
+// already a member gets the new role.
 func (s *Store) AddMember(ctx context.Context, orgID, email, role string) (Member, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {

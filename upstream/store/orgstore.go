@@ -10,10 +10,10 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// The queries of organisations, their plans and their memberships that the routes make.
-// The operator's writes to the same tables are in operatorstore.go.
+// The routes' queries of organisations, their plans and their memberships. The
+// operator's writes to the same tables are in operatorstore.go.
 
-// Member roles. Owner exists only for people; keys are Admin, Editor or Viewer.
+// Member roles. Owner exists only for people. Keys are Admin, Editor or Viewer.
 const (
 	RoleOwner  = "Owner"
 	RoleAdmin  = "Admin"
@@ -26,8 +26,8 @@ func ValidMemberRole(role string) bool {
 	return role == RoleOwner || role == RoleAdmin || role == RoleEditor || role == RoleViewer
 }
 
-// MemberRole returns the role of userID in orgID, or apperr.ErrNotFound when userID is not a
-// member (or orgID does not exist).
+// MemberRole returns the role of userID in orgID. It returns apperr.ErrNotFound when
+// userID is not a member, or orgID does not exist.
 func (s *Store) MemberRole(ctx context.Context, orgID, userID string) (string, error) {
 	var role string
 	err := s.pool.QueryRow(ctx, `SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2`,
@@ -41,8 +41,8 @@ func (s *Store) MemberRole(ctx context.Context, orgID, userID string) (string, e
 	return role, nil
 }
 
-// APIRateLimit returns the api_rate_limit of orgID's plan (0: no API access), or
-// apperr.ErrNotFound when the org does not exist (it was deleted since its membership was read).
+// APIRateLimit returns the api_rate_limit of orgID's plan. 0 means no API access. It
+// returns apperr.ErrNotFound when the org no longer exists.
 func (s *Store) APIRateLimit(ctx context.Context, orgID string) (int, error) {
 	var rateLimit int
 	err := s.pool.QueryRow(ctx, `SELECT p.api_rate_limit FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.id = $1`,

@@ -6,13 +6,13 @@ import (
 	"time"
 )
 
-// purgeBatch is the most rows one purge statement deletes, so that a purge after a long
+// purgeBatch is the most rows one purge statement deletes. So a purge after a long
 // outage never holds locks, or runs, for long.
 const purgeBatch = 5000
 
-// PurgeExpired deletes the expired sessions (by the database's clock, which judges
-// them in SessionUser) and the login attempts that left the throttle's window by now,
-// in batches, and returns how many of each it deleted.
+// PurgeExpired deletes, in batches, the expired sessions and the login attempts that
+// left the throttle's window by now. The database's clock judges sessions, as in
+// SessionUser. It returns how many of each it deleted.
 func (s *Store) PurgeExpired(ctx context.Context, now time.Time, window time.Duration) (sessions, attempts int64, err error) {
 	for _, p := range []struct {
 		sql  string

@@ -8,11 +8,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// RequiredSchemaVersion is the newest migration of schema/ this code relies on; serve
-// refuses an older database rather than fail on its first request.
+// RequiredSchemaVersion is the newest migration of schema/ this code relies on. serve
+// refuses an older database, rather than fail on its first request.
 const RequiredSchemaVersion = 3
 
-// SchemaVersion returns the version tern recorded, 0 for a database never migrated.
+// SchemaVersion returns the version tern recorded, or 0 for a database never migrated.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	var present bool
 	if err := s.pool.QueryRow(ctx, `SELECT to_regclass('schema_version') IS NOT NULL`).Scan(&present); err != nil {

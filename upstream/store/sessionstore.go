@@ -15,14 +15,14 @@ import (
 )
 
 // The queries of users' passwords and sessions. A session is stored as the SHA-256 of
-// its token, never the token.
+// its token, never as the token.
 
-// SessionTokenBytes is the number of random bytes of a session token, which the cookie
-// carries in unpadded base64url.
+// SessionTokenBytes is the number of random bytes of a session token. The cookie
+// carries them in unpadded base64url.
 const SessionTokenBytes = 32
 
-// PasswordHash returns the id and stored password hash of the user with email, whatever
-// its case, or apperr.ErrBadCredentials when there is none.
+// PasswordHash returns the id and stored password hash of the user with email, in any
+// case. It returns apperr.ErrBadCredentials when there is none.
 func (s *Store) PasswordHash(ctx context.Context, email string) (userID, encoded string, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT id::text, password_hash FROM users WHERE lower(email) = lower($1)`,
 		email).Scan(&userID, &encoded)
@@ -35,8 +35,8 @@ func (s *Store) PasswordHash(ctx context.Context, email string) (userID, encoded
 	return userID, encoded, nil
 }
 
-// CreateSession stores a new session of userID that lives for ttl and returns its
-// token. Only the token's SHA-256 is stored. The user's expired sessions are deleted on the way.
+// CreateSession stores a new session of userID that lives for ttl, and returns its
+// token. The user's expired sessions are deleted on the way.
 func (s *Store) CreateSession(ctx context.Context, userID string, ttl time.Duration) (string, error) {
 	var raw [SessionTokenBytes]byte
 	if _, err := rand.Read(raw[:]); err != nil {
@@ -55,7 +55,7 @@ func (s *Store) CreateSession(ctx context.Context, userID string, ttl time.Durat
 }
 
 // SessionUser returns the user of the live session whose token hashes to sum, or
-// apperr.ErrUnauthenticated. Expiry is judged by the database's clock.
+// apperr.ErrUnauthenticated. The database's clock judges expiry.
 func (s *Store) SessionUser(ctx context.Context, sum [sha256.Size]byte) (string, error) {
 	var userID string
 	err := s.pool.QueryRow(ctx, `SELECT user_id::text FROM sessions WHERE token_hash = $1 AND expires_at > now()`,

@@ -9,42 +9,41 @@ import (
 	"time"
 )
 
-// LoginThrottle is how many login attempts may fail in a sliding window before more
-// are refused with 429, without checking the password.
+// LoginThrottle is how many logins may fail in a sliding window. Past it, more are
+// refused with 429, and the password is not checked.
 type LoginThrottle struct {
 	// Window is the length of the sliding window. Default: 15 minutes.
 	Window time.Duration
 	// PerEmail is the number of failures allowed per (email, client address) in a
-	// window: the owner of the account, at another address, is not affected.
-	// Default: 5.
+	// window. The account's owner, at another address, is not affected. Default: 5.
 	PerEmail int
 	// PerClient is the number of failures allowed per client address in a window,
-	// whatever the emails; it is higher so that people behind one NAT do not lock
-	// each other out. Default: 30.
+	// whatever the emails. It is higher, so people behind one NAT do not lock each
+	// other out. Default: 30.
 	PerClient int
 }
 
 // DefaultLoginThrottle is the throttle of a server whose configuration leaves it zero.
 var DefaultLoginThrottle = LoginThrottle{Window: 15 * time.Minute, PerEmail: 5, PerClient: 30}
 
-// The login throttle is a sliding-window log in PostgreSQL, so that every upstream
-// instance shares it: an attacker spreading guesses over instances gets no more of them.
-// An attempt is reserved (a row in login_attempts) before the password is checked,
-// under an advisory lock per client address, so that concurrent guesses from one
-// address cannot all pass the check before any of them is counted. A failed attempt
-// keeps its row until it leaves the window; a successful login deletes the rows of its
-// (email, address) pair; an attempt that could not be judged (the hashing queue was
-// full, the database failed) gives its row back.
+// The login throttle is a sliding-window log in PostgreSQL. Every upstream instance
+// shares it, so spreading guesses over instances gains an attacker nothing. An attempt
+// is reserved, as a row in login_attempts, before the password is checked. An advisory
+// lock per client address guards the reservation. So concurrent guesses from one
+// address cannot all pass before any is counted. A failed attempt keeps its row until
+// it leaves the window. A successful login deletes the rows of its (email, address)
+// pair. An attempt that could not be judged gives its row back: the hashing queue was
+// full, or the database failed.
 
-// EmailKey is how login_attempts stores an email: SHA-256 of its lower-case form.
+// EmailKey is how login_attempts stores an email: the SHA-256 of its lower-case form.
 func EmailKey(email string) []byte {
 	sum := sha256.Sum256([]byte(strings.ToLower(email)))
 	return sum[:]
 }
 
-// ReserveLogin records a login attempt for (client, email) at now and returns its id,
-// or returns how long the caller must wait when the failures of t's window already
-// reach one of t's limits (then nothing is recorded). email is an EmailKey.
+// ReserveLogin records a login attempt for (client, email) at now, and returns its id.
+// email is an EmailKey. When the failures in t's window already reach one of t's
+// limits, it records nothing. It returns how long the caller must wait instead.
 func (s *Store) ReserveLogin(ctx context.Context, t LoginThrottle, client string, email []byte, now time.Time) (int64, time.Duration, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -89,8 +88,9 @@ func (s *Store) ReserveLogin(ctx context.Context, t LoginThrottle, client string
 	return id, 0, nil
 }
 
-// wait returns how long from now until fewer than limit of the attempts ats (in
-// ascending order, all inside the window) remain in the window; 0 when already fewer.
+// wait returns how long from now until fewer than limit of the attempts ats remain in
+// the window. ats are in ascending order, all inside the window. wait is 0 when fewer
+// remain already.
 func (t LoginThrottle) wait(ats []time.Time, limit int, now time.Time) time.Duration {
 	if len(ats) < limit {
 		return 0
