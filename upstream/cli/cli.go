@@ -1,7 +1,7 @@
-// Package cli is the upstream's command line: `upstream serve`, which serves package
-// httpapi, `upstream migrate`, and the operator's plan, org, user and member commands,
-// which write through package store (CONTRACT §7). Main parses and dispatches them;
-// cmd/upstream calls it.
+// Package cli is the upstream's command line (docs/configuration.md). `upstream serve`
+// serves package httpapi. `upstream migrate` applies the schema. The operator's plan,
+// org, user and member commands write through package store. Main parses and
+// dispatches them. cmd/upstream calls Main.
 package cli
 
 import (
@@ -30,11 +30,12 @@ const (
 	exitUsage   = 2 // the command line or environment is wrong
 )
 
-// Main runs the upstream command line: args are the arguments after the program's
-// name, getenv reads the environment, and ctx ends `serve` (main cancels it on SIGINT
-// and SIGTERM). Each operator command prints one JSON object on stdout on success; any
-// failure is one line on stderr. Main returns the exit code: 0 on success (and for
-// --help), 1 when the command failed, 2 when the command line or environment is wrong.
+// Main runs the upstream command line. args are the arguments after the program's
+// name. getenv reads the environment. ctx ends `serve`; main cancels it on SIGINT and
+// SIGTERM. On success, each operator command prints one JSON object on stdout. Any
+// failure is one line on stderr. Main returns the exit code. It is 0 on success and for
+// --help, 1 when the command failed, and 2 when the command line or environment is
+// wrong.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	c := &cli{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
 	name, err := c.dispatch(args)
@@ -50,8 +51,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	}
 }
 
-// cliMessage is err as the operator reads it: the Message of an *Error, the full text
-// of anything else (the operator may see internals).
+// cliMessage is err as the operator reads it. It is the Message of an *Error, or else
+// the full text: the operator may see internals.
 func cliMessage(err error) string {
 	var e *apperr.Error
 	if errors.As(err, &e) {
@@ -60,7 +61,7 @@ func cliMessage(err error) string {
 	return err.Error()
 }
 
-// oneLine joins the lines of s, so that every failure is one line on stderr.
+// oneLine joins the lines of s, so every failure is one line on stderr.
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
 }
@@ -68,6 +69,7 @@ func oneLine(s string) string {
 // errUsage marks errors in the command line or environment (exit 2).
 var errUsage = errors.New("usage")
 
+// usageErrorf returns an errUsage with a formatted message.
 func usageErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
 }
@@ -81,8 +83,8 @@ type cli struct {
 	getenv func(string) string
 }
 
-// dispatch finds the command named by the first one or two words of args and runs it.
-// It returns the name to prefix messages with.
+// dispatch runs the command the first one or two words of args name. It returns the
+// name to prefix messages with.
 func (c *cli) dispatch(args []string) (string, error) {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		c.printUsage(c.stdout, "")
@@ -113,6 +115,7 @@ func (c *cli) dispatch(args []string) (string, error) {
 	return "upstream", usageErrorf("unknown command %q (see upstream --help)", args[0])
 }
 
+// hasGroup reports whether group is the first word of a command, as "plan" is.
 func (c *cli) hasGroup(group string) bool {
 	for _, cmd := range commands {
 		if first, _, ok := strings.Cut(cmd.name, " "); ok && first == group {
@@ -136,8 +139,8 @@ func (c *cli) printUsage(w io.Writer, group string) {
 	}
 }
 
-// flags returns a FlagSet for command name whose --help text is synopsis and description
-// followed by the flags.
+// flags returns a FlagSet for command name. Its --help prints synopsis and
+// description, then the flags.
 func (c *cli) flags(name, synopsis, description string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
@@ -153,8 +156,8 @@ func (c *cli) flags(name, synopsis, description string) *flag.FlagSet {
 	return fs
 }
 
-// parse parses args into fs, requiring the flags named in required and no positional
-// arguments. --help prints the usage on stdout and returns flag.ErrHelp.
+// parse parses args into fs. The flags named in required must be given, and no
+// positional argument. --help prints the usage on stdout and returns flag.ErrHelp.
 func (c *cli) parse(fs *flag.FlagSet, args []string, required ...string) error {
 	var buf bytes.Buffer
 	fs.SetOutput(&buf)
@@ -189,8 +192,8 @@ func (c *cli) databaseURL() (string, error) {
 	return u, nil
 }
 
-// connect opens a pool of maxConns connections (0: the default of store.PoolConfig) on
-// DATABASE_URL, with each database wait bounded by timeout, and pings it.
+// connect opens a pool of maxConns connections on DATABASE_URL, and pings it. 0 means
+// store.PoolConfig's default. timeout bounds each database wait.
 func (c *cli) connect(maxConns int32, timeout time.Duration) (*pgxpool.Pool, error) {
 	u, err := c.databaseURL()
 	if err != nil {
@@ -203,8 +206,8 @@ func (c *cli) connect(maxConns int32, timeout time.Duration) (*pgxpool.Pool, err
 	return store.Open(c.ctx, cfg)
 }
 
-// errBadDatabaseURL is a DATABASE_URL that pgx cannot parse; its text may hold a
-// password, so it is not repeated.
+// errBadDatabaseURL is a DATABASE_URL that pgx cannot parse. Its text may hold a
+// password, so the message leaves it out.
 var errBadDatabaseURL = usageErrorf("DATABASE_URL is not a valid postgres URL")
 
 // printJSON writes v as one line of JSON on stdout.
@@ -217,7 +220,7 @@ func (c *cli) printJSON(v any) error {
 	return err
 }
 
-// splitList splits a comma-separated flag value, dropping white space around items.
+// splitList splits a comma-separated flag value, and trims white space around items.
 func splitList(s string) []string {
 	var out []string
 	for _, v := range strings.Split(s, ",") {

@@ -26,8 +26,8 @@ func run(t *testing.T, env map[string]string, stdin string, args ...string) (cod
 	return code, out.String(), errOut.String()
 }
 
-// startServe runs the command line with args and the environment env until ctx ends,
-// and returns its standard error, where serve logs, and the channel of its exit code.
+// startServe runs the command line with args and the environment env until ctx ends.
+// It returns its standard error, where serve logs, and the channel of its exit code.
 func startServe(ctx context.Context, env map[string]string, args ...string) (stderr io.Reader, done <-chan int) {
 	pr, pw := io.Pipe()
 	codes := make(chan int, 1)
@@ -39,7 +39,7 @@ func startServe(ctx context.Context, env map[string]string, args ...string) (std
 	return pr, codes
 }
 
-// wantExit waits for the exit code of serve on done and checks that it is 0; what
+// wantExit waits for the exit code of serve on done, and checks that it is 0. what
 // follows the code in the failure's words.
 func wantExit(t *testing.T, done <-chan int, what string) {
 	t.Helper()
@@ -174,7 +174,7 @@ func TestOperatorCommands(t *testing.T) {
 		})
 	}
 
-	// The password is the first line without its line ending: it logs in, and the
+	// The password is the first line without its line ending. It logs in, and the
 	// stored hash is argon2id.
 	e := upstreamtest.NewEnvOn(t, dbURL)
 	e.Login("ada@example.com", "s3cret pass")

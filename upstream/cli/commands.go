@@ -13,12 +13,12 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// The commands of the command line (CONTRACT §7). Each operator command parses its
-// flags, checks them once, here, and runs its write of package store on DATABASE_URL
-// through withPool, which prints the result as one JSON object. serve is in serve.go.
+// The commands of the command line (docs/configuration.md). Each operator command
+// parses its flags and checks them once, here. It then runs its write of package
+// store through withPool. serve is in serve.go.
 
-// command is one subcommand: its words ("plan put"), a line of description, and what it
-// does with the arguments after its words.
+// command is one subcommand. It has its words ("plan put"), a line of description, and
+// what it does with the arguments after its words.
 type command struct {
 	name    string
 	summary string
@@ -35,10 +35,10 @@ var commands = []command{
 	{"member add", "make a user a member of an organisation, or change their role", (*cli).memberAdd},
 }
 
-// withPool runs op on a store on a small pool of DATABASE_URL, each database wait
-// bounded by store.DefaultDatabaseTimeout, closes the pool and prints what op returns as one line of
-// JSON. Commands check their flags before they call it, so that bad flags are reported
-// without a database.
+// withPool runs op on a store on a small pool of DATABASE_URL. store.DefaultDatabaseTimeout
+// bounds each database wait. withPool prints what op returns as one line of JSON.
+// Commands check their flags before they call it. So bad flags are reported without a
+// database.
 func (c *cli) withPool(op func(ctx context.Context, st *store.Store) (any, error)) error {
 	pool, err := c.connect(2, store.DefaultDatabaseTimeout)
 	if err != nil {
@@ -210,7 +210,8 @@ func checkList(flag string, list, known []string) error {
 	return nil
 }
 
-// checkOrgName checks an organisation's name: 1 to 200 characters, no control ones.
+// checkOrgName checks an organisation's name: 1 to 200 characters, none a control
+// character.
 func checkOrgName(name string) error {
 	if n := len([]rune(name)); n < 1 || n > 200 || strings.IndexFunc(name, unicode.IsControl) >= 0 {
 		return apperr.Invalid("--name", "must be 1 to 200 characters, none of them control characters")
@@ -218,9 +219,9 @@ func checkOrgName(name string) error {
 	return nil
 }
 
-// checkEmail checks the shape of an email address: 3 to 254 characters, no white space
-// or control characters, an @ with something on both sides. Whether it receives mail is
-// not this program's business.
+// checkEmail checks the shape of an email address. It has 3 to 254 characters, no white
+// space and no control character. It has an @ with something on both sides. Whether
+// it receives mail is not this program's business.
 func checkEmail(email string) error {
 	at := strings.LastIndexByte(email, '@')
 	if len(email) < 3 || len(email) > 254 || at < 1 || at == len(email)-1 ||

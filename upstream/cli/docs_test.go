@@ -14,9 +14,9 @@ import (
 var flagLine = regexp.MustCompile(`(?m)^  -([a-z][a-z0-9-]*)`)
 
 // TestEveryCommandFlagAndVariableIsDocumented fails on a command, a flag or an
-// environment variable of the command line that docs/configuration.md does not name
-// (as `upstream NAME`, `--flag` and `VARIABLE`), so that the reference cannot fall
-// behind the code. The flags are those each command's --help prints.
+// environment variable that docs/configuration.md does not name. It names them as
+// `upstream NAME`, `--flag` and `VARIABLE`. So the reference cannot fall behind the
+// code. The flags are those each command's --help prints.
 func TestEveryCommandFlagAndVariableIsDocumented(t *testing.T) {
 	doc, err := os.ReadFile("../../docs/configuration.md")
 	if err != nil {

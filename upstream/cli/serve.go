@@ -46,7 +46,7 @@ func (c *cli) serve(name string, args []string) error {
 }
 
 // parseServe parses serve's flags and environment into a serveConfig. It makes every
-// check that needs no database, so a bad command line fails at once with exit code 2.
+// check that needs no database. So a bad command line fails at once, with exit code 2.
 func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
 	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
@@ -121,8 +121,8 @@ func (cfg *serveConfig) checkBounds() error {
 	return nil
 }
 
-// identityVerifier returns the verifier of the gateway's identity assertions whose keys
-// are at jwks, a URL or a PEM file, or nil when jwks is empty.
+// identityVerifier returns the verifier of the gateway's identity assertions. jwks, a
+// URL or a PEM file, holds the gateway's keys. The verifier is nil when jwks is empty.
 func identityVerifier(jwks, audience string) (*gatewayauth.Verifier, error) {
 	if jwks == "" {
 		return nil, nil
@@ -134,8 +134,8 @@ func identityVerifier(jwks, audience string) (*gatewayauth.Verifier, error) {
 	return gatewayauth.New(cfg)
 }
 
-// runServe serves cfg until c's context ends. The database pool, the admin endpoints and
-// the purge live as long as the server.
+// runServe serves cfg until c's context ends. The database pool, the admin endpoints
+// and the purge live as long as the server.
 func (c *cli) runServe(cfg serveConfig) error {
 	logger := newLogger(c.stderr)
 	defer func() { _ = logger.Sync() }()
@@ -237,8 +237,8 @@ func (c *cli) listenAndServe(cfg serveConfig, srv *httpapi.Server, logger *zap.L
 	return nil
 }
 
-// checkSchema fails when the database lacks the schema this code needs, with the
-// command that fixes it.
+// checkSchema fails when the database lacks the schema this code needs. Its message
+// names the command that fixes it.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	v, err := store.New(pool).SchemaVersion(ctx)
 	if err != nil {
@@ -251,7 +251,7 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// newLogger returns a zap logger writing JSON lines to w at info level and above.
+// newLogger returns a zap logger that writes JSON lines to w, at info level and above.
 func newLogger(w io.Writer) *zap.Logger {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "ts"
@@ -260,12 +260,12 @@ func newLogger(w io.Writer) *zap.Logger {
 	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), out, zap.InfoLevel), zap.ErrorOutput(out))
 }
 
-// defaultTrustedProxies is serve's --trusted-proxies when not given: the loopback
-// networks, where a Caddy on the same machine connects from.
+// defaultTrustedProxies is serve's default --trusted-proxies: the loopback networks. A
+// Caddy on the same machine connects from there.
 const defaultTrustedProxies = "127.0.0.0/8,::1/128"
 
-// parseTrustedProxies parses a comma-separated list of CIDR prefixes or bare addresses
-// (a bare address is its own /32 or /128). An empty list trusts no proxy.
+// parseTrustedProxies parses a comma-separated list of CIDR prefixes or bare
+// addresses. A bare address is its own /32 or /128. An empty list trusts no proxy.
 func parseTrustedProxies(s string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, item := range splitList(s) {
@@ -283,8 +283,8 @@ func parseTrustedProxies(s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// serveAdmin serves httpapi.AdminHandler on addr until the returned stop is called, which
-// waits up to shutdownTimeout for the requests in flight.
+// serveAdmin serves httpapi.AdminHandler on addr until the returned stop is called.
+// stop waits up to shutdownTimeout for the requests in flight.
 func serveAdmin(addr string, pool *pgxpool.Pool, m *httpapi.Metrics, logger *zap.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
