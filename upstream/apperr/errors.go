@@ -1,7 +1,7 @@
-// Package apperr is the upstream's one error type: a code that says what went wrong in
-// the caller's terms, and a message safe to show them. The store returns these errors,
-// the HTTP API maps their codes to statuses and bodies (CONTRACT §6), and the command
-// line maps them to exit codes, so the three layers share one vocabulary.
+// Package apperr is the upstream's one error type. Its code says what went wrong, in
+// the caller's terms. Its message is safe to show them. The store returns these
+// errors. The HTTP API maps their codes to statuses and bodies. The command line maps
+// them to exit codes. So the three layers share one vocabulary.
 package apperr
 
 import (
@@ -15,9 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Error codes of the upstream. Every error a handler can answer with carries one of
-// these; the HTTP API maps them to the statuses and bodies of CONTRACT §6, and the
-// command line maps them to its exit codes.
+// Error codes of the upstream. Every error a handler can answer with carries one. Each
+// code's comment gives its HTTP status and body, as the OpenAPI documents do.
 const (
 	// EINVALID is a request (or command line) with a bad value. HTTP: 400
 	// {"error":"invalid_request","message":Message}, where Message names the field.
@@ -37,36 +36,36 @@ const (
 	EFEATUREGATED = "feature_gated"
 	// ENOTFOUND is a resource the caller cannot see. HTTP: 404 {"error":Message}.
 	ENOTFOUND = "not_found"
-	// ECONFLICT is a write that clashes with existing data (a duplicate email in the
-	// CLI, the roll of a revoked or expired key). HTTP: 409
+	// ECONFLICT is a write that clashes with existing data. Examples are a duplicate
+	// email in the CLI, and the roll of a revoked or expired key. HTTP: 409
 	// {"error":"conflict","message":Message}.
 	ECONFLICT = "conflict"
 	// EMETHOD is a known route called with a method it does not serve. HTTP: 405
 	// {"error":"method not allowed"}.
 	EMETHOD = "method_not_allowed"
-	// ERATELIMITED is a login refused before the password is checked, because of the
-	// recent failures from the client's address (the store's login throttle). HTTP: 429
+	// ERATELIMITED is a login refused for the recent failures from the client's
+	// address (the store's login throttle). The password is not checked. HTTP: 429
 	// {"error":"rate_limited","retryAfter":RetryAfter} with a Retry-After header.
 	ERATELIMITED = "rate_limited"
 	// ETOOLARGE is a request body over the HTTP API's limit. HTTP: 413
 	// {"error":"request_too_large"}.
 	ETOOLARGE = "request_too_large"
-	// EUNAVAILABLE is a database that cannot be reached, is shutting down or does not
-	// answer within the database timeout, or a password-hashing queue that is full:
-	// worth a retry later. HTTP: 503 {"error":"service_unavailable"}; a database
+	// EUNAVAILABLE is a database that cannot be reached, is shutting down, or does not
+	// answer within the database timeout. A full password-hashing queue is one too. A
+	// retry later may succeed. HTTP: 503 {"error":"service_unavailable"}. A database
 	// failure's cause is logged.
 	EUNAVAILABLE = "unavailable"
 	// EINTERNAL is anything else: a broken database, a bug. HTTP: 500
-	// {"error":"internal"}; the cause is logged, never sent.
+	// {"error":"internal"}. The cause is logged, never sent.
 	EINTERNAL = "internal"
 )
 
-// Error is the upstream's one error type: a code, a message meant for the caller, and
-// for quota and feature errors the name of the metric or feature.
+// Error is the upstream's one error type. It has a code and a message meant for the
+// caller. A quota or feature error also names its metric or feature.
 type Error struct {
 	// Code is one of the E* constants.
 	Code string
-	// Message is safe to show to the caller: it never carries internal details.
+	// Message is safe to show to the caller. It never carries internal details.
 	Message string
 	// Detail is the metric of an EQUOTA error or the feature of an EFEATUREGATED one.
 	Detail string
@@ -87,8 +86,8 @@ func Errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// Code returns the code of the first *Error in err's chain, EUNAVAILABLE for a
-// database that cannot be reached, EINTERNAL for any other non-nil error, and "" for nil.
+// Code returns the code of the first *Error in err's chain. A database that cannot be
+// reached is EUNAVAILABLE. Any other non-nil error is EINTERNAL, and nil is "".
 func Code(err error) string {
 	var e *Error
 	switch {
@@ -102,8 +101,8 @@ func Code(err error) string {
 	return EINTERNAL
 }
 
-// dbUnavailable reports whether err says that PostgreSQL could not be reached or
-// went away, rather than that a statement failed.
+// dbUnavailable reports whether err says that PostgreSQL could not be reached or went
+// away. A statement that failed is not that.
 func dbUnavailable(err error) bool {
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error
@@ -113,8 +112,8 @@ func dbUnavailable(err error) bool {
 		errors.Is(err, io.ErrUnexpectedEOF):
 		return true
 	case errors.As(err, &pgErr):
-		// Class 08 is connection exceptions; 57P01..57P03 are a server shutting down or
-		// starting; 53300 is too many connections.
+		// Class 08 is connection exceptions. 57P01 to 57P03 are a server shutting down
+		// or starting. 53300 is too many connections.
 		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" ||
 			pgErr.Code == "57P03" || pgErr.Code == "53300"
 	}
@@ -126,7 +125,7 @@ func Invalid(field, format string, args ...any) *Error {
 	return &Error{Code: EINVALID, Message: field + ": " + fmt.Sprintf(format, args...)}
 }
 
-// RateLimited returns the 429 of a throttled login that may be retried after d,
+// RateLimited returns the 429 of a throttled login that may be retried after d. d is
 // rounded up to a whole second.
 func RateLimited(d time.Duration) *Error {
 	secs := int((d + time.Second - 1) / time.Second)
@@ -143,8 +142,8 @@ func FeatureGated(feature string) *Error {
 	return &Error{Code: EFEATUREGATED, Message: "feature gated", Detail: feature}
 }
 
-// The errors the routes answer with, in one list so that every door says exactly the
-// same words.
+// The errors the routes answer with, in one list. So every door says exactly the same
+// words.
 var (
 	ErrUnauthenticated   = &Error{Code: EUNAUTHORIZED, Message: "unauthenticated"}
 	ErrKeyUnauth         = &Error{Code: EUNAUTHORIZED, Message: "api key unauthenticated"}

@@ -1,6 +1,8 @@
-// Package password hashes and verifies users' passwords with argon2id in the PHC string
-// format, and bounds the work: a derivation takes 19 MiB and one core for some tens of
-// milliseconds, so a flood of logins must neither take every core nor pile up waiting.
+// Package password hashes and verifies users' passwords with argon2id, in the PHC
+// string format. It also bounds the work. A derivation takes 19 MiB and one core for
+// some tens of milliseconds. The login throttle counts per address, but an attacker
+// may have many addresses. So a flood of logins must neither take every core from the
+// requests under /v1, nor pile up waiting.
 package password
 
 import (
@@ -22,8 +24,8 @@ import (
 )
 
 // argon2Params are the cost parameters of argon2id. The defaults are OWASP's minimum
-// recommendation (19 MiB, 2 passes, 1 lane): enough against offline guessing of a
-// stolen users table, cheap enough that logins stay fast on a small machine.
+// recommendation: 19 MiB, 2 passes, 1 lane. That is enough against offline guessing of
+// a stolen users table. It is cheap enough for fast logins on a small machine.
 type argon2Params struct {
 	memory  uint32 // KiB
 	time    uint32
@@ -34,23 +36,21 @@ type argon2Params struct {
 
 var defaultArgon2 = argon2Params{memory: 19 * 1024, time: 2, threads: 1, saltLen: 16, keyLen: 32}
 
-// Bounds on the parameters read back from a stored hash, so that a corrupt or hostile
-// row cannot make one login allocate gigabytes or run for minutes.
+// Bounds on the parameters read back from a stored hash. A corrupt or hostile row
+// cannot make one login allocate gigabytes or run for minutes.
 const (
 	maxArgon2Memory  = 1 << 20 // KiB, 1 GiB
 	maxArgon2Time    = 16
 	maxArgon2Threads = 16
 )
 
-// ErrBadHash is a stored password hash that is not a PHC argon2id string this package
-// can verify.
+// ErrBadHash is a stored password hash that this package cannot verify. It is not a
+// PHC argon2id string.
 var ErrBadHash = errors.New("password hash is not a valid argon2id PHC string")
 
-// Bounds of the password-hashing queue. Each argon2id derivation takes 19 MiB and one
-// core for some tens of milliseconds, so a flood of logins (throttled per address, but
-// an attacker may have many addresses) must neither take every core from the requests
-// under /v1 nor pile up waiting: at most hashWorkers derivations run at once, at most
-// hashQueueLen more wait, and any further one is refused at once with 503.
+// Bounds of the password-hashing queue, for the reason the package doc gives. At most
+// hashWorkers derivations run at once, and at most hashQueueLen more wait. Any further
+// one is refused at once with 503.
 var (
 	hashWorkers  = max(1, runtime.GOMAXPROCS(0)/2)
 	hashQueueLen = 8
@@ -67,14 +67,14 @@ func CheckNew(password string) error {
 	return nil
 }
 
-// Hasher hashes and verifies passwords with argon2id in the PHC string format
-// `$argon2id$v=19$m=…,t=…,p=…$<salt>$<hash>` (unpadded standard base64). At most
-// hashWorkers derivations run at once and at most hashQueueLen wait for a turn; the
-// others fail with apperr.ErrHashQueueFull without waiting. A Hasher is safe for
-// concurrent use.
+// Hasher hashes and verifies passwords with argon2id, in the PHC string format
+// `$argon2id$v=19$m=…,t=…,p=…$<salt>$<hash>`, in unpadded standard base64. Past the
+// queue's bounds, a derivation fails with apperr.ErrHashQueueFull without waiting. A
+// Hasher is safe for concurrent use.
 type Hasher struct {
 	params argon2Params
-	// queue holds a token per derivation running or waiting; slots one per running.
+	// queue holds a token per derivation running or waiting, slots one per derivation
+	// running.
 	queue chan struct{}
 	slots chan struct{}
 
@@ -94,8 +94,9 @@ func NewHasher() *Hasher {
 	}
 }
 
-// derive runs argon2id once a slot is free; it fails at once with apperr.ErrHashQueueFull
-// when the queue is full, and gives up when ctx ends while it waits.
+// derive runs argon2id once a slot is free. It fails at once with
+// apperr.ErrHashQueueFull when the queue is full. It gives up when ctx ends while it
+// waits.
 func (h *Hasher) derive(ctx context.Context, password, salt []byte, p argon2Params) ([]byte, error) {
 	select {
 	case h.queue <- struct{}{}:
@@ -128,7 +129,7 @@ func (h *Hasher) Hash(ctx context.Context, password string) (string, error) {
 		base64.RawStdEncoding.EncodeToString(salt), base64.RawStdEncoding.EncodeToString(key)), nil
 }
 
-// Verify reports whether password matches the PHC string encoded, comparing in
+// Verify reports whether password matches the PHC string encoded. It compares in
 // constant time. A malformed encoded string is an error, not a mismatch.
 func (h *Hasher) Verify(ctx context.Context, encoded, password string) (bool, error) {
 	p, salt, want, err := parsePHC(encoded)
@@ -142,8 +143,8 @@ func (h *Hasher) Verify(ctx context.Context, encoded, password string) (bool, er
 	return subtle.ConstantTimeCompare(got, want) == 1, nil
 }
 
-// Burn does the work of verifying password against a hash that matches nothing, so
-// that a login for an unknown email takes as long as one with a wrong password.
+// Burn does the work of verifying password against a hash that matches nothing. So a
+// login for an unknown email takes as long as one with a wrong password.
 func (h *Hasher) Burn(ctx context.Context, password string) error {
 	h.PrepareDummy()
 	if h.dummy == "" {
@@ -154,8 +155,7 @@ func (h *Hasher) Burn(ctx context.Context, password string) error {
 }
 
 // PrepareDummy computes, once, the hash Burn verifies against. A server calls it at
-// start so that not even the first login for an unknown email is slower than the
-// others.
+// start. Then not even the first login for an unknown email is slower than others.
 func (h *Hasher) PrepareDummy() {
 	h.dummyOnce.Do(func() {
 		// The dummy's salt is random and its password unguessable; it never matches.
@@ -163,14 +163,14 @@ func (h *Hasher) PrepareDummy() {
 	})
 }
 
-// Derivations returns the number of argon2id derivations h has run, so that a caller
-// can check that a login for an unknown email does the same work as one for a known
-// email, and that a throttled login does none.
+// Derivations returns the number of argon2id derivations h has run. With it, a test
+// can check that a login for an unknown email does the work of one for a known email.
+// It can check that a throttled login does none.
 func (h *Hasher) Derivations() int64 { return h.derivations.Load() }
 
-// Saturate takes every place of h's queue until release is called: meanwhile every
-// derivation fails at once with apperr.ErrHashQueueFull, as under a flood of logins. It
-// lets a caller's answer to a full queue be tested without such a flood.
+// Saturate takes every place of h's queue until release is called. Meanwhile every
+// derivation fails at once with apperr.ErrHashQueueFull, as under a flood of logins.
+// So a test can check the answer to a full queue without such a flood.
 func (h *Hasher) Saturate() (release func()) {
 	for range cap(h.queue) {
 		h.queue <- struct{}{}

@@ -1,7 +1,6 @@
-// Command upstream is keygate's upstream service and its operator command line:
-// `upstream serve`, `upstream migrate`, and the plan, org, user and member commands.
-// Run `upstream --help` for the list. The commands live in package cli, which serves
-// package httpapi and writes through package store.
+// Command upstream is keygate's upstream service and its operator command line. Its
+// commands are `upstream serve`, `upstream migrate`, and the plan, org, user and
+// member commands. Run `upstream --help` for the list. They live in package cli.
 package main
 
 import (

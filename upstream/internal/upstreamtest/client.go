@@ -73,8 +73,8 @@ func JSONBody(v any) string {
 	return string(b)
 }
 
-// Want checks a response's status and exact body (its final newline aside), and that a
-// body is declared as JSON.
+// Want checks a response's status and exact body, its final newline aside. A body must
+// be declared as JSON.
 func Want(t *testing.T, r Response, status int, body string) {
 	t.Helper()
 	got := strings.TrimSuffix(r.Body, "\n")

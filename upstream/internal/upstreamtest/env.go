@@ -1,7 +1,8 @@
-// Package upstreamtest holds what the tests of the upstream's packages share: an
-// httpapi.Server on a fresh database behind an httptest.Server, the fixtures it needs
-// (plans, organisations, users, members, sessions), a client for it, and a clock that
-// moves only when told. Only tests import it.
+// Package upstreamtest holds what the tests of the upstream's packages share. Only
+// tests import it. It starts an httpapi.Server on a fresh database, behind an
+// httptest.Server. It makes the fixtures the server needs: plans, organisations,
+// users, members, sessions. It has a client for the server, and a clock that moves
+// only when told.
 package upstreamtest
 
 import (
@@ -29,8 +30,8 @@ import (
 // GatewaySecret is the gateway secret of every test server.
 const GatewaySecret = "test-gateway-secret-0123456789"
 
-// Env is an httpapi.Server on a fresh database behind an httptest.Server, with helpers
-// to create fixtures and make requests.
+// Env is an httpapi.Server on a fresh database, behind an httptest.Server. Its methods
+// create fixtures and make requests.
 type Env struct {
 	T     *testing.T
 	Pool  *pgxpool.Pool // the fixtures' and queries' pool
@@ -55,9 +56,9 @@ func NewEnv(t *testing.T, opts ...func(*httpapi.Config)) *Env {
 	return NewEnvOn(t, schematest.NewDatabase(t), opts...)
 }
 
-// NewOrgEnv starts a Server on a fresh database (NewEnv) with an organisation on
-// planName and a person of role in it, and returns the organisation's id and a client
-// logged in as the person: where most route tests start.
+// NewOrgEnv is NewEnv with an organisation on planName and a person of role in it. It
+// returns the organisation's id and a client logged in as the person. Most route tests
+// start there.
 func NewOrgEnv(t *testing.T, planName, role string) (e *Env, orgID string, c *Client) {
 	t.Helper()
 	e = NewEnv(t)
@@ -72,8 +73,8 @@ func NewEnvOn(t *testing.T, dbURL string, opts ...func(*httpapi.Config)) *Env {
 	return NewEnvWith(t, pool, pool, dbURL, opts...)
 }
 
-// NewPool opens a pool on dbURL configured as serve configures its own
-// (store.PoolConfig), closed when the test ends.
+// NewPool opens a pool on dbURL, configured as serve's (store.PoolConfig). The pool is
+// closed when the test ends.
 func NewPool(t *testing.T, dbURL string, timeout time.Duration) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := store.PoolConfig(dbURL, 0, timeout)
@@ -152,8 +153,8 @@ func (e *Env) Member(orgID, email, role string) {
 	}
 }
 
-// Account creates a user with role in each of orgIDs and returns their email and
-// password and a client logged in as them.
+// Account creates a user with role in each of orgIDs. It returns their email, their
+// password, and a client logged in as them.
 func (e *Env) Account(role string, orgIDs ...string) (email, password string, c *Client) {
 	e.T.Helper()
 	email, password = e.User()
@@ -192,8 +193,8 @@ func (e *Env) Anon() *Client {
 	return &Client{Env: e, Header: http.Header{}}
 }
 
-// Gateway returns a client that presents the headers the gateway adds for a key of
-// role in orgID.
+// Gateway returns a client with the headers the gateway adds for a key of role in
+// orgID.
 func (e *Env) Gateway(orgID, role string) *Client {
 	return &Client{Env: e, Header: http.Header{
 		httpapi.HeaderSecret:  {GatewaySecret},
