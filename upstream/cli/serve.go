@@ -21,10 +21,6 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// shutdownTimeout is how long serve waits for the requests in flight after SIGINT or
-// SIGTERM.
-const shutdownTimeout = 15 * time.Second
-
 // serveConfig is what serve runs with, parsed from its flags and environment.
 type serveConfig struct {
 	// api is the server's configuration. runServe adds its Pool, Logger and Metrics.
@@ -37,6 +33,7 @@ type serveConfig struct {
 	migrate    bool
 }
 
+// serve is `upstream serve`: parseServe, then runServe.
 func (c *cli) serve(name string, args []string) error {
 	cfg, err := c.parseServe(name, args)
 	if err != nil {
@@ -197,6 +194,10 @@ func (c *cli) purge(srv *httpapi.Server, interval time.Duration) (stop func()) {
 		<-done
 	}
 }
+
+// shutdownTimeout is how long serve waits for the requests in flight after SIGINT or
+// SIGTERM.
+const shutdownTimeout = 15 * time.Second
 
 // listenAndServe serves srv on cfg.addr until c's context ends, then shuts down
 // gracefully within shutdownTimeout.
