@@ -98,7 +98,8 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	return cfg, nil
 }
 
-// checkBounds checks the numbers of cfg's flags, in the order of their messages.
+// checkBounds checks the numbers of cfg's flags. The first one out of bounds is the
+// error.
 func (cfg *serveConfig) checkBounds() error {
 	throttle := cfg.api.LoginThrottle
 	switch {
