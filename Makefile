@@ -6,7 +6,8 @@ GO ?= go
 # Sources of each binary: a binary is rebuilt only when one of them is newer.
 LIB_SRC      := $(shell find keystore limiter internal -name '*.go' -not -name '*_test.go') go.mod go.sum
 CADDY_SRC    := $(LIB_SRC) $(shell find caddymodule -name '*.go' -not -name '*_test.go') xcaddy.sh
-UPSTREAM_SRC := $(LIB_SRC) $(shell find upstream schema -name '*.go' -not -name '*_test.go' -o -name '*.sql' -o -path '*/web/*' -type f)
+UPSTREAM_SRC := $(LIB_SRC) $(shell find upstream schema -name '*.go' -not -name '*_test.go' -o -name '*.sql' -o -path '*/web/*' -type f) \
+                openapi/openapi.go $(wildcard openapi/*.yaml)
 
 all: build
 

@@ -13,7 +13,7 @@ import (
 // load parses the document name of openapi.Files, resolving dashboard.yaml's
 // references to v1.yaml; the tests validate it as OpenAPI 3.1 (kin-openapi's document
 // validation, with JSON Schema 2020-12 for 3.1 documents).
-func load(t *testing.T, name string) *openapi3.T {
+func load(t testing.TB, name string) *openapi3.T {
 	t.Helper()
 	doc, err := openapitest.Load(name)
 	if err != nil {

@@ -27,6 +27,9 @@ source "$stack/env"
 export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA REDIS_SENTINEL_URL REDIS_SENTINEL_PRIMARY_PIDFILE STACK_DIR="$stack"
 
 go vet ./...
+# The OpenAPI documents against a linter and a TypeScript client (go test ./openapi
+# generates and builds the Go one).
+scripts/openapi-check.sh
 # The key lookups through PgBouncer in transaction pooling, with the exec mode
 # docs/operations.md recommends (pgx's default statement cache fails there).
 DATABASE_URL="$PGBOUNCER_DATABASE_URL&default_query_exec_mode=exec" go test -count=1 ./keystore

@@ -1,6 +1,7 @@
-// Package openapitest loads the documents of package openapi with kin-openapi, for
-// the tests that check them and check the code against them. It lives apart from
-// openapi so that the programs serving the documents do not link kin-openapi.
+// Package openapitest loads the documents of package openapi with kin-openapi, and
+// generates a Go client of them with oapi-codegen (GoClient), for the tests that check
+// them and check the code against them. It lives apart from openapi so that the
+// programs serving the documents do not link kin-openapi.
 package openapitest
 
 import (
