@@ -96,6 +96,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 		if identity, err = gatewayauth.New(cfg); err != nil {
 			return usageErrorf("--gateway-jwks: %v", err)
 		}
+		defer identity.Close()
 	}
 
 	logger := newLogger(c.stderr)
@@ -105,9 +106,9 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	}
 	if identity != nil {
 		// The gateway may start after the upstream: a JWKS not there yet is fetched
-		// again when the first assertion comes.
+		// again in the background, and when the first assertion comes.
 		if err := identity.Refresh(c.ctx); err != nil {
-			logger.Warn("the gateway's JWKS could not be fetched yet; /v1 answers 401 until it can", zap.Error(err))
+			logger.Warn("the gateway's JWKS could not be fetched yet; /v1 answers 503 until it can", zap.Error(err))
 		}
 	}
 	if *migrate {
