@@ -268,6 +268,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.configure(ctx.Logger()); err != nil {
 		return err
 	}
+	warnStrippedPath(ctx, h.logger)
 	if !h.DisableMetrics {
 		m, key, err := loadMetrics(ctx)
 		if err != nil {

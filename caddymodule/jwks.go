@@ -44,11 +44,13 @@ func (JWKS) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision reads the keys once; a reload reads them again.
-func (j *JWKS) Provision(caddy.Context) error {
+// Provision reads the keys once; a reload reads them again. It warns when the handler
+// is under no path matcher.
+func (j *JWKS) Provision(ctx caddy.Context) error {
 	if len(j.Files) == 0 {
 		return fmt.Errorf("v1_gateway_jwks: at least one key file is required")
 	}
+	warnUnmatchedJWKS(ctx)
 	repl := caddy.NewReplacer()
 	files := make([]string, len(j.Files))
 	for i, f := range j.Files {
