@@ -29,6 +29,7 @@ const maxCached = 100_000
 // request path.
 type Signer struct {
 	priv     ed25519.PrivateKey
+	kid      string
 	header   string // base64url of the JOSE header, the same for every assertion
 	audience string
 	now      func() time.Time
@@ -52,12 +53,16 @@ func NewSigner(priv ed25519.PrivateKey, audience string) (*Signer, error) {
 	if len(priv) != ed25519.PrivateKeySize {
 		return nil, errors.New("gatewayauth: not an Ed25519 private key")
 	}
-	h, err := json.Marshal(map[string]string{"alg": "EdDSA", "kid": KeyID(priv.Public().(ed25519.PublicKey)), "typ": "JWT"})
+	kid := KeyID(priv.Public().(ed25519.PublicKey))
+	h, err := json.Marshal(map[string]string{"alg": "EdDSA", "kid": kid, "typ": "JWT"})
 	if err != nil {
 		return nil, err
 	}
-	return &Signer{priv: priv, header: b64(h), audience: audience, now: time.Now, cache: map[string]assertion{}}, nil
+	return &Signer{priv: priv, kid: kid, header: b64(h), audience: audience, now: time.Now, cache: map[string]assertion{}}, nil
 }
+
+// KeyID is the kid of the Signer's assertions: KeyID of its public key.
+func (s *Signer) KeyID() string { return s.kid }
 
 // signedClaims are the claims a Signer writes.
 type signedClaims struct {
