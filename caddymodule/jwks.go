@@ -64,7 +64,8 @@ func (j *JWKS) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// ServeHTTP answers with the key set. Upstreams cache it and refetch on an unknown kid.
+// ServeHTTP answers with the key set. Verifiers use it for its max-age, and fetch it
+// again at once for an unknown kid.
 func (j *JWKS) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/jwk-set+json")
