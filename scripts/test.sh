@@ -39,10 +39,12 @@ DATABASE_URL="$PGBOUNCER_DATABASE_URL&default_query_exec_mode=exec" go test -cou
 go test -count=1 -timeout 20m "$@" $(go list ./... | grep -v '/integration$')
 go test -count=1 -timeout 30m "$@" ./integration
 
-# Fuzz targets, briefly: each package's Fuzz functions one at a time.
-for pkg in $(go list ./...); do
-	for fuzz in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
-		echo "fuzzing $pkg $fuzz ($FUZZTIME)"
-		go test -run '^$' -fuzz "^${fuzz}\$" -fuzztime "$FUZZTIME" "$pkg"
+# Fuzz targets, briefly: each package's Fuzz functions one at a time, in both modules.
+for module in . gatewayauth; do
+	for pkg in $(cd "$module" && go list ./...); do
+		for fuzz in $(cd "$module" && go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
+			echo "fuzzing $pkg $fuzz ($FUZZTIME)"
+			(cd "$module" && go test -run '^$' -fuzz "^${fuzz}\$" -fuzztime "$FUZZTIME" "$pkg")
+		done
 	done
 done
