@@ -4,14 +4,18 @@
 #   ./xcaddy.sh                  # writes bin/caddy
 #   OUTPUT=/path/caddy ./xcaddy.sh
 #
-# Platform teams building their own Caddy do the same with
-#   xcaddy build v2.11.9 --with github.com/keygate/keygate/caddymodule@<version>
+# It runs the README's build command for a local checkout (README.md, "Build"):
+#   xcaddy build v2.11.9 --with github.com/keygate/keygate/caddymodule \
+#     --replace github.com/keygate/keygate=<checkout> \
+#     --replace github.com/keygate/keygate/gatewayauth=<checkout>/gatewayauth
 # xcaddy is pinned as a Go tool in go.mod, so `go tool xcaddy` needs no install.
 #
 # The plugin is the package caddymodule, inside the module github.com/keygate/keygate:
 # --with names the package (xcaddy imports it), --replace points the whole module at
 # this working tree (a replacement given with --with would apply to the package path,
-# which is not a module).
+# which is not a module). gatewayauth, which the module uses to sign, is a module of
+# its own in gatewayauth/: a go.mod's replace directives bind only its own builds, not
+# xcaddy's, so it needs its own --replace.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -37,6 +41,7 @@ mkdir -p "$(dirname "$OUTPUT")"
 XCADDY_SKIP_CLEANUP=0 go tool xcaddy build "$CADDY_VERSION" \
 	--with github.com/keygate/keygate/caddymodule \
 	--replace "github.com/keygate/keygate=$PWD" \
+	--replace "github.com/keygate/keygate/gatewayauth=$PWD/gatewayauth" \
 	--output "$OUTPUT"
 
 # The build must contain the module; fail here rather than at the first config load.

@@ -1,15 +1,27 @@
 package caddymodule
 
 import (
+	"bytes"
+	"encoding/json"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"net/http"
 	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 )
 
 // TestDocsConfigurationNamesEveryOption fails when docs/configuration.md does not
@@ -90,4 +102,86 @@ func jsonFields(v any) []string {
 		}
 	}
 	return names
+}
+
+// TestTheREADMEsMinimalCaddyfileIsCleanAndKeepsKeysOutOfTheLog takes the Caddyfile of
+// the README as a platform team would: it must be `caddy fmt`-clean, adapt without a
+// warning, and, run with its own key file, database and upstream, keep a key sent where
+// keys do not belong (?api_key=, X-Api-Key) out of its log.
+func TestTheREADMEsMinimalCaddyfileIsCleanAndKeepsKeysOutOfTheLog(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(readme, []byte("## A minimal Caddyfile"))
+	m := regexp.MustCompile("(?s)\n```\n(.*?)```").FindSubmatch(readme[max(i, 0):])
+	if i < 0 || m == nil {
+		t.Fatal("no code block under \"## A minimal Caddyfile\" in README.md")
+	}
+	text := m[1]
+	if formatted := caddyfile.Format(text); !bytes.Equal(formatted, text) {
+		t.Errorf("the README's Caddyfile is not caddy fmt-clean; caddy fmt makes it:\n%s", formatted)
+	}
+	if _, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(text, nil); err != nil || len(warnings) > 0 {
+		t.Errorf("adapting the README's Caddyfile: %v, warnings %v", err, warnings)
+	}
+
+	// Run it: the README's paths and ports are this test's.
+	d, key, _ := newDBWithKey(t)
+	_, keyFile := gatewayauthtest.NewKey(t)
+	up := newUpstream(t)
+	listen := freeAddr(t)
+	t.Setenv("DATABASE_URL", d.url)
+	t.Setenv("REDIS_URL", redisURL(t))
+	run := strings.NewReplacer("/etc/keygate/identity.pem", keyFile, ":8080", listen[strings.LastIndexByte(listen, ':'):],
+		"127.0.0.1:9000", up.addr()).Replace(string(text))
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(run), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its log, which goes to stderr, goes to a file here.
+	var cfg map[string]any
+	json.Unmarshal(out, &cfg)
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	logging, _ := cfg["logging"].(map[string]any)
+	logs, _ := logging["logs"].(map[string]any)
+	def, _ := logs["default"].(map[string]any)
+	if def == nil {
+		def = map[string]any{}
+	}
+	def["writer"] = map[string]any{"output": "file", "filename": logPath}
+	cfg["logging"] = map[string]any{"logs": map[string]any{"default": def}}
+	out, _ = json.Marshal(cfg)
+	if err := caddy.Load(out, true); err != nil {
+		t.Fatalf("loading the README's Caddyfile: %v", err)
+	}
+	t.Cleanup(func() { caddy.Stop() })
+
+	secret := key[strings.IndexByte(key, '.')+1:]
+	for _, path := range []string{"/v1/monitors?api_key=" + key, "/dashboard?api_key=" + key, "/.well-known/jwks.json"} {
+		req, _ := http.NewRequest("GET", "http://"+listen+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("X-Api-Key", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if path != "/dashboard?api_key="+key && res.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %d, want 200", path, res.StatusCode)
+		}
+	}
+	var logged string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(logPath)
+		if logged = string(b); strings.Count(logged, `"msg":"handled request"`) == 3 {
+			break
+		}
+	}
+	if strings.Count(logged, `"msg":"handled request"`) != 3 || !strings.Contains(logged, `"uri":"/v1/monitors?api_key=`) {
+		t.Fatalf("the access log has not the 3 requests:\n%s", logged)
+	}
+	if strings.Contains(logged, secret) {
+		t.Errorf("the README's Caddyfile logs the key's secret:\n%s", logged)
+	}
 }

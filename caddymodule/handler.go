@@ -241,6 +241,7 @@ type Handler struct {
 	poolKeys    []string       // what to give back to pools in Cleanup
 	logger      *zap.Logger    // from ctx.Logger()
 	floodLog    *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
+	refusedLog  *zap.Logger    // logger of an upstream refusing the gateway's credentials (upstreamRefusedLog)
 }
 
 // Verifier looks up a presented key that keystore.Format.Parse has split into its key
@@ -268,6 +269,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.configure(ctx.Logger()); err != nil {
 		return err
 	}
+	warnStrippedPath(ctx, h.logger)
 	if !h.DisableMetrics {
 		m, key, err := loadMetrics(ctx)
 		if err != nil {
@@ -424,6 +426,7 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	} else if h.IdentityKey != "" {
 		return fmt.Errorf("identity_key %q is empty once its placeholders are replaced (is the environment variable set?)", h.IdentityKey)
 	}
+	h.refusedLog = h.upstreamRefusedLog()
 	for _, name := range defaultStripFields {
 		if !slices.Contains(h.StripFields, name) {
 			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
@@ -718,6 +721,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 
 	pw := newProxyWriter(w, r, rl, h.fields, h.floodLog)
+	pw.refusedLog = h.refusedLog
 	defer pw.release()
 	if err := next.ServeHTTP(pw, r); err != nil {
 		return pw.nextFailed(err)

@@ -126,3 +126,44 @@ func TestUnmarshalJWKSCaddyfile(t *testing.T) {
 		}
 	}
 }
+
+func TestAnUpstreamRefusingTheIdentityIsLoggedAtMostOnceAMinute(t *testing.T) {
+	// The gateway signs for identity_audience billing; the service behind it verifies
+	// with gatewayauth for the default audience and answers every request 401. The
+	// client sees only "api key unauthenticated"; the gateway's log says why, once.
+	d := newDB(t)
+	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
+	priv, keyFile := gatewayauthtest.NewKey(t)
+	v, err := gatewayauth.New(gatewayauth.Config{KeyFile: keyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := httptest.NewServer(v.Middleware(http.NotFoundHandler()))
+	t.Cleanup(up.Close)
+	opts := gatewayOptions(d.url, map[string]any{"identity_key": keyFile, "identity_audience": "billing"})
+	delete(opts, "gateway_secret")
+	gw := startGateway(t, gatewayConfig{handler: opts, upstream: strings.TrimPrefix(up.URL, "http://")})
+
+	for range 3 {
+		res, body := gw.get(t, "/v1/monitors?api_key="+key, key)
+		wantJSONError(t, res, body, http.StatusUnauthorized, `{"error":"api key unauthenticated"}`)
+	}
+	var lines []map[string]any
+	for _, line := range strings.Split(gw.logText(t), "\n") {
+		if strings.Contains(line, "the upstream refused the credentials") {
+			var entry map[string]any
+			json.Unmarshal([]byte(line), &entry)
+			lines = append(lines, entry)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines of the upstream's refusal for 3 requests, want 1:\n%s", len(lines), gw.logText(t))
+	}
+	if e := lines[0]; e["identity_audience"] != "billing" || e["identity_kid"] != gatewayauthtest.KeyID(priv) ||
+		e["path"] != "/v1/monitors" || e["level"] != "error" {
+		t.Errorf("the log line %v, want the audience, kid and path at level error", e)
+	}
+	if strings.Contains(gw.logText(t), key[strings.IndexByte(key, '.'):]) {
+		t.Error("the log holds the key's secret")
+	}
+}

@@ -44,11 +44,13 @@ func (JWKS) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision reads the keys once; a reload reads them again.
-func (j *JWKS) Provision(caddy.Context) error {
+// Provision reads the keys once; a reload reads them again. It warns when the handler
+// is under no path matcher.
+func (j *JWKS) Provision(ctx caddy.Context) error {
 	if len(j.Files) == 0 {
 		return fmt.Errorf("v1_gateway_jwks: at least one key file is required")
 	}
+	warnUnmatchedJWKS(ctx)
 	repl := caddy.NewReplacer()
 	files := make([]string, len(j.Files))
 	for i, f := range j.Files {
@@ -62,7 +64,8 @@ func (j *JWKS) Provision(caddy.Context) error {
 	return nil
 }
 
-// ServeHTTP answers with the key set. Upstreams cache it and refetch on an unknown kid.
+// ServeHTTP answers with the key set. Verifiers use it for its max-age, and fetch it
+// again at once for an unknown kid.
 func (j *JWKS) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/jwk-set+json")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -52,6 +53,9 @@ type proxyWriter struct {
 	counted bool           // whether rl holds a count
 	fields  *fieldSet      // strip_fields
 	log     *zap.Logger    // the handler's rate-limited logger
+	// refusedLog logs an upstream's 401: the upstream refuses the credentials of a
+	// request the gateway authenticated (upstreamRefusedLog).
+	refusedLog *zap.Logger
 
 	mode   writerMode
 	status int
@@ -95,6 +99,11 @@ func (pw *proxyWriter) WriteHeader(status int) {
 		return
 	}
 	pw.status = status
+	if status == http.StatusUnauthorized && pw.refusedLog != nil {
+		pw.refusedLog.Error("the upstream refused the credentials of a request the gateway authenticated (401); "+
+			"check identity_key and identity_audience against its JWKS and audience, or gateway_secret against its secret",
+			zap.String("path", redactKeys(pw.r.URL.Path)))
+	}
 	hdr := pw.Header()
 	rateLimitHeaders(hdr, pw.count())
 	weakenETag(hdr)
@@ -151,6 +160,22 @@ func (pw *proxyWriter) WriteHeader(status int) {
 func (pw *proxyWriter) passthrough(status int) {
 	pw.mode = modePassthrough
 	pw.ResponseWriter.WriteHeader(status)
+}
+
+// upstreamRefusedLog returns the logger of an upstream's 401, with what the gateway
+// sends it: at most one line a minute, since a wrong identity_audience, key or secret
+// fails every request alike, and the client sees only the 401.
+func (h *Handler) upstreamRefusedLog() *zap.Logger {
+	var fields []zap.Field
+	if h.signer != nil {
+		fields = append(fields, zap.String("identity_kid", h.signer.KeyID()), zap.String("identity_audience", h.IdentityAudience))
+	}
+	if h.secret != "" {
+		fields = append(fields, zap.Bool("gateway_secret", true))
+	}
+	return h.logger.With(fields...).WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Minute, 1, 0)
+	}))
 }
 
 // upstreamBodyHeaders are the upstream's header fields that describe its body: a

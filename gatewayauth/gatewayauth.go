@@ -7,38 +7,47 @@
 // A shared secret lets every service that holds it, and anyone who reads it from a log
 // or an environment dump, impersonate any organisation to every other service; a
 // public key lets them impersonate no one. Keys rotate without redeploying anything:
-// the gateway publishes the old key beside the new one while the old one's assertions
-// expire (a minute at most).
+// the gateway publishes the new key, then signs with it, and drops the old one once
+// its assertions have expired (a minute at most).
 //
 // Use it as middleware:
 //
 //	v, err := gatewayauth.New(gatewayauth.Config{JWKSURL: "https://gateway.internal/.well-known/jwks.json"})
 //	…
-//	http.Handle("/v1/", v.Middleware(handler)) // 401 {"error":"api key unauthenticated"} without a valid assertion
+//	http.Handle("/v1/", v.Middleware(handler))
 //
-// and read the caller in the handler with FromContext.
+// and read the caller in the handler with FromContext. A request without a valid
+// assertion gets 401 {"error":"api key unauthenticated"}, the gateway's own answer to a
+// bad API key; while the gateway's keys cannot be fetched, 503
+// {"error":"service_unavailable"}. Config.ErrorHandler logs or shapes those answers.
 //
 // Only EdDSA (Ed25519) is accepted: an assertion with alg "none", an HMAC algorithm
 // (keyed with the public key, the classic confusion) or any other is refused before
-// its signature is looked at. The JOSE parsing and signature checks are go-jose's
-// (github.com/go-jose/go-jose/v4): maintained, used by Caddy itself and by most Go
-// JWT consumers, and it takes the list of acceptable algorithms up front.
+// its signature is looked at. The package is the standard library's crypto/ed25519
+// and encoding/json and nothing else, so that importing it adds one module and no
+// dependency to a service.
+//
+// The package is its own module, github.com/keygate/keygate/gatewayauth, which
+// requires nothing but the standard library (Go 1.22 or later):
+//
+//	go get github.com/keygate/keygate/gatewayauth@latest
+//
+// or, from a checkout of the keygate repository beside the service's own:
+//
+//	go mod edit -replace=github.com/keygate/keygate/gatewayauth=../keygate/gatewayauth
+//	go mod tidy
 package gatewayauth
 
 import (
 	"context"
 	"crypto/ed25519"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/go-jose/go-jose/v4"
-	"github.com/go-jose/go-jose/v4/jwt"
 )
 
 // Header is the request header that carries the assertion.
@@ -54,22 +63,14 @@ const DefaultAudience = "keygate-upstream"
 // MaxLeeway is the most clock skew a Verifier allows on exp and iat.
 const MaxLeeway = 5 * time.Second
 
-// DefaultRefreshInterval is how often at most a Verifier refetches its JWKS on meeting
-// an unknown kid.
-const DefaultRefreshInterval = 5 * time.Second
-
-// retryAfterFailure is how often at most a Verifier tries again to fetch a JWKS it
-// could not fetch (a service started before its gateway, say), if RefreshInterval is
-// longer: an outage of the JWKS should cost a second of 401s, not a whole interval.
-const retryAfterFailure = time.Second
-
-// fetchTimeout bounds a fetch that an assertion waits on, whatever Config.Client's own
-// timeout is: while it lasts, assertions of unknown kids wait for it.
-const fetchTimeout = 5 * time.Second
-
-// ErrUnauthenticated is what Verify's errors wrap: the request carries no valid
-// assertion.
+// ErrUnauthenticated is what Verify's errors wrap when the request carries no valid
+// assertion: Middleware answers 401.
 var ErrUnauthenticated = errors.New("gatewayauth: no valid identity assertion")
+
+// ErrKeysUnavailable is what Verify's errors wrap when the gateway's keys could not be
+// fetched, so that the assertion could not be checked: Middleware answers 503. The
+// error also wraps the fetch's cause.
+var ErrKeysUnavailable = errors.New("gatewayauth: the gateway's keys are unavailable")
 
 // Identity is who the gateway says is calling.
 type Identity struct {
@@ -81,10 +82,13 @@ type Identity struct {
 // Config says where a Verifier finds the gateway's public keys. Exactly one of
 // JWKSURL and KeyFile is required.
 type Config struct {
-	// JWKSURL is the gateway's JWKS (v1_gateway_jwks). It is fetched when the first
-	// assertion comes, and again when an assertion names a kid it lacks, at most once
-	// per RefreshInterval (once a second after a fetch that failed), so that a service
-	// may start before its gateway. Assertions of known keys never wait on a fetch.
+	// JWKSURL is the gateway's JWKS (v1_gateway_jwks), an absolute http or https URL.
+	// New starts fetching it in the background, and fetches it again when its
+	// Cache-Control max-age runs out (bounded to a minute..an hour; 5 minutes without
+	// one), so that a key removed from it stops being accepted within that time. An
+	// assertion naming a kid the Verifier lacks waits for a fetch at once (at most
+	// one a second), so that a key the gateway published before signing with it is
+	// never refused. Assertions of known keys never wait on a fetch.
 	JWKSURL string
 	// KeyFile is a PEM file of the gateway's public keys (or private keys, whose public
 	// halves are used), read once at New.
@@ -94,11 +98,13 @@ type Config struct {
 	// Leeway is the clock skew allowed on exp and iat, at most MaxLeeway.
 	// Default: MaxLeeway.
 	Leeway time.Duration
-	// RefreshInterval bounds how often the JWKS is refetched. Default:
-	// DefaultRefreshInterval.
-	RefreshInterval time.Duration
 	// Client fetches the JWKS. Default: a client with a 5 s timeout.
 	Client *http.Client
+	// ErrorHandler answers the requests Middleware refuses, with the error Verify
+	// returned (or ErrUnauthenticated for a request with no assertion, or more than
+	// one): to log why, or to answer in the service's own way. It may call WriteError
+	// for the default answer. Default: WriteError.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 }
 
 // Verifier checks identity assertions. Build it with New; it is safe for concurrent
@@ -114,18 +120,32 @@ type Verifier struct {
 	// fetch never holds mu while it waits on the network, so that assertions of
 	// known keys never wait on it.
 	fetching  sync.Mutex
-	fetchedAt time.Time // when the last fetch began
-	failed    bool      // the last fetch failed
+	fetchedAt time.Time // when the last fetch began; zero before the first
+	fetchErr  error     // the last fetch's error, nil if it succeeded
+	staleAt   time.Time // when the keys of the last successful fetch are due again
+	failures  int       // fetches that failed in a row
+
+	life context.Context    // the background refresh's, ended by Close
+	stop context.CancelFunc // ends life
+	done chan struct{}      // closed when the background refresh has stopped
 }
 
-// New returns a Verifier for cfg. A key file that cannot be read is an error here; a
-// JWKS URL is fetched on first use (call Refresh to fetch it now).
+// New returns a Verifier for cfg, or an error saying what in cfg cannot work. A key
+// file is read here; a JWKS URL is fetched in the background from now on (call
+// Refresh to wait for a fetch, and Close to stop).
 func New(cfg Config) (*Verifier, error) {
 	switch {
-	case (cfg.JWKSURL == "") == (cfg.KeyFile == ""):
-		return nil, errors.New("gatewayauth: exactly one of JWKSURL and KeyFile is required")
+	case cfg.JWKSURL == "" && cfg.KeyFile == "":
+		return nil, errors.New("gatewayauth: Config.JWKSURL or Config.KeyFile is required")
+	case cfg.JWKSURL != "" && cfg.KeyFile != "":
+		return nil, errors.New("gatewayauth: Config.JWKSURL and Config.KeyFile are both set; set one")
 	case cfg.Leeway < 0 || cfg.Leeway > MaxLeeway:
-		return nil, fmt.Errorf("gatewayauth: Leeway must be 0..%s", MaxLeeway)
+		return nil, fmt.Errorf("gatewayauth: Config.Leeway %s is not within 0..%s", cfg.Leeway, MaxLeeway)
+	}
+	if cfg.JWKSURL != "" {
+		if err := checkURL(cfg.JWKSURL); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Audience == "" {
 		cfg.Audience = DefaultAudience
@@ -133,11 +153,11 @@ func New(cfg Config) (*Verifier, error) {
 	if cfg.Leeway == 0 {
 		cfg.Leeway = MaxLeeway
 	}
-	if cfg.RefreshInterval <= 0 {
-		cfg.RefreshInterval = DefaultRefreshInterval
-	}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: 5 * time.Second}
+		cfg.Client = &http.Client{Timeout: fetchTimeout}
+	}
+	if cfg.ErrorHandler == nil {
+		cfg.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, err error) { WriteError(w, err) }
 	}
 	v := &Verifier{cfg: cfg, now: time.Now, keys: map[string]ed25519.PublicKey{}}
 	if cfg.KeyFile != "" {
@@ -148,133 +168,60 @@ func New(cfg Config) (*Verifier, error) {
 		for _, k := range keys {
 			v.keys[KeyID(k)] = k
 		}
+		return v, nil
 	}
+	v.life, v.stop = context.WithCancel(context.Background())
+	v.done = make(chan struct{})
+	go v.refreshLoop()
 	return v, nil
 }
 
-// Refresh fetches the JWKS now, whatever RefreshInterval says: at a service's start,
-// to learn early that the URL is wrong. A Refresh that fails does not hold back the
-// fetch of the next assertion. It does nothing with a KeyFile.
-func (v *Verifier) Refresh(ctx context.Context) error {
-	if v.cfg.JWKSURL == "" {
-		return nil
-	}
-	v.fetching.Lock()
-	defer v.fetching.Unlock()
-	err := v.fetch(ctx)
+// checkURL refuses a JWKS URL that cannot be fetched: relative, without a host, or of
+// a scheme other than http and https.
+func checkURL(raw string) error {
+	u, err := url.Parse(raw)
 	if err != nil {
-		v.fetchedAt = time.Time{}
+		return fmt.Errorf("gatewayauth: Config.JWKSURL: %v", err)
 	}
-	return err
-}
-
-// fetch replaces the keys with those of the JWKS. It must be called with fetching
-// held.
-func (v *Verifier) fetch(ctx context.Context) error {
-	v.fetchedAt, v.failed = v.now(), true
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, v.cfg.JWKSURL, nil)
-	if err != nil {
-		return fmt.Errorf("gatewayauth: JWKS URL: %v", err)
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("gatewayauth: Config.JWKSURL %q is not an absolute http or https URL", raw)
 	}
-	res, err := v.cfg.Client.Do(req)
-	if err != nil {
-		return fmt.Errorf("gatewayauth: fetching the JWKS: %v", err)
-	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		return fmt.Errorf("gatewayauth: fetching the JWKS: %s", res.Status)
-	}
-	var set jose.JSONWebKeySet
-	if err := json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&set); err != nil {
-		return fmt.Errorf("gatewayauth: reading the JWKS: %v", err)
-	}
-	keys := map[string]ed25519.PublicKey{}
-	for _, k := range set.Keys {
-		if pub, ok := k.Key.(ed25519.PublicKey); ok && k.IsPublic() {
-			keys[KeyID(pub)] = pub // the thumbprint, whatever kid the set says
-		}
-	}
-	v.mu.Lock()
-	v.keys, v.failed = keys, false
-	v.mu.Unlock()
 	return nil
 }
 
-// known returns the public key of kid if v has it.
-func (v *Verifier) known(kid string) (ed25519.PublicKey, bool) {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	k, ok := v.keys[kid]
-	return k, ok
-}
-
-// key returns the public key of kid, refetching the JWKS once if it is unknown and the
-// last fetch began RefreshInterval ago (or a second ago, if it failed).
-func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, bool) {
-	if k, ok := v.known(kid); ok || v.cfg.JWKSURL == "" {
-		return k, ok
+// Close stops the background refresh of the JWKS. A Verifier used for the life of
+// the program need not be closed. Verify still works after Close, on the keys it has
+// and with fetches for new kids.
+func (v *Verifier) Close() {
+	if v.stop == nil {
+		return
 	}
-	v.fetching.Lock()
-	defer v.fetching.Unlock()
-	if k, ok := v.known(kid); ok { // the fetch this call waited on brought it
-		return k, true
-	}
-	wait := v.cfg.RefreshInterval
-	if v.failed {
-		wait = min(wait, retryAfterFailure)
-	}
-	if v.now().Sub(v.fetchedAt) < wait || v.fetchFor(ctx) != nil {
-		return nil, false
-	}
-	return v.known(kid)
-}
-
-// fetchFor fetches the JWKS on behalf of a request: the fetch serves every assertion
-// that waits on it, so it goes on when the request that began it is cancelled (a
-// client that hung up would otherwise fail it for all, and hold the next fetch back
-// for a second), bounded by fetchTimeout rather than by that request. It must be
-// called with fetching held.
-func (v *Verifier) fetchFor(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
-	defer cancel()
-	return v.fetch(ctx)
+	v.stop()
+	<-v.done
 }
 
 // Verify checks an assertion: EdDSA, signed by a known key, issued by Issuer for the
 // audience, within exp and iat (with the leeway), and naming a key, an organisation and
-// a role. Its errors wrap ErrUnauthenticated.
+// a role. Its errors wrap ErrUnauthenticated, or ErrKeysUnavailable when the assertion
+// names a key the Verifier lacks and the JWKS could not be fetched.
 func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
-	tok, err := jwt.ParseSigned(token, []jose.SignatureAlgorithm{jose.EdDSA})
+	s, err := parse(token)
 	if err != nil {
 		return Identity{}, fmt.Errorf("%w: %v", ErrUnauthenticated, err)
 	}
-	if len(tok.Headers) != 1 {
-		return Identity{}, fmt.Errorf("%w: %d signatures", ErrUnauthenticated, len(tok.Headers))
+	pub, err := v.key(ctx, s.header.Kid)
+	if err != nil {
+		return Identity{}, err
 	}
-	pub, ok := v.key(ctx, tok.Headers[0].KeyID)
-	if !ok {
-		return Identity{}, fmt.Errorf("%w: unknown kid %q", ErrUnauthenticated, tok.Headers[0].KeyID)
-	}
-	var c claims
-	if err := tok.Claims(pub, &c); err != nil {
+	c, err := s.verify(pub)
+	if err != nil {
 		return Identity{}, fmt.Errorf("%w: %v", ErrUnauthenticated, err)
 	}
-	now := v.now()
-	if err := c.ValidateWithLeeway(jwt.Expected{Issuer: Issuer, AnyAudience: jwt.Audience{v.cfg.Audience}, Time: now}, v.cfg.Leeway); err != nil {
+	if err := c.check(v.now(), v.cfg.Audience, v.cfg.Leeway); err != nil {
 		return Identity{}, fmt.Errorf("%w: %v", ErrUnauthenticated, err)
-	}
-	switch {
-	case c.Expiry == nil || c.IssuedAt == nil:
-		return Identity{}, fmt.Errorf("%w: no exp or iat", ErrUnauthenticated)
-	case c.Expiry.Time().Sub(c.IssuedAt.Time()) > Lifetime:
-		return Identity{}, fmt.Errorf("%w: valid for more than %s", ErrUnauthenticated, Lifetime)
-	case c.Subject == "" || c.OrgID == "" || !validRole(c.Role):
-		return Identity{}, fmt.Errorf("%w: no key, organisation or role", ErrUnauthenticated)
 	}
 	return Identity{KeyID: c.Subject, OrgID: c.OrgID, Role: c.Role}, nil
 }
-
-func validRole(r string) bool { return r == "Admin" || r == "Editor" || r == "Viewer" }
 
 // identityKey is the context key of the Identity Middleware found.
 type identityKey struct{}
@@ -290,29 +237,44 @@ func NewContext(ctx context.Context, id Identity) context.Context {
 	return context.WithValue(ctx, identityKey{}, id)
 }
 
-// unauthenticated is the answer to a request without a valid assertion: the gateway's
-// own 401 for a bad API key, so a client cannot tell the two apart.
-var unauthenticated = []byte(`{"error":"api key unauthenticated"}`)
-
-// Middleware passes on the requests whose X-Gateway-Identity verifies, with the
-// Identity in their context (FromContext), and answers every other one 401
-// {"error":"api key unauthenticated"}.
+// Middleware passes on the requests whose one X-Gateway-Identity verifies, with the
+// Identity in their context (FromContext), and hands every other one to
+// Config.ErrorHandler.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var (
 			id  Identity
-			err = ErrUnauthenticated
+			err = fmt.Errorf("%w: no %s header, or more than one", ErrUnauthenticated, Header)
 		)
 		if vals := r.Header.Values(Header); len(vals) == 1 {
 			id, err = v.Verify(r.Context(), strings.TrimSpace(vals[0]))
 		}
 		if err != nil {
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Cache-Control", "no-store")
-			w.WriteHeader(http.StatusUnauthorized)
-			w.Write(unauthenticated)
+			v.cfg.ErrorHandler(w, r, err)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(NewContext(r.Context(), id)))
 	})
+}
+
+// The answers of WriteError: those of the gateway itself to a bad API key and to a
+// dependency it cannot reach, so that a client cannot tell the service's refusal from
+// the gateway's.
+var (
+	unauthenticated    = []byte(`{"error":"api key unauthenticated"}`)
+	serviceUnavailable = []byte(`{"error":"service_unavailable"}`)
+)
+
+// WriteError writes Middleware's default answer to a refused request: 503
+// {"error":"service_unavailable"} when err wraps ErrKeysUnavailable (the service, not
+// the caller, is at fault), and 401 {"error":"api key unauthenticated"} otherwise.
+func WriteError(w http.ResponseWriter, err error) {
+	status, body := http.StatusUnauthorized, unauthenticated
+	if errors.Is(err, ErrKeysUnavailable) {
+		status, body = http.StatusServiceUnavailable, serviceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(body)
 }

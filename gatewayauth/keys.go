@@ -1,8 +1,8 @@
 package gatewayauth
 
 import (
-	"crypto"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-
-	"github.com/go-jose/go-jose/v4"
 )
 
 // ReadPrivateKey reads an Ed25519 private key from a PKCS#8 PEM file, as
@@ -83,18 +81,61 @@ func ReadPublicKeys(file string) ([]ed25519.PublicKey, error) {
 	return keys, nil
 }
 
-// KeyID is the kid of a public key: its RFC 7638 thumbprint (SHA-256), base64url.
+// KeyID is the kid of a public key: its RFC 7638 thumbprint, the SHA-256 of the
+// key's required members in lexicographic order (RFC 8037 §2), base64url.
 func KeyID(pub ed25519.PublicKey) string {
-	t, err := (&jose.JSONWebKey{Key: pub}).Thumbprint(crypto.SHA256)
-	if err != nil {
-		panic(err) // an Ed25519 public key always has one
-	}
-	return base64.RawURLEncoding.EncodeToString(t)
+	sum := sha256.Sum256([]byte(`{"crv":"Ed25519","kty":"OKP","x":"` + b64(pub) + `"}`))
+	return b64(sum[:])
 }
 
-// publicJWK is pub as a JSON Web Key: public, EdDSA, for signatures, with its kid.
-func publicJWK(pub ed25519.PublicKey) jose.JSONWebKey {
-	return jose.JSONWebKey{Key: pub, KeyID: KeyID(pub), Algorithm: string(jose.EdDSA), Use: "sig"}
+func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+// jwk is a JSON Web Key (RFC 7517) of an Ed25519 public key (RFC 8037): the members
+// the gateway publishes and a Verifier reads.
+type jwk struct {
+	Kty string `json:"kty"`
+	Crv string `json:"crv"`
+	X   string `json:"x"`
+	D   string `json:"d,omitempty"` // a private part: never published, never used
+	Kid string `json:"kid,omitempty"`
+	Alg string `json:"alg,omitempty"`
+	Use string `json:"use,omitempty"`
+}
+
+// jwks is a JSON Web Key Set.
+type jwks struct {
+	Keys []jwk `json:"keys"`
+}
+
+// publicKey returns the key k holds if it is an Ed25519 public key meant for EdDSA
+// signatures. A key with a private part, another curve or type, or another use or
+// algorithm is none.
+func (k jwk) publicKey() (ed25519.PublicKey, bool) {
+	if k.Kty != "OKP" || k.Crv != "Ed25519" || k.D != "" ||
+		(k.Alg != "" && k.Alg != "EdDSA") || (k.Use != "" && k.Use != "sig") {
+		return nil, false
+	}
+	x, err := base64.RawURLEncoding.Strict().DecodeString(k.X)
+	if err != nil || len(x) != ed25519.PublicKeySize {
+		return nil, false
+	}
+	return ed25519.PublicKey(x), true
+}
+
+// parseJWKS returns the Ed25519 public keys of a JWKS by their thumbprint, whatever kid
+// the set states; it skips the keys it cannot use (RFC 7517 §5).
+func parseJWKS(b []byte) (map[string]ed25519.PublicKey, error) {
+	var set jwks
+	if err := json.Unmarshal(b, &set); err != nil {
+		return nil, err
+	}
+	keys := map[string]ed25519.PublicKey{}
+	for _, k := range set.Keys {
+		if pub, ok := k.publicKey(); ok {
+			keys[KeyID(pub)] = pub
+		}
+	}
+	return keys, nil
 }
 
 // JWKS returns the JSON Web Key Set (RFC 7517) of the public halves of the keys in
@@ -105,7 +146,7 @@ func JWKS(files ...string) ([]byte, error) {
 	if len(files) == 0 {
 		return nil, errors.New("no key file")
 	}
-	set := jose.JSONWebKeySet{}
+	set := jwks{Keys: []jwk{}}
 	seen := map[string]bool{}
 	for _, f := range files {
 		keys, err := ReadPublicKeys(f)
@@ -113,10 +154,10 @@ func JWKS(files ...string) ([]byte, error) {
 			return nil, err
 		}
 		for _, k := range keys {
-			jwk := publicJWK(k)
-			if !seen[jwk.KeyID] {
-				seen[jwk.KeyID] = true
-				set.Keys = append(set.Keys, jwk)
+			kid := KeyID(k)
+			if !seen[kid] {
+				seen[kid] = true
+				set.Keys = append(set.Keys, jwk{Kty: "OKP", Crv: "Ed25519", X: b64(k), Kid: kid, Alg: "EdDSA", Use: "sig"})
 			}
 		}
 	}

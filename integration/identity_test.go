@@ -2,6 +2,7 @@ package integration
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +61,35 @@ func TestTheUpstreamServesV1OnSignedIdentityAloneWithNoSharedSecret(t *testing.T
 	h.Set(gatewayauth.Header, gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), victim)))
 	if r := s.raw("GET", upstream, nil, h); r.Status != http.StatusOK {
 		t.Errorf("a valid assertion sent straight to the upstream: %d %s", r.Status, r.Body)
+	}
+}
+
+func TestAWrongIdentityAudienceIsLoggedByTheGatewayAndTheUpstream(t *testing.T) {
+	// A gateway signing for another identity_audience than the upstream's
+	// --gateway-audience: clients see only 401s, and both logs say why, once.
+	_, keyFile := gatewayauthtest.NewKey(t)
+	s := newStackWith(t, stackOptions{identityKey: keyFile})
+	o, owner := s.newOwner("pro")
+	_, key := owner.createKey(o.ID, "ci", "Editor", nil)
+	i := s.withGateway("identity_audience billing")
+	for range 3 {
+		wantError(t, s.api(key, i).do("GET", "/v1/monitors", nil), http.StatusUnauthorized, `{"error":"api key unauthenticated"}`)
+	}
+	lines := func(log, msg string) []string {
+		var found []string
+		for _, line := range strings.Split(log, "\n") {
+			if strings.Contains(line, msg) {
+				found = append(found, line)
+			}
+		}
+		return found
+	}
+	gw := lines(s.gateways[i].proc.logs(), "the upstream refused the credentials of a request the gateway authenticated")
+	if len(gw) != 1 || !strings.Contains(gw[0], `"identity_audience":"billing"`) {
+		t.Errorf("the gateway logged %q, want one line naming identity_audience billing", gw)
+	}
+	up := lines(s.upstream.logs(), "refusing the gateway's credentials")
+	if len(up) != 1 || !strings.Contains(up[0], `billing`) || !strings.Contains(up[0], `keygate-upstream`) {
+		t.Errorf("the upstream logged %q, want one line naming both audiences", up)
 	}
 }

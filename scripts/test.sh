@@ -13,6 +13,8 @@ FUZZTIME=${FUZZTIME:-20000x}
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 [ -x /usr/bin/chromium ] || apt_install chromium
+# The shell verifier of docs/security.md, which a test runs, needs jq.
+command -v jq >/dev/null || apt_install jq
 
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-test.XXXXXX")
 trap 'scripts/stack.sh down "$stack"' EXIT
@@ -27,6 +29,8 @@ source "$stack/env"
 export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA REDIS_SENTINEL_URL REDIS_SENTINEL_PRIMARY_PIDFILE STACK_DIR="$stack"
 
 go vet ./...
+# gatewayauth is a module of its own: ./... above leaves it out.
+(cd gatewayauth && go vet ./... && go test -count=1 "$@" ./...)
 # The OpenAPI documents against a linter and a TypeScript client (go test ./openapi
 # generates and builds the Go one).
 scripts/openapi-check.sh
@@ -38,10 +42,12 @@ DATABASE_URL="$PGBOUNCER_DATABASE_URL&default_query_exec_mode=exec" go test -cou
 go test -count=1 -timeout 20m "$@" $(go list ./... | grep -v '/integration$')
 go test -count=1 -timeout 30m "$@" ./integration
 
-# Fuzz targets, briefly: each package's Fuzz functions one at a time.
-for pkg in $(go list ./...); do
-	for fuzz in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
-		echo "fuzzing $pkg $fuzz ($FUZZTIME)"
-		go test -run '^$' -fuzz "^${fuzz}\$" -fuzztime "$FUZZTIME" "$pkg"
+# Fuzz targets, briefly: each package's Fuzz functions one at a time, in both modules.
+for module in . gatewayauth; do
+	for pkg in $(cd "$module" && go list ./...); do
+		for fuzz in $(cd "$module" && go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
+			echo "fuzzing $pkg $fuzz ($FUZZTIME)"
+			(cd "$module" && go test -run '^$' -fuzz "^${fuzz}\$" -fuzztime "$FUZZTIME" "$pkg")
+		done
 	done
 done

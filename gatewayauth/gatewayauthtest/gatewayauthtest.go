@@ -1,5 +1,8 @@
 // Package gatewayauthtest makes identity keys and assertions for tests: good ones, as
-// the gateway signs them, and the forgeries a verifier must refuse.
+// the gateway signs them, and the forgeries a verifier must refuse. A service behind
+// the gateway can use it in its own tests. It builds its tokens by hand, with the
+// standard library, rather than with gatewayauth's Signer, so that a test of the
+// verifier does not check the package against itself.
 package gatewayauthtest
 
 import (
@@ -15,9 +18,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/go-jose/go-jose/v4"
-	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/keygate/keygate/gatewayauth"
 )
@@ -45,36 +45,37 @@ func KeyID(priv ed25519.PrivateKey) string {
 	return gatewayauth.KeyID(priv.Public().(ed25519.PublicKey))
 }
 
-// Claims are an assertion's claims.
+// Claims are an assertion's claims (RFC 7519 §4); iat and exp are seconds since the
+// epoch.
 type Claims struct {
-	jwt.Claims
-	OrgID string `json:"org_id,omitempty"`
-	Role  string `json:"role,omitempty"`
+	Issuer   string   `json:"iss,omitempty"`
+	Audience []string `json:"aud,omitempty"`
+	Subject  string   `json:"sub,omitempty"`
+	IssuedAt int64    `json:"iat,omitempty"`
+	Expiry   int64    `json:"exp,omitempty"`
+	OrgID    string   `json:"org_id,omitempty"`
+	Role     string   `json:"role,omitempty"`
 }
 
 // Good returns the claims the gateway would sign at now for id, for the default
 // audience.
 func Good(now time.Time, id gatewayauth.Identity) Claims {
 	return Claims{
-		Claims: jwt.Claims{Issuer: gatewayauth.Issuer, Audience: jwt.Audience{gatewayauth.DefaultAudience}, Subject: id.KeyID,
-			IssuedAt: jwt.NewNumericDate(now), Expiry: jwt.NewNumericDate(now.Add(gatewayauth.Lifetime))},
+		Issuer: gatewayauth.Issuer, Audience: []string{gatewayauth.DefaultAudience}, Subject: id.KeyID,
+		IssuedAt: now.Unix(), Expiry: now.Add(gatewayauth.Lifetime).Unix(),
 		OrgID: id.OrgID, Role: id.Role,
 	}
 }
 
-// Sign signs c with priv, naming kid.
+// Sign signs c with priv, naming kid, as the gateway does.
 func Sign(t testing.TB, priv ed25519.PrivateKey, kid string, c Claims) string {
 	t.Helper()
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: priv},
-		(&jose.SignerOptions{}).WithType("JWT").WithHeader(jose.HeaderKey("kid"), kid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := jwt.Signed(s).Claims(c).Serialize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok
+	return SignHeader(priv, map[string]any{"alg": "EdDSA", "typ": "JWT", "kid": kid}, c)
+}
+
+// SignHeader signs c with priv under the JOSE header h, whatever h says.
+func SignHeader(priv ed25519.PrivateKey, h map[string]any, c Claims) string {
+	return handMade(h, c, func(in string) []byte { return ed25519.Sign(priv, []byte(in)) })
 }
 
 // handMade builds a token of header and c with the signature sig makes of its
@@ -95,7 +96,9 @@ type Forgery struct {
 // Forgeries returns, for the gateway key priv and the identity id, every way of
 // claiming id without a valid assertion: absent, two, signed by another key (under its
 // own kid and under the gateway's), expired, issued in the future, valid too long, for
-// another audience or issuer, alg "none", and HS256 keyed with the public key.
+// another audience or issuer, alg "none", HS256 keyed with the public key, and tokens
+// the gateway's key signed that are not its assertions (another typ, a critical
+// extension).
 func Forgeries(t testing.TB, priv ed25519.PrivateKey, id gatewayauth.Identity) []Forgery {
 	t.Helper()
 	kid := KeyID(priv)
@@ -116,15 +119,16 @@ func Forgeries(t testing.TB, priv ed25519.PrivateKey, id gatewayauth.Identity) [
 		{"signed by another key under its own kid", []string{Sign(t, other, KeyID(other), Good(now, id))}},
 		{"signed by another key under the gateway's kid", []string{Sign(t, other, kid, Good(now, id))}},
 		{"expired", []string{Sign(t, priv, kid, with(func(c *Claims) {
-			c.IssuedAt, c.Expiry = jwt.NewNumericDate(now.Add(-90*time.Second)), jwt.NewNumericDate(now.Add(-30*time.Second))
+			c.IssuedAt, c.Expiry = now.Add(-90*time.Second).Unix(), now.Add(-30*time.Second).Unix()
 		}))}},
 		{"issued in the future past the leeway", []string{Sign(t, priv, kid, with(func(c *Claims) {
-			c.IssuedAt, c.Expiry = jwt.NewNumericDate(now.Add(10*time.Second)), jwt.NewNumericDate(now.Add(40*time.Second))
+			c.IssuedAt, c.Expiry = now.Add(10*time.Second).Unix(), now.Add(40*time.Second).Unix()
 		}))}},
 		{"valid for more than a minute", []string{Sign(t, priv, kid, with(func(c *Claims) {
-			c.Expiry = jwt.NewNumericDate(now.Add(time.Hour))
+			c.Expiry = now.Add(time.Hour).Unix()
 		}))}},
-		{"another audience", []string{Sign(t, priv, kid, with(func(c *Claims) { c.Audience = jwt.Audience{"billing"} }))}},
+		{"no exp", []string{Sign(t, priv, kid, with(func(c *Claims) { c.Expiry = 0 }))}},
+		{"another audience", []string{Sign(t, priv, kid, with(func(c *Claims) { c.Audience = []string{"billing"} }))}},
 		{"another issuer", []string{Sign(t, priv, kid, with(func(c *Claims) { c.Issuer = "someone" }))}},
 		{"no organisation", []string{Sign(t, priv, kid, with(func(c *Claims) { c.OrgID = "" }))}},
 		{"a role that is not one", []string{Sign(t, priv, kid, with(func(c *Claims) { c.Role = "Owner" }))}},
@@ -136,5 +140,10 @@ func Forgeries(t testing.TB, priv ed25519.PrivateKey, id gatewayauth.Identity) [
 				m.Write([]byte(in))
 				return m.Sum(nil)
 			})}},
+		{"typ other than JWT", []string{SignHeader(priv, map[string]any{"alg": "EdDSA", "typ": "at+jwt", "kid": kid}, Good(now, id))}},
+		{"no typ", []string{SignHeader(priv, map[string]any{"alg": "EdDSA", "kid": kid}, Good(now, id))}},
+		{"a critical extension", []string{SignHeader(priv, map[string]any{"alg": "EdDSA", "typ": "JWT", "kid": kid, "crit": []string{"b64"}, "b64": false}, Good(now, id))}},
+		{"alg Ed25519 rather than EdDSA", []string{SignHeader(priv, map[string]any{"alg": "Ed25519", "typ": "JWT", "kid": kid}, Good(now, id))}},
+		{"a JWE of five parts", []string{good + ".AAAA.AAAA"}},
 	}
 }

@@ -142,10 +142,11 @@ func (c *cli) runServe(cfg serveConfig) error {
 		logger.Warn("gateway secret is shorter than 16 characters")
 	}
 	if id := cfg.api.Identity; id != nil {
+		defer id.Close()
 		// The gateway may start after the upstream. A JWKS not there yet is fetched
-		// again when the first assertion comes.
+		// again in the background, and when the first assertion comes.
 		if err := id.Refresh(c.ctx); err != nil {
-			logger.Warn("the gateway's JWKS could not be fetched yet; /v1 answers 401 until it can", zap.Error(err))
+			logger.Warn("the gateway's JWKS could not be fetched yet; /v1 answers 503 until it can", zap.Error(err))
 		}
 	}
 	if cfg.migrate {

@@ -4,7 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
+	"fmt"
 	"net/http"
+
+	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
@@ -108,11 +112,21 @@ const (
 
 // gatewayAuth admits a /v1 request only when gatewayPrincipal finds who the gateway
 // says is calling. Anything else is 401 {"error":"api key unauthenticated"}, before any
-// route is looked up.
+// route is looked up. While the gateway's keys cannot be fetched it is 503: the service
+// is at fault, not the caller. Why is logged, at most once a minute. A gateway whose
+// credentials are refused (a wrong identity_audience, key or secret) fails every
+// request the same way.
 func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, ok := s.gatewayPrincipal(r.Context(), r.Header)
-		if !ok {
+		p, err := s.gatewayPrincipal(r.Context(), r.Header)
+		if errors.Is(err, gatewayauth.ErrKeysUnavailable) {
+			s.refusals.Error("the gateway's keys cannot be fetched; answering /v1 with 503", zap.Error(err))
+			s.writeError(w, r, apperr.ErrUnavailable)
+			return
+		}
+		if err != nil {
+			s.refusals.Warn("refusing the gateway's credentials; answering /v1 with 401",
+				zap.String("path", r.URL.Path), zap.Error(err))
 			// The same challenge as the gateway's own 401.
 			w.Header().Set("WWW-Authenticate", "Bearer")
 			s.writeError(w, r, apperr.ErrKeyUnauth)
@@ -130,7 +144,8 @@ func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 // nor length. With a verifier configured, it wants exactly one valid
 // X-Gateway-Identity, which names the caller (docs/security.md, "Signed identity").
 // Otherwise the X-Gateway-* headers name the caller.
-func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal, bool) {
+// Its error says why not, without the secret.
+func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal, error) {
 	if s.secretSet {
 		secrets := h.Values(HeaderSecret)
 		presented := ""
@@ -139,27 +154,30 @@ func (s *Server) gatewayPrincipal(ctx context.Context, h http.Header) (principal
 		}
 		sum := sha256.Sum256([]byte(presented))
 		if subtle.ConstantTimeCompare(sum[:], s.secretSum[:]) != 1 || len(secrets) != 1 {
-			return principal{}, false
+			return principal{}, fmt.Errorf("%d %s headers, or not GATEWAY_SECRET", len(secrets), HeaderSecret)
 		}
 	}
 	if s.identity != nil {
 		assertions := h.Values(gatewayauth.Header)
 		if len(assertions) != 1 {
-			return principal{}, false
+			return principal{}, fmt.Errorf("%d %s headers, not one", len(assertions), gatewayauth.Header)
 		}
 		id, err := s.identity.Verify(ctx, assertions[0])
-		if err != nil || !store.ValidUUID(id.OrgID) || !keystore.ValidKeyID(id.KeyID) {
-			return principal{}, false
+		switch {
+		case err != nil:
+			return principal{}, err
+		case !store.ValidUUID(id.OrgID) || !keystore.ValidKeyID(id.KeyID):
+			return principal{}, errors.New("the assertion's org_id is not a UUID, or its sub not a key id")
 		}
-		return principal{orgID: id.OrgID, keyID: id.KeyID, role: id.Role}, true
+		return principal{orgID: id.OrgID, keyID: id.KeyID, role: id.Role}, nil
 	}
 	orgIDs, keyIDs, roles := h.Values(HeaderOrgID), h.Values(HeaderKeyID), h.Values(HeaderKeyRole)
-	if len(orgIDs) != 1 || len(keyIDs) != 1 || len(roles) != 1 {
-		return principal{}, false
+	p := principal{}
+	if len(orgIDs) == 1 && len(keyIDs) == 1 && len(roles) == 1 {
+		p = principal{orgID: orgIDs[0], keyID: keyIDs[0], role: roles[0]}
 	}
-	p := principal{orgID: orgIDs[0], keyID: keyIDs[0], role: roles[0]}
 	if !store.ValidUUID(p.orgID) || !keystore.ValidKeyID(p.keyID) || !keystore.Role(p.role).Valid() {
-		return principal{}, false
+		return principal{}, errors.New("no single valid X-Gateway-Org-Id, X-Gateway-Key-Id and X-Gateway-Key-Role")
 	}
-	return p, true
+	return p, nil
 }

@@ -2,6 +2,8 @@ package httpapi_test
 
 import (
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,4 +162,47 @@ func TestV1WithSecretAndSignedIdentityNeedsBoth(t *testing.T) {
 	upstreamtest.Want(t, e.Gateway(org, "Admin").With(gatewayauth.Header, good).Do("GET", "/v1/monitors", ""), 200, `{"data":[],"next_cursor":null}`)
 	upstreamtest.Want(t, e.Anon().With(gatewayauth.Header, good).Do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
 	upstreamtest.Want(t, e.Gateway(org, "Admin").Do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
+}
+
+func TestV1WhileTheGatewaysKeysCannotBeFetchedIs503NotA401(t *testing.T) {
+	// The upstream cannot reach the gateway's JWKS: the caller's key is not at fault,
+	// so the answer is the 503 of a dependency down, and the log says which.
+	priv, _ := gatewayauthtest.NewKey(t)
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	verifier, err := gatewayauth.New(gatewayauth.Config{JWKSURL: gone.URL + "/.well-known/jwks.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(verifier.Close)
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.GatewaySecret, c.Identity = "", verifier })
+	org := e.Org("pro")
+	id := gatewayauth.Identity{KeyID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: org, Role: "Viewer"}
+	good := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), id))
+	upstreamtest.Want(t, e.Anon().With(gatewayauth.Header, good).Do("GET", "/v1/monitors", ""), 503, `{"error":"service_unavailable"}`)
+	logged := e.Logs.FilterMessage("the gateway's keys cannot be fetched; answering /v1 with 503").All()
+	if len(logged) != 1 || !strings.Contains(logged[0].ContextMap()["error"].(string), "connection refused") {
+		t.Errorf("logged %v, want the fetch's cause once", logged)
+	}
+}
+
+func TestARefusedIdentityIsLoggedWithItsReasonAtMostOnceAMinute(t *testing.T) {
+	// The gateway signs for its identity_audience, which is not the upstream's
+	// --gateway-audience: every /v1 request is refused, and the log says why, once.
+	priv, keyFile := gatewayauthtest.NewKey(t)
+	verifier, err := gatewayauth.New(gatewayauth.Config{KeyFile: keyFile, Audience: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) { c.GatewaySecret, c.Identity = "", verifier })
+	org := e.Org("pro")
+	id := gatewayauth.Identity{KeyID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: org, Role: "Viewer"}
+	good := gatewayauthtest.Sign(t, priv, gatewayauthtest.KeyID(priv), gatewayauthtest.Good(time.Now(), id))
+	for range 3 {
+		upstreamtest.Want(t, e.Anon().With(gatewayauth.Header, good).Do("GET", "/v1/monitors", ""), 401, bodyKeyUnauth)
+	}
+	logged := e.Logs.FilterMessage("refusing the gateway's credentials; answering /v1 with 401").All()
+	if len(logged) != 1 || !strings.Contains(logged[0].ContextMap()["error"].(string), `aud ["keygate-upstream"], not "billing"`) {
+		t.Errorf("logged %v, want the wrong audience once", logged)
+	}
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
@@ -87,6 +88,7 @@ type Config struct {
 type Server struct {
 	store      *store.Store
 	logger     *zap.Logger
+	refusals   *zap.Logger // logger, at most one entry a minute per message: refused gateway credentials
 	keys       *keystore.Store
 	format     keystore.Format
 	secretSum  [sha256.Size]byte
@@ -136,6 +138,9 @@ func NewServer(cfg Config) (*Server, error) {
 		now:        cfg.Now,
 		passwords:  password.NewHasher(),
 		metrics:    cfg.Metrics,
+		refusals: cfg.Logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, time.Minute, 1, 0)
+		})),
 
 		trustedProxies: cfg.TrustedProxies,
 		throttle:       cfg.LoginThrottle,

@@ -1,0 +1,3 @@
+module github.com/keygate/keygate/gatewayauth
+
+go 1.22
