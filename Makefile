@@ -1,5 +1,5 @@
 # keygate: the two commands are `make run` and `make test`.
-.PHONY: all build test run bench clean
+.PHONY: all build test run bench bench-capacity clean
 
 GO ?= go
 
@@ -31,6 +31,10 @@ run: build
 ## bench: throughput and latency of the gateway against a plain reverse proxy.
 bench: build
 	scripts/bench.sh
+
+## bench-capacity: bench's capacity section alone (docs/scaling.md), replaced in scripts/bench-results.txt.
+bench-capacity: build
+	BENCH_ONLY=capacity scripts/bench.sh
 
 clean:
 	rm -rf bin .stack

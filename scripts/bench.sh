@@ -27,6 +27,10 @@
 #   (i) the cost of signed identity: the gateway with identity_key and with
 #       gateway_secret alone, the same way (bench_pair below)
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
+#   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
+#       key lookups on PostgreSQL and through PgBouncer, counts on one Redis and on a
+#       2-master Cluster, last_used_at writes, Caddy per request); BENCH_CAPACITY=0 skips
+#       it, BENCH_ONLY=capacity (`make bench-capacity`) runs it alone and replaces it in OUT
 #
 # (c), (cL), (b), (c401) and (c429) run ROUNDS times, in that order, so that gateway and
 # plain alternate; the report gives the median of the rounds, since the machine is small
@@ -45,7 +49,8 @@
 # (cL)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
 # MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY and
-# BENCH_CLUSTER (1; 0 skips (m), (i) or (k)).
+# BENCH_CLUSTER (1; 0 skips (m), (i) or (k)); BENCH_CAPACITY and BENCH_ONLY above, the
+# capacity section's own CAP_* in scripts/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
 # meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
@@ -60,6 +65,10 @@ WARMUP=${WARMUP:-3s}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
 need_tools wrk curl openssl
+case ${BENCH_ONLY:-} in
+"" | capacity) ;;
+*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity runs alone" >&2; exit 1 ;;
+esac
 [ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
 # bench_port picks the bench's listening ports below the ephemeral range (32768 and
@@ -342,6 +351,12 @@ cpu_header() {
 	printf '    %-24s %8s %8s %8s %8s %8s %8s %8s\n' "$1" req/s "p50 ms" "p99 ms" caddy upstream postgres redis
 	printf '    %-24s %8s %8s %8s %8s %8s %8s %8s\n' "" "" "" "" "us/req" "us/req" "us/req" "us/req"
 }
+
+if [ "${BENCH_ONLY:-}" = capacity ]; then
+	source scripts/capacity.sh
+	capacity_main replace
+	exit 0
+fi
 
 echo "measuring (a) upstream alone…" >&2
 a_run=$(measure_cpu ok "http://$up/v1/monitors/$monitor" "${ident[@]}")
@@ -789,3 +804,8 @@ bench_cluster() {
 }
 if [ "${BENCH_CLUSTER:-1}" = 1 ]; then bench_cluster; fi
 # ---- end of (k) -----------------------------------------------------------------------
+
+if [ "${BENCH_CAPACITY:-1}" = 1 ]; then
+	source scripts/capacity.sh
+	capacity_main append
+fi

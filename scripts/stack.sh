@@ -7,6 +7,8 @@
 #   scripts/stack.sh down DIR      stop what `up` started and remove DIR
 #   scripts/stack.sh up-cluster DIR   opt-in, after up: a 3-master Redis Cluster on loopback;
 #                                  appends REDIS_CLUSTER_URL to DIR/env
+#   scripts/stack.sh up-cluster2 DIR  opt-in, after up: a 2-master Redis Cluster (make bench's
+#                                  capacity section); appends REDIS_CLUSTER2_URL
 #   scripts/stack.sh up-tls DIR       opt-in, after up: a TLS-only Redis with a throwaway CA;
 #                                  appends REDIS_TLS_URL, REDIS_TLS_CA, REDIS_TLS_WRONG_CA
 #   scripts/stack.sh up-sentinel DIR  opt-in, after up: primary + replica + 3 Sentinels
@@ -208,6 +210,27 @@ up_cluster() {
 	die "cluster did not reach cluster_state:ok"
 }
 
+# up_cluster2 starts two cluster masters, gives each half of the slots and has them
+# meet: redis-cli --cluster create wants three masters at least.
+up_cluster2() {
+	dir=$(cd "$dir" && pwd)
+	local a b i
+	a=$(start_cluster_node 2-1)
+	b=$(start_cluster_node 2-2)
+	redis-cli -p "$a" cluster addslotsrange 0 8191 >/dev/null
+	redis-cli -p "$b" cluster addslotsrange 8192 16383 >/dev/null
+	redis-cli -p "$a" cluster meet 127.0.0.1 "$b" >/dev/null
+	for i in $(seq 1 100); do
+		if redis-cli -p "$a" cluster info 2>/dev/null | grep -q '^cluster_state:ok' &&
+			redis-cli -p "$b" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; then
+			echo "export REDIS_CLUSTER2_URL='redis://127.0.0.1:$a?addr=127.0.0.1:$b'" >>"$dir/env"
+			return 0
+		fi
+		sleep 0.1
+	done
+	die "the 2-master cluster did not reach cluster_state:ok"
+}
+
 # up_tls makes a throwaway CA and a server certificate for 127.0.0.1, starts a
 # TLS-only redis-server with them, and a second unrelated CA for wrong-CA tests.
 up_tls() {
@@ -307,7 +330,8 @@ up_pgbouncer() {
 	echo "export PGBOUNCER_DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
 }
 
-# stop_extra stops every server up-cluster and up-tls started.
+# stop_extra stops every server up-cluster, up-cluster2, up-tls, up-sentinel and
+# up-pgbouncer started.
 stop_extra() {
 	[ -f "$dir/extra.pids" ] || return 0
 	local f pid
@@ -330,6 +354,7 @@ case "$cmd" in
 up) up ;;
 down) down ;;
 up-cluster) up_cluster ;;
+up-cluster2) up_cluster2 ;;
 up-tls) up_tls ;;
 up-pgbouncer) up_pgbouncer ;;
 up-sentinel) up_sentinel ;;

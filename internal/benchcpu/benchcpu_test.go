@@ -50,15 +50,15 @@ func TestParseRedisCPU(t *testing.T) {
 	}
 }
 
-// TestSelfAndTree burns CPU until getrusage has counted 200ms more: /proc must have
-// counted as much for this process (within a few clock ticks).
+// TestSelfAndTree burns CPU until getrusage has counted 200ms more: /proc, read through
+// Process, must have counted as much for this process (within a few clock ticks).
 func TestSelfAndTree(t *testing.T) {
-	self := Self()
+	self, proc := Self(), Process(os.Getpid(), "proc-µs/op")
 	s0, err := self.Read()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p0, err := treeCPU(os.Getpid())
+	p0, err := proc.Read()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestSelfAndTree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p1, err := treeCPU(os.Getpid())
+	p1, err := proc.Read()
 	if err != nil {
 		t.Fatal(err)
 	}

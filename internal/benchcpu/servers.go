@@ -74,6 +74,13 @@ func Postgres(q Querier) (Probe, error) {
 	return Probe{Unit: "pg-µs/op", Read: func() (time.Duration, error) { return treeCPU(pid) }}, nil
 }
 
+// Process is the CPU time of the process pid and of its children, live and reaped,
+// from /proc as for Postgres, reported under unit: for a server Postgres and Redis do
+// not cover, such as PgBouncer.
+func Process(pid int, unit string) Probe {
+	return Probe{Unit: unit, Read: func() (time.Duration, error) { return treeCPU(pid) }}
+}
+
 func postmasterPID(q Querier) (int, error) {
 	ctx, cancel := probeContext()
 	defer cancel()
