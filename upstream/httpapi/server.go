@@ -179,9 +179,9 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("GET /openapi/"+name, serveDocument(name))
 	}
 
-	// The sessions, the keys and the dashboard's pages, each through its adapter.
-	// handle checks nothing. keyRoute wants a member who may manage keys. page
-	// (dashboard.go) shows errors on pages.
+	// The sessions, the keys, the usage and the dashboard's pages, each through its
+	// adapter. handle checks nothing. keyRoute wants a member who may manage keys,
+	// memberRoute with anyRole any member. page (dashboard.go) shows errors on pages.
 	for _, rt := range []struct {
 		pattern string
 		handler http.HandlerFunc
@@ -193,6 +193,7 @@ func (s *Server) routes() http.Handler {
 		{"DELETE /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleRevokeKey)},
 		{"POST /orgs/{orgId}/api-keys/{id}/roll", s.keyRoute(s.handleRollKey)},
 		{"GET /orgs/{orgId}/audit-events", s.keyRoute(s.handleListAuditEvents)},
+		{"GET /orgs/{orgId}/usage", s.memberRoute(anyRole, s.handleUsage)},
 		{"GET /dashboard", s.page(s.pageHome)},
 		{"POST /dashboard/login", s.page(s.pageLogin)},
 		{"POST /dashboard/logout", s.page(s.pageLogout)},
