@@ -203,6 +203,7 @@ func (s *Server) routes() http.Handler {
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/revoke", s.page(s.pageRevoke)},
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/roll", s.page(s.pageRoll)},
 		{"GET /dashboard/orgs/{orgId}/audit", s.page(s.pageAudit)},
+		{"GET /dashboard/orgs/{orgId}/usage", s.page(s.pageUsage)},
 		{"GET /dashboard/static/{file}", s.page(s.pageStatic)},
 	} {
 		mux.HandleFunc(rt.pattern, rt.handler)
