@@ -181,22 +181,24 @@ func TestUsageFlushesOfManyProcessesAtOnceDoNotDeadlock(t *testing.T) {
 	}
 }
 
-// lockTimeoutPool returns a pool on the database at dbURL whose statements give up
-// waiting for a lock after 200ms, with an error of PostgreSQL's: a write that surely
-// failed.
-func lockTimeoutPool(t *testing.T, dbURL string) *pgxpool.Pool {
+// refuseWrites makes PostgreSQL refuse every write to usage_minutes, with an error of
+// its own (a write that surely failed), until the returned function is called.
+func refuseWrites(t *testing.T, pool *pgxpool.Pool) (restore func()) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `ALTER TABLE usage_minutes ADD CONSTRAINT refused CHECK (false) NOT VALID`); err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "200ms"
-	return schematest.OpenPool(t, cfg)
+	return func() {
+		if _, err := pool.Exec(ctx, `ALTER TABLE usage_minutes DROP CONSTRAINT refused`); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestUsageKeepsTheCountsOfAFailedFlush(t *testing.T) {
 	ctx := context.Background()
-	pool, dbURL := schematest.NewPool(t)
+	pool, _ := schematest.NewPool(t)
 	for _, tc := range []struct {
 		name string
 		pool *pgxpool.Pool
@@ -207,9 +209,8 @@ func TestUsageKeepsTheCountsOfAFailedFlush(t *testing.T) {
 			cancel()
 			return u.Flush(dead)
 		}},
-		{"refused by PostgreSQL", lockTimeoutPool(t, dbURL), func(u *keystore.Usage) error {
-			tx := holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
-			defer tx.Rollback(ctx)
+		{"refused by PostgreSQL", pool, func(u *keystore.Usage) error {
+			defer refuseWrites(t, pool)()
 			return u.Flush(ctx)
 		}},
 		{"cut short by its timeout", pool, func(u *keystore.Usage) error {
@@ -303,11 +304,12 @@ func TestUsageWriteCutShortIsCountedOnce(t *testing.T) {
 
 func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 	ctx := context.Background()
-	pool, dbURL := schematest.NewPool(t)
+	pool, _ := schematest.NewPool(t)
 	var dropped atomic.Int64
 	for _, tc := range []struct {
 		name string
-		pool *pgxpool.Pool
+		// fail makes the next flush fail, until the function it returns is called.
+		fail func() (restore func())
 		ctx  func() (context.Context, context.CancelFunc)
 		// dropped is what Record drops while the failed flush's rows are held. Those
 		// of a write that surely failed are counted again as they were, and take the
@@ -315,15 +317,19 @@ func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 		// their batch, apart.
 		dropped int64
 	}{
-		{"refused by PostgreSQL", lockTimeoutPool(t, dbURL), func() (context.Context, context.CancelFunc) { return ctx, func() {} }, 2},
-		{"cut short", pool, func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }, 3},
+		{"refused by PostgreSQL", func() func() { return refuseWrites(t, pool) },
+			func() (context.Context, context.CancelFunc) { return ctx, func() {} }, 2},
+		{"cut short", func() func() {
+			tx := holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
+			return func() { _ = tx.Rollback(ctx) }
+		}, func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := pool.Exec(ctx, `TRUNCATE usage_minutes`); err != nil {
 				t.Fatal(err)
 			}
 			dropped.Store(0)
-			u := keystore.NewUsage(tc.pool, keystore.UsageOptions{MaxPending: 2, OnDrop: func(n int) { dropped.Add(int64(n)) }})
+			u := keystore.NewUsage(pool, keystore.UsageOptions{MaxPending: 2, OnDrop: func(n int) { dropped.Add(int64(n)) }})
 			for range 3 {
 				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
 				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 500)
@@ -333,7 +339,7 @@ func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 				t.Errorf("dropped %d requests, want 3", got)
 			}
 			// The rows of a flush in flight, then of a failed one, still hold their places.
-			tx := holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
+			restore := tc.fail()
 			failed := make(chan error, 1)
 			go func() {
 				fctx, cancel := tc.ctx()
@@ -343,13 +349,11 @@ func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 			time.Sleep(100 * time.Millisecond) // let the flush take its rows
 			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200)
 			if err := <-failed; err == nil {
-				t.Fatal("a flush against a locked table succeeded")
+				t.Fatal("the flush succeeded")
 			}
 			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200)
 			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
-			if err := tx.Rollback(ctx); err != nil {
-				t.Fatal(err)
-			}
+			restore()
 			if got := dropped.Load(); got != 3+tc.dropped {
 				t.Errorf("dropped %d requests, want %d", got, 3+tc.dropped)
 			}
