@@ -181,7 +181,7 @@ func (u *Usage) Record(orgID, keyID string, at time.Time, outcome string, status
 		return
 	}
 	// The ids may share the memory of a request: keep copies of their own. The org id
-	// in lower case sorts as PostgreSQL sorts the uuid (Flush).
+	// in lower case sorts as PostgreSQL sorts the uuid (newUsageBatch).
 	k.keyID = strings.Clone(keyID)
 	u.pending[k] = &usageCount{orgID: strings.Clone(strings.ToLower(orgID)), count: 1}
 	u.mu.Unlock()
@@ -221,8 +221,7 @@ func validUUID(s string) bool {
 
 // Run flushes every Interval until ctx ends, then flushes once more and returns. Each
 // flush, the last one included, runs to its end or its Timeout, whatever becomes of
-// ctx: a write cut short may have been made, and writing its rows again would count
-// them twice.
+// ctx, so that a stop never cuts the last writes short.
 func (u *Usage) Run(ctx context.Context) {
 	tick := time.NewTicker(u.opts.Interval)
 	defer tick.Stop()
@@ -437,7 +436,8 @@ func (u *Usage) held() int { return len(u.pending) + len(u.inflight) + u.unsureR
 // Pending returns the requests of the org orgID in the UTC month of month that u has
 // counted and not written yet, in the outcomes MonthUsed counts. A flush in progress,
 // and a batch that may or may not have been written, count as not written. It walks
-// every row u holds.
+// every row u holds with Record's lock held: it is for a rare read, such as a
+// quota's re-seed.
 func (u *Usage) Pending(orgID string, month time.Time) int64 {
 	if u == nil {
 		return 0
