@@ -2,11 +2,13 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,8 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 // chromiumPath is Debian's chromium, which scripts/test.sh installs.
@@ -276,6 +280,9 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Errorf("the revoked key still has a revoke button")
 	}
 
+	// The usage page: a chart and each key's totals, the numbers of the JSON API.
+	s.checkUsagePage(owner, o, oldID, strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_"))
+
 	// The audit trail, and the keys page at 320 px: nothing wider than the screen.
 	owner.do("audit", chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/audit"), chromedp.WaitVisible(tid("audit-row")))
 	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 3 {
@@ -330,4 +337,71 @@ func TestDashboardInABrowser(t *testing.T) {
 	if cross.Status != http.StatusForbidden {
 		t.Errorf("cross-site login form through the gateway: %d, want 403", cross.Status)
 	}
+}
+
+// checkUsagePage adds usage of the keys oldID (revoked) and rolledID to o's record,
+// then reads it on the usage page in tb: the chart has a bar per hour, and each key's
+// total is the API's for the same range, with at least what was added. The gateway
+// may have counted requests of its own: the API says how many.
+func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
+	s.t.Helper()
+	now := time.Now()
+	s.recordUsage(o.ID,
+		usageRow{oldID, now.Add(-3 * time.Hour), keystore.OutcomeProxied, 200, 40},
+		usageRow{oldID, now.Add(-3 * time.Hour), keystore.OutcomeRateLimited, 429, 6},
+		usageRow{rolledID, now.Add(-20 * time.Hour), keystore.OutcomeMe, 200, 12},
+		usageRow{rolledID, now.Add(-time.Hour), keystore.OutcomeProxied, 200, 25},
+		usageRow{rolledID, now, keystore.OutcomeProxied, 404, 3},
+		usageRow{rolledID, now, keystore.OutcomeProxied, 502, 1},
+	)
+	recorded := map[string]int64{oldID: 46, rolledID: 41}
+
+	tb.do("the usage page", chromedp.Navigate(tb.origin+"/dashboard"), chromedp.Click(tid("usage-link")),
+		chromedp.WaitVisible(tid("usage-chart")))
+	checkUsage := func(granularity string, bars int) {
+		s.t.Helper()
+		if n := len(get(tb, "bars", chromedp.Nodes(all(chromedp.CSS(`[data-testid="usage-chart"] g.bar`))))); n != bars {
+			s.t.Errorf("%s: the chart has %d bars, want %d", granularity, n, bars)
+		}
+		r := s.login(o.Email, o.Password).do("GET", "/orgs/"+o.ID+"/usage?granularity="+granularity, nil, nil)
+		var body struct {
+			Data []struct {
+				KeyID string `json:"key_id"`
+				Count int64  `json:"count"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(r.Body, &body); err != nil || r.Status != 200 {
+			s.t.Fatalf("GET usage: %d %s", r.Status, r.Body)
+		}
+		api := map[string]int64{}
+		var total int64
+		for _, d := range body.Data {
+			api[d.KeyID] += d.Count
+			total += d.Count
+		}
+		rows := get(tb, "key rows", chromedp.Nodes(all(tid("usage-key-row")), chromedp.AtLeast(0)))
+		if len(rows) != 2 {
+			s.t.Errorf("%s: %d key rows, want 2 (the live key, the revoked one with requests)", granularity, len(rows))
+		}
+		for id, least := range recorded {
+			text := get(tb, "a key's total", chromedp.Text(chromedp.CSS(`tr[data-key-id="`+id+`"] [data-testid="usage-key-total"]`)))
+			if text != strconv.FormatInt(api[id], 10) || api[id] < least {
+				s.t.Errorf("%s: key %s's total on the page %q, in the API %d, recorded %d", granularity, id, text, api[id], least)
+			}
+		}
+		desc := get(tb, "the chart's text", chromedp.Evaluate[string](`document.querySelector('[data-testid="usage-chart"] desc').textContent`))
+		if !strings.HasPrefix(desc, strconv.FormatInt(total, 10)+" requests in all: ") {
+			s.t.Errorf("%s: the chart says %q, the API %d requests", granularity, desc, total)
+		}
+	}
+	checkUsage("hour", 24)
+	tb.screenshot("usage")
+	tb.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Reload(), chromedp.WaitVisible(tid("usage-chart")))
+	if w := get(tb, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 320 {
+		s.t.Errorf("at 320 px the usage page is %d px wide", w)
+	}
+	tb.screenshot("usage-320px")
+	tb.do("wide again", chromedp.EmulateViewport(1100, 800))
+	tb.do("30 days", chromedp.Click(tid("usage-range-30d")), chromedp.WaitVisible(tid("usage-chart")))
+	checkUsage("day", 30)
 }

@@ -208,6 +208,10 @@ func TestTheDocumentCheckBites(t *testing.T) {
 		{"a create accepted without its name", "POST", "/v1/monitors", `{"type":"http","target":"https://example.com"}`, 201, monitor, true},
 		{"a bad create refused", "POST", "/v1/monitors", `{"type":"http"}`, 400, `{"error":"invalid_request","message":"name: required"}`, false},
 		{"an unknown field in an answer is fine", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Admin","new":1}`, false},
+		{"usage as documented", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/usage", "", 200,
+			`{"granularity":"hour","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","data":[{"key_id":"abcdefghijklmnop","start":"2026-01-01T00:00:00Z","outcome":"proxied","status":200,"count":1}]}`, false},
+		{"a usage row with an outcome the document lacks", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/usage", "", 200,
+			`{"granularity":"hour","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","data":[{"key_id":"abcdefghijklmnop","start":"2026-01-01T00:00:00Z","outcome":"unauthenticated","status":401,"count":1}]}`, true},
 		{"a dashboard key without masked_key", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/api-keys", "", 200,
 			`{"data":[{"id":"abcdefghijklmnop","name":"k","role":"Admin","created_at":"2026-01-01T00:00:00Z","expires_at":null,"revoked_at":null}]}`, true},
 	} {

@@ -24,6 +24,18 @@ CREATE TABLE usage_minutes (
 );
 -- The roll-up reads only the rows it has not rolled up in full.
 CREATE INDEX usage_minutes_unrolled_idx ON usage_minutes (start) WHERE count > rolled;
+-- The retention deletes the oldest rows of every org without reading the others.
+CREATE INDEX usage_minutes_start_idx ON usage_minutes (start);
+
+-- usage_flushes holds the id of every write of a gateway to usage_minutes, for a few
+-- days (docs/operations.md, Usage). A gateway that cannot tell whether its write was
+-- made (a timeout, a lost connection) sends it again with the same id, and
+-- PostgreSQL skips it if the first one was made: no request counts twice.
+CREATE TABLE usage_flushes (
+	id uuid        PRIMARY KEY,
+	at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX usage_flushes_at_idx ON usage_flushes (at);
 
 -- usage_hours and usage_days hold what the roll-up took from usage_minutes, by whole
 -- UTC hour and UTC day.
@@ -36,6 +48,7 @@ CREATE TABLE usage_hours (
 	count   bigint      NOT NULL CHECK (count > 0),
 	PRIMARY KEY (org_id, start, key_id, outcome, status)
 );
+CREATE INDEX usage_hours_start_idx ON usage_hours (start);
 
 CREATE TABLE usage_days (
 	org_id  uuid        NOT NULL,

@@ -244,6 +244,8 @@ func TestCommandsNeedTheirEnvironment(t *testing.T) {
 			"upstream serve: usage: --database-timeout must be positive\n"},
 		{"serve with a bad purge interval", nil, []string{"serve", "--purge-interval", "-1s"},
 			"upstream serve: usage: --purge-interval must be positive\n"},
+		{"serve with a bad usage roll-up interval", nil, []string{"serve", "--usage-rollup-interval", "0s"},
+			"upstream serve: usage: --usage-rollup-interval must be positive\n"},
 		{"serve with a short leak report token", nil, []string{"serve", "--leak-report-token", "0123456789012345678901234567890"},
 			"upstream serve: usage: --leak-report-token must be at least 32 characters\n"},
 		{"serve with a short LEAK_REPORT_TOKEN", map[string]string{"LEAK_REPORT_TOKEN": "short"}, []string{"serve"},
@@ -291,7 +293,7 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pr, done := startServe(ctx, env, "serve", "--addr", "127.0.0.1:0", "--migrate", "--purge-interval", "50ms",
-		"--login-window", "1m", "--login-failures-per-email", "1", "--login-failures-per-client", "5")
+		"--usage-rollup-interval", "50ms", "--login-window", "1m", "--login-failures-per-email", "1", "--login-failures-per-client", "5")
 
 	// The logs are read as they come, so that logging never blocks the server.
 	logLines := make(chan string, 100)
@@ -373,6 +375,24 @@ func TestServeServesUntilCancelled(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("serve did not purge the expired session within 20s")
+		}
+	}
+
+	// serve rolls the usage record up on its own schedule.
+	if _, err := conn.Exec(context.Background(), `INSERT INTO usage_minutes (org_id, key_id, start, outcome, status, count)
+		VALUES (gen_random_uuid(), 'AAAAbbbbCCCCdddd', date_trunc('minute', now()), 'proxied', 200, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(context.Background(), `SELECT coalesce(sum(count), 0) FROM usage_days`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not roll the usage record up within 20s")
 		}
 	}
 

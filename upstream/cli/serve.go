@@ -30,7 +30,9 @@ type serveConfig struct {
 	dbURL      string
 	dbTimeout  time.Duration
 	purgeEvery time.Duration
-	migrate    bool
+	// rollupEvery is the usage record's roll-up interval.
+	rollupEvery time.Duration
+	migrate     bool
 }
 
 // serve is `upstream serve`: parseServe, then runServe.
@@ -45,7 +47,7 @@ func (c *cli) serve(name string, args []string) error {
 // parseServe parses serve's flags and environment into a serveConfig. It makes every
 // check that needs no database. So a bad command line fails at once, with exit code 2.
 func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
@@ -64,6 +66,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	trusted := fs.String("trusted-proxies", defaultTrustedProxies, "comma-separated `CIDRs` of the proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (empty: none)")
 	fs.DurationVar(&cfg.dbTimeout, "database-timeout", store.DefaultDatabaseTimeout, "bound on each database wait (pool acquire, statement); past it a request answers 503")
 	fs.DurationVar(&cfg.purgeEvery, "purge-interval", httpapi.DefaultPurgeInterval, "how often expired sessions and old login attempts are deleted")
+	fs.DurationVar(&cfg.rollupEvery, "usage-rollup-interval", httpapi.DefaultUsageRollupInterval, "how often the usage record's minutes are rolled up into hours and days, and its old rows deleted")
 	fs.DurationVar(&throttle.Window, "login-window", store.DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
 	fs.IntVar(&throttle.PerEmail, "login-failures-per-email", store.DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
 	fs.IntVar(&throttle.PerClient, "login-failures-per-client", store.DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
@@ -109,6 +112,8 @@ func (cfg *serveConfig) checkBounds() error {
 		return usageErrorf("--database-timeout must be positive")
 	case cfg.purgeEvery <= 0:
 		return usageErrorf("--purge-interval must be positive")
+	case cfg.rollupEvery <= 0:
+		return usageErrorf("--usage-rollup-interval must be positive")
 	case throttle.Window <= 0:
 		return usageErrorf("--login-window must be positive")
 	case throttle.PerEmail <= 0 || throttle.PerClient <= 0:
@@ -132,8 +137,8 @@ func identityVerifier(jwks, audience string) (*gatewayauth.Verifier, error) {
 	return gatewayauth.New(cfg)
 }
 
-// runServe serves cfg until c's context ends. The database pool, the admin endpoints
-// and the purge live as long as the server.
+// runServe serves cfg until c's context ends. The database pool, the admin endpoints,
+// the purge and the usage roll-up live as long as the server.
 func (c *cli) runServe(cfg serveConfig) error {
 	logger := newLogger(c.stderr)
 	defer func() { _ = logger.Sync() }()
@@ -177,19 +182,20 @@ func (c *cli) runServe(cfg serveConfig) error {
 		}
 		defer stopAdmin()
 	}
-	stopPurge := c.purge(srv, cfg.purgeEvery)
-	defer stopPurge() // before the pool closes: defers run last first
+	// Both stop before the pool closes: defers run last first.
+	defer c.background(func(ctx context.Context) { srv.RunPurge(ctx, cfg.purgeEvery) })()
+	defer c.background(func(ctx context.Context) { srv.RunUsageRollup(ctx, cfg.rollupEvery) })()
 	return c.listenAndServe(cfg, srv, logger)
 }
 
-// purge runs srv's purge every interval until the returned stop is called. stop waits
-// for the purge to end.
-func (c *cli) purge(srv *httpapi.Server, interval time.Duration) (stop func()) {
+// background runs job until the returned stop is called. stop ends job's context and
+// waits for it to return.
+func (c *cli) background(job func(ctx context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv.RunPurge(ctx, interval)
+		job(ctx)
 	}()
 	return func() {
 		cancel()

@@ -115,6 +115,7 @@ func TestDashboardPagesCarryTheSecurityHeaders(t *testing.T) {
 		{"login page", "/dashboard", e.Anon(), 200, "text/html; charset=utf-8"},
 		{"keys page", "/dashboard/orgs/" + org, owner, 200, "text/html; charset=utf-8"},
 		{"audit page", "/dashboard/orgs/" + org + "/audit", owner, 200, "text/html; charset=utf-8"},
+		{"usage page", "/dashboard/orgs/" + org + "/usage", owner, 200, "text/html; charset=utf-8"},
 		{"not a member", "/dashboard/orgs/00000000-0000-0000-0000-000000000000", owner, 404, "text/html; charset=utf-8"},
 		{"stylesheet", "/dashboard/static/dashboard.css", e.Anon(), 200, "text/css; charset=utf-8"},
 		{"script", "/dashboard/static/dashboard.js", e.Anon(), 200, "text/javascript; charset=utf-8"},

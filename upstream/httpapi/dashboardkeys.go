@@ -33,15 +33,22 @@ func (s *Server) showKeys(w http.ResponseWriter, r *http.Request, p principal, d
 	return nil
 }
 
-// listKeys adds the keys of p's organisation to data.
+// listKeys adds the keys of p's organisation to data, each with its requests in the
+// last 24 hours.
 func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) error {
 	recs, err := s.keys.List(ctx, p.orgID)
 	if err != nil {
 		return err
 	}
+	requests, err := s.keyRequests(ctx, p.orgID)
+	if err != nil {
+		return err
+	}
 	now := s.now()
 	for _, rec := range recs {
-		data.Keys = append(data.Keys, s.keyView(rec, now))
+		kv := s.keyView(rec, now)
+		kv.Requests = requests[rec.ID]
+		data.Keys = append(data.Keys, kv)
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ import (
 var webFiles embed.FS
 
 // pages holds the dashboard's templates, one per page ("login", "orgs", "keys",
-// "revoke", "audit", "error"). Each page shares "head" and "foot".
+// "revoke", "audit", "usage", "error"). Each page shares "head" and "foot".
 var pages = template.Must(template.New("").ParseFS(webFiles, "web/*.html"))
 
 // staticFiles are the stylesheet, script and icon the pages load.
@@ -52,6 +52,7 @@ type pageData struct {
 	Roles      []string
 	Events     []eventView
 	NextCursor string
+	Usage      *usageView
 }
 
 // keyView is a key's row: masked, times in words.
@@ -59,6 +60,7 @@ type keyView struct {
 	ID, Name, Role, Masked              string
 	Created, Expires, LastUsed, Revoked string
 	Live                                bool
+	Requests                            int64 // in the last 24 hours (keys page)
 }
 
 // newKeyView is a key just created or rolled. Its page is the one that shows it in

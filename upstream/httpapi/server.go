@@ -184,9 +184,9 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("GET /openapi/"+name, serveDocument(name))
 	}
 
-	// The sessions, the keys and the dashboard's pages, each through its adapter.
-	// handle checks nothing. keyRoute wants a member who may manage keys. page
-	// (dashboard.go) shows errors on pages.
+	// The sessions, the keys, the usage and the dashboard's pages, each through its
+	// adapter. handle checks nothing. keyRoute wants a member who may manage keys,
+	// memberRoute with anyRole any member. page (dashboard.go) shows errors on pages.
 	for _, rt := range []struct {
 		pattern string
 		handler http.HandlerFunc
@@ -198,6 +198,7 @@ func (s *Server) routes() http.Handler {
 		{"DELETE /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleRevokeKey)},
 		{"POST /orgs/{orgId}/api-keys/{id}/roll", s.keyRoute(s.handleRollKey)},
 		{"GET /orgs/{orgId}/audit-events", s.keyRoute(s.handleListAuditEvents)},
+		{"GET /orgs/{orgId}/usage", s.memberRoute(anyRole, s.handleUsage)},
 		{"GET /dashboard", s.page(s.pageHome)},
 		{"POST /dashboard/login", s.page(s.pageLogin)},
 		{"POST /dashboard/logout", s.page(s.pageLogout)},
@@ -207,6 +208,7 @@ func (s *Server) routes() http.Handler {
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/revoke", s.page(s.pageRevoke)},
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/roll", s.page(s.pageRoll)},
 		{"GET /dashboard/orgs/{orgId}/audit", s.page(s.pageAudit)},
+		{"GET /dashboard/orgs/{orgId}/usage", s.page(s.pageUsage)},
 		{"GET /dashboard/static/{file}", s.page(s.pageStatic)},
 	} {
 		mux.HandleFunc(rt.pattern, rt.handler)

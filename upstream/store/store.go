@@ -1,5 +1,6 @@
 // Package store is the upstream's data in PostgreSQL. It holds organisations and their
-// plans, users, sessions, the login throttle, monitors, and the operator's writes.
+// plans, users, sessions, the login throttle, monitors, the usage record's roll-up and
+// reads, and the operator's writes.
 // Every SQL statement of the upstream is in this package's *store.go files. Every
 // pgx.ErrNoRows is mapped here to the apperr error the caller answers with.
 //

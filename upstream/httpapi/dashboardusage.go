@@ -1,0 +1,137 @@
+package httpapi
+
+import (
+	"cmp"
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/store"
+)
+
+// The dashboard's usage page: the org's requests as a chart by class and a table by
+// key. It reads the sums of the rows GET /orgs/{orgId}/usage answers with its default
+// range, so both show the same numbers.
+
+// usagePageRanges are the usage page's ranges, by its query parameter range.
+var usagePageRanges = map[string]struct{ granularity, words string }{
+	"24h": {store.UsageHour, "the last 24 hours, by hour"},
+	"30d": {store.UsageDay, "the last 30 days, by day"},
+}
+
+// usageView is what the usage page shows.
+type usageView struct {
+	Range   string // "24h" or "30d"
+	Words   string
+	APIPath string // the API's read of the same rows
+	Chart   usageChart
+	Keys    []usageKeyView
+	All     classCounts
+}
+
+// usageKeyView is a key's row of the usage page.
+type usageKeyView struct {
+	ID, Name, Masked string
+	Live             bool
+	Counts           classCounts
+}
+
+// pageUsage answers GET /dashboard/orgs/{orgId}/usage?range= for any member: the
+// org's requests over the last 24 hours by hour, or with range=30d the last 30 days
+// by day. Every live key has a row, and so does every other key with requests in the
+// range; the busiest first.
+func (s *Server) pageUsage(w http.ResponseWriter, r *http.Request) error {
+	p, data, err := s.orgPage(r, "Usage")
+	if err != nil {
+		return err
+	}
+	rangeName := r.URL.Query().Get("range")
+	if rangeName == "" {
+		rangeName = "24h"
+	}
+	pr, ok := usagePageRanges[rangeName]
+	if !ok {
+		return apperr.Invalid("range", "must be 24h or 30d")
+	}
+	g := usageGrains[pr.granularity]
+	q := store.UsageQuery{OrgID: p.orgID, Granularity: pr.granularity}
+	q.From, q.To = usageRange(g, s.now())
+	sums, err := s.store.UsageByStartAndStatus(r.Context(), q)
+	if err != nil {
+		return err
+	}
+	keys, all, err := s.usageByKey(r.Context(), q)
+	if err != nil {
+		return err
+	}
+	data.Usage = &usageView{
+		Range: rangeName, Words: pr.words, Keys: keys, All: all,
+		APIPath: "/orgs/" + p.orgID + "/usage?granularity=" + pr.granularity,
+		Chart:   buildUsageChart("Requests of "+data.Org.Name+" over "+pr.words+" (UTC)", q.From, q.To, g, sums),
+	}
+	s.render(w, http.StatusOK, "usage", data)
+	return nil
+}
+
+// usageByKey returns the rows of the usage page's key table for q, and the sums of
+// every key.
+func (s *Server) usageByKey(ctx context.Context, q store.UsageQuery) ([]usageKeyView, classCounts, error) {
+	sums, err := s.store.UsageByKeyAndStatus(ctx, q)
+	if err != nil {
+		return nil, classCounts{}, err
+	}
+	recs, err := s.keys.List(ctx, q.OrgID)
+	if err != nil {
+		return nil, classCounts{}, err
+	}
+	byKey := map[string]*classCounts{}
+	var all classCounts
+	for _, u := range sums {
+		if byKey[u.KeyID] == nil {
+			byKey[u.KeyID] = new(classCounts)
+		}
+		byKey[u.KeyID][statusClass(u.Status)] += u.Count
+		all[statusClass(u.Status)] += u.Count
+	}
+	var rows []usageKeyView
+	now := s.now()
+	for _, rec := range recs {
+		kv := s.keyView(rec, now)
+		counts, used := byKey[rec.ID]
+		delete(byKey, rec.ID)
+		if !used && !kv.Live {
+			continue
+		}
+		row := usageKeyView{ID: rec.ID, Name: rec.Name, Masked: kv.Masked, Live: kv.Live}
+		if used {
+			row.Counts = *counts
+		}
+		rows = append(rows, row)
+	}
+	// Usage rows outlive keys: a key no longer listed keeps its row.
+	for id, counts := range byKey {
+		rows = append(rows, usageKeyView{ID: id, Name: "(a key no longer listed)", Masked: s.format.Mask(id), Counts: *counts})
+	}
+	slices.SortFunc(rows, func(a, b usageKeyView) int {
+		return cmp.Or(cmp.Compare(b.Counts.Total(), a.Counts.Total()), strings.Compare(a.Name, b.Name), strings.Compare(a.ID, b.ID))
+	})
+	return rows, all, nil
+}
+
+// keyRequests returns the requests of each key of orgID over the usage page's default
+// range, the last 24 hours, by key id.
+func (s *Server) keyRequests(ctx context.Context, orgID string) (map[string]int64, error) {
+	q := store.UsageQuery{OrgID: orgID, Granularity: store.UsageHour}
+	q.From, q.To = usageRange(usageGrains[store.UsageHour], s.now())
+	sums, err := s.store.UsageByKeyAndStatus(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	n := map[string]int64{}
+	for _, u := range sums {
+		n[u.KeyID] += u.Count
+	}
+	return n, nil
+}
