@@ -7,7 +7,7 @@ import "time"
 func Prime[Req, Resp any](g *Gatherer[Req, Resp], gap time.Duration, now func() time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.now, g.gap, g.last = now, gap, now()
+	g.linger.now, g.linger.gap, g.linger.last = now, gap, now()
 }
 
 // Arrive counts one call's arrival, as Do does, and tells whether a batch started now
@@ -15,7 +15,7 @@ func Prime[Req, Resp any](g *Gatherer[Req, Resp], gap time.Duration, now func() 
 func Arrive[Req, Resp any](g *Gatherer[Req, Resp]) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	_, fast := g.arrive()
+	_, fast := g.linger.arrive()
 	return fast
 }
 
