@@ -93,25 +93,26 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 	return k, ok, nil
 }
 
-// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids, by
-// the latest deadline of its requests (each has one: VerifyParsed bounds them by
-// Timeout). Every request of the batch gets the live keys it found, by key id.
+// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids.
+// Every request of the batch gets the live keys it found, by key id. The lookup runs
+// by the latest deadline of the batch's requests. Each has one: VerifyParsed bounds
+// them by Timeout.
 //
-// A lookup that finds a lane free runs inline, on its request's goroutine (ctx is then
-// the request's, not context.Background()): one goroutine hand-off less. It must end
-// by the request's deadline, which pgx's cancelling does not promise (see
-// RequestLookup), so it runs under a context of its own with that deadline and
-// RequestLookup's mark, and not the request's cancellation: a client that goes away
-// does not cut a lookup of a few hundred microseconds short.
-func (b *Batcher) query(ctx context.Context, deadline time.Time, keyIDs []string) ([]map[string]row, error) {
+// A lookup alone in its batch runs inline, on its request's goroutine. It must end by
+// the request's deadline, which pgx's cancelling does not promise (see RequestLookup).
+// So it runs under a context with that deadline and RequestLookup's mark. It does not
+// take the request's cancellation: a client that goes away does not cut a lookup of a
+// few hundred microseconds short.
+func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, keyIDs []string) ([]map[string]row, error) {
 	ids := distinct(keyIDs)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(len(ids)))
 	if b.onBatch != nil {
 		b.onBatch(len(ids))
 	}
-	if ctx != context.Background() {
-		ctx = context.WithValue(context.Background(), requestLookupKey{}, true)
+	ctx := context.Background()
+	if inline {
+		ctx = context.WithValue(ctx, requestLookupKey{}, true)
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()

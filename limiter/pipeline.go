@@ -80,7 +80,7 @@ func (p *pipeline) count(ctx context.Context, deadline time.Time, counterKey str
 // goroutine under its caller's context (gather.Options.Inline: one goroutine hand-off
 // less, the common case under light traffic); go-redis ends a command at its
 // context's deadline, so the caller still gets its answer by then.
-func (p *pipeline) send(ctx context.Context, deadline time.Time, round []pipelinedCount) ([]countReply, error) {
+func (p *pipeline) send(ctx context.Context, deadline time.Time, _ bool, round []pipelinedCount) ([]countReply, error) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(p.timeout)
 	}

@@ -50,11 +50,11 @@ type byGate struct {
 	deadlines []time.Time // guarded by gate.mu
 }
 
-func (g *byGate) flush(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
+func (g *byGate) flush(ctx context.Context, by time.Time, inline bool, reqs []int) ([]int, error) {
 	g.mu.Lock()
 	g.deadlines = append(g.deadlines, by)
 	g.mu.Unlock()
-	return g.gate.flush(ctx, by, reqs)
+	return g.gate.flush(ctx, by, inline, reqs)
 }
 
 func TestFlushGetsTheLatestDeadlineOfItsCallsOrNoneIfOneHasNone(t *testing.T) {

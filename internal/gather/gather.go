@@ -54,16 +54,16 @@ import (
 // single requests belong in Resp.
 //
 // A batch serves many callers, so Flush runs under none of their contexts: ctx is
-// context.Background(). Flush bounds its own round trip by deadline: the latest
-// deadline of the batch's calls, past which none of them waits. It is zero if one of
-// them has none. With Options.Inline, a batch of one may run on its caller's goroutine
-// instead, and ctx is then the caller's. deadline is still the call's, which ctx may
-// not carry.
+// context.Background() and inline is false. Flush bounds its own round trip by
+// deadline: the latest deadline of the batch's calls, past which none of them waits.
+// It is zero if one of them has none. With Options.Inline, a batch of one may run on
+// its caller's goroutine instead. inline is then true, and ctx is the caller's.
+// deadline is still the call's, which ctx may not carry.
 //
 // Flush runs once per batch, on a goroutine of the Gatherer, possibly for several
 // batches at once (Options.Lanes). It must neither keep reqs nor return it as the
 // responses: its array serves a later batch.
-type Flush[Req, Resp any] func(ctx context.Context, deadline time.Time, reqs []Req) ([]Resp, error)
+type Flush[Req, Resp any] func(ctx context.Context, deadline time.Time, inline bool, reqs []Req) ([]Resp, error)
 
 // Options tunes a Gatherer.
 type Options struct {
@@ -191,7 +191,7 @@ func (g *Gatherer[Req, Resp]) open(ctx context.Context, deadline time.Time, req 
 func (g *Gatherer[Req, Resp]) alone(ctx context.Context, deadline time.Time, reqs []Req) (Resp, error) {
 	defer g.handOn(reqs)
 	var zero Resp
-	resps, err := g.flush(ctx, deadline, reqs)
+	resps, err := g.flush(ctx, deadline, true, reqs)
 	if err == nil && len(resps) != 1 {
 		err = fmt.Errorf("gather: flush answered %d responses for 1 request", len(resps))
 	}
@@ -374,7 +374,7 @@ func (g *Gatherer[Req, Resp]) fire(b *batch[Req, Resp]) {
 // calling again, counts as a call from elsewhere. The others wake first.
 func (g *Gatherer[Req, Resp]) send(b *batch[Req, Resp]) {
 	reqs := b.reqs
-	resps, err := g.flush(context.Background(), b.deadline(), reqs)
+	resps, err := g.flush(context.Background(), b.deadline(), false, reqs)
 	if err == nil && len(resps) != len(reqs) {
 		err = fmt.Errorf("gather: flush answered %d responses for %d requests", len(resps), len(reqs))
 	}

@@ -27,7 +27,7 @@ type gate struct {
 	most    atomic.Int32 // the most batches that ran at once
 }
 
-func (g *gate) flush(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+func (g *gate) flush(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 	n := g.running.Add(1)
 	defer g.running.Add(-1)
 	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
@@ -178,9 +178,9 @@ func TestACallNeverJoinsABatchAlreadySent(t *testing.T) {
 func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		f := &gate{}
-		slow := func(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
+		slow := func(ctx context.Context, by time.Time, inline bool, reqs []int) ([]int, error) {
 			time.Sleep(time.Millisecond)
-			return f.flush(ctx, by, reqs)
+			return f.flush(ctx, by, inline, reqs)
 		}
 		g := gather.New(slow, gather.Options{Lanes: lanes, MaxWait: time.Hour})
 		var wg sync.WaitGroup
@@ -216,7 +216,7 @@ func TestABatchWaitsAtMostMaxWaitForALane(t *testing.T) {
 	// must go out on its own after MaxWait, and answer.
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		started <- time.Now()
 		if reqs[0] == 1 {
 			<-unstick
@@ -296,7 +296,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 	odd := errors.New("odd")
 	release := make(chan struct{})
 	var sizes []int
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]reply, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]reply, error) {
 		<-release
 		sizes = append(sizes, len(reqs))
 		out := make([]reply, len(reqs))
@@ -335,7 +335,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 
 func TestAFlushAnsweringTheWrongNumberIsAnErrorNotAPanic(t *testing.T) {
 	for _, opts := range []gather.Options{{}, {Inline: true}} {
-		g := gather.New(func(context.Context, time.Time, []int) ([]int, error) { return nil, nil }, opts)
+		g := gather.New(func(context.Context, time.Time, bool, []int) ([]int, error) { return nil, nil }, opts)
 		if _, err := g.Do(context.Background(), 1); err == nil {
 			t.Errorf("%+v: a flush answering no response for one request gave no error", opts)
 		}
@@ -347,7 +347,7 @@ func TestALoneInlineCallAllocatesNothing(t *testing.T) {
 		t.Skip("allocation counts are the race detector's under -race")
 	}
 	resps := []int{0}
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		resps[0] = 2 * reqs[0]
 		return resps, nil
 	}
@@ -362,7 +362,7 @@ func TestALoneInlineCallAllocatesNothing(t *testing.T) {
 }
 
 func BenchmarkGather(b *testing.B) {
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		out := make([]int, len(reqs))
 		copy(out, reqs)
 		return out, nil
@@ -389,18 +389,21 @@ func BenchmarkGather(b *testing.B) {
 type callerKey struct{}
 
 // ctxGate is a gate that also records, for every batch, the caller mark of the context
-// its Flush got: 0 for none (the Gatherer's own context.Background()).
+// its Flush got (0 for none: the Gatherer's own context.Background()) and its inline
+// flag.
 type ctxGate struct {
 	gate
-	marks []int // guarded by gate.mu
+	marks   []int  // guarded by gate.mu
+	inlines []bool // guarded by gate.mu
 }
 
-func (g *ctxGate) flush(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
+func (g *ctxGate) flush(ctx context.Context, by time.Time, inline bool, reqs []int) ([]int, error) {
 	mark, _ := ctx.Value(callerKey{}).(int)
 	g.mu.Lock()
 	g.marks = append(g.marks, mark)
+	g.inlines = append(g.inlines, inline)
 	g.mu.Unlock()
-	return g.gate.flush(ctx, by, reqs)
+	return g.gate.flush(ctx, by, inline, reqs)
 }
 
 func marked(n int) context.Context { return context.WithValue(context.Background(), callerKey{}, n) }
@@ -439,18 +442,21 @@ func TestInlineRunsALoneCallUnderItsCallersContextAndBatchesUnderNone(t *testing
 		if resp, err := g.Do(marked(2), 3); resp != 6 || err != nil {
 			t.Errorf("inline %v: Do after the batch = %d, %v", inline, resp, err)
 		}
-		want := []int{0, 0, 0}
+		want, wantInline := []int{0, 0, 0}, []bool{false, false, false}
 		if inline {
-			want = []int{1, 0, 2}
+			want, wantInline = []int{1, 0, 2}, []bool{true, false, true}
 		}
 		if fmt.Sprint(f.marks) != fmt.Sprint(want) {
 			t.Errorf("inline %v: the flushes got the contexts of callers %v, want %v (0: none)", inline, f.marks, want)
+		}
+		if fmt.Sprint(f.inlines) != fmt.Sprint(wantInline) {
+			t.Errorf("inline %v: the flushes were told inline %v, want %v", inline, f.inlines, wantInline)
 		}
 	}
 }
 
 func TestInlineFreesTheLaneWhenFlushPanics(t *testing.T) {
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		if reqs[0] < 0 {
 			panic("flush failed")
 		}
@@ -484,7 +490,7 @@ func TestBatchesRunOnAWorkerThatOutlivesThemAndEndsWhenIdle(t *testing.T) {
 	before := runtime.NumGoroutine()
 	var mu sync.Mutex
 	ran := map[string]int{} // goroutine id -> batches it ran
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		mu.Lock()
 		ran[goroutineID()]++
 		mu.Unlock()

@@ -368,7 +368,7 @@ func TestALingeringBatchBehindAStuckOneGoesOutAfterLingerAndMaxWait(t *testing.T
 	// MaxWait. (Five calls in the first batch, so that lingering pays and goes on.)
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		started <- time.Now()
 		if slices.Contains(reqs, 1) {
 			<-unstick
