@@ -17,8 +17,8 @@ import (
 )
 
 // TestBatcherRefusesEveryRequestStartedAfterARevokeCommits is the freshness guarantee
-// under load: many goroutines verify keys through batches while the key is revoked;
-// every verification that started after Revoke returned must be refused.
+// under load. Many goroutines verify keys through batches while the key is revoked.
+// Every verification that started after Revoke returned must be refused.
 func TestBatcherRefusesEveryRequestStartedAfterARevokeCommits(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		t.Run(map[int]string{1: "one lane", 3: "three lanes"}[lanes], func(t *testing.T) {
@@ -143,7 +143,7 @@ func TestBatcherRecoversAfterADatabaseError(t *testing.T) {
 	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 
 	tx := holdLocks(t, pool, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`)
-	// The batch query times out on its own timeout even if the caller would wait longer.
+	// The batch query ends at its own timeout, even if the caller would wait longer.
 	if _, ok, err := b.Verify(ctx, full); ok || err == nil {
 		t.Errorf("Verify on a locked table = %v, %v; want an error", ok, err)
 	}
@@ -154,7 +154,7 @@ func TestBatcherRecoversAfterADatabaseError(t *testing.T) {
 }
 
 // TestBatcherReportsEveryBatchToOnBatch: OnBatch sees every query sent, with the number
-// of distinct key ids in it, so that a histogram fed by it counts what Stats counts.
+// of distinct key ids in it. So a histogram fed by it counts what Stats counts.
 func TestBatcherReportsEveryBatchToOnBatch(t *testing.T) {
 	ctx := context.Background()
 	s, _, org := newStore(t, "pro")
@@ -209,8 +209,8 @@ func TestBatcherReportsEveryBatchToOnBatch(t *testing.T) {
 	}
 }
 
-// lookupTracer records, for every key lookup a pool sends, how many arguments it has
-// and whether its context is marked as a request's own (keystore.RequestLookup).
+// lookupTracer records every key lookup a pool sends: how many arguments it has, and
+// whether its context is marked as a request's own (keystore.RequestLookup).
 type lookupTracer struct {
 	mu      sync.Mutex
 	lookups []tracedLookup
@@ -238,9 +238,9 @@ func (tr *lookupTracer) seen() []tracedLookup {
 	return append([]tracedLookup(nil), tr.lookups...)
 }
 
-// TestBatcherMarksOnlyTheLookupsItRunsInline: a request alone in its batch runs
-// its lookup on its own goroutine, marked for RequestLookup; a batch of several runs
-// on the Batcher's goroutine, unmarked, since no one request waits on it directly.
+// TestBatcherMarksOnlyTheLookupsItRunsInline: a request alone in its batch runs its
+// lookup on its own goroutine, marked for RequestLookup. A batch of several runs on the
+// Batcher's goroutine, unmarked: no one request waits on it directly.
 func TestBatcherMarksOnlyTheLookupsItRunsInline(t *testing.T) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(schematest.NewDatabase(t))
