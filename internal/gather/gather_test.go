@@ -15,8 +15,8 @@ import (
 	"github.com/keygate/keygate/internal/gather"
 )
 
-// gate is a Flush that doubles every request, records every batch, and, while closed,
-// holds each batch until the test lets one go.
+// gate is a Flush that doubles every request and records every batch. While closed,
+// it holds each batch until the test lets one go.
 type gate struct {
 	mu      sync.Mutex
 	batches [][]int
@@ -61,7 +61,7 @@ func (g *gate) setErr(err error) {
 	g.mu.Unlock()
 }
 
-// await calls Do(req) on a goroutine of its own and returns where its answer will be.
+// await calls Do(req) on a goroutine of its own. It returns where the answer will be.
 type answer struct {
 	resp int
 	err  error
@@ -212,7 +212,7 @@ func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
 }
 
 func TestABatchWaitsAtMostMaxWaitForALane(t *testing.T) {
-	// The batch of request 1 is stuck until the end of the test; the one of request 2
+	// The batch of request 1 is stuck until the end of the test. The one of request 2
 	// must go out on its own after MaxWait, and answer.
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
@@ -526,9 +526,9 @@ func onOneThread(f func()) {
 	f()
 }
 
-// mostly runs trial 20 times and fails unless it says yes at least 15 times: a Gosched
-// lets the goroutines ready to run go first, except when the scheduler looks at its
-// global queue first (one schedule in 61) or the race detector shuffles its order.
+// mostly runs trial 20 times, and fails unless it says yes at least 15 times. A Gosched
+// lets the goroutines ready to run go first, but not always. The scheduler looks at its
+// global queue first one schedule in 61, and the race detector shuffles its order.
 func mostly(t *testing.T, what string, trial func() (bool, string)) {
 	t.Helper()
 	yes, last := 0, ""
@@ -547,8 +547,8 @@ func mostly(t *testing.T, what string, trial func() (bool, string)) {
 
 func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 	// Ten callers made ready at once, as the answer of a round trip or a netpoll makes
-	// them: the first finds the lane free, and without its Gosched would go alone, the
-	// other nine a round trip later.
+	// them. The first finds the lane free. Without its Gosched, it would go alone, and
+	// the other nine a round trip later.
 	for _, inline := range []bool{false, true} {
 		mostly(t, fmt.Sprintf("inline %v: the first of ten callers ready at once took others into its batch", inline), func() (bool, string) {
 			f := &gate{}
@@ -568,8 +568,8 @@ func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 					t.Errorf("inline %v: call %d = %+v", inline, i, a)
 				}
 			}
-			// All ten, unless another goroutine (the race detector's, a timer's) runs
-			// first and the first caller's turn comes back before all have joined.
+			// All ten, unless another goroutine runs first (the race detector's, a
+			// timer's), and the first caller's turn comes back before all have joined.
 			return len(f.batches[0]) > 1, fmt.Sprint(f.batches)
 		})
 	}
@@ -577,10 +577,10 @@ func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 
 func TestACallerAnsweredJoinsTheNextBatchBeforeItGoes(t *testing.T) {
 	// A closed loop: a caller calls again once answered. While its first round is in
-	// flight a second caller waits in the next batch; when the round returns, the lane
-	// lets the first caller run before it takes the next batch, so its call joins. Run
-	// inline, the first round hands its lane to a worker that takes the batch when it
-	// starts, after the caller has gone on.
+	// flight, a second caller waits in the next batch. When the round returns, the
+	// lane lets the first caller run before it takes the next batch. So its call
+	// joins. Run inline, the first round hands its lane to a worker. The worker takes
+	// the batch when it starts, after the caller has gone on.
 	for _, inline := range []bool{false, true} {
 		mostly(t, fmt.Sprintf("inline %v: the answered caller's next call joined the batch gathered meanwhile", inline), func() (bool, string) {
 			return answeredJoins(t, inline)

@@ -21,8 +21,8 @@ func stepClock(step time.Duration) func() time.Time {
 }
 
 func TestALingeringBatchGoesOutWhenCallsPause(t *testing.T) {
-	// Ten calls at once, with a lane free: without Linger the first would go alone.
-	// With it, the batch waits until calls pause (at least Linger/8 with none) and
+	// Ten calls at once, with a lane free. Without Linger, the first would go alone.
+	// With it, the batch waits until calls pause, at least Linger/8 with none. It
 	// takes all ten.
 	f := &gate{started: make(chan []int, 10)}
 	const linger = time.Second
@@ -51,9 +51,9 @@ func TestALingeringBatchGoesOutWhenCallsPause(t *testing.T) {
 func TestALingeringBatchHoldingThePeakGoesOutWithoutThePause(t *testing.T) {
 	// Rounds of calls at once, as from a closed loop of clients. The first lingering
 	// batch is a probe: it waits for the pause and finds the peak, four. After it, a
-	// batch of four goes as its fourth call joins; one of three still waits for the
-	// pause; every 16th lingering batch is a probe again, full or not, and a probe of
-	// two lowers the peak by a quarter, to three.
+	// batch of four goes as its fourth call joins. One of three still waits for the
+	// pause. Every 16th lingering batch is a probe again, full or not. A probe of two
+	// lowers the peak by a quarter, to three.
 	f := &gate{started: make(chan []int, 1)}
 	const linger = 2 * time.Second
 	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
@@ -96,13 +96,12 @@ func TestALingeringBatchHoldingThePeakGoesOutWithoutThePause(t *testing.T) {
 	round(3, false) // the peak is now three
 }
 
-// peakLinger is the Linger of the peak's tests: its pause, Linger/8, leaves a wide
+// peakLinger is the Linger of the peak's tests. Its pause, Linger/8, leaves a wide
 // margin between a batch that goes at once and one that waits for the pause.
 const peakLinger = 2 * time.Second
 
-// peakOfThree returns a Gatherer of lanes lanes lingering for peakLinger, through a
-// gate that holds each batch until released, after a probe of three calls has set its
-// peak to three.
+// peakOfThree returns a Gatherer of lanes lanes lingering for peakLinger. Its gate
+// holds each batch until released. A probe of three calls has set its peak to three.
 func peakOfThree(t *testing.T, lanes int) (*gate, *gather.Gatherer[int, int]) {
 	t.Helper()
 	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
@@ -116,9 +115,9 @@ func peakOfThree(t *testing.T, lanes int) (*gate, *gather.Gatherer[int, int]) {
 }
 
 func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
-	// A probe of three sets the peak. Three more calls go as the third joins, and
-	// while their batch is out, a call comes that is none of theirs: the peak grows
-	// to four, and the batch it starts goes once four have joined.
+	// A probe of three sets the peak. Three more calls go as the third joins. While
+	// their batch is out, a call comes that is none of theirs. So the peak grows to
+	// four, and the batch it starts goes once four have joined.
 	f, g := peakOfThree(t, 2)
 
 	start := time.Now()
@@ -141,10 +140,10 @@ func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
 }
 
 func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
-	// A probe of three sets the peak; three more calls go at once and hold the one
-	// lane. Five calls gather meanwhile (full at four, after the first raised the
-	// peak, but with no lane free) and go when it comes free: the peak is now five,
-	// and five calls go at once.
+	// A probe of three sets the peak. Three more calls go at once and hold the one
+	// lane. Five calls gather meanwhile. They are full at four, after the first
+	// raised the peak, but no lane is free. They go when it comes free. The peak is
+	// now five, and five calls go at once.
 	f, g := peakOfThree(t, 1)
 
 	out := awaitEach(g, 10, 3) // full: goes at once, and holds the lane
@@ -170,7 +169,7 @@ func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
 }
 
 func TestALingeringBatchGoesOutAfterLingerWhileCallsKeepComing(t *testing.T) {
-	// A call every millisecond for 300 ms never pauses for Linger/8 (12.5 ms), so
+	// A call every millisecond for 300 ms never pauses for Linger/8 (12.5 ms). So
 	// batches go out Linger (100 ms) after their first call: a few large ones.
 	f := &gate{}
 	const linger = 100 * time.Millisecond
@@ -269,8 +268,8 @@ func TestALaneComingFreeLeavesALingeringBatchToItsTimer(t *testing.T) {
 func TestAfterAnIdleSpellCallsGoAtOnce(t *testing.T) {
 	f := &gate{}
 	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: time.Hour})
-	// Primed as if calls had come a minute apart (60 a Linger, so lingering); then
-	// ten hours pass, and the call after them finds the rate too low to wait for.
+	// Primed as if calls had come a minute apart: 60 a Linger, so lingering. Then ten
+	// hours pass. The call after them finds the rate too low to wait for.
 	gather.Prime(g, time.Minute, stepClock(10*time.Hour))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -306,9 +305,9 @@ func TestACallerWhoseContextEndsStopsLingering(t *testing.T) {
 func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
 	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
 	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: time.Hour})
-	// The clock stands still, so every call shortens the average gap by an eighth:
-	// the first call finds just under four calls a Linger and goes alone; the second
-	// finds more and lingers, and with the clock still it is never due.
+	// The clock stands still, so every call shortens the gap by an eighth. The first
+	// call finds just under four calls a Linger, and goes alone. The second finds more
+	// and lingers. With the clock still, it is never due.
 	gather.Prime(g, 17*time.Minute+12*time.Second, func() time.Time { return time.Unix(0, 0) })
 	lone := await(context.Background(), g, 1)
 	if b := <-f.started; len(b) != 1 {
@@ -333,7 +332,7 @@ func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
 
 func TestLingeringStopsWhileItGathersTooLittle(t *testing.T) {
 	// One caller calling back to back: fast, but a lingering batch never gathers
-	// more than its one call. After such a batch the next 64 go at once; then one
+	// more than its one call. After such a batch, the next 64 go at once. Then one
 	// lingers again, to see whether that pays now.
 	f := &gate{}
 	const linger = 400 * time.Millisecond
@@ -363,9 +362,9 @@ func TestLingeringStopsWhileItGathersTooLittle(t *testing.T) {
 
 func TestALingeringBatchBehindAStuckOneGoesOutAfterLingerAndMaxWait(t *testing.T) {
 	// The batch of requests 1 and 10–13 is stuck until the end of the test. Request 2
-	// starts a lingering batch while the lane is busy; once due (the calls pause for
-	// Linger/8) it waits for the lane as any batch does, and goes out on its own after
-	// MaxWait. (Five calls in the first batch, so that lingering pays and goes on.)
+	// starts a lingering batch while the lane is busy. Once due, after a pause of
+	// Linger/8, it waits for the lane as any batch does. It goes out on its own after
+	// MaxWait. The first batch holds five calls, so that lingering pays and goes on.
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
 	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
