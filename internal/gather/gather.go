@@ -6,9 +6,10 @@
 // # Freshness
 //
 // A call only joins a batch not yet sent. So its answer comes from a round trip that
-// started after the call did. This is why a key revoked before a request starts is
-// refused on that request. Sharing the round trip in flight, singleflight-style,
-// would break it: a call could get the answer of a round trip older than itself.
+// started after the call did. keystore relies on it: a key revoked before a request
+// starts is refused on that request. Sharing the round trip in flight,
+// singleflight-style, would break it: a call could get the answer of a round trip
+// older than itself.
 //
 // # Sending
 //
