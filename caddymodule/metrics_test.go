@@ -17,7 +17,7 @@ import (
 
 	"github.com/keygate/keygate/deploy/grafana"
 	"github.com/keygate/keygate/internal/latencyproxy"
-	"github.com/keygate/keygate/internal/promtext"
+	"github.com/keygate/keygate/internal/promtest"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -25,7 +25,7 @@ import (
 // text format prints it, e.g. `keygate_requests_total{outcome="me"}`.
 func (g *gateway) scrape(t testing.TB) map[string]float64 {
 	t.Helper()
-	return promtext.Scrape(t, g.base+"/metrics")
+	return promtest.Scrape(t, g.base+"/metrics")
 }
 
 // wantSeries checks the difference of every named series between two scrapes; a

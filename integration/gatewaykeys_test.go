@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keygate/keygate/internal/promtext"
+	"github.com/keygate/keygate/internal/promtest"
 	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
@@ -31,7 +31,7 @@ func (s *Stack) withGateway(options string) int {
 // gatewayMetric reads one series from gateway i's admin /metrics.
 func (s *Stack) gatewayMetric(i int, series string) float64 {
 	s.t.Helper()
-	return promtext.Scrape(s.t, "http://"+s.gateways[i].adminAt+"/metrics")[series]
+	return promtest.Scrape(s.t, "http://"+s.gateways[i].adminAt+"/metrics")[series]
 }
 
 // dbConn opens a connection of the test's own to the stack's database.

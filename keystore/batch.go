@@ -10,24 +10,19 @@ import (
 )
 
 // Batcher verifies keys like Store.Verify, but gathers the lookups of concurrent
-// requests into one query (the statement lookupStatement chooses for the batch's
-// size), so that under load PostgreSQL answers one statement for many requests.
+// requests into one query. Under load, PostgreSQL then answers one statement for many
+// requests (lookupStatement chooses it by the batch's size). The gathering is
+// internal/gather's; a Batcher adds the query.
 //
-// Freshness is kept: a request only ever joins a batch that has not been sent yet, and a
-// batch is sent as soon as a lane is free (no timer). So every answer comes from a query
-// that started after the request arrived, and a key revoked before a request starts is
-// refused on that request. (A singleflight-style cache of the query in progress would
-// break this: it can hand a request the result of a query that began before it.)
+// Every answer comes from a query that started after the request did. So a key revoked
+// before a request starts is refused on that request. Freshness, in the package doc of
+// internal/gather, tells why batching keeps this.
 //
-// With one lane, one batch is in flight at a time; more lanes keep several in flight,
-// each still only taking requests that arrived before it was sent. A batch that has
-// waited a tenth of Timeout for a lane goes out on a lane of its own: a slow query in
-// flight never costs the requests of the next batch more than that on top of their
-// own query, so a PostgreSQL answering within the timeout does not turn them into 503s.
-// A request that finds a lane free, and is still alone once the requests ready to run
-// have had their turn (gather's Gosched), is a batch of its own, and runs its query
-// itself, on its own goroutine (see query). (The gathering is internal/gather's; a Batcher
-// adds the query.)
+// With one lane, one batch is in flight at a time. More lanes keep several in flight.
+// A batch that has waited a tenth of Timeout for a lane goes out on its own. So a slow
+// query in flight costs the next batch at most that, on top of its own query. A
+// PostgreSQL answering within the timeout does not turn the next batch into 503s. A
+// request alone in its batch runs its query itself, on its own goroutine (see query).
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
@@ -41,17 +36,17 @@ type Batcher struct {
 type BatcherOptions struct {
 	// Lanes is the number of batch queries that may be in flight at once. Default: 1.
 	Lanes int
-	// Timeout bounds each lookup: a request waits at most Timeout for its answer (less
-	// if its context's deadline is sooner), and a batch query, which serves many
-	// requests and so runs under none of their contexts, runs until the last of its
-	// requests gives up. Default: 5s.
+	// Timeout bounds each lookup. A request waits at most Timeout for its answer, less
+	// if its context's deadline is sooner. A batch query serves many requests, so it
+	// runs under none of their contexts. It runs until the last of its requests gives
+	// up. Default: 5s.
 	Timeout time.Duration
-	// Linger lets a batch query started while lookups come fast wait up to Linger
-	// for more (internal/gather, Options.Linger). Default: 0 (never wait).
+	// Linger lets a batch query started while lookups come fast wait up to Linger for
+	// more (gather.Options.Linger in internal/gather). Default: 0 (never wait).
 	Linger time.Duration
 	// OnBatch, if set, is called with the number of distinct key ids of every batch
-	// query as it is sent, for metrics. It runs on the batch's goroutine and must be
-	// fast. Default: none.
+	// query as it is sent, for metrics. It runs on the batch's goroutine, so it must
+	// be fast. Default: none.
 	OnBatch func(size int)
 }
 
@@ -66,7 +61,7 @@ func NewBatcher(s *Store, opts BatcherOptions) *Batcher {
 }
 
 // Verify is Store.Verify through a batch; see Store.Verify for its outcomes. If ctx ends
-// before the batch answers, Verify returns ctx's error (a "broken", not a "rejected").
+// before the batch answers, Verify returns ctx's error: a "broken", not a "rejected".
 func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, error) {
 	keyID, secret, ok := b.store.format.Parse(presented)
 	if !ok {
@@ -79,8 +74,8 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 // Store.VerifyParsed.
 func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	sum := HashSecret(secret)
-	// The deadline goes to the Gatherer, not into a context of its own: it costs a
-	// pooled timer there, and a context.WithTimeout four allocations (gather.DoBy).
+	// The deadline goes to the Gatherer, not into a context of its own: see
+	// gather.DoBy.
 	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), keyID)
 	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
 		return Key{}, false, fmt.Errorf("looking up key: %w", err)
@@ -93,25 +88,26 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 	return k, ok, nil
 }
 
-// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids, by
-// the latest deadline of its requests (each has one: VerifyParsed bounds them by
-// Timeout). Every request of the batch gets the live keys it found, by key id.
+// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids.
+// Every request of the batch gets the live keys it found, by key id. The lookup runs
+// by the latest deadline of the batch's requests. Each has one: VerifyParsed bounds
+// them by Timeout.
 //
-// A lookup that finds a lane free runs inline, on its request's goroutine (ctx is then
-// the request's, not context.Background()): one goroutine hand-off less. It must end
-// by the request's deadline, which pgx's cancelling does not promise (see
-// RequestLookup), so it runs under a context of its own with that deadline and
-// RequestLookup's mark, and not the request's cancellation: a client that goes away
-// does not cut a lookup of a few hundred microseconds short.
-func (b *Batcher) query(ctx context.Context, deadline time.Time, keyIDs []string) ([]map[string]row, error) {
+// A lookup alone in its batch runs inline, on its request's goroutine. It must end by
+// the request's deadline, which pgx's cancelling does not promise (see RequestLookup).
+// So it runs under a context with that deadline and RequestLookup's mark. It does not
+// take the request's cancellation: a client that goes away does not cut a lookup of a
+// few hundred microseconds short.
+func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, keyIDs []string) ([]map[string]row, error) {
 	ids := distinct(keyIDs)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(len(ids)))
 	if b.onBatch != nil {
 		b.onBatch(len(ids))
 	}
-	if ctx != context.Background() {
-		ctx = context.WithValue(context.Background(), requestLookupKey{}, true)
+	ctx := context.Background()
+	if inline {
+		ctx = context.WithValue(ctx, requestLookupKey{}, true)
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -130,20 +126,20 @@ func (b *Batcher) query(ctx context.Context, deadline time.Time, keyIDs []string
 type requestLookupKey struct{}
 
 // RequestLookup reports whether ctx is that of a lookup a Batcher runs on its
-// request's own goroutine, which must end at ctx's deadline: the request answers when
-// it does. A pgx connection's context watcher (pgconn.Config.BuildContextWatcherHandler)
-// should then give the connection up at once, as pgx does by default, rather than ask
-// PostgreSQL to cancel the query and wait for it, which a pool may prefer for other
-// queries (caddymodule's does). Lookups of batches, which no request waits on
-// directly, are not marked.
+// request's own goroutine. Such a lookup must end at ctx's deadline: the request
+// answers when it does. A pgx connection's context watcher
+// (pgconn.Config.BuildContextWatcherHandler) should then give the connection up at
+// once, as pgx does by default. A pool may prefer, for other queries, to ask
+// PostgreSQL to cancel the query and wait for it; caddymodule's does. The lookups of
+// batches, which no request waits on directly, are not marked.
 func RequestLookup(ctx context.Context) bool {
 	marked, _ := ctx.Value(requestLookupKey{}).(bool)
 	return marked
 }
 
 // distinct returns ids without repeats, in order of first appearance. A batch of one
-// id, the common case when traffic is light, costs no allocation; a small one is
-// checked by scanning what it has kept, a map only pays off beyond that.
+// id, the common case under light traffic, costs no allocation. A small batch is
+// checked by scanning what it has kept. A map only pays off beyond that.
 func distinct(ids []string) []string {
 	if len(ids) == 1 {
 		return ids

@@ -2,17 +2,23 @@ package keystore_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 // TestBatcherRefusesEveryRequestStartedAfterARevokeCommits is the freshness guarantee
-// under load: many goroutines verify keys through batches while the key is revoked;
-// every verification that started after Revoke returned must be refused.
+// under load. Many goroutines verify keys through batches while the key is revoked.
+// Every verification that started after Revoke returned must be refused.
 func TestBatcherRefusesEveryRequestStartedAfterARevokeCommits(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		t.Run(map[int]string{1: "one lane", 3: "three lanes"}[lanes], func(t *testing.T) {
@@ -137,7 +143,7 @@ func TestBatcherRecoversAfterADatabaseError(t *testing.T) {
 	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 
 	tx := holdLocks(t, pool, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`)
-	// The batch query times out on its own timeout even if the caller would wait longer.
+	// The batch query ends at its own timeout, even if the caller would wait longer.
 	if _, ok, err := b.Verify(ctx, full); ok || err == nil {
 		t.Errorf("Verify on a locked table = %v, %v; want an error", ok, err)
 	}
@@ -148,7 +154,7 @@ func TestBatcherRecoversAfterADatabaseError(t *testing.T) {
 }
 
 // TestBatcherReportsEveryBatchToOnBatch: OnBatch sees every query sent, with the number
-// of distinct key ids in it, so that a histogram fed by it counts what Stats counts.
+// of distinct key ids in it. So a histogram fed by it counts what Stats counts.
 func TestBatcherReportsEveryBatchToOnBatch(t *testing.T) {
 	ctx := context.Background()
 	s, _, org := newStore(t, "pro")
@@ -200,5 +206,102 @@ func TestBatcherReportsEveryBatchToOnBatch(t *testing.T) {
 	}
 	if uint64(len(sizes)) != st.Queries || uint64(sum) != st.Lookups {
 		t.Errorf("OnBatch saw %d batches of %d ids in all; Stats says %+v", len(sizes), sum, st)
+	}
+}
+
+// lookupTracer records every key lookup a pool sends: how many arguments it has, and
+// whether its context is marked as a request's own (keystore.RequestLookup).
+type lookupTracer struct {
+	mu      sync.Mutex
+	lookups []tracedLookup
+}
+
+type tracedLookup struct {
+	args   int
+	marked bool
+}
+
+func (tr *lookupTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "FROM api_keys k") {
+		tr.mu.Lock()
+		tr.lookups = append(tr.lookups, tracedLookup{len(d.Args), keystore.RequestLookup(ctx)})
+		tr.mu.Unlock()
+	}
+	return ctx
+}
+
+func (tr *lookupTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (tr *lookupTracer) seen() []tracedLookup {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]tracedLookup(nil), tr.lookups...)
+}
+
+// TestBatcherMarksOnlyTheLookupsItRunsInline: a request alone in its batch runs its
+// lookup on its own goroutine, marked for RequestLookup. A batch of several runs on the
+// Batcher's goroutine, unmarked: no one request waits on it directly.
+func TestBatcherMarksOnlyTheLookupsItRunsInline(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(schematest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &lookupTracer{}
+	cfg.ConnConfig.Tracer = tr
+	pool := schematest.OpenPool(t, cfg)
+	s := keystore.New(pool, keystoretest.Format(t, "mon"))
+	org := newOrg(t, pool, "pro")
+	var keys []string
+	for range 5 {
+		_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleViewer})
+		keys = append(keys, full)
+	}
+	b := keystore.NewBatcher(s, keystore.BatcherOptions{Timeout: time.Minute})
+
+	if _, ok, err := b.Verify(ctx, keys[0]); !ok || err != nil {
+		t.Fatalf("a lone Verify = %v, %v", ok, err)
+	}
+	// With the table locked, a lone lookup holds the one lane while the next requests
+	// gather into one batch behind it.
+	tx := holdLocks(t, pool, `LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE`)
+	var wg sync.WaitGroup
+	verify := func(key string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, ok, err := b.Verify(ctx, key); !ok || err != nil {
+				t.Errorf("Verify = %v, %v", ok, err)
+			}
+		}()
+	}
+	verify(keys[0])
+	for len(tr.seen()) < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	for _, key := range keys[1:] {
+		verify(key)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+
+	seen := tr.seen()
+	batched := 0
+	for i, l := range seen {
+		switch {
+		case i < 2 && (l.args != 1 || !l.marked):
+			t.Errorf("lookup %d, of a lone request, = %+v; want one id, marked", i, l)
+		case l.args > 1 && l.marked:
+			t.Errorf("lookup %d, of a batch, = %+v; want it unmarked", i, l)
+		}
+		if l.args > 1 {
+			batched++
+		}
+	}
+	if batched == 0 {
+		t.Errorf("lookups %+v: no batch of several ids formed behind the locked one", seen)
 	}
 }

@@ -15,10 +15,11 @@ import (
 	"github.com/keygate/keygate/schema/schematest"
 )
 
-// BenchmarkBatcherVerify verifies keys from 1, 4 and 32 goroutines at once through a
-// Batcher over the real PostgreSQL; allocs/op is what one verification costs, batching
-// included, cpu-µs/op this process's CPU per verification and pg-µs/op PostgreSQL's
-// (benchcpu: run on a stack of its own, -benchtime 3s or more).
+// BenchmarkBatcherVerify verifies keys from 1, 4 and 32 goroutines at once, through a
+// Batcher over the real PostgreSQL. allocs/op is what one verification costs, batching
+// included. cpu-µs/op is this process's CPU per verification, and pg-µs/op is
+// PostgreSQL's. Run it on a stack of its own, with -benchtime 3s or more (see
+// internal/benchcpu).
 func BenchmarkBatcherVerify(b *testing.B) {
 	pool, _ := schematest.NewPool(b)
 	s := keystore.New(pool, keystoretest.Format(b, "mon"))
@@ -47,15 +48,17 @@ func BenchmarkBatcherVerify(b *testing.B) {
 	}, benchcpu.Self(), pg)
 }
 
-// BenchmarkLookup reports the PostgreSQL CPU of one key lookup (pg-µs/op: the CPU of
-// every process of the server over the run, divided by lookups) for batches of 1 and 8
-// distinct ids, over an api_keys table of a few keys as a new deployment has (not
-// analysed yet) and of 5000 analysed ones as a running one has. In the same run, for
-// comparison: "any", the lookup as one `= ANY($1)` statement for every batch, as it
-// was before (PostgreSQL plans it anew on every execution once api_keys is analysed);
-// and "select1", a round trip that does nothing, the floor of any lookup. The machine
-// is noisy: compare ratios within one run. pg-µs/op counts in clock ticks of 10ms
-// (internal/benchcpu): run with -benchtime 3s or more.
+// BenchmarkLookup reports the PostgreSQL CPU of one key lookup, for batches of 1 and 8
+// distinct ids. pg-µs/op is the CPU of every process of the server over the run,
+// divided by lookups. The api_keys table holds either a few keys, not yet analysed, as
+// in a new deployment, or 5000 analysed ones, as in a running one.
+//
+// The same run measures two more, for comparison. "any" is the lookup as one
+// `= ANY($1)` statement for every batch, which PostgreSQL plans anew on every
+// execution once api_keys is analysed (see lookupStatement). "select1" is a round trip
+// that does nothing, the floor of any lookup. The machine is noisy: compare ratios
+// within one run. pg-µs/op counts in clock ticks of 10ms (internal/benchcpu), so run
+// with -benchtime 3s or more.
 func BenchmarkLookup(b *testing.B) {
 	for _, table := range []struct {
 		keys    int
@@ -107,9 +110,9 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
-// insertKeys inserts n live keys of one organisation straight into api_keys and
+// insertKeys inserts n live keys of one organisation straight into api_keys, and
 // returns their key ids. With analyze, the table is vacuumed and analysed, as
-// autovacuum would have done, so that no autovacuum runs during the benchmark.
+// autovacuum would have done. So no autovacuum runs during the benchmark.
 func insertKeys(b *testing.B, pool *pgxpool.Pool, n int, analyze bool) []string {
 	b.Helper()
 	ctx := context.Background()

@@ -8,12 +8,12 @@ const base62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 // crcTable is the IEEE CRC-32 table (hash/crc32's ChecksumIEEE).
 var crcTable = crc32.MakeTable(crc32.IEEE)
 
-// Checksum returns the checksum that ends a key's secret: the CRC-32 (IEEE, as
-// hash/crc32's ChecksumIEEE) of body, everything before the checksum in the full key
-// (<prefix>_live_<keyId>.<43 base64url characters>), written in base62 with the
-// alphabet 0-9A-Za-z, most significant digit first, left-padded with '0' to
-// ChecksumLen (6) characters. 62^6 > 2^32, so six digits always suffice and the first
-// is at most '4'.
+// Checksum returns the checksum that ends a key's secret. body is everything before
+// the checksum in the full key: <prefix>_live_<keyId>.<43 base64url characters>. The
+// checksum is the CRC-32 of body (IEEE, as hash/crc32's ChecksumIEEE). It is written
+// in base62 with the alphabet 0-9A-Za-z, most significant digit first. It is
+// left-padded with '0' to ChecksumLen (6) characters. 62^6 > 2^32, so six digits
+// always suffice, and the first is at most '4'.
 func Checksum(body string) string {
 	var out [ChecksumLen]byte
 	encodeBase62(&out, crcString(body))
@@ -24,14 +24,14 @@ func Checksum(body string) string {
 func checksumMatches(body, sum string) bool {
 	var want [ChecksumLen]byte
 	encodeBase62(&want, crcString(body))
-	// The checksum is computable by anyone from the key itself: it is no secret and
-	// needs no constant-time compare.
+	// Anyone can compute the checksum from the key itself. It is no secret, and needs
+	// no constant-time compare.
 	return sum == string(want[:])
 }
 
 // crcString is crc32.ChecksumIEEE(s) over a string's bytes, one byte at a time from
-// the table: a key is at most 136 bytes, and converting it to a []byte to call
-// hash/crc32 would allocate.
+// the table. A key is at most 136 bytes. Converting it to a []byte for hash/crc32
+// would allocate.
 func crcString(s string) uint32 {
 	crc := ^uint32(0)
 	for i := 0; i < len(s); i++ {

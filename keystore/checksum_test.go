@@ -13,8 +13,8 @@ import (
 )
 
 // referenceChecksum is the checksum as docs/security.md defines it, written the obvious
-// way: the IEEE CRC-32 of body in base62 (0-9A-Za-z) by math/big, left-padded with
-// '0' to six characters.
+// way. It is the IEEE CRC-32 of body in base62 (0-9A-Za-z) by math/big, left-padded
+// with '0' to six characters.
 func referenceChecksum(body string) string {
 	const digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 	n := new(big.Int).SetUint64(uint64(crc32.ChecksumIEEE([]byte(body))))
@@ -51,9 +51,9 @@ func TestGeneratedSecretsEndInTheirChecksum(t *testing.T) {
 	}
 }
 
-// TestEveryOneCharacterTypoIsRefused changes each character of generated keys, in the
-// key id, the secret and the checksum, to every other character that could stand
-// there, and expects Parse to refuse every result, legacy keys accepted or not.
+// TestEveryOneCharacterTypoIsRefused changes each character of generated keys to every
+// other character that could stand there: in the key id, the secret and the checksum.
+// Parse must refuse every result, whether it accepts legacy keys or not.
 func TestEveryOneCharacterTypoIsRefused(t *testing.T) {
 	const chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."
 	for _, f := range []keystore.Format{keystoretest.Format(t, "mon"), keystoretest.Format(t, "mon").RejectingLegacy()} {
@@ -204,8 +204,8 @@ func FuzzChecksum(f *testing.F) {
 	})
 }
 
-// FuzzParseChecksummed builds keys from fuzzed ids and secrets with the reference
-// checksum: Parse accepts exactly those whose parts have the right shape.
+// FuzzParseChecksummed builds keys from fuzzed ids and secrets, with the reference
+// checksum. Parse accepts exactly those whose parts have the right shape.
 func FuzzParseChecksummed(f *testing.F) {
 	format := keystoretest.Format(f, "mon").RejectingLegacy()
 	f.Add(goodID, goodSecret[:43])

@@ -6,7 +6,7 @@ import (
 	"slices"
 )
 
-// BatchStats counts a Batcher's work since it was made; for the tests' checks that
+// BatchStats counts a Batcher's work since it was made. Tests check with it that
 // batching happens.
 type BatchStats struct {
 	// Queries is the number of batch queries sent.
@@ -20,8 +20,8 @@ func (b *Batcher) Stats() BatchStats {
 	return BatchStats{Queries: b.queries.Load(), Lookups: b.lookups.Load()}
 }
 
-// LookupAnySQL is the lookup as one `= ANY($1)` statement, which the store sends only
-// for large batches; benchmarks compare it with the store's statements.
+// LookupAnySQL is the lookup as one `= ANY($1)` statement. The store sends it only for
+// large batches. Benchmarks compare it with the store's statements.
 var LookupAnySQL = lookupAnySQL
 
 // Lookup runs s's lookup of ids (distinct key ids) and returns the ids of the live keys

@@ -17,8 +17,8 @@ import (
 	"github.com/keygate/keygate/schema/schematest"
 )
 
-// slowStore returns a store on a fresh database reached through a latency proxy, a key
-// in it, and the proxy.
+// slowStore returns a store on a fresh database reached through a latency proxy. It
+// also returns a key in it, and the proxy.
 func slowStore(t *testing.T) (*keystore.Store, string, *latencyproxy.Proxy) {
 	t.Helper()
 	direct, u := schematest.NewPool(t)
@@ -48,8 +48,8 @@ func slowStore(t *testing.T) (*keystore.Store, string, *latencyproxy.Proxy) {
 
 func TestASlowDatabaseInsideTheTimeoutAnswersEveryLookup(t *testing.T) {
 	// PostgreSQL answers in a bit more than half the timeout. Requests arriving while a
-	// batch is in flight must not wait for it and then for their own: every lookup must
-	// answer, none may fail.
+	// batch is in flight must not wait for it and then for their own. Every lookup
+	// must answer; none may fail.
 	const timeout = 1500 * time.Millisecond
 	s, full, proxy := slowStore(t)
 	b := keystore.NewBatcher(s, keystore.BatcherOptions{Lanes: 1, Timeout: timeout})
@@ -77,8 +77,8 @@ func TestASlowDatabaseInsideTheTimeoutAnswersEveryLookup(t *testing.T) {
 		return okN.Load(), failedN.Load()
 	}
 	// Warm: connections open and their statements prepared, at a speed where the extra
-	// round trips that costs fit in the timeout (a connection still cold when the
-	// database slows down is a 503 for the requests of its first batch).
+	// round trips fit in the timeout. A connection still cold when the database slows
+	// down is a 503 for the requests of its first batch.
 	proxy.SetDelay(timeout * 25 / 100)
 	run(100, timeout)
 	proxy.SetDelay(timeout * 55 / 100)
@@ -88,7 +88,7 @@ func TestASlowDatabaseInsideTheTimeoutAnswersEveryLookup(t *testing.T) {
 }
 
 func TestABatcherBoundsLookupsWithoutADeadlineByItsTimeout(t *testing.T) {
-	// The gateway's lookups carry no deadline of their own: the Batcher's Timeout is
+	// The gateway's lookups carry no deadline of their own. The Batcher's Timeout is
 	// theirs, for the lookup run inline and for those waiting on a batch alike.
 	const timeout = 300 * time.Millisecond
 	s, full, proxy := slowStore(t)

@@ -9,18 +9,18 @@ import (
 	"strings"
 )
 
-// The shape of a full key, CONTRACT §4: <prefix>_live_<keyId>.<secret>.
+// The shape of a full key, <prefix>_live_<keyId>.<secret> (README.md, Keys).
 const (
 	// KeyIDLen is the length of generated key ids; Parse accepts MinKeyIDLen..MaxKeyIDLen.
 	KeyIDLen    = 22
 	MinKeyIDLen = 16
 	MaxKeyIDLen = 64
 
-	// SecretBytes is the number of random bytes of a generated secret, which is written
-	// in unpadded base64url (43 characters) followed by a ChecksumLen-character
-	// checksum: a generated secret has SecretLen characters. Parse also accepts legacy
-	// secrets, without a checksum: MinSecretLen..MaxSecretLen characters of unpadded
-	// base64url, that is at least 32 bytes.
+	// SecretBytes is the number of random bytes of a generated secret. They are
+	// written in unpadded base64url (43 characters), followed by a
+	// ChecksumLen-character checksum. So a generated secret has SecretLen characters.
+	// Parse also accepts legacy secrets, without a checksum: MinSecretLen..MaxSecretLen
+	// characters of unpadded base64url, that is at least 32 bytes.
 	SecretBytes  = 32
 	ChecksumLen  = 6
 	SecretLen    = 43 + ChecksumLen
@@ -49,8 +49,8 @@ func ValidPrefix(prefix string) bool {
 	return true
 }
 
-// Format knows the keys of one prefix: it generates, parses and masks them.
-// The zero Format is not usable; build one with NewFormat.
+// Format knows the keys of one prefix: it generates, parses and masks them. The zero
+// Format is not usable: build one with NewFormat.
 type Format struct {
 	prefix       string
 	head         string // prefix + "_live_", built once so that Parse does not allocate
@@ -68,7 +68,7 @@ func NewFormat(prefix string) (Format, error) {
 // Prefix returns the key prefix of f.
 func (f Format) Prefix() string { return f.prefix }
 
-// RejectingLegacy returns f refusing legacy keys: keys made before secrets carried a
+// RejectingLegacy returns f refusing legacy keys, made before secrets carried a
 // checksum. Parse then accepts checksummed keys only.
 func (f Format) RejectingLegacy() Format {
 	f.rejectLegacy = true
@@ -76,14 +76,14 @@ func (f Format) RejectingLegacy() Format {
 }
 
 // Parse splits a presented key into its key id and secret, which share presented's
-// memory. It reports ok == false for anything that is not exactly
-// <prefix>_live_<keyId>.<secret> with keyId [A-Za-z0-9]{16,64} and secret either
+// memory. It reports ok == false for anything but <prefix>_live_<keyId>.<secret>,
+// exactly. keyId is [A-Za-z0-9]{16,64}. The secret is one of:
 //
-//   - checksummed: SecretLen (49) characters, 43 of canonical unpadded base64url (32
-//     bytes) then the ChecksumLen (6) base62 characters of the CRC-32 of everything
-//     before them in the key (see Checksum), which must match; or
-//   - legacy, unless f rejects legacy keys: a 43..128 character canonical unpadded
-//     base64url string. No such string has 49 characters, so the two never overlap.
+//   - checksummed: SecretLen (49) characters. 43 are canonical unpadded base64url (32
+//     bytes). The ChecksumLen (6) that follow are the checksum of everything before
+//     them in the key (see Checksum), which must match.
+//   - legacy, unless f rejects legacy keys: 43..128 characters of canonical unpadded
+//     base64url. No such string has 49 characters, so the two never overlap.
 //
 // A key that fails here costs no database query. Parse does not allocate.
 func (f Format) Parse(presented string) (keyID, secret string, ok bool) {
@@ -112,8 +112,8 @@ func (f Format) Parse(presented string) (keyID, secret string, ok bool) {
 	return keyID, secret, true
 }
 
-// Mask returns the key of keyID as the dashboard lists it: the secret replaced by
-// eight asterisks.
+// Mask returns the key of keyID as the dashboard lists it, with eight asterisks for
+// its secret.
 func (f Format) Mask(keyID string) string {
 	return f.head + keyID + ".********"
 }
@@ -148,8 +148,8 @@ func (f Format) Generate() (full, keyID, secret string, err error) {
 	return full, keyID, full[len(f.head)+len(keyID)+1:], nil
 }
 
-// HashSecret returns the SHA-256 digest of a key's secret, the only form in which a
-// secret is stored.
+// HashSecret returns the SHA-256 digest of a key's secret. A secret is stored in no
+// other form.
 func HashSecret(secret string) [sha256.Size]byte {
 	return sha256.Sum256([]byte(secret))
 }
@@ -182,8 +182,8 @@ func validSecret(s string) bool {
 		}
 		last = v
 	}
-	// The bits of the last character beyond the final whole byte must be zero,
-	// as strict base64 decoding requires; otherwise two strings encode one secret.
+	// The bits of the last character beyond the final whole byte must be zero, as
+	// strict base64 decoding requires. Otherwise two strings encode one secret.
 	spare := (len(s) * 6) % 8
 	return last&(1<<spare-1) == 0
 }

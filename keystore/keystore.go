@@ -1,12 +1,12 @@
 // Package keystore creates, lists, revokes and verifies keygate's API keys, which live
-// in PostgreSQL. It knows nothing of HTTP or Caddy: the upstream service uses it for the
-// dashboard's key routes and the gateway uses it to check every /v1 request.
+// in PostgreSQL. It knows nothing of HTTP or Caddy. The upstream service uses it for
+// the dashboard's key routes. The gateway uses it to check every /v1 request.
 //
-// A full key is <prefix>_live_<keyId>.<secret>. Only SHA-256 of the secret is stored;
-// the full key exists in memory once, when it is created.
+// A full key is <prefix>_live_<keyId>.<secret> (README.md, Keys). Only SHA-256 of the
+// secret is stored. The full key exists in memory once, when it is created.
 //
-// Verify keeps "rejected" apart from "broken": an unknown, revoked, expired or
-// mismatching key is (Key{}, false, nil), while a database that cannot answer is
+// Verify keeps "rejected" apart from "broken". An unknown, revoked, expired or
+// mismatching key is (Key{}, false, nil). A database that cannot answer is
 // (Key{}, false, err). The first is a 401, the second a 503.
 package keystore
 
@@ -35,8 +35,8 @@ type Key struct {
 	OrgID string
 	// Role is the key's role.
 	Role Role
-	// RateLimit is the api_rate_limit of the organisation's plan at the moment of the
-	// lookup: 0 no API access, N requests a minute, -1 unlimited.
+	// RateLimit is the api_rate_limit of the organisation's plan at the lookup: 0 no
+	// API access, N requests a minute, -1 unlimited.
 	RateLimit int
 }
 
@@ -49,8 +49,8 @@ type Record struct {
 	CreatedAt time.Time
 	ExpiresAt *time.Time
 	RevokedAt *time.Time
-	// LastUsedAt is when a gateway last flushed a use of the key (see LastUsed); nil
-	// if it never did.
+	// LastUsedAt is when a gateway last flushed a use of the key (see LastUsed). It is
+	// nil if none did.
 	LastUsedAt *time.Time
 }
 
@@ -62,7 +62,7 @@ type NewKey struct {
 	// ExpiresAt is optional: a key without it lives until revoked.
 	ExpiresAt *time.Time
 	// CreatedBy is the id of the user creating the key, and the actor of its
-	// key.created audit event; optional: a key made by a program, without a user,
-	// is not audited.
+	// key.created audit event. It is optional: a key made by a program, without a
+	// user, is not audited.
 	CreatedBy string
 }

@@ -25,23 +25,23 @@ type LastUsedOptions struct {
 	Interval time.Duration
 	// Timeout bounds one flush. Default: Interval, at most 10s
 	Timeout time.Duration
-	// MaxPending caps the key ids remembered between two flushes; the ids of further
+	// MaxPending caps the key ids remembered between two flushes. The ids of further
 	// keys are dropped until the next flush. Default: DefaultLastUsedMaxPending
 	MaxPending int
 	// OnFlush, if set, is called after every flush that had ids to write, with their
 	// number and the flush's error. It runs on the flushing goroutine.
 	OnFlush func(ids int, err error)
 	// OnDrop, if set, is called for every id Record drops because MaxPending ids are
-	// already waiting. It runs on Record's caller: it must be quick.
+	// already waiting. It runs on Record's caller, so it must be quick.
 	OnDrop func()
 }
 
-// LastUsed records which keys were used and writes their api_keys.last_used_at in
-// batches, off the request path: Record only notes a key id in memory, and Run
-// flushes the noted ids every Interval with one UPDATE. A key is written at most once
-// per Interval, with the database's clock at the flush. What was noted since the last
-// flush is lost if the process dies, which CONTRACT §12 accepts. A flush that fails
-// keeps its ids for the next one (as long as MaxPending allows).
+// LastUsed records which keys were used, and writes their api_keys.last_used_at in
+// batches, off the request path. Record only notes a key id in memory. Run flushes the
+// noted ids every Interval, with one UPDATE. A key is written at most once per
+// Interval, with the database's clock at the flush. What was noted since the last
+// flush is lost if the process dies (docs/operations.md, last_used_at). A flush that
+// fails keeps its ids for the next one, as far as MaxPending allows.
 //
 // A nil *LastUsed records nothing. A LastUsed is safe for concurrent use.
 type LastUsed struct {
@@ -66,9 +66,9 @@ func NewLastUsed(pool *pgxpool.Pool, opts LastUsedOptions) *LastUsed {
 	return &LastUsed{pool: pool, opts: opts, pending: make(map[string]struct{})}
 }
 
-// Record notes that the key keyID was used. It never waits on the database: it takes
-// a mutex held only for a map lookup, and allocates only the first time a key id is
-// noted between two flushes.
+// Record notes that the key keyID was used. It never waits on the database. It takes a
+// mutex held only for a map lookup. It allocates only the first time it notes a key id
+// between two flushes.
 func (l *LastUsed) Record(keyID string) {
 	if l == nil {
 		return
@@ -90,8 +90,8 @@ func (l *LastUsed) Record(keyID string) {
 	l.mu.Unlock()
 }
 
-// Run flushes every Interval until ctx ends, then flushes once more (within Timeout)
-// and returns.
+// Run flushes every Interval until ctx ends. It then flushes once more, within
+// Timeout, and returns.
 func (l *LastUsed) Run(ctx context.Context) {
 	tick := time.NewTicker(l.opts.Interval)
 	defer tick.Stop()
@@ -146,7 +146,7 @@ func (l *LastUsed) Flush(ctx context.Context) error {
 	return err
 }
 
-// requeue notes ids again after a failed flush, as far as MaxPending allows; the
+// requeue notes ids again after a failed flush, as far as MaxPending allows. The
 // others count as dropped.
 func (l *LastUsed) requeue(ids []string) {
 	l.mu.Lock()

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The actions of the audit trail (CONTRACT §12), the values of audit_events.action.
+// The actions of the audit trail, the values of audit_events.action.
 const (
 	ActionCreated = "key.created"
 	ActionRolled  = "key.rolled"
@@ -90,8 +90,8 @@ func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Durati
 		return Record{}, "", fmt.Errorf("locking key: %w", err)
 	}
 	nk.Role = Role(role)
-	// clock_timestamp(), not now(): the lock may have been waited for, and a key that
-	// expired meanwhile (a concurrent roll with no grace) must not be rolled again.
+	// clock_timestamp(), not now(): the lock may have been waited for. A key that
+	// expired meanwhile, by a concurrent roll with no grace, must not be rolled again.
 	tag, err := tx.Exec(ctx, `UPDATE api_keys
 SET expires_at = LEAST(COALESCE(expires_at, 'infinity'), clock_timestamp() + $3 * interval '1 microsecond')
 WHERE org_id = $1 AND key_id = $2 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())`,
@@ -131,11 +131,11 @@ const (
 	LeakUnknown = "unknown"
 )
 
-// RevokeLeaked revokes every live key among the reports' tokens and audits each as
-// key.leaked by ActorLeakReport with the URL of its first report, in one statement. It
-// returns one outcome per report, in order. It reads all the keys with one query and
-// revokes with one more; a key reported twice counts once and has the same outcome
-// both times. Reporting again answers LeakAlreadyRevoked and changes nothing.
+// RevokeLeaked revokes every live key among the reports' tokens. In the same
+// statement, it audits each as key.leaked by ActorLeakReport, with the URL of its first
+// report. It returns one outcome per report, in order. It reads all the keys with one
+// query, and revokes with one more. A key reported twice counts once, with the same
+// outcome both times. Reporting again answers LeakAlreadyRevoked and changes nothing.
 func (s *Store) RevokeLeaked(ctx context.Context, reports []LeakReport) ([]string, error) {
 	type parsed struct {
 		keyID string
@@ -181,8 +181,8 @@ FROM api_keys WHERE key_id = ANY($1)`, ids)
 		return nil, fmt.Errorf("looking up leaked keys: %w", err)
 	}
 
-	// matched: the report's key id exists and its secret is the key's, compared in
-	// constant time (against dummyHash for a key id that does not exist).
+	// matched: the report's key id exists and its secret is the key's. The secrets
+	// are compared in constant time, against dummyHash for an unknown key id.
 	matched := make([]bool, len(reports))
 	var liveIDs, liveURLs []string
 	for i, k := range keys {
@@ -204,8 +204,8 @@ FROM api_keys WHERE key_id = ANY($1)`, ids)
 
 	revoked := make(map[string]bool, len(liveIDs))
 	if len(liveIDs) > 0 {
-		// A key revoked since the lookup is not updated, not audited, and answered as
-		// already revoked.
+		// A key revoked since the lookup is neither updated nor audited. It is answered
+		// as already revoked.
 		rows, err := s.pool.Query(ctx, `WITH r AS (
 	UPDATE api_keys k SET revoked_at = now()
 	FROM unnest($1::text[], $2::text[]) AS u (key_id, url)
@@ -237,8 +237,8 @@ RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
 	return outcomes, nil
 }
 
-// Events returns up to limit events of orgID's audit trail, newest first, those with
-// an id below before when before > 0.
+// Events returns up to limit events of orgID's audit trail, newest first. When
+// before > 0, it returns those with an id below before.
 func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, key_id, actor, COALESCE(new_key_id, ''), COALESCE(url, ''), at
 FROM audit_events

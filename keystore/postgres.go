@@ -21,30 +21,33 @@ type Store struct {
 }
 
 // New returns a Store over pool for keys of the given format. The pool's default
-// query mode caches prepared statements per connection, so Verify costs one round
-// trip once a connection has seen its statement.
+// query mode caches prepared statements per connection. So Verify costs one round trip
+// once a connection has seen its statement.
 func New(pool *pgxpool.Pool, format Format) *Store {
 	return &Store{pool: pool, format: format}
 }
 
-// lookupSelect finds the live keys with their plans' rate limits, up to the condition
-// on the key id that lookupStatement completes. Revocation and expiry are decided by
-// the database's clock, on this very request.
+// lookupSelect finds the live keys with their plans' rate limits. lookupStatement
+// completes its condition on the key id. The database's clock decides revocation and
+// expiry, on this very request.
 const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
 WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AND k.key_id `
 
-// The lookup's statements, one per shape of batch. PostgreSQL keeps a generic plan
-// (planned once per connection) only for a statement whose generic plan it estimates
-// no dearer than its custom ones: it does for `= $1` and `IN ($1, …, $n)`, where it
-// knows how many ids come, but not for `= ANY($1)` once api_keys has more than a few
-// pages of analysed rows, and then plans the three-table join anew on every execution
-// (docs/performance.md). So a batch of one id is `= $1`, a batch of up to
-// maxInListIDs ids is an IN list of the next power of two of parameters (the last id
-// repeated: a handful of statements per connection, and a repeated id matches once),
-// and only a larger batch, whose planning is shared by its many ids, is `= ANY($1)`.
+// The lookup's statements, one per shape of batch. PostgreSQL keeps a generic plan,
+// planned once per connection, only for a statement whose generic plan it estimates
+// no dearer than its custom ones. It does for `= $1` and `IN ($1, …, $n)`, where it
+// knows how many ids come. It does not for `= ANY($1)` once api_keys has more than a
+// few pages of analysed rows. It then plans the three-table join anew on every
+// execution (docs/performance.md). So:
+//
+//   - a batch of one id is `= $1`;
+//   - a batch of up to maxInListIDs ids is an IN list of the next power of two of
+//     parameters, the last id repeated. That makes a handful of statements per
+//     connection, and a repeated id matches once;
+//   - only a larger batch is `= ANY($1)`. Its many ids share its planning.
 var (
 	lookupOneSQL = lookupSelect + "= $1"
 	lookupAnySQL = lookupSelect + "= ANY($1)"
@@ -66,8 +69,8 @@ const (
 	maxInListIDs = 1 << maxInListLog
 )
 
-// lookupStatement returns the statement and arguments that look ids up; ids is not
-// empty and has no repeats.
+// lookupStatement returns the statement and arguments that look ids up. ids must not
+// be empty, and must have no repeats.
 func lookupStatement(ids []string) (string, []any) {
 	n := len(ids)
 	switch {
@@ -85,12 +88,12 @@ func lookupStatement(ids []string) (string, []any) {
 	}
 }
 
-// PrepareLookups prepares every lookup statement on conn in one batch (pgx pipelines
-// the preparations of a batch's new statements), so that no lookup on conn pays a
-// round trip to prepare its statement. Call it from pgxpool's AfterConnect, on the
-// connection's own budget rather than a request's. It does nothing in the exec modes
-// that prepare nothing (exec, simple_protocol: through PgBouncer in transaction
-// pooling, see the exec mode of the database URL).
+// PrepareLookups prepares every lookup statement on conn in one batch. pgx pipelines
+// the preparations of a batch's new statements. So no lookup on conn pays a round trip
+// to prepare its statement. Call it from pgxpool's AfterConnect, on the connection's
+// own budget rather than a request's. It does nothing in the exec modes that prepare
+// nothing: exec and simple_protocol, used through PgBouncer in transaction pooling
+// (see the exec mode of the database URL).
 func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
 	switch conn.Config().DefaultQueryExecMode {
 	case pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe:
@@ -113,13 +116,13 @@ func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// dummyHash is compared against when no live key has the presented key id, so that an
+// dummyHash is compared against when no live key has the presented key id. So an
 // unknown key costs the same hashing and comparison as a known one.
 var dummyHash = sha256.Sum256([]byte("keygate: no such key"))
 
 // Verify checks a presented full key with one PostgreSQL round trip. It returns
-// ok == false with a nil error for a malformed, unknown, revoked or expired key or a
-// wrong secret, and a non-nil error only when the database could not answer.
+// ok == false with a nil error for a malformed, unknown, revoked or expired key, or a
+// wrong secret. It returns a non-nil error only when the database could not answer.
 func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error) {
 	keyID, secret, ok := s.format.Parse(presented)
 	if !ok {
@@ -129,7 +132,7 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 }
 
 // VerifyParsed is Verify for a key that Format.Parse has already split into its key id
-// and secret, so that a caller that parsed the key does not parse it again.
+// and secret. A caller that parsed the key does not parse it again.
 func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	rows, err := s.lookup(ctx, []string{keyID})
 	if err != nil {
@@ -141,7 +144,7 @@ func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bo
 }
 
 // lookup runs the lookup statement for ids, once more if the first attempt fails (see
-// retryable), and returns the live keys it found by key id.
+// retryable). It returns the live keys it found, by key id.
 func (s *Store) lookup(ctx context.Context, ids []string) (map[string]row, error) {
 	out, err := s.lookupOnce(ctx, ids)
 	if retryable(ctx, err) {
@@ -181,8 +184,7 @@ type row struct {
 }
 
 // check compares a presented secret's digest with what the lookup found, in constant
-// time, and against dummyHash when it found no live key, so that an unknown key costs
-// the same as a known one.
+// time. It compares against dummyHash when the lookup found no live key.
 func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 	stored := r.hash
 	if !found {
@@ -194,8 +196,8 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit}, true
 }
 
-// retryable reports whether a failed lookup should be tried once more: the lookup is a
-// read, so trying again is always safe, and after a PostgreSQL restart the pool's idle
+// retryable reports whether a failed lookup should be tried once more. The lookup is a
+// read, so trying again is always safe. After a PostgreSQL restart, the pool's idle
 // connections are dead and fail their first query. A lookup whose context has ended
 // is not tried again.
 func retryable(ctx context.Context, err error) bool {
@@ -203,8 +205,8 @@ func retryable(ctx context.Context, err error) bool {
 }
 
 // Create makes a new key and returns its record and the full key, which is never
-// readable again. A key with a creator (NewKey.CreatedBy) is audited as key.created, in
-// the same transaction.
+// readable again. A key with a creator (NewKey.CreatedBy) is audited as key.created,
+// in the same transaction.
 func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if !nk.Role.Valid() {
 		return Record{}, "", fmt.Errorf("invalid role %q", nk.Role)
@@ -230,7 +232,7 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 }
 
 // insertKey draws a new key and inserts it in tx. A key id collision is astronomically
-// unlikely (22 base62 characters), but it is no reason to fail: draw again.
+// unlikely (22 base62 characters). It is no reason to fail: draw again.
 func (s *Store) insertKey(ctx context.Context, tx pgx.Tx, nk NewKey) (Record, string, error) {
 	var createdBy *string
 	if nk.CreatedBy != "" {
@@ -280,16 +282,16 @@ FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 	return recs, nil
 }
 
-// Revoke revokes the key keyID of organisation orgID from now on and audits it as
-// key.revoked by actor, in the same statement. Revoking a revoked key succeeds, keeps its
-// first revocation time and audits nothing. found is false when the organisation has no
-// key keyID.
+// Revoke revokes the key keyID of organisation orgID from now on. In the same
+// statement, it audits it as key.revoked by actor. Revoking a revoked key succeeds,
+// keeps its first revocation time and audits nothing. found is false when the
+// organisation has no key keyID.
 func (s *Store) Revoke(ctx context.Context, orgID, keyID, actor string) (found bool, err error) {
 	if !ValidKeyID(keyID) {
 		return false, nil
 	}
-	// The UPDATE waits for a concurrent revocation of the same key and then finds it
-	// revoked, so that exactly one of them is audited.
+	// The UPDATE waits for a concurrent revocation of the same key, then finds it
+	// revoked. So exactly one of them is audited.
 	var revoked int
 	err = s.pool.QueryRow(ctx, `WITH r AS (
 	UPDATE api_keys SET revoked_at = now()

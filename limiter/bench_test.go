@@ -10,9 +10,9 @@ import (
 )
 
 // BenchmarkPipelinedAllow counts from 1, 4 and 32 goroutines at once through the
-// pipeline over the real Redis; allocs/op is what one count costs, the pipeline
-// included, cpu-µs/op this process's CPU per count and redis-µs/op Redis's
-// (benchcpu: run on a stack of its own).
+// pipeline, over the real Redis. allocs/op is what one count costs, the pipeline
+// included. cpu-µs/op is this process's CPU per count, and redis-µs/op is Redis's.
+// Run it on a stack of its own (see internal/benchcpu).
 func BenchmarkPipelinedAllow(b *testing.B) {
 	c := redisClient(b)
 	l := limiter.NewRedis(c, limiter.WithPrefix(uniquePrefix(b)), limiter.WithPipelining(time.Second))

@@ -1,7 +1,7 @@
 package limiter
 
-// ScriptCalls is how many script calls l's pipeline has sent, for tests that check that
-// the counts of one key in a round share one call; 0 without pipelining.
+// ScriptCalls is how many script calls l's pipeline has sent; 0 without pipelining.
+// Tests check with it that the counts of one key in a round share one call.
 func ScriptCalls(l *Redis) uint64 {
 	if l.pipe == nil {
 		return 0

@@ -14,8 +14,8 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// slowRedis returns a client of the test Redis through a latency proxy, set up as the
-// gateway sets up its own (no retries, every wait bounded by timeout).
+// slowRedis returns a client of the test Redis through a latency proxy. The client is
+// set up as the gateway's: no retries, every wait bounded by timeout.
 func slowRedis(t *testing.T, timeout time.Duration) (*redis.Client, *latencyproxy.Proxy) {
 	t.Helper()
 	direct := redisClient(t)
@@ -36,7 +36,7 @@ func slowRedis(t *testing.T, timeout time.Duration) (*redis.Client, *latencyprox
 	return c, p
 }
 
-// burst runs n concurrent Allow calls, each under its own timeout (0: none), and
+// burst runs n concurrent Allow calls, each under its own timeout (0: none). It
 // returns how many were allowed, refused and failed.
 func burst(l limiter.Limiter, key string, n, limit int, timeout time.Duration) (allowed, refused, failed int64) {
 	var a, r, f atomic.Int64
@@ -70,22 +70,22 @@ func burst(l limiter.Limiter, key string, n, limit int, timeout time.Duration) (
 }
 
 func TestASlowRedisInsideTheTimeoutCountsExactly(t *testing.T) {
-	// Redis answers in a bit more than half the timeout: every count must come back in
-	// time, and a limit of 50 must let exactly 50 of 200 concurrent requests through,
-	// pipelined or not. Before each round had its own deadline, pipelined callers
-	// waited for the round in flight and then their own, and timed out. (A fixed window
-	// clock keeps the burst from straddling a minute.)
+	// Redis answers in a bit more than half the timeout. Every count must come back in
+	// time, pipelined or not. A limit of 50 must let exactly 50 of 200 concurrent
+	// requests through. A pipelined caller must not wait for the round in flight and
+	// then for its own: that would take longer than the timeout. A fixed window clock
+	// keeps the burst from straddling a minute.
 	const timeout = 1500 * time.Millisecond
 	rdb, proxy := slowRedis(t, timeout)
 	direct := redisClient(t)
 	clock := newClock(at(base, 20*time.Second))
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
 		// Warm: a pool of connections, then the clock reading at this speed. A new
-		// connection costs round trips of its own (HELLO, CLIENT SETINFO), so the
-		// burst must find its connections made, and a count that failed takes its
-		// connection with it. So the pool is filled while Redis is fast (dialled at
-		// this speed, 200 connections once outlasted the warm-up under -race), and
-		// neither warm-up may fail.
+		// connection costs round trips of its own (HELLO, CLIENT SETINFO). So the
+		// burst must find its connections made. A count that failed takes its
+		// connection with it, so neither warm-up may fail. The pool is filled while
+		// Redis is fast: dialling 200 connections at this speed can outlast the
+		// warm-up under -race.
 		warm := func() {
 			if _, _, failed := burst(l, "warm", 200, 1000, 20*timeout); failed != 0 {
 				t.Fatalf("%d of 200 warm-up counts failed", failed)
@@ -110,11 +110,11 @@ func TestASlowRedisInsideTheTimeoutCountsExactly(t *testing.T) {
 }
 
 func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
-	// While Redis hangs every count times out at its deadline; when Redis comes back,
-	// the commands held meanwhile reach it, and the script must refuse them: the
-	// caller has already treated them as not counted. The deadline is the caller's
-	// context's, or, for calls without one (the gateway's), WithTimeout's, under a
-	// client whose own timeouts are ten times longer and so not what ends the wait.
+	// While Redis hangs, every count times out at its deadline. When Redis comes back,
+	// the commands held meanwhile reach it. The script must refuse them: the caller
+	// has already treated them as not counted. The deadline is the caller's context's.
+	// For calls without one, as the gateway's, it is WithTimeout's. The client's own
+	// timeouts are ten times longer, so they do not end the wait.
 	const timeout = 300 * time.Millisecond
 	direct := redisClient(t)
 	for _, tc := range []struct {
@@ -127,8 +127,8 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb, proxy := slowRedis(t, tc.clientTTL)
-			// A fixed clock for the window, so that the test never straddles a minute
-			// (deadlines use the real clock whatever WithClock says).
+			// A fixed clock for the window, so that the test never straddles a minute.
+			// Deadlines use the real clock whatever WithClock says.
 			opts := []limiter.Option{limiter.WithClock(newClock(at(base, 20*time.Second)).now)}
 			if tc.opt != nil {
 				opts = append(opts, tc.opt)
@@ -164,8 +164,8 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 }
 
 func TestCountersExpireRelativeToRedis(t *testing.T) {
-	// A gateway clock ten minutes behind Redis: the counter must still live for the rest
-	// of its window and one more, on Redis's clock.
+	// A gateway clock ten minutes behind Redis. The counter must still live for the
+	// rest of its window and one more, on Redis's clock.
 	rdb := redisClient(t)
 	prefix := uniquePrefix(t)
 	lag := time.Now().Add(-10 * time.Minute)
@@ -188,13 +188,11 @@ func TestCountersExpireRelativeToRedis(t *testing.T) {
 }
 
 func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testing.T) {
-	// Both clocks are compared in whole milliseconds, truncated, so a script reading
-	// now = n may run up to a millisecond after n, and the offset between the clocks
-	// may be up to one too large: without a margin Redis could count a request up to
-	// 2 ms after its caller gave up on it. Deadlines go to Redis 2 ms early, so a count
-	// reaching it in the last 2 ms before its deadline is refused, and one after it a
-	// fortiori. Here Redis hangs while the count is sent and resumes 0.7 ms before the
-	// caller's deadline, 20 times (without the margin about one in eight is written).
+	// Deadlines go to Redis 2 ms early (see redisClock.deadline). So a count reaching
+	// Redis in the last 2 ms before its deadline is refused, and one after it a
+	// fortiori. Here Redis hangs while the count is sent, and resumes 0.7 ms before
+	// the caller's deadline, 20 times. Without the margin, about one in eight is
+	// written.
 	const timeout = 20 * time.Millisecond
 	rdb, proxy := slowRedis(t, timeout)
 	direct := redisClient(t)
@@ -224,8 +222,8 @@ func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testin
 	}, limiter.WithClock(newClock(at(base, 20*time.Second)).now))
 }
 
-// bothModes runs f twice, as subtests "plain" and "pipelined" (WithPipelining(timeout)),
-// each with a limiter on rdb under a prefix of its own, and opts.
+// bothModes runs f twice, as subtests "plain" and "pipelined" (WithPipelining(timeout)).
+// Each gets a limiter on rdb with opts, under a prefix of its own.
 func bothModes(t *testing.T, rdb *redis.Client, timeout time.Duration, f func(t *testing.T, l *limiter.Redis, prefix string), opts ...limiter.Option) {
 	for name, pipelined := range map[string]bool{"plain": false, "pipelined": true} {
 		t.Run(name, func(t *testing.T) {

@@ -1,12 +1,14 @@
-// Package limiter counts requests per key in fixed one-minute windows aligned to the UTC
-// minute: the window of instant t is floor(unix(t) / 60). Every call to Allow counts,
-// allowed or not, and the call numbered limit+1 and later in a window are refused.
+// Package limiter counts requests per key in fixed one-minute windows, aligned to the
+// UTC minute. The window of instant t is floor(unix(t) / 60). Every call to Allow
+// counts, allowed or not. In a window, the calls numbered limit+1 and later are
+// refused.
 //
-// Two backends share that behaviour: Redis, whose count is shared by every process using
-// the same Redis (one budget for several gateway instances), and Local, an in-process
-// counter for a single instance. Both are safe for concurrent use.
+// Two backends share that behaviour. Redis counts in Redis, and every process using
+// the same Redis shares each key's count: several gateway instances have one budget.
+// Local counts in process memory, for a single instance. Both are safe for concurrent
+// use.
 //
-// The package knows nothing of HTTP; callers turn a Result into headers.
+// The package knows nothing of HTTP. Callers turn a Result into headers.
 package limiter
 
 import (
@@ -18,8 +20,8 @@ import (
 // Window is the length of a rate limit window.
 const Window = time.Minute
 
-// ErrBadLimit is returned by Allow for a limit that is not positive: "no API access"
-// and "unlimited" are decisions for the caller, not counts.
+// ErrBadLimit is returned by Allow for a limit that is not positive. "No API access"
+// and "unlimited" are the caller's decisions, not counts.
 var ErrBadLimit = errors.New("limiter: limit must be positive")
 
 // Result is the outcome of one Allow call.
@@ -30,16 +32,16 @@ type Result struct {
 	Limit int
 	// Remaining is how many more requests the window allows; never negative.
 	Remaining int
-	// ResetAfter is the whole number of seconds left in the window, rounded up and at
-	// least 1: the value of Retry-After for a refused request.
+	// ResetAfter is the whole number of seconds left in the window, rounded up, at
+	// least 1. It is the Retry-After of a refused request.
 	ResetAfter int
 }
 
 // Limiter is what both backends do.
 type Limiter interface {
 	// Allow counts one request of key against limit in the current window. An error
-	// means the count could not be made (Redis unreachable or slow); the Result is then
-	// meaningless and the caller applies its failure policy.
+	// means the count was not made: Redis is unreachable or slow. The Result is then
+	// meaningless, and the caller applies its failure policy.
 	Allow(ctx context.Context, key string, limit int) (Result, error)
 }
 
@@ -54,8 +56,8 @@ type options struct {
 	linger          time.Duration // WithLinger; 0: none
 }
 
-// WithClock makes the limiter read the time from now instead of time.Now; for tests of
-// window edges.
+// WithClock makes the limiter read the time from now instead of time.Now. Tests of
+// window edges use it.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.now = now }
 }
@@ -65,33 +67,36 @@ func WithPrefix(prefix string) Option {
 	return func(o *options) { o.prefix = prefix }
 }
 
-// WithTimeout bounds each Allow of a Redis limiter: its deadline is its context's, or
-// d after it is called if that is sooner. A deadline set this way costs a pipelined
-// count a pooled timer where a context.WithTimeout of the caller's costs four
-// allocations (internal/gather, DoBy). Default: the context's deadline only.
+// WithTimeout bounds each Allow of a Redis limiter. Its deadline is its context's, or
+// d after the call if that is sooner. A deadline set this way costs a pipelined count
+// a pooled timer. A context.WithTimeout of the caller's would cost four allocations
+// (gather.DoBy in internal/gather). Default: the context's deadline only.
 func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
 // WithPipelining makes a Redis limiter gather the counts of concurrent Allow calls into
-// one pipeline, sent as soon as the previous one returns or, if that takes longer, a
-// tenth of timeout after its first count joined: a slow round in flight never costs a
-// caller more than that on top of its own round. Each pipeline runs until the latest
-// deadline of its callers (timeout if one has none), since it serves many callers;
-// each caller still stops waiting at its own deadline (its context's, or WithTimeout's)
-// or when its context ends, and its count carries its own deadline (see Redis). A count that finds no round
-// in flight is sent at once as a round of its own, on its caller's goroutine and
-// under its caller's context: give the client ContextTimeoutEnabled, so that such a
-// round ends at the caller's deadline, not at the client's ReadTimeout. It needs a
-// client with a Pipeline method (Client, Ring, ClusterClient, UniversalClient) and is
-// ignored otherwise, and by Local.
+// one pipeline, a round. A round goes out as soon as the previous one returns. If that
+// takes longer, it goes out a tenth of timeout after its first count joined. So a slow
+// round in flight costs a caller at most that, on top of its own round.
+//
+// A round serves many callers. So it runs until the latest of their deadlines, or for
+// timeout if one has none. Each caller still stops waiting at its own deadline, or when
+// its context ends. Its count carries its own deadline (see Redis).
+//
+// A count alone in its round runs on its caller's goroutine, under its caller's
+// context. Give the client ContextTimeoutEnabled: such a round then ends at the
+// caller's deadline, not at the client's ReadTimeout.
+//
+// Pipelining needs a client with a Pipeline method: Client, Ring, ClusterClient or
+// UniversalClient. It is ignored otherwise, and by Local.
 func WithPipelining(timeout time.Duration) Option {
 	return func(o *options) { o.pipelineTimeout = timeout }
 }
 
 // WithLinger lets a pipeline round started while counts come fast wait up to d for
-// more (internal/gather, Options.Linger): fewer, larger rounds cost Redis and the
-// gateway less CPU per count, for up to d of latency. It only applies with
+// more (gather.Options.Linger in internal/gather). Fewer, larger rounds cost Redis and
+// the gateway less CPU per count, for up to d of latency. It applies only with
 // WithPipelining.
 func WithLinger(d time.Duration) Option {
 	return func(o *options) { o.linger = d }
@@ -105,10 +110,10 @@ func buildOptions(opts []Option) options {
 	return o
 }
 
-// windowOf returns the index of the window holding t, the whole seconds left in it,
-// rounded up, at least 1, and how long its counters must live from t in milliseconds:
-// the rest of the window and one window more, so that a gateway whose clock runs a
-// little behind still finds the count.
+// windowOf returns the index of the window holding t, and the whole seconds left in
+// it, rounded up, at least 1. It also returns how long the window's counters must live
+// from t, in milliseconds: the rest of the window and one window more. So a gateway
+// whose clock runs a little behind still finds the count.
 func windowOf(t time.Time) (index int64, resetAfter int, ttlMs int64) {
 	ms := t.UnixMilli()
 	const windowMs = int64(Window / time.Millisecond)

@@ -49,7 +49,7 @@ func (c *fixedClock) now() time.Time  { return time.Unix(0, c.ns.Load()) }
 func (c *fixedClock) set(t time.Time) { c.ns.Store(t.UnixNano()) }
 func minute(m int64) time.Time        { return time.Unix(m*60, 0) }
 
-// base is a minute a little in the future: Redis counters expire by the wall clock, so
+// base is a minute a little in the future. Redis counters expire by the wall clock. So
 // a fake clock far in the past would see its counters vanish at once.
 var base = time.Now().Unix()/60 + 5
 
@@ -234,15 +234,15 @@ func TestPipelinedCountsSurviveAScriptFlush(t *testing.T) {
 	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// After the flush EVALSHA fails with NOSCRIPT; the count must still happen, once.
+	// After the flush, EVALSHA fails with NOSCRIPT. The count must still happen, once.
 	if r, err := l.Allow(context.Background(), "k", 5); err != nil || r.Remaining != 3 {
 		t.Errorf("Allow after SCRIPT FLUSH = %+v, %v; want remaining 3", r, err)
 	}
 }
 
 func TestRedisHonoursTheContextDeadline(t *testing.T) {
-	// A Redis that accepts connections and never answers (a hung server or network).
-	// Not CLIENT PAUSE on the real Redis: that would stall every other package's tests
+	// A Redis that accepts connections and never answers, as a hung server or network.
+	// CLIENT PAUSE on the real Redis would stall the tests of every other package
 	// sharing it.
 	hung, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -316,8 +316,8 @@ func ExampleLocal_Allow() {
 }
 
 func TestPrepareLoadsTheScriptsARestartedRedisLost(t *testing.T) {
-	// A restarted Redis has no scripts; Prepare loads them again, so that the first
-	// counts after it pay no NOSCRIPT round trip.
+	// A restarted Redis has no scripts. Prepare loads them again, so the first counts
+	// after it pay no NOSCRIPT round trip.
 	rdb := redisClient(t)
 	ctx := context.Background()
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {

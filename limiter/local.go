@@ -8,7 +8,7 @@ import (
 )
 
 // Local counts in process memory: for a single gateway instance, or when no Redis is
-// configured. It keeps only the current window's counts, so its memory is bounded by
+// configured. It keeps only the current window's counts. So its memory is bounded by
 // the number of distinct keys seen in one minute.
 type Local struct {
 	now func() time.Time
@@ -26,8 +26,7 @@ func NewLocal(opts ...Option) *Local {
 	return &Local{now: o.now, counts: make(map[string]int64)}
 }
 
-// Allow counts one request of key; see Limiter. It never returns an error but for a
-// non-positive limit.
+// Allow counts one request of key; see Limiter. Its only error is ErrBadLimit.
 func (l *Local) Allow(_ context.Context, key string, limit int) (Result, error) {
 	if limit <= 0 {
 		return Result{}, ErrBadLimit
@@ -40,7 +39,7 @@ func (l *Local) Allow(_ context.Context, key string, limit int) (Result, error) 
 		l.window = w
 		l.counts = make(map[string]int64, len(l.counts))
 	}
-	// A clock that steps back counts into the newest window seen, which errs on the
+	// A clock that steps back counts into the newest window seen. That errs on the
 	// side of refusing.
 	n, seen := l.counts[key]
 	n++

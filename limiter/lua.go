@@ -2,18 +2,20 @@ package limiter
 
 import "github.com/redis/go-redis/v9"
 
-// incrScript counts requests in a window's counter and returns the new count and Redis's
-// clock. It runs as one atomic step on the Redis server, so concurrent gateways never lose
-// or double a count, and it touches only KEYS[1], so it works on Redis Cluster.
+// incrScript counts requests in a window's counter. It returns the new count and
+// Redis's clock. It runs as one atomic step on the Redis server, so concurrent
+// gateways never lose or double a count. It touches only KEYS[1], so it works on Redis
+// Cluster.
 //
-// One call may count several requests of the same counter (a pipelined round gathers
-// them): one deadline each. The requests counted get the numbers count-n+1 … count, in
-// the order of their deadlines in ARGV, skipping those not counted; the caller tells
-// which were not by comparing each deadline with the now returned, as the script did.
+// One call may count several requests of the same counter, one deadline each: a
+// pipelined round gathers them. The requests counted get the numbers count-n+1 …
+// count, in the order of their deadlines in ARGV. Those not counted are skipped. The
+// caller tells which they are as the script did: it compares each deadline with the
+// now returned (see late).
 //
-// A count that arrives after its caller's deadline is not made: the caller has already
-// given up on it (and, under limiter_failure open, let the request through), so writing
-// it would count a request twice over, once as "not counted" and once in Redis.
+// A count that arrives after its caller's deadline is not made. The caller has given
+// up on it, and under limiter_failure open has let the request through. Writing it
+// would count the request twice over: once as not counted, and once in Redis.
 var incrScript = redis.NewScript(`
 -- KEYS[1]: the counter of one API key in one window.
 -- ARGV[1]: how long the counter must live from now, in milliseconds: the rest of its
@@ -44,8 +46,8 @@ end
 return {n, now}
 `)
 
-// late reports whether the script, running at redisNow, refused the count of a request
-// with this deadline (as incrScript decides it).
+// late reports whether incrScript, running at redisNow, refused the count of a request
+// with this deadline.
 func late(deadline, redisNow int64) bool {
 	return deadline > 0 && redisNow > deadline
 }

@@ -18,15 +18,16 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// pipeline gathers the counts of concurrent Allow calls into one Redis pipeline, so
-// that under load Redis reads and answers many counts per round trip.
+// pipeline gathers the counts of concurrent Allow calls into one Redis pipeline, a
+// round. Under load, Redis then reads and answers many counts per round trip. The
+// gathering is internal/gather's, and so is its freshness (see its package doc). The
+// pipeline adds the script.
 //
-// A round is sent at once on the one lane if it is free, or when the lane's round
-// returns, or at the latest maxWait after its first count joined, on its own (no timer
-// runs while Redis is quick). So a caller waits for a slow round in flight at most
-// maxWait before its own round goes out, never for the whole of the other round: its
-// own timeout is for its own answer. Each count carries its caller's deadline, which the script checks. (The
-// gathering is internal/gather's; the pipeline adds the script.)
+// A round goes out at once if the one lane is free, or when the lane's round returns.
+// At the latest, it goes out on its own maxWait after its first count joined. No timer
+// runs while Redis is quick. So a caller waits for a slow round in flight at most
+// maxWait, never for the whole of it: its timeout is for its own answer. Each count
+// carries its caller's deadline, which the script checks.
 type pipeline struct {
 	rdb     pipeliner
 	timeout time.Duration
@@ -55,8 +56,9 @@ func newPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redisClock
 	return p
 }
 
-// count adds one count of counterKey to the next round and waits for its answer until
-// ctx ends or deadline (zero: none) passes; redisDeadline is deadline on Redis's clock.
+// count adds one count of counterKey to the next round and waits for its answer. It
+// stops when ctx ends or deadline (zero: none) passes. redisDeadline is deadline on
+// Redis's clock.
 func (p *pipeline) count(ctx context.Context, deadline time.Time, counterKey string, ttl, redisDeadline int64) (int64, error) {
 	c := pipelinedCount{counterKey: counterKey, ttl: ttl, redisDeadline: redisDeadline}
 	reply, err := p.rounds.DoBy(ctx, deadline, c)
@@ -66,21 +68,19 @@ func (p *pipeline) count(ctx context.Context, deadline time.Time, counterKey str
 	return reply.count, reply.err
 }
 
-// send is the pipeline's gather.Flush: it runs a round's counts as EVALSHA in one
-// pipeline, one script call per counter: the counts of one counter share a call, which
-// adds them all at once, and they take the numbers it made in the order they joined
-// (see incrScript). Each call still touches one key, as Cluster wants. Calls refused
-// with NOSCRIPT (after a SCRIPT FLUSH or a failover) did not run, and go again as EVAL.
+// send is the pipeline's gather.Flush. It runs a round's counts as EVALSHA in one
+// pipeline, one script call per counter. The counts of one counter share a call, which
+// adds them all at once. They take the numbers it made in the order they joined (see
+// incrScript). Each call still touches one key, as Cluster wants. Calls refused with
+// NOSCRIPT, after a SCRIPT FLUSH or a failover, did not run: they go again as EVAL.
 //
-// The round runs until deadline, when the last of its callers gives up (or for timeout
-// if one has none): a round serves many callers, so no one caller's context may cut it
-// short.
-// A count that finds the lane free, and is still alone once the callers ready to run
-// have had their turn (gather's Gosched), is a round of its own, run on its caller's
-// goroutine under its caller's context (gather.Options.Inline: one goroutine hand-off
-// less, the common case under light traffic); go-redis ends a command at its
-// context's deadline, so the caller still gets its answer by then.
-func (p *pipeline) send(ctx context.Context, deadline time.Time, round []pipelinedCount) ([]countReply, error) {
+// A round serves many callers, so no one caller's context may cut it short. It runs
+// until deadline, when the last of its callers gives up, or for timeout if one has
+// none. A count alone in its round runs inline (gather.Options.Inline): on its
+// caller's goroutine, under its caller's context. go-redis ends a command at its
+// context's deadline. So the caller still gets its answer by then. Both ways run alike
+// here, so send ignores the inline flag.
+func (p *pipeline) send(ctx context.Context, deadline time.Time, _ bool, round []pipelinedCount) ([]countReply, error) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(p.timeout)
 	}
@@ -135,9 +135,10 @@ func (p *pipeline) send(ctx context.Context, deadline time.Time, round []pipelin
 	return replies, nil
 }
 
-// number hands the counts of one script call (members, indices of round in the order
-// of its ARGV) their replies: the script's error, ErrLate for those it did not count,
-// and to the others the numbers count-n+1 … count, in order.
+// number hands the counts of one script call their replies. members are their
+// indices in round, in the order of the call's ARGV. On the script's error, every
+// count gets it. Those it did not count get ErrLate. The others get the numbers
+// count-n+1 … count, in order.
 func (p *pipeline) number(round []pipelinedCount, members []int, v []int64, err error, replies []countReply) {
 	if err == nil && len(v) != 2 {
 		err = fmt.Errorf("unexpected reply %v", v)
@@ -174,9 +175,9 @@ func (p *pipeline) number(round []pipelinedCount, members []int, v []int64, err 
 	}
 }
 
-// byCounter groups the indices of round by counter key, each group and the groups in
-// the order of arrival. A round of one count, the common case when traffic is light,
-// costs one small allocation.
+// byCounter groups the indices of round by counter key. The groups, and the indices in
+// each, keep the order of arrival. A round of one count, the common case under light
+// traffic, costs one small allocation.
 func byCounter(round []pipelinedCount) [][]int {
 	if len(round) == 1 {
 		return [][]int{{0}}
@@ -215,9 +216,9 @@ func byCounter(round []pipelinedCount) [][]int {
 	return calls
 }
 
-// bounded returns ctx ending by deadline (zero: none), and its cancel: ctx itself if it
-// ends by then anyway (a round of one count sent inline runs under its caller's
-// context, whose deadline may be the round's), so that no context is made for nothing.
+// bounded returns ctx ending by deadline (zero: none), and its cancel. It returns ctx
+// itself if ctx ends by then anyway, so no context is made for nothing. A round sent
+// inline runs under its caller's context, whose deadline may be the round's.
 func bounded(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
 	if d, ok := ctx.Deadline(); deadline.IsZero() || ok && !d.After(deadline) {
 		return ctx, func() {}

@@ -11,8 +11,8 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// countAll runs, for every key, calls[key] concurrent Allow calls of it against
-// limits[key], all at once, and returns each key's results.
+// countAll runs calls[key] concurrent Allow calls of every key against limits[key],
+// all at once. It returns each key's results.
 func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map[string][]limiter.Result {
 	t.Helper()
 	var mu sync.Mutex
@@ -41,9 +41,10 @@ func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map
 	return got
 }
 
-// checkNumbered checks that the n results of one key, counted from a fresh window, are
-// those of the numbers 1..n counted one by one: the first limit allowed with remaining
-// limit-1 … 0, each once, the rest refused with remaining 0, all with resetAfter.
+// checkNumbered checks the n results of one key, counted from a fresh window. They
+// must be those of the numbers 1..n counted one by one. The first limit are allowed,
+// with remaining limit-1 … 0, each once. The rest are refused with remaining 0. All
+// have resetAfter.
 func checkNumbered(t *testing.T, key string, results []limiter.Result, n, limit, resetAfter int) {
 	t.Helper()
 	if len(results) != n {
@@ -74,8 +75,8 @@ func checkNumbered(t *testing.T, key string, results []limiter.Result, n, limit,
 }
 
 func TestPipelinedCountsOfOneKeyShareACallAndEachGetsItsOwnNumber(t *testing.T) {
-	// Redis is slow, so that while a round is in flight the others gather into one: the
-	// counts of one key in a round go as one script call, and must still each get the
+	// Redis is slow, so the counts made while a round is in flight gather into one.
+	// The counts of one key in a round go as one script call. Each must still get the
 	// answer of its own number.
 	const timeout = 2 * time.Second
 	rdb, proxy := slowRedis(t, timeout)
@@ -106,8 +107,8 @@ func TestPipelinedCountsOfOneKeyShareACallAndEachGetsItsOwnNumber(t *testing.T) 
 				checkNumbered(t, key, got[key], n, tc.limits[key], 40)
 				total += n
 			}
-			// Each round holds each key once at most, so calls made < counts means
-			// counts of one key shared a call.
+			// Each round holds each key once at most. So fewer calls than counts means
+			// that counts of one key shared a call.
 			if calls := limiter.ScriptCalls(l) - before; calls >= uint64(total) || calls < uint64(len(tc.calls)) {
 				t.Errorf("%d counts made %d script calls; want fewer, at least one per key", total, calls)
 			}
@@ -116,9 +117,9 @@ func TestPipelinedCountsOfOneKeyShareACallAndEachGetsItsOwnNumber(t *testing.T) 
 }
 
 func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
-	// Counts of one key in one round, some of whose deadlines have passed by the time
-	// Redis runs the script: those are ErrLate and not counted, the others are counted
-	// and numbered as if alone.
+	// Counts of one key in one round, some of whose deadlines have passed when Redis
+	// runs the script. Those are ErrLate and not counted. The others are counted and
+	// numbered as if alone.
 	const timeout = 2 * time.Second
 	rdb, proxy := slowRedis(t, timeout)
 	// One window throughout, however long the test takes: its counts must add up.
@@ -196,9 +197,9 @@ func manyKeys(n, v int) map[string]int {
 }
 
 func TestWithLingerBusyCallersShareRoundsAndStayExact(t *testing.T) {
-	// 16 callers count back to back on one key, each its next count as soon as it
-	// has its answer. With a linger, a round waits until they pause, that is until all
-	// of them wait, so the counts share a few script calls; each number is still
+	// 16 callers count back to back on one key: each sends its next count as soon as
+	// it has its answer. With a linger, a round waits until they pause, that is until
+	// all of them wait. So the counts share a few script calls. Each number is still
 	// counted once.
 	const timeout = 2 * time.Second
 	rdb, _ := slowRedis(t, timeout)
@@ -235,7 +236,7 @@ func TestWithLingerBusyCallersShareRoundsAndStayExact(t *testing.T) {
 		checkNumbered(t, "k", run("k"), callers*each, limit, 40)
 		calls := limiter.ScriptCalls(l) - before
 		t.Logf("linger %v: %d counts in %d script calls", linger, callers*each, calls)
-		// Ten rounds of all 16 at best; without a linger, about twice as many here.
+		// Ten rounds of all 16 at best. Without a linger, about twice as many here.
 		if linger > 0 && calls > each+3 {
 			t.Errorf("linger %v: %d counts made %d script calls; want the rounds to wait for all callers (at most %d calls)", linger, callers*each, calls, each+3)
 		}

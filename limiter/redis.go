@@ -13,18 +13,19 @@ import (
 	"github.com/keygate/keygate/internal/gather"
 )
 
-// ErrLate is returned (wrapped) by Redis.Allow when Redis received the count after the
-// caller's deadline and so did not make it: the request is not counted, now or later.
+// ErrLate is returned, wrapped, by Redis.Allow when Redis received the count after the
+// caller's deadline. Redis did not make the count: the request is not counted, now or
+// later.
 var ErrLate = errors.New("limiter: redis received the count after its deadline; not counted")
 
 // Redis counts in Redis, so that every process sharing the Redis shares each key's
-// budget. Each Allow is one round trip (EVALSHA, falling back to EVAL once per
-// connection after a SCRIPT FLUSH or failover).
+// budget. Each Allow is one round trip: EVALSHA, falling back to EVAL once per
+// connection after a SCRIPT FLUSH or a failover.
 //
-// A count carries its caller's deadline (its context's, or WithTimeout's if sooner),
-// translated to Redis's clock, and the script does not count past it: a count the
-// caller gave up on is never written later (see redisClock for how the clocks are
-// compared).
+// A count carries its caller's deadline, translated to Redis's clock. That is its
+// context's deadline, or WithTimeout's if sooner. The script does not count past it.
+// So a count the caller gave up on is never written later. redisClock compares the
+// clocks.
 type Redis struct {
 	rdb   redis.Scripter
 	opts  options
@@ -32,13 +33,13 @@ type Redis struct {
 	clock redisClock
 }
 
-// NewRedis returns a limiter counting in rdb, which may be a *redis.Client,
-// *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
+// NewRedis returns a limiter counting in rdb: a *redis.Client, *redis.ClusterClient,
+// *redis.Ring or any redis.UniversalClient.
 //
-// Window numbers are computed from this process's clock; gateways sharing a Redis
-// should keep their clocks in sync (NTP), as the windows are aligned to the UTC
-// minute. Expiry is relative to Redis's clock, so a lagging gateway clock never writes
-// a counter that has already expired.
+// Window numbers come from this process's clock. Windows are aligned to the UTC
+// minute, so gateways sharing a Redis should keep their clocks in sync (NTP). Expiry
+// is relative to Redis's clock. So a lagging gateway clock never writes a counter that
+// has already expired.
 func NewRedis(rdb redis.Scripter, opts ...Option) *Redis {
 	l := &Redis{rdb: rdb, opts: buildOptions(opts), clock: redisClock{once: make(chan struct{}, 1)}}
 	if p, ok := rdb.(pipeliner); ok && l.opts.pipelineTimeout > 0 {
@@ -47,9 +48,9 @@ func NewRedis(rdb redis.Scripter, opts ...Option) *Redis {
 	return l
 }
 
-// Allow counts one request of key; see Limiter. Errors from Redis, including the
-// context's deadline and ErrLate, are returned wrapped so that the caller can apply its
-// failure policy; in every error case the count was not made.
+// Allow counts one request of key; see Limiter. It returns errors from Redis wrapped,
+// the context's deadline and ErrLate among them, for the caller's failure policy. In
+// every error case, the count was not made.
 func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error) {
 	if limit <= 0 {
 		return Result{}, ErrBadLimit
@@ -83,12 +84,12 @@ func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error
 	return result(n, limit, reset), nil
 }
 
-// Prepare loads the limiter's scripts into Redis and reads Redis's clock, the two
-// round trips a first count would otherwise pay for. It re-reads the clock and loads
-// the scripts again even when an earlier call or count did, since a restarted or
-// failed-over Redis has lost its scripts. Give it a context of its own, not a
-// request's: it is connection setup, and its point is that no request waits on it.
-// On a Redis Cluster the scripts load on every primary.
+// Prepare loads the limiter's scripts into Redis and reads Redis's clock. A first
+// count would otherwise pay for these two round trips. Prepare does both even when an
+// earlier call or count did: a restarted or failed-over Redis has lost its scripts.
+// Give it a context of its own, not a request's. It is connection setup, and its point
+// is that no request waits on it. On a Redis Cluster, the scripts load on every
+// primary.
 func (l *Redis) Prepare(ctx context.Context) error {
 	for _, s := range []*redis.Script{incrScript, clockScript} {
 		if err := s.Load(ctx, l.rdb).Err(); err != nil {
@@ -104,7 +105,7 @@ func (l *Redis) Prepare(ctx context.Context) error {
 }
 
 // counterKey is the Redis key of key's counter in window w. The braces make key the
-// hash tag, so all of one key's counters live in one Cluster slot.
+// hash tag. So all of one key's counters live in one Cluster slot.
 func (l *Redis) counterKey(key string, w int64) string {
 	b := make([]byte, 0, len(l.opts.prefix)+len(key)+24)
 	b = append(b, l.opts.prefix...)
@@ -115,16 +116,16 @@ func (l *Redis) counterKey(key string, w int64) string {
 	return string(b)
 }
 
-// redisClock compares this process's clock with Redis's, so that a caller's deadline
-// can be checked by Redis itself.
+// redisClock compares this process's clock with Redis's, so that Redis itself can
+// check a caller's deadline.
 //
-// Every reply carries Redis's clock at the moment it ran the script. offset is that
-// reading minus this process's clock when the reply arrived: Redis's clock can only
-// have moved on since it ran the script, so offset is at most the true difference, and a
-// deadline translated with it comes early on Redis's clock by about the reply's
-// travel time. A count Redis makes is therefore one whose reply can still arrive in
-// time, and a count that could not is refused (ErrLate) rather than written behind
-// the caller's back. Deadlines use the real clock, not WithClock's.
+// Every reply carries Redis's clock when it ran the script. offset is that reading
+// minus this process's clock when the reply arrived. Redis's clock can only have moved
+// on since the script ran. So offset is at most the true difference. A deadline
+// translated with it comes early on Redis's clock, by about the reply's travel time.
+// So Redis makes only counts whose replies can still arrive in time. It refuses the
+// others (ErrLate) rather than write them behind the caller's back. Deadlines use the
+// real clock, not WithClock's.
 type redisClock struct {
 	offset atomic.Int64 // Redis's clock minus ours, in milliseconds; see redisClock
 	known  atomic.Bool
@@ -162,9 +163,9 @@ func (c *redisClock) observe(redisNow int64) {
 
 // deadline is d on Redis's clock in Unix milliseconds, or 0 for none (d zero).
 //
-// Both clocks are read in whole milliseconds, truncated: offset may be up to 1 ms more
-// than the true difference, and a script reading now = n may run up to 1 ms after n.
-// So a script could count a request up to 2 ms after its caller gave up on it; the
+// Both clocks are read in whole milliseconds, truncated. So offset may be up to 1 ms
+// more than the true difference. A script reading now = n may run up to 1 ms after n.
+// So a script could count a request up to 2 ms after its caller gave up on it. The
 // deadline sent is 2 ms earlier (clockSlack) to rule that out. A count arriving in the
 // last 2 ms of its timeout is refused as late.
 func (c *redisClock) deadline(d time.Time) int64 {

@@ -1,8 +1,8 @@
 // Package schema holds the versioned SQL migrations of keygate's PostgreSQL database,
-// embedded in every binary that needs them, and applies them with tern.
+// and applies them with tern. Every binary that needs them embeds them.
 //
-// Migrate is idempotent and safe to run from several processes at once: tern records
-// the applied version in the table schema_version and holds a PostgreSQL advisory lock
+// Migrate is idempotent, and safe to run from several processes at once. tern records
+// the applied version in the table schema_version. It holds a PostgreSQL advisory lock
 // while it migrates.
 package schema
 

@@ -1,17 +1,22 @@
-// Package benchcpu makes Go benchmarks report the CPU time spent per operation by the
-// benchmark's own process and by the servers it talks to (Redis, PostgreSQL), as `make
-// bench` does per process for the gateway (docs/performance.md). On a small shared
-// machine ns/op moves with whatever else runs; the CPU each process spends per
-// operation is much steadier, and it shows where a hand-off or a round trip costs.
+// Package benchcpu is a benchmark helper: it makes Go benchmarks report CPU time per
+// operation. It measures the benchmark's own process and the servers it talks to
+// (Redis, PostgreSQL), as `make bench` does for the gateway (docs/performance.md). On
+// a small shared machine, ns/op moves with whatever else runs. The CPU each process
+// spends per operation is much steadier. It shows where a hand-off or a round trip
+// costs.
 //
 //	benchcpu.Run(b, func(b *testing.B, i int) { … one operation … },
 //		benchcpu.Self(), benchcpu.Redis(client))
 //
-// runs one sub-benchmark per entry of Goroutines and reports, next to ns/op and the
-// allocations, "cpu-µs/op" (this process: getrusage user + system), "redis-µs/op"
-// (INFO cpu) and "pg-µs/op" (the postmaster and its backends, from /proc). A server's
-// figure includes whatever else uses that server meanwhile: run the benchmarks on a
-// stack of their own (scripts/stack.sh), not beside `make test`.
+// runs one sub-benchmark per entry of Goroutines. Next to ns/op and the allocations,
+// it reports:
+//
+//   - "cpu-µs/op": this process, getrusage user + system;
+//   - "redis-µs/op": Redis, from INFO cpu;
+//   - "pg-µs/op": the postmaster and its backends, from /proc.
+//
+// A server's figure includes whatever else uses that server meanwhile. So run the
+// benchmarks on a stack of their own (scripts/stack.sh), not beside `make test`.
 package benchcpu
 
 import (
@@ -26,19 +31,19 @@ import (
 )
 
 // Goroutines are the numbers of goroutines Run measures at: one alone (no batching),
-// a few, and as many as `make bench`'s wrk connections. Batch sizes, and so the cost
-// of each hand-off and round trip per operation, depend on it.
+// a few, and as many as `make bench`'s wrk connections. Batch sizes depend on it, and
+// so does the cost per operation of each hand-off and round trip.
 var Goroutines = []int{1, 4, 32}
 
-// A Probe reads a cumulative CPU time; Run reports its growth per operation in
-// microseconds under Unit.
+// A Probe reads a cumulative CPU time. Run reports its growth per operation, in
+// microseconds, under Unit.
 type Probe struct {
 	Unit string
 	Read func() (time.Duration, error)
 }
 
-// Self is this process's CPU time, user and system (getrusage RUSAGE_SELF), reported
-// as "cpu-µs/op".
+// Self is this process's CPU time, user and system, reported as "cpu-µs/op". It reads
+// getrusage(RUSAGE_SELF).
 func Self() Probe {
 	return Probe{Unit: "cpu-µs/op", Read: selfCPU}
 }
@@ -51,10 +56,10 @@ func selfCPU() (time.Duration, error) {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
-// Run runs op b.N times as a sub-benchmark "goroutines=N" for each N of Goroutines,
-// b.N operations in all shared out among exactly N goroutines (i numbers them 0 to
-// b.N-1), and reports allocations and the probes' CPU per operation. Call it after the
-// setup; the probes are read right before and after the operations only.
+// Run runs op as a sub-benchmark "goroutines=N" for each N of Goroutines. Each runs
+// b.N operations in all, shared out among exactly N goroutines; i numbers them 0 to
+// b.N-1. Run reports allocations and the probes' CPU per operation. Call it after the
+// setup: it reads the probes right before and right after the operations.
 func Run(b *testing.B, op func(b *testing.B, i int), probes ...Probe) {
 	b.Helper()
 	for _, n := range Goroutines {

@@ -50,8 +50,8 @@ func TestParseRedisCPU(t *testing.T) {
 	}
 }
 
-// TestSelfAndTree burns CPU until getrusage has counted 200ms more: /proc, read through
-// Process, must have counted as much for this process (within a few clock ticks).
+// TestSelfAndTree burns CPU until getrusage has counted 200ms more. /proc, read
+// through Process, must have counted as much for this process, within a few clock ticks.
 func TestSelfAndTree(t *testing.T) {
 	self, proc := Self(), Process(os.Getpid(), "proc-µs/op")
 	s0, err := self.Read()
@@ -171,7 +171,7 @@ func TestPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The backend's time is counted in clock ticks: query until a few have passed.
+	// The backend's time is counted in clock ticks. Query until a few have passed.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := conn.Exec(ctx, "SELECT count(*) FROM generate_series(1, 20000)"); err != nil {

@@ -19,8 +19,8 @@ type Infoer interface {
 	Info(ctx context.Context, section ...string) *redis.StringCmd
 }
 
-// Redis is the CPU time of the Redis server c talks to, used_cpu_user + used_cpu_sys
-// of INFO cpu (microsecond resolution), reported as "redis-µs/op".
+// Redis is the CPU time of the Redis server c talks to, reported as "redis-µs/op". It
+// adds used_cpu_user and used_cpu_sys of INFO cpu, to the microsecond.
 func Redis(c Infoer) Probe {
 	return Probe{Unit: "redis-µs/op", Read: func() (time.Duration, error) {
 		ctx, cancel := probeContext()
@@ -61,11 +61,12 @@ type Querier interface {
 }
 
 // Postgres is the CPU time of the PostgreSQL server q talks to, reported as
-// "pg-µs/op": the postmaster's and every live child's utime + stime from /proc, plus
-// the reaped children's (the postmaster's cutime + cstime), in clock ticks (10 ms
-// each: run long enough, -benchtime 3s or more). The postmaster is the first line of
-// postmaster.pid in SHOW data_directory, so the server must run on this machine and
-// /proc must be readable (the tests run as root, PostgreSQL as postgres).
+// "pg-µs/op". It adds utime + stime from /proc of the postmaster and of every live
+// child, and the reaped children's (the postmaster's cutime + cstime). /proc counts
+// in clock ticks of 10 ms, so run long enough: -benchtime 3s or more. The postmaster's
+// pid is the first line of postmaster.pid, in SHOW data_directory. So the server must
+// run on this machine, and /proc must be readable (the tests run as root, PostgreSQL
+// as postgres).
 func Postgres(q Querier) (Probe, error) {
 	pid, err := postmasterPID(q)
 	if err != nil {
@@ -131,9 +132,9 @@ func treeCPU(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / time.Duration(clockTicks()), nil
 }
 
-// parseStat reads the parent pid and utime + stime (+ cutime + cstime when children)
-// in clock ticks from a /proc/<pid>/stat line. The command name, in parentheses, may
-// itself hold spaces and parentheses: the fields start after the last ") ".
+// parseStat reads a /proc/<pid>/stat line: the parent pid, and utime + stime in clock
+// ticks (+ cutime + cstime when children). The command name, in parentheses, may
+// itself hold spaces and parentheses. So the fields start after the last ") ".
 func parseStat(line string, children bool) (ppid int, ticks int64, err error) {
 	i := strings.LastIndex(line, ") ")
 	if i < 0 {
@@ -161,8 +162,8 @@ func parseStat(line string, children bool) (ppid int, ticks int64, err error) {
 	return ppid, ticks, nil
 }
 
-// clockTicks is the kernel's USER_HZ, the unit of /proc's times (AT_CLKTCK of
-// /proc/self/auxv: Go has no sysconf), 100 when it cannot be read.
+// clockTicks is the kernel's USER_HZ, the unit of /proc's times. It reads AT_CLKTCK of
+// /proc/self/auxv, since Go has no sysconf. It is 100 when that cannot be read.
 func clockTicks() int64 {
 	data, err := os.ReadFile("/proc/self/auxv")
 	if err != nil {

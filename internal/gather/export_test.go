@@ -2,31 +2,31 @@ package gather
 
 import "time"
 
-// Prime sets g's clock and the moving average of the time between calls, as if calls
-// had been arriving gap apart until now().
+// Prime sets g's clock and the gap (see lingerPolicy). It is as if calls had been
+// arriving gap apart until now().
 func Prime[Req, Resp any](g *Gatherer[Req, Resp], gap time.Duration, now func() time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.now, g.gap, g.last = now, gap, now()
+	g.linger.now, g.linger.gap, g.linger.last = now, gap, now()
 }
 
-// Arrive counts one call's arrival, as Do does, and tells whether a batch started now
+// Arrive counts one call's arrival, as Do does. It tells whether a batch started now
 // would linger.
 func Arrive[Req, Resp any](g *Gatherer[Req, Resp]) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	_, fast := g.arrive()
+	_, fast := g.linger.arrive()
 	return fast
 }
 
 // SetWorkerIdle sets how long g's worker goroutines wait for another batch before
-// they end; call it before g's first call.
+// they end. Call it before g's first call.
 func SetWorkerIdle[Req, Resp any](g *Gatherer[Req, Resp], idle time.Duration) {
 	g.idle = idle
 }
 
-// WaitFree waits until every lane of g is free and no batch is pending: a worker that
-// sent the last batch has looked for another and found none.
+// WaitFree waits until every lane of g is free and no batch is pending. The worker
+// that sent the last batch has then looked for another, and found none.
 func WaitFree[Req, Resp any](g *Gatherer[Req, Resp], lanes int) {
 	for {
 		g.mu.Lock()

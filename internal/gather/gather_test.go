@@ -15,8 +15,8 @@ import (
 	"github.com/keygate/keygate/internal/gather"
 )
 
-// gate is a Flush that doubles every request, records every batch, and, while closed,
-// holds each batch until the test lets one go.
+// gate is a Flush that doubles every request and records every batch. While closed,
+// it holds each batch until the test lets one go.
 type gate struct {
 	mu      sync.Mutex
 	batches [][]int
@@ -27,7 +27,7 @@ type gate struct {
 	most    atomic.Int32 // the most batches that ran at once
 }
 
-func (g *gate) flush(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+func (g *gate) flush(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 	n := g.running.Add(1)
 	defer g.running.Add(-1)
 	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
@@ -61,7 +61,7 @@ func (g *gate) setErr(err error) {
 	g.mu.Unlock()
 }
 
-// await calls Do(req) on a goroutine of its own and returns where its answer will be.
+// await calls Do(req) on a goroutine of its own. It returns where the answer will be.
 type answer struct {
 	resp int
 	err  error
@@ -178,9 +178,9 @@ func TestACallNeverJoinsABatchAlreadySent(t *testing.T) {
 func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		f := &gate{}
-		slow := func(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
+		slow := func(ctx context.Context, by time.Time, inline bool, reqs []int) ([]int, error) {
 			time.Sleep(time.Millisecond)
-			return f.flush(ctx, by, reqs)
+			return f.flush(ctx, by, inline, reqs)
 		}
 		g := gather.New(slow, gather.Options{Lanes: lanes, MaxWait: time.Hour})
 		var wg sync.WaitGroup
@@ -212,11 +212,11 @@ func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
 }
 
 func TestABatchWaitsAtMostMaxWaitForALane(t *testing.T) {
-	// The batch of request 1 is stuck until the end of the test; the one of request 2
+	// The batch of request 1 is stuck until the end of the test. The one of request 2
 	// must go out on its own after MaxWait, and answer.
 	unstick := make(chan struct{})
 	started := make(chan time.Time, 2)
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		started <- time.Now()
 		if reqs[0] == 1 {
 			<-unstick
@@ -296,7 +296,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 	odd := errors.New("odd")
 	release := make(chan struct{})
 	var sizes []int
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]reply, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]reply, error) {
 		<-release
 		sizes = append(sizes, len(reqs))
 		out := make([]reply, len(reqs))
@@ -335,7 +335,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 
 func TestAFlushAnsweringTheWrongNumberIsAnErrorNotAPanic(t *testing.T) {
 	for _, opts := range []gather.Options{{}, {Inline: true}} {
-		g := gather.New(func(context.Context, time.Time, []int) ([]int, error) { return nil, nil }, opts)
+		g := gather.New(func(context.Context, time.Time, bool, []int) ([]int, error) { return nil, nil }, opts)
 		if _, err := g.Do(context.Background(), 1); err == nil {
 			t.Errorf("%+v: a flush answering no response for one request gave no error", opts)
 		}
@@ -347,7 +347,7 @@ func TestALoneInlineCallAllocatesNothing(t *testing.T) {
 		t.Skip("allocation counts are the race detector's under -race")
 	}
 	resps := []int{0}
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		resps[0] = 2 * reqs[0]
 		return resps, nil
 	}
@@ -362,7 +362,7 @@ func TestALoneInlineCallAllocatesNothing(t *testing.T) {
 }
 
 func BenchmarkGather(b *testing.B) {
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		out := make([]int, len(reqs))
 		copy(out, reqs)
 		return out, nil
@@ -385,140 +385,25 @@ func BenchmarkGather(b *testing.B) {
 	}
 }
 
-func TestDoByStopsWaitingAtItsDeadlineAndTheBatchGoesOn(t *testing.T) {
-	f := &gate{started: make(chan []int, 100), release: make(chan struct{})}
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour})
-	stuck := await(context.Background(), g, 1)
-	<-f.started // the lane is busy: the next calls join the pending batch
-	patient := awaitBy(context.Background(), g, time.Now().Add(time.Hour), 2)
-	start := time.Now()
-	_, err := g.DoBy(context.Background(), start.Add(30*time.Millisecond), 3)
-	if waited := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || waited < 30*time.Millisecond || waited > 2*time.Second {
-		t.Errorf("a call past its deadline = %v after %v, want context.DeadlineExceeded after 30ms", err, waited)
-	}
-	close(f.release)
-	if a := <-stuck; a.resp != 2 || a.err != nil {
-		t.Errorf("the call in flight = %+v", a)
-	}
-	if a := <-patient; a.resp != 4 || a.err != nil {
-		t.Errorf("the call whose deadline had not passed = %+v, want its answer", a)
-	}
-	b := <-f.started
-	if slices.Sort(b); fmt.Sprint(b) != "[2 3]" {
-		t.Errorf("the batch gathered = %v, want 2 and 3: the late call stays in it", b)
-	}
-	// The timer of a call answered in time fires for no later call.
-	for i := range 20 {
-		if resp, err := g.DoBy(context.Background(), time.Now().Add(time.Duration(i)*time.Millisecond), 5); err != nil && !errors.Is(err, context.DeadlineExceeded) || err == nil && resp != 10 {
-			t.Fatalf("DoBy %d = %d, %v", i, resp, err)
-		}
-	}
-	if resp, err := g.DoBy(context.Background(), time.Now().Add(time.Hour), 6); resp != 12 || err != nil {
-		t.Errorf("DoBy after many timers = %d, %v, want 12", resp, err)
-	}
-}
-
-// byGate is a gate that also records the deadline every Flush got.
-type byGate struct {
-	gate
-	deadlines []time.Time // guarded by gate.mu
-}
-
-func (g *byGate) flush(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
-	g.mu.Lock()
-	g.deadlines = append(g.deadlines, by)
-	g.mu.Unlock()
-	return g.gate.flush(ctx, by, reqs)
-}
-
-func TestFlushGetsTheLatestDeadlineOfItsCallsOrNoneIfOneHasNone(t *testing.T) {
-	for _, inline := range []bool{false, true} {
-		f := &byGate{gate: gate{started: make(chan []int, 10), release: make(chan struct{})}}
-		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline})
-		t0 := time.Now().Add(time.Hour)
-		var calls []<-chan answer
-		calls = append(calls, awaitBy(context.Background(), g, t0, 1)) // alone: its own deadline
-		<-f.started
-		for i, by := range []time.Time{t0.Add(time.Minute), t0.Add(3 * time.Minute), t0.Add(2 * time.Minute)} {
-			calls = append(calls, awaitBy(context.Background(), g, by, 10+i))
-		}
-		for !gather.Pending(g, 3) {
-			time.Sleep(time.Millisecond)
-		}
-		f.release <- struct{}{} // the three go out together
-		<-f.started
-		// A call without a deadline, and one with an earlier context deadline than
-		// its own, in the next batch.
-		ctx, cancel := context.WithDeadline(context.Background(), t0.Add(-time.Minute))
-		defer cancel()
-		calls = append(calls, awaitBy(context.Background(), g, time.Time{}, 20), awaitBy(ctx, g, t0, 21))
-		for !gather.Pending(g, 2) {
-			time.Sleep(time.Millisecond)
-		}
-		f.release <- struct{}{}
-		<-f.started
-		close(f.release)
-		for _, ch := range calls {
-			if a := <-ch; a.err != nil {
-				t.Errorf("inline %v: a call = %+v", inline, a)
-			}
-		}
-		want := []time.Time{t0, t0.Add(3 * time.Minute), {}}
-		if len(f.deadlines) != len(want) {
-			t.Fatalf("inline %v: %d flushes, want %d", inline, len(f.deadlines), len(want))
-		}
-		for i := range want {
-			if !f.deadlines[i].Equal(want[i]) {
-				t.Errorf("inline %v: flush %d got deadline %v, want %v", inline, i, f.deadlines[i], want[i])
-			}
-		}
-	}
-}
-
-func TestDeadlineIsTheSoonerOfTheContextsAndTheTimeouts(t *testing.T) {
-	soon, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	ctxDeadline, _ := soon.Deadline()
-	for _, c := range []struct {
-		name    string
-		ctx     context.Context
-		timeout time.Duration
-		want    time.Duration // from now; 0: zero time; -1: ctx's deadline
-	}{
-		{"neither", context.Background(), 0, 0},
-		{"timeout only", context.Background(), time.Hour, time.Hour},
-		{"context only", soon, 0, -1},
-		{"context sooner", soon, time.Hour, -1},
-		{"timeout sooner", soon, time.Second, time.Second},
-	} {
-		got := gather.Deadline(c.ctx, c.timeout)
-		switch {
-		case c.want == 0 && !got.IsZero(), c.want == -1 && !got.Equal(ctxDeadline):
-			t.Errorf("%s: Deadline = %v", c.name, got)
-		case c.want > 0:
-			if d := time.Until(got); d > c.want || d < c.want-time.Second {
-				t.Errorf("%s: Deadline is %v from now, want %v", c.name, d, c.want)
-			}
-		}
-	}
-}
-
 // callerKey marks a caller's context, so that a Flush can tell whose context it got.
 type callerKey struct{}
 
 // ctxGate is a gate that also records, for every batch, the caller mark of the context
-// its Flush got: 0 for none (the Gatherer's own context.Background()).
+// its Flush got (0 for none: the Gatherer's own context.Background()) and its inline
+// flag.
 type ctxGate struct {
 	gate
-	marks []int // guarded by gate.mu
+	marks   []int  // guarded by gate.mu
+	inlines []bool // guarded by gate.mu
 }
 
-func (g *ctxGate) flush(ctx context.Context, by time.Time, reqs []int) ([]int, error) {
+func (g *ctxGate) flush(ctx context.Context, by time.Time, inline bool, reqs []int) ([]int, error) {
 	mark, _ := ctx.Value(callerKey{}).(int)
 	g.mu.Lock()
 	g.marks = append(g.marks, mark)
+	g.inlines = append(g.inlines, inline)
 	g.mu.Unlock()
-	return g.gate.flush(ctx, by, reqs)
+	return g.gate.flush(ctx, by, inline, reqs)
 }
 
 func marked(n int) context.Context { return context.WithValue(context.Background(), callerKey{}, n) }
@@ -557,18 +442,21 @@ func TestInlineRunsALoneCallUnderItsCallersContextAndBatchesUnderNone(t *testing
 		if resp, err := g.Do(marked(2), 3); resp != 6 || err != nil {
 			t.Errorf("inline %v: Do after the batch = %d, %v", inline, resp, err)
 		}
-		want := []int{0, 0, 0}
+		want, wantInline := []int{0, 0, 0}, []bool{false, false, false}
 		if inline {
-			want = []int{1, 0, 2}
+			want, wantInline = []int{1, 0, 2}, []bool{true, false, true}
 		}
 		if fmt.Sprint(f.marks) != fmt.Sprint(want) {
 			t.Errorf("inline %v: the flushes got the contexts of callers %v, want %v (0: none)", inline, f.marks, want)
+		}
+		if fmt.Sprint(f.inlines) != fmt.Sprint(wantInline) {
+			t.Errorf("inline %v: the flushes were told inline %v, want %v", inline, f.inlines, wantInline)
 		}
 	}
 }
 
 func TestInlineFreesTheLaneWhenFlushPanics(t *testing.T) {
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		if reqs[0] < 0 {
 			panic("flush failed")
 		}
@@ -590,402 +478,6 @@ func TestInlineFreesTheLaneWhenFlushPanics(t *testing.T) {
 	}
 }
 
-// stepClock returns a clock that moves on by step each time it is read. A Gatherer
-// reads it under its lock, one read a call.
-func stepClock(step time.Duration) func() time.Time {
-	t := time.Unix(0, 0)
-	return func() time.Time {
-		t = t.Add(step)
-		return t
-	}
-}
-
-func TestALingeringBatchGoesOutWhenCallsPause(t *testing.T) {
-	// Ten calls at once, with a lane free: without Linger the first would go alone.
-	// With it, the batch waits until calls pause (at least Linger/8 with none) and
-	// takes all ten.
-	f := &gate{started: make(chan []int, 10)}
-	const linger = time.Second
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now) // calls were coming a millisecond apart
-	start := time.Now()
-	var waiting []<-chan answer
-	for i := range 10 {
-		waiting = append(waiting, await(context.Background(), g, i))
-	}
-	select {
-	case b := <-f.started:
-		if elapsed := time.Since(start); len(b) != 10 || elapsed < linger/8 || elapsed >= linger {
-			t.Errorf("the batch went out with %v after %v; want all ten calls once they paused, after Linger/8 (%v), before Linger", b, elapsed, linger/8)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the lingering batch never went out")
-	}
-	for _, ch := range waiting {
-		if a := <-ch; a.err != nil || a.resp%2 != 0 {
-			t.Errorf("answer %+v: want a doubled request and no error", a)
-		}
-	}
-}
-
-func TestALingeringBatchHoldingThePeakGoesOutWithoutThePause(t *testing.T) {
-	// Rounds of calls at once, as from a closed loop of clients. The first lingering
-	// batch is a probe: it waits for the pause and finds the peak, four. After it, a
-	// batch of four goes as its fourth call joins; one of three still waits for the
-	// pause; every 16th lingering batch is a probe again, full or not, and a probe of
-	// two lowers the peak by a quarter, to three.
-	f := &gate{started: make(chan []int, 1)}
-	const linger = 2 * time.Second
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	lingering := 0 // lingering batches sent
-	round := func(calls int, wantPause bool) {
-		t.Helper()
-		lingering++
-		start := time.Now()
-		var waiting []<-chan answer
-		for i := range calls {
-			waiting = append(waiting, await(context.Background(), g, i))
-		}
-		select {
-		case b := <-f.started:
-			elapsed := time.Since(start)
-			if len(b) != calls {
-				t.Fatalf("lingering batch %d went out with %v; want all %d calls", lingering, b, calls)
-			}
-			if paused := elapsed >= linger/8; paused != wantPause {
-				t.Errorf("lingering batch %d of %d calls went out after %v; want it to wait for the pause (Linger/8, %v): %v", lingering, calls, elapsed, linger/8, wantPause)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("lingering batch %d never went out", lingering)
-		}
-		for _, ch := range waiting {
-			if a := <-ch; a.err != nil {
-				t.Fatalf("a call of lingering batch %d = %+v", lingering, a)
-			}
-		}
-		gather.WaitFree(g, 1)
-	}
-	round(4, true)  // the first probe: the peak is four
-	round(4, false) // full
-	round(3, true)  // under the peak
-	for lingering < 16 {
-		round(4, false)
-	}
-	round(2, true)  // the 17th: a probe
-	round(3, false) // the peak is now three
-}
-
-// peakLinger is the Linger of the peak's tests: its pause, Linger/8, leaves a wide
-// margin between a batch that goes at once and one that waits for the pause.
-const peakLinger = 2 * time.Second
-
-// peakOfThree returns a Gatherer of lanes lanes lingering for peakLinger, through a
-// gate that holds each batch until released, after a probe of three calls has set its
-// peak to three.
-func peakOfThree(t *testing.T, lanes int) (*gate, *gather.Gatherer[int, int]) {
-	t.Helper()
-	f := &gate{started: make(chan []int, 8), release: make(chan struct{}, 1)}
-	g := gather.New(f.flush, gather.Options{Lanes: lanes, MaxWait: time.Hour, Linger: peakLinger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	f.release <- struct{}{}
-	answeredAll(t, awaitEach(g, 0, 3)) // the probe
-	<-f.started
-	gather.WaitFree(g, lanes)
-	return f, g
-}
-
-func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
-	// A probe of three sets the peak. Three more calls go as the third joins, and
-	// while their batch is out, a call comes that is none of theirs: the peak grows
-	// to four, and the batch it starts goes once four have joined.
-	f, g := peakOfThree(t, 2)
-
-	start := time.Now()
-	out := awaitEach(g, 10, 3) // full: goes at once, and stays out
-	if b := <-f.started; len(b) != 3 || time.Since(start) >= peakLinger/8 {
-		t.Fatalf("three calls at a peak of three went out as %v after %v; want them at once", b, time.Since(start))
-	}
-	start = time.Now()
-	more := awaitEach(g, 20, 1)
-	for !gather.Pending(g, 1) {
-		time.Sleep(time.Millisecond)
-	}
-	more = append(more, awaitEach(g, 21, 3)...)
-	if b := <-f.started; len(b) != 4 || time.Since(start) >= peakLinger/8 {
-		t.Errorf("four calls, the first while a full batch was out, went out as %v after %v; want one batch of four, at once", b, time.Since(start))
-	}
-	close(f.release)
-	answeredAll(t, out)
-	answeredAll(t, more)
-}
-
-func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
-	// A probe of three sets the peak; three more calls go at once and hold the one
-	// lane. Five calls gather meanwhile (full at four, after the first raised the
-	// peak, but with no lane free) and go when it comes free: the peak is now five,
-	// and five calls go at once.
-	f, g := peakOfThree(t, 1)
-
-	out := awaitEach(g, 10, 3) // full: goes at once, and holds the lane
-	<-f.started
-	grown := awaitEach(g, 20, 5)
-	for !gather.Pending(g, 5) {
-		time.Sleep(time.Millisecond)
-	}
-	close(f.release)
-	if b := <-f.started; len(b) != 5 {
-		t.Fatalf("five calls gathered while the lane was busy went out as %v; want one batch", b)
-	}
-	answeredAll(t, out)
-	answeredAll(t, grown)
-	gather.WaitFree(g, 1)
-
-	start := time.Now()
-	waiting := awaitEach(g, 30, 5)
-	if b := <-f.started; len(b) != 5 || time.Since(start) >= peakLinger/8 {
-		t.Errorf("five calls after a batch of five went out as %v after %v; want all five at once", b, time.Since(start))
-	}
-	answeredAll(t, waiting)
-}
-
-func TestALingeringBatchGoesOutAfterLingerWhileCallsKeepComing(t *testing.T) {
-	// A call every millisecond for 300 ms never pauses for Linger/8 (12.5 ms), so
-	// batches go out Linger (100 ms) after their first call: a few large ones.
-	f := &gate{}
-	const linger = 100 * time.Millisecond
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	var waiting []<-chan answer
-	for end := time.Now().Add(3 * linger); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		waiting = append(waiting, await(context.Background(), g, len(waiting)))
-	}
-	for _, ch := range waiting {
-		if a := <-ch; a.err != nil {
-			t.Fatalf("a call = %+v", a)
-		}
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if n := len(f.batches); n < 3 || n > len(waiting)/10 {
-		t.Errorf("%d calls over 3 Lingers went in %d batches; want 3 or a few more (Linger ends each), not one a call", len(waiting), n)
-	}
-}
-
-func TestCallsComingFewerThanFourALingerGoAtOnce(t *testing.T) {
-	for _, inline := range []bool{false, true} {
-		f := &gate{}
-		g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: inline, Linger: time.Hour})
-		// Calls come 20 minutes apart: three a Linger, too few to wait for.
-		gather.Prime(g, 20*time.Minute, stepClock(20*time.Minute))
-		for i := range 3 {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			resp, err := g.Do(ctx, i)
-			cancel()
-			if resp != 2*i || err != nil {
-				t.Fatalf("inline %v: Do(%d) = %d, %v; want %d at once", inline, i, resp, err, 2*i)
-			}
-		}
-		if len(f.batches) != 3 {
-			t.Errorf("inline %v: three slow calls made batches %v; want three of one", inline, f.batches)
-		}
-	}
-}
-
-func TestABurstAfterALongIdleSpellLingersWithinADozenCalls(t *testing.T) {
-	g := gather.New((&gate{}).flush, gather.Options{Linger: time.Hour})
-	now := time.Unix(0, 0)
-	gather.Prime(g, time.Minute, func() time.Time { return now }) // lingering
-	now = now.Add(1000 * time.Hour)
-	if gather.Arrive(g) {
-		t.Fatal("the first call after 1000 idle hours would linger")
-	}
-	for i := range 16 {
-		now = now.Add(time.Minute)
-		if gather.Arrive(g) {
-			t.Logf("lingering again at the %d. call of the burst", i+1)
-			return
-		}
-	}
-	t.Error("16 calls a minute apart after a long idle spell, and still no lingering: the idle spell weighs too much")
-}
-
-func TestALaneComingFreeLeavesALingeringBatchToItsTimer(t *testing.T) {
-	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
-	const linger = time.Second
-	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	var first []<-chan answer
-	for i := range 5 {
-		first = append(first, await(context.Background(), g, i))
-	}
-	<-f.started // the first batch, held
-	start := time.Now()
-	var second []<-chan answer
-	for i := range 3 {
-		second = append(second, await(context.Background(), g, 100+i))
-	}
-	time.Sleep(20 * time.Millisecond) // let the three join the second batch, which lingers
-	f.release <- struct{}{}           // the first batch returns and frees its lane
-	for _, ch := range first {
-		<-ch
-	}
-	close(f.release)
-	select {
-	case b := <-f.started:
-		if elapsed := time.Since(start); elapsed < linger/8 || len(b) != 3 {
-			t.Errorf("the second batch went out with %v after %v; want its three calls once they paused for Linger/8 (%v)", b, elapsed, linger/8)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the second batch never went out")
-	}
-	for _, ch := range second {
-		if a := <-ch; a.err != nil || a.resp < 200 {
-			t.Errorf("a call of the second batch = %+v", a)
-		}
-	}
-}
-
-func TestAfterAnIdleSpellCallsGoAtOnce(t *testing.T) {
-	f := &gate{}
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: time.Hour})
-	// Primed as if calls had come a minute apart (60 a Linger, so lingering); then
-	// ten hours pass, and the call after them finds the rate too low to wait for.
-	gather.Prime(g, time.Minute, stepClock(10*time.Hour))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if resp, err := g.Do(ctx, 1); resp != 2 || err != nil {
-		t.Fatalf("Do after an idle spell = %d, %v; want 2 at once", resp, err)
-	}
-}
-
-func TestACallerWhoseContextEndsStopsLingering(t *testing.T) {
-	f := &gate{started: make(chan []int, 10)}
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: time.Second})
-	gather.Prime(g, time.Millisecond, time.Now)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	impatient := await(ctx, g, 1)
-	patient := await(context.Background(), g, 2)
-	if a := <-impatient; !errors.Is(a.err, context.DeadlineExceeded) {
-		t.Errorf("the call whose context ended = %+v, want context.DeadlineExceeded", a)
-	}
-	select {
-	case b := <-f.started:
-		t.Errorf("batch %v went out before its calls paused for Linger/8", b)
-	default:
-	}
-	if a := <-patient; a.resp != 4 || a.err != nil {
-		t.Errorf("the other call of the lingering batch = %+v, want 4", a)
-	}
-	if b := <-f.started; len(b) != 2 {
-		t.Errorf("the lingering batch held %v, want both calls", b)
-	}
-}
-
-func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
-	f := &gate{started: make(chan []int, 10), release: make(chan struct{})}
-	g := gather.New(f.flush, gather.Options{Lanes: 2, MaxWait: time.Hour, Inline: true, Linger: time.Hour})
-	// The clock stands still, so every call shortens the average gap by an eighth:
-	// the first call finds just under four calls a Linger and goes alone; the second
-	// finds more and lingers, and with the clock still it is never due.
-	gather.Prime(g, 17*time.Minute+12*time.Second, func() time.Time { return time.Unix(0, 0) })
-	lone := await(context.Background(), g, 1)
-	if b := <-f.started; len(b) != 1 {
-		t.Fatalf("the first call went out as %v, want alone", b)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	lingering := await(ctx, g, 2)
-	time.Sleep(20 * time.Millisecond)
-	f.release <- struct{}{} // the lone call returns and frees its lane
-	<-lone
-	select {
-	case b := <-f.started:
-		t.Errorf("batch %v went out when the lone call's lane came free, before it was due", b)
-	case <-time.After(100 * time.Millisecond):
-	}
-	cancel()
-	if a := <-lingering; !errors.Is(a.err, context.Canceled) {
-		t.Errorf("the lingering call = %+v, want context.Canceled", a)
-	}
-	close(f.release)
-}
-
-func TestLingeringStopsWhileItGathersTooLittle(t *testing.T) {
-	// One caller calling back to back: fast, but a lingering batch never gathers
-	// more than its one call. After such a batch the next 64 go at once; then one
-	// lingers again, to see whether that pays now.
-	f := &gate{}
-	const linger = 400 * time.Millisecond
-	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	call := func(i int) time.Duration {
-		start := time.Now()
-		if resp, err := g.Do(context.Background(), i); resp != 2*i || err != nil {
-			t.Fatalf("Do(%d) = %d, %v", i, resp, err)
-		}
-		return time.Since(start)
-	}
-	if took := call(1); took < linger/8 {
-		t.Fatalf("the first call took %v; want it to linger, at least Linger/8 (%v)", took, linger/8)
-	}
-	var took time.Duration
-	for i := range 64 {
-		took += call(2 + i)
-	}
-	if took >= linger/8 {
-		t.Errorf("the 64 calls after a lingering batch of one took %v in all; want them at once", took)
-	}
-	if took := call(66); took < linger/8 {
-		t.Errorf("the 66th call took %v; want it to linger again, at least Linger/8 (%v)", took, linger/8)
-	}
-}
-
-func TestALingeringBatchBehindAStuckOneGoesOutAfterLingerAndMaxWait(t *testing.T) {
-	// The batch of requests 1 and 10–13 is stuck until the end of the test. Request 2
-	// starts a lingering batch while the lane is busy; once due (the calls pause for
-	// Linger/8) it waits for the lane as any batch does, and goes out on its own after
-	// MaxWait. (Five calls in the first batch, so that lingering pays and goes on.)
-	unstick := make(chan struct{})
-	started := make(chan time.Time, 2)
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
-		started <- time.Now()
-		if slices.Contains(reqs, 1) {
-			<-unstick
-		}
-		return append([]int(nil), reqs...), nil
-	}
-	const linger, maxWait = 80 * time.Millisecond, 30 * time.Millisecond
-	g := gather.New(flush, gather.Options{MaxWait: maxWait, Linger: linger})
-	gather.Prime(g, time.Millisecond, time.Now)
-	var stuck []<-chan answer
-	for _, req := range []int{1, 10, 11, 12, 13} {
-		stuck = append(stuck, await(context.Background(), g, req))
-	}
-	<-started
-	joined := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if resp, err := g.Do(ctx, 2); resp != 2 || err != nil {
-		t.Errorf("the call behind a stuck batch = %d, %v", resp, err)
-	}
-	select {
-	case at := <-started:
-		if d := at.Sub(joined); d < linger/8+maxWait {
-			t.Errorf("the batch went out %v after its call joined, before Linger/8 + MaxWait (%v) with the lane busy", d, linger/8+maxWait)
-		}
-	case <-time.After(5 * time.Second):
-		close(unstick)
-		t.Fatal("the lingering batch behind the stuck one never went out")
-	}
-	close(unstick)
-	for _, ch := range stuck {
-		if a := <-ch; a.err != nil {
-			t.Errorf("a stuck call = %+v", a)
-		}
-	}
-}
-
 // goroutineID is the id of the calling goroutine, from the first line of its stack.
 func goroutineID() string {
 	buf := make([]byte, 64)
@@ -998,7 +490,7 @@ func TestBatchesRunOnAWorkerThatOutlivesThemAndEndsWhenIdle(t *testing.T) {
 	before := runtime.NumGoroutine()
 	var mu sync.Mutex
 	ran := map[string]int{} // goroutine id -> batches it ran
-	flush := func(_ context.Context, _ time.Time, reqs []int) ([]int, error) {
+	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]int, error) {
 		mu.Lock()
 		ran[goroutineID()]++
 		mu.Unlock()
@@ -1034,9 +526,9 @@ func onOneThread(f func()) {
 	f()
 }
 
-// mostly runs trial 20 times and fails unless it says yes at least 15 times: a Gosched
-// lets the goroutines ready to run go first, except when the scheduler looks at its
-// global queue first (one schedule in 61) or the race detector shuffles its order.
+// mostly runs trial 20 times, and fails unless it says yes at least 15 times. A Gosched
+// lets the goroutines ready to run go first, but not always. The scheduler looks at its
+// global queue first one schedule in 61, and the race detector shuffles its order.
 func mostly(t *testing.T, what string, trial func() (bool, string)) {
 	t.Helper()
 	yes, last := 0, ""
@@ -1055,8 +547,8 @@ func mostly(t *testing.T, what string, trial func() (bool, string)) {
 
 func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 	// Ten callers made ready at once, as the answer of a round trip or a netpoll makes
-	// them: the first finds the lane free, and without its Gosched would go alone, the
-	// other nine a round trip later.
+	// them. The first finds the lane free. Without its Gosched, it would go alone, and
+	// the other nine a round trip later.
 	for _, inline := range []bool{false, true} {
 		mostly(t, fmt.Sprintf("inline %v: the first of ten callers ready at once took others into its batch", inline), func() (bool, string) {
 			f := &gate{}
@@ -1076,8 +568,8 @@ func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 					t.Errorf("inline %v: call %d = %+v", inline, i, a)
 				}
 			}
-			// All ten, unless another goroutine (the race detector's, a timer's) runs
-			// first and the first caller's turn comes back before all have joined.
+			// All ten, unless another goroutine runs first (the race detector's, a
+			// timer's), and the first caller's turn comes back before all have joined.
 			return len(f.batches[0]) > 1, fmt.Sprint(f.batches)
 		})
 	}
@@ -1085,10 +577,10 @@ func TestCallsReadyToRunJoinTheBatchTheFirstOfThemOpens(t *testing.T) {
 
 func TestACallerAnsweredJoinsTheNextBatchBeforeItGoes(t *testing.T) {
 	// A closed loop: a caller calls again once answered. While its first round is in
-	// flight a second caller waits in the next batch; when the round returns, the lane
-	// lets the first caller run before it takes the next batch, so its call joins. Run
-	// inline, the first round hands its lane to a worker that takes the batch when it
-	// starts, after the caller has gone on.
+	// flight, a second caller waits in the next batch. When the round returns, the
+	// lane lets the first caller run before it takes the next batch. So its call
+	// joins. Run inline, the first round hands its lane to a worker. The worker takes
+	// the batch when it starts, after the caller has gone on.
 	for _, inline := range []bool{false, true} {
 		mostly(t, fmt.Sprintf("inline %v: the answered caller's next call joined the batch gathered meanwhile", inline), func() (bool, string) {
 			return answeredJoins(t, inline)

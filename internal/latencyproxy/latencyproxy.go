@@ -1,10 +1,13 @@
-// Package latencyproxy is a TCP proxy for tests: it makes a real PostgreSQL or Redis
-// slow (every reply is held back by a delay) or hung (nothing is forwarded in either
-// direction until it is resumed, as if the server were stopped with SIGSTOP: what was
-// sent meanwhile is delivered, in order, on resume).
+// Package latencyproxy is a test helper: a TCP proxy that makes a real PostgreSQL or
+// Redis slow or hung. The fault tests use it, and so does `make bench`'s fault run
+// (through cmd/latencyproxy).
 //
-// Hanging the proxy rather than the server leaves every other test sharing that server
-// alone, which SIGSTOP would not.
+// A slow proxy holds every reply back by a delay. A hung proxy forwards nothing in
+// either direction, as if the server were stopped with SIGSTOP. On resume, what was
+// sent meanwhile is delivered, in order.
+//
+// Hanging the proxy rather than the server leaves alone every other test that shares
+// the server. SIGSTOP would not.
 package latencyproxy
 
 import (
@@ -43,7 +46,7 @@ func Start(target string) (*Proxy, error) {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // SetDelay holds every reply chunk back by d from when it arrived from the target.
-// Chunks keep their order; a delay does not add up along a connection.
+// Chunks keep their order. Delays do not add up along a connection.
 func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Hang stops forwarding in both directions until Resume.
@@ -75,7 +78,7 @@ func (p *Proxy) gate() chan struct{} {
 	return p.open
 }
 
-// Drop closes every connection open now, as a restarting server does; new
+// Drop closes every connection open now, as a restarting server does. New
 // connections are forwarded as before.
 func (p *Proxy) Drop() {
 	p.mu.Lock()
@@ -142,7 +145,7 @@ type chunk struct {
 }
 
 // pipe copies src to dst through a queue, so that reading never waits for the delay
-// or the hang; it closes dst's write side when src ends, once the queue is through.
+// or the hang. When src ends and the queue is through, it closes dst's write side.
 func (p *Proxy) pipe(dst, src net.Conn, reply bool) {
 	defer p.wg.Done()
 	q := make(chan chunk, 1024)

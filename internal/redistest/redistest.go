@@ -1,5 +1,6 @@
-// Package redistest gives tests the Redis named by REDIS_URL (started by
-// scripts/stack.sh under `make test`), as schematest does PostgreSQL.
+// Package redistest is a test helper: it gives tests the Redis named by REDIS_URL.
+// scripts/stack.sh starts that Redis under `make test`. schema/schematest does the
+// same for PostgreSQL.
 package redistest
 
 import (
@@ -11,14 +12,15 @@ import (
 	"github.com/keygate/keygate/internal/testenv"
 )
 
-// URL returns REDIS_URL, failing the test when it is not set: these tests need a real
-// Redis and are run through `make test`, which starts one.
+// URL returns REDIS_URL. It fails the test when REDIS_URL is not set: these tests need
+// a real Redis, and `make test` starts one.
 func URL(tb testing.TB) string {
 	tb.Helper()
 	return testenv.Getenv(tb, "REDIS_URL")
 }
 
-// Client returns a client of that Redis, answering PING, closed when the test ends.
+// Client returns a client of that Redis that has answered PING. The client is closed
+// when the test ends.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
 	opt, err := redis.ParseURL(URL(tb))

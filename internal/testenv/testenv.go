@@ -1,8 +1,8 @@
-// Package testenv is the harness that the tests of several packages share: the
-// servers scripts/stack.sh starts, named by environment variables that
-// scripts/test.sh sets, and the HTTP exchange and log buffer their tests all need.
-// It knows nothing of the gateway or the upstream, so that every test package can
-// use it.
+// Package testenv is a test helper: the harness that the tests of several packages
+// share. It finds the servers scripts/stack.sh starts, by the environment variables
+// scripts/test.sh sets. It also holds the HTTP exchange and the log buffer that many
+// tests need. It knows nothing of the gateway or the upstream, so every test package
+// can use it.
 package testenv
 
 import (
@@ -14,9 +14,10 @@ import (
 	"testing"
 )
 
-// Getenv returns the environment variable name, failing the test when it is not
-// set: these tests need the real servers scripts/stack.sh starts (up, up-cluster,
-// up-tls, up-sentinel, up-pgbouncer), and `make test` starts them and sets it.
+// Getenv returns the environment variable name. It fails the test when name is not
+// set. These tests need the real servers that scripts/stack.sh starts (up,
+// up-cluster, up-tls, up-sentinel, up-pgbouncer). `make test` starts them and sets
+// their variables.
 func Getenv(tb testing.TB, name string) string {
 	tb.Helper()
 	v := os.Getenv(name)
@@ -26,8 +27,8 @@ func Getenv(tb testing.TB, name string) string {
 	return v
 }
 
-// GetenvOrSkip is Getenv for a test that may be skipped without its server: it
-// skips the test when name is not set.
+// GetenvOrSkip is Getenv for a test that may run without its server. It skips the
+// test when name is not set.
 func GetenvOrSkip(tb testing.TB, name string) string {
 	tb.Helper()
 	if os.Getenv(name) == "" {
@@ -36,8 +37,8 @@ func GetenvOrSkip(tb testing.TB, name string) string {
 	return Getenv(tb, name)
 }
 
-// Exchange sends req with c and returns the response with its whole body, read and
-// closed, failing the test when either the request or the read fails.
+// Exchange sends req with c and returns the response and its whole body, read and
+// closed. It fails the test when the request or the read fails.
 func Exchange(tb testing.TB, c *http.Client, req *http.Request) (*http.Response, []byte) {
 	tb.Helper()
 	res, err := c.Do(req)
@@ -52,8 +53,8 @@ func Exchange(tb testing.TB, c *http.Client, req *http.Request) (*http.Response,
 	return res, b
 }
 
-// Buffer is a bytes.Buffer that a process's or a logger's goroutines may write
-// while the test reads it.
+// Buffer is a bytes.Buffer that is safe for concurrent use. A process's or a
+// logger's goroutines may write it while the test reads it.
 type Buffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

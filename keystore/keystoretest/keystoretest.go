@@ -1,5 +1,5 @@
-// Package keystoretest holds the helpers that the tests of keystore and of the
-// programs built on it share.
+// Package keystoretest is a test helper for keystore. The tests of keystore and of
+// the programs built on it share it.
 package keystoretest
 
 import (
@@ -8,7 +8,7 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// Format returns the key format of prefix, failing the test when prefix is not a
+// Format returns the key format of prefix. It fails the test when prefix is not a
 // valid one.
 func Format(tb testing.TB, prefix string) keystore.Format {
 	tb.Helper()

@@ -3,7 +3,8 @@
 
 CREATE TABLE login_attempts (
 	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	-- client is the client's IP address as the upstream determined it (CONTRACT §11).
+	-- client is the client's IP address, as the upstream determined it: behind a
+	-- trusted proxy, from X-Forwarded-For (docs/configuration.md, --trusted-proxies).
 	client     text NOT NULL CHECK (length(client) <= 64),
 	-- email_hash is SHA-256 of the lower-cased email tried: attempts name accounts
 	-- that may not exist, and need not be readable.

@@ -1,13 +1,14 @@
--- 003_key_lifecycle: what CONTRACT §12 keeps about keys beyond their existence: when
--- the gateway last saw each one, and who created, rolled or revoked which key.
+-- 003_key_lifecycle: what is kept about keys beyond their existence. It records when
+-- the gateway last saw each key, and who created, rolled or revoked which key.
 
--- last_used_at is written by the gateways in batches, at most once per key per minute
--- (CONTRACT §12): it may lag the last request by that much, and a crash may lose it.
+-- last_used_at is written by the gateways in batches, at most once per key per minute.
+-- It may lag the last request by that much, and a crash may lose it
+-- (docs/operations.md, last_used_at).
 ALTER TABLE api_keys ADD COLUMN last_used_at timestamptz;
 
 -- audit_events is append-only: one row per change to a key, written in the same
--- transaction as the change. key_id is kept without a foreign key so that the trail
--- names the key whatever becomes of it; the org's deletion takes its trail along.
+-- transaction as the change. key_id has no foreign key, so the trail names the key
+-- whatever becomes of it. The org's deletion takes its trail along.
 CREATE TABLE audit_events (
 	id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	org_id     uuid NOT NULL REFERENCES orgs (id) ON DELETE CASCADE,

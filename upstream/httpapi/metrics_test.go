@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/promtext"
+	"github.com/keygate/keygate/internal/promtest"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
@@ -40,7 +40,7 @@ func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
 	upstreamtest.WantStatus(t, e.Anon().Do("GET", "/no/such/route", ""), http.StatusNotFound)
 	upstreamtest.WantStatus(t, e.Anon().With(httpapi.HeaderSecret, "wrong").Do("GET", "/v1/monitors", ""), http.StatusUnauthorized)
 
-	got := promtext.Scrape(t, admin.URL+"/metrics")
+	got := promtest.Scrape(t, admin.URL+"/metrics")
 	for series, w := range map[string]float64{
 		`keygate_upstream_http_requests_total{code="201",route="POST /v1/monitors"}`:      2,
 		`keygate_upstream_http_requests_total{code="402",route="POST /v1/monitors"}`:      1,

@@ -1,9 +1,10 @@
-// Command latencyproxy runs internal/latencyproxy for scripts (make bench's fault run):
+// Command latencyproxy is a benchmark helper: it runs internal/latencyproxy for
+// scripts, such as `make bench`'s fault run.
 //
 //	latencyproxy -target 127.0.0.1:6379 -listen-file FILE [-delay 0]
 //
 // It writes the address it listens on to FILE, then forwards until killed. SIGUSR1
-// hangs it (nothing forwarded, as if the server were stopped), SIGUSR2 resumes it.
+// hangs it, as if the server were stopped. SIGUSR2 resumes it.
 package main
 
 import (

@@ -1,20 +1,20 @@
-package promtext_test
+package promtest_test
 
 import (
 	"testing"
 
-	"github.com/keygate/keygate/internal/promtext"
+	"github.com/keygate/keygate/internal/promtest"
 )
 
 func TestSamplesReadsSeriesAndSkipsComments(t *testing.T) {
-	got, err := promtext.Samples("# HELP x y\n# TYPE x counter\nx{a=\"b c\"} 2\n\ny 1.5e+00\n")
+	got, err := promtest.Samples("# HELP x y\n# TYPE x counter\nx{a=\"b c\"} 2\n\ny 1.5e+00\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 2 || got[`x{a="b c"}`] != 2 || got["y"] != 1.5 {
 		t.Fatalf("Samples = %v", got)
 	}
-	if _, err := promtext.Samples("x notanumber\n"); err == nil {
+	if _, err := promtest.Samples("x notanumber\n"); err == nil {
 		t.Fatal("a sample without a number was accepted")
 	}
 }

@@ -1,6 +1,6 @@
-// Package promtext reads Prometheus's text exposition format, for the tests that scrape
-// the gateway's and the upstream's /metrics.
-package promtext
+// Package promtest is a test helper for Prometheus's text exposition format. Tests of
+// the gateway and the upstream use it to scrape /metrics and read the samples.
+package promtest
 
 import (
 	"bufio"
@@ -14,9 +14,9 @@ import (
 	"github.com/keygate/keygate/internal/testenv"
 )
 
-// Samples returns every sample of text by its series as the format prints it, for
-// example `keygate_requests_total{outcome="me"}`. Comment and blank lines are skipped;
-// a sample line without a number is an error.
+// Samples returns every sample of text by its series, as the format prints it: for
+// example `keygate_requests_total{outcome="me"}`. It skips comment and blank lines. A
+// sample line without a number is an error.
 func Samples(text string) (map[string]float64, error) {
 	out := map[string]float64{}
 	sc := bufio.NewScanner(strings.NewReader(text))
@@ -36,8 +36,8 @@ func Samples(text string) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
-// Scrape GETs url, a /metrics endpoint, and returns its Samples, failing the test
-// unless it answers 200 with samples that parse.
+// Scrape GETs url, a /metrics endpoint, and returns its Samples. It fails the test
+// unless url answers 200 with samples that parse.
 func Scrape(tb testing.TB, url string) map[string]float64 {
 	tb.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
