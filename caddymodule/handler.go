@@ -41,6 +41,13 @@ const (
 	// defaultRedisMinConns covers the pipelined rounds that overlap while Redis is
 	// slow: a round goes out at most a tenth of redis_timeout after the one before.
 	defaultRedisMinConns = 10
+	// lookupOverflow is how many batches of key lookups may be in flight beside the
+	// lanes' while PostgreSQL is slow: a batch that has waited a tenth of
+	// database_timeout for a lane goes out on its own (keystore.Batcher), so up to nine
+	// overlap while each still answers within the timeout. The default floor of
+	// connections covers them, so that none of them opens a connection on its
+	// requests' time.
+	lookupOverflow       = 9
 	limiterFailureOpen   = "open"
 	limiterFailureClosed = "closed"
 	limiterFailureLocal  = "local"
@@ -165,9 +172,11 @@ type Handler struct {
 	DatabaseDialTimeout caddy.Duration `json:"database_dial_timeout,omitempty"`
 
 	// DatabaseMinConns is the floor of PostgreSQL connections the pool keeps open and
-	// prepared, so that requests find them ready. At most the pool's size
-	// (pool_max_conns); the URL's pool_min_conns, when larger, wins. Default:
-	// lookup_lanes + 1 (the lanes' queries and the last_used_at writes), or 4 with
+	// prepared, so that requests find them ready: a batch that finds none idle waits
+	// for a new one to open, several round trips. The pool grows to it unless the
+	// URL sets a smaller pool_max_conns; the URL's pool_min_conns, when larger, wins.
+	// Default: lookup_lanes + 10 (the lanes' queries, up to nine batches that went out
+	// on their own while PostgreSQL is slow, and the last_used_at writes), or 4 with
 	// disable_lookup_batching
 	DatabaseMinConns int `json:"database_min_conns,omitempty"`
 
@@ -376,7 +385,7 @@ func (h *Handler) configure(logger *zap.Logger) error {
 		h.RedisDialTimeout = caddy.Duration(defaultDialTimeout)
 	}
 	if h.DatabaseMinConns == 0 {
-		h.DatabaseMinConns = h.LookupLanes + 1
+		h.DatabaseMinConns = h.LookupLanes + lookupOverflow + 1
 		if h.DisableLookupBatching {
 			h.DatabaseMinConns = 4
 		}
