@@ -496,6 +496,9 @@ func wantJSONError(t testing.TB, res *http.Response, body []byte, status int, wa
 	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q, want application/json", ct)
 	}
+	if v := res.Header.Get("X-Content-Type-Options"); v != "nosniff" {
+		t.Errorf("X-Content-Type-Options %q, want nosniff", v)
+	}
 	if string(body) != wantBody {
 		t.Errorf("body %s, want %s", body, wantBody)
 	}
