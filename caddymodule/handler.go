@@ -696,6 +696,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	delete(hdr, "Authorization")
 	delete(hdr, "Cookie")
+	if _, ok := hdr["Connection"]; ok {
+		keepOwnFields(hdr)
+	}
 	// The upstream answers uncompressed, so that its JSON can be filtered as it
 	// streams (identity rather than no header: without one, Go's transport would ask
 	// for gzip itself); and whole, since a byte range of a JSON document cannot be
@@ -740,6 +743,45 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		panic(http.ErrAbortHandler)
 	}
 	return nil
+}
+
+// keepOwnFields removes from the client's Connection header the names of the fields
+// the module sets on a proxied request (X-Gateway-*, Accept-Encoding). The reverse
+// proxy deletes every field Connection names, as a proxy must (RFC 9110, section
+// 7.6.1), after the module has set them: a client could otherwise strip the
+// gateway's identity, or have the upstream compress what the filter must read. The
+// client's other names stay, and still remove the fields they name.
+func keepOwnFields(hdr http.Header) {
+	vals := hdr["Connection"]
+	if !slices.ContainsFunc(vals, namesOwnField) {
+		return
+	}
+	var kept []string
+	for _, v := range vals {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" && !namesOwnField(name) {
+				kept = append(kept, name)
+			}
+		}
+	}
+	if len(kept) == 0 {
+		delete(hdr, "Connection")
+		return
+	}
+	hdr["Connection"] = []string{strings.Join(kept, ", ")}
+}
+
+// namesOwnField reports whether a Connection value names a field the module sets,
+// in any case, among other names or alone.
+func namesOwnField(v string) bool {
+	for name := range strings.SplitSeq(v, ",") {
+		name = strings.TrimSpace(name)
+		if asciiEqualFold(name, "accept-encoding") ||
+			len(name) >= len("x-gateway-") && asciiEqualFold(name[:len("x-gateway-")], "x-gateway-") {
+			return true
+		}
+	}
+	return false
 }
 
 // setIdentityPlaceholders makes the key's identity available to the rest of the
