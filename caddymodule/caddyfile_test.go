@@ -2,10 +2,12 @@ package caddymodule
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
+	"github.com/keygate/keygate/internal/testenv"
 )
 
 var updateAdapt = flag.Bool("update-adapt", false, "rewrite the expected JSON of testdata/caddyfile_adapt")
@@ -414,20 +417,31 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 	}
-	// Keys the example's log filter must redact: percent-encoded in the URI, and in
-	// headers of any name.
+	// Keys the example's log filter must redact: percent-encoded in the URI, in headers
+	// of any name, split over two values of one header, as a header's name, as the
+	// Host and as the method.
 	id, secret, _ := strings.Cut(key, ".")
 	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
 	for _, tc := range []struct {
-		path string
-		hdr  http.Header
+		method, host, path string
+		hdr                http.Header
 	}{
-		{"/v1/me?k=" + encoded, nil},
-		{"/v1/me?k=" + strings.ReplaceAll(encoded, "%", "%25"), nil}, // encoded twice
-		{"/v1/me/" + id + "%2e" + secret, nil},
-		{"/v1/me", http.Header{"Api-Key": {key}, "X-Auth-Token": {"Bearer " + key}, "Referer": {"https://app.example/?key=" + encoded}}},
+		{"GET", "", "/v1/me?k=" + encoded, nil},
+		{"GET", "", "/v1/me?k=" + strings.ReplaceAll(encoded, "%", "%25"), nil}, // encoded twice
+		{"GET", "", "/v1/me/" + id + "%2e" + secret, nil},
+		{"GET", "", "/v1/me", http.Header{"Api-Key": {key}, "X-Auth-Token": {"Bearer " + key}, "Referer": {"https://app.example/?key=" + encoded}}},
+		{"GET", "", "/v1/me", http.Header{"X-Api-Key": {key[:30], key[30:]}, "X-Api-Token": {id, secret}}},
+		{"GET", "", "/v1/me", http.Header{key: {"x"}}},
+		{"GET", key, "/v1/me", nil},
+		{key, "", "/v1/me", nil},
 	} {
-		gw.do(t, "GET", tc.path, "", tc.hdr, "")
+		req, err := http.NewRequest(tc.method, gw.base+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = cmp.Or(tc.host, req.Host)
+		maps.Copy(req.Header, tc.hdr)
+		testenv.Exchange(t, gw.client, req)
 	}
 	time.Sleep(100 * time.Millisecond)
 	log, _ := os.ReadFile(logPath)
@@ -439,5 +453,9 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		if strings.Contains(string(log), leak) {
 			t.Errorf("the log shows %q:\n%s", leak, log)
 		}
+	}
+	// A header's name is logged canonicalized, mostly in lower case.
+	if strings.Contains(strings.ToLower(string(log)), strings.ToLower(secret[:16])) {
+		t.Errorf("the log shows the secret in lower case:\n%s", log)
 	}
 }

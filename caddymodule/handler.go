@@ -738,7 +738,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// The status and part of the body are out: all that is left is to cut the
 		// response short, so that the client sees it is incomplete.
 		if c := h.floodLog.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
-			c.Write(zap.String("key_id", key.ID), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
+			c.Write(zap.String("key_id", key.ID), zap.String("path", keystore.Redact(r.URL.Path)), zap.Error(err))
 		}
 		panic(http.ErrAbortHandler)
 	}

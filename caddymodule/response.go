@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -157,7 +158,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 		// br, zstd, a list of codings: not decoded here, and never passed on
 		// unfiltered.
 		if c := pw.log.Check(zapcore.ErrorLevel, "upstream sent JSON in an unsupported content encoding; answering 502"); c != nil {
-			c.Write(zap.String("content_encoding", redactKeys(encoding)), zap.String("path", redactKeys(pw.r.URL.Path)))
+			c.Write(zap.String("content_encoding", keystore.Redact(encoding)), zap.String("path", keystore.Redact(pw.r.URL.Path)))
 		}
 		pw.writeError(http.StatusBadGateway)
 	}
@@ -206,7 +207,7 @@ func (pw *proxyWriter) nextFailed(err error) error {
 		lvl = zapcore.DebugLevel // the client went away
 	}
 	if c := pw.log.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("path", redactKeys(pw.r.URL.Path)), zap.Error(err))
+		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(pw.r.URL.Path)), zap.Error(err))
 	}
 	pw.writeError(status)
 	return nil
@@ -231,7 +232,7 @@ func (pw *proxyWriter) clientFailed() {
 		status, lvl = statusClientClosed, zapcore.DebugLevel
 	}
 	if c := pw.log.Check(lvl, "the client's request body could not be read; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("path", redactKeys(pw.r.URL.Path)), zap.Error(err))
+		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(pw.r.URL.Path)), zap.Error(err))
 	}
 	pw.writeError(status)
 }
