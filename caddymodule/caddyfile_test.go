@@ -280,7 +280,7 @@ func TestExampleCaddyfile(t *testing.T) {
 		LimiterFailure:   "open",
 		DatabaseTimeout:  caddy.Duration(2 * time.Second),
 		RedisTimeout:     caddy.Duration(200 * time.Millisecond),
-		LegacyKeys:       "accept",
+		LegacyKeys:       "reject", // a made-up key of the old format costs no query
 		LastUsedInterval: caddy.Duration(time.Minute),
 	}
 	if !reflect.DeepEqual(h, want) {
@@ -378,7 +378,10 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		t.Fatalf("loading the example: %v\n%s", err, cfg)
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
-	gw := &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{Timeout: 10 * time.Second}}
+	gw := &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
 
 	res, body := gw.get(t, "/v1/me", key)
 	if res.StatusCode != http.StatusOK || res.Header.Get("Ratelimit-Policy") == "" {
@@ -397,6 +400,41 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	res, body = gw.do(t, "GET", "/v1x/echo", "", http.Header{"Cookie": {"session=abc"}}, "")
 	if res.StatusCode != http.StatusNotFound || up.requests() != 2 { // /v1/monitors and this one
 		t.Errorf("dashboard route = %d %s; upstream saw %d requests", res.StatusCode, body, up.requests())
+	}
+	// Nor does the dashboard route pass a client's X-Gateway-* fields, whatever their
+	// case; nor, for /v1 and the paths Caddy cleans out of /v1/*, its key and cookie.
+	forged := http.Header{
+		"X-Gateway-Identity": {"forged"}, "X-Gateway-Org-Id": {"forged"}, "x-gateway-secret": {"forged"},
+		"Cookie": {"session=abc"},
+	}
+	for _, tc := range []struct {
+		path        string
+		credentials bool // whether Authorization and Cookie go on
+	}{
+		{"/orgs/x/api-keys", true},
+		{"/v1", false},
+		{"/v1/../echo", false},
+		{"//V1/%2e%2e/echo", false},
+		{"/v1x/echo", true},
+	} {
+		before := up.requests()
+		gw.do(t, "GET", tc.path, "Bearer "+key, forged, "")
+		up.mu.Lock()
+		if len(up.seen) != before+1 {
+			t.Errorf("%s: the upstream saw %d requests, want 1", tc.path, len(up.seen)-before)
+			up.mu.Unlock()
+			continue
+		}
+		seen := up.seen[before].Header
+		up.mu.Unlock()
+		for name := range seen {
+			if strings.HasPrefix(strings.ToLower(name), "x-gateway-") {
+				t.Errorf("%s: the upstream got the client's %s", tc.path, name)
+			}
+		}
+		if got := seen.Get("Authorization") != "" && seen.Get("Cookie") != ""; got != tc.credentials {
+			t.Errorf("%s: the upstream got Authorization %q and Cookie %q", tc.path, seen.Get("Authorization"), seen.Get("Cookie"))
+		}
 	}
 	// The proxied request carries the signed identity, which verifies against the JWKS
 	// the example publishes.
