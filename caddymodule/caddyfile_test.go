@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -286,6 +287,8 @@ func TestExampleCaddyfile(t *testing.T) {
 	if !reflect.DeepEqual(h, want) {
 		t.Errorf("the example's gateway is\n%+v\nwant\n%+v", h, want)
 	}
+	// Its handle_errors names each status as the module's own answers do.
+	checkErrorNames(t, out)
 	// And back: the JSON of that Handler is the adapted JSON.
 	again, err := json.Marshal(struct {
 		Handler string `json:"handler"`
@@ -296,6 +299,48 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 	if !jsonEqual(t, again, raw) {
 		t.Errorf("round trip:\n%s\nvs\n%s", again, raw)
+	}
+}
+
+// checkErrorNames checks the map of the example's handle_errors, from status codes
+// to the error names of /v1: each is what statusBody says for that status.
+func checkErrorNames(t *testing.T, cfg []byte) {
+	t.Helper()
+	var found bool
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "map" && fmt.Sprint(v["destinations"]) == "[{v1_error}]" {
+				found = true
+				for _, m := range v["mappings"].([]any) {
+					m := m.(map[string]any)
+					code, _ := strconv.Atoi(m["input"].(string))
+					name := m["outputs"].([]any)[0]
+					if want := string(statusBody(code)); `{"error":"`+fmt.Sprint(name)+`"}` != want {
+						t.Errorf("handle_errors names %d %v; the module answers %s", code, name, want)
+					}
+				}
+				if want := string(statusBody(599)); `{"error":"`+fmt.Sprint(v["defaults"].([]any)[0])+`"}` != want {
+					t.Errorf("handle_errors names other statuses %v; the module answers %s", v["defaults"], want)
+				}
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	var doc any
+	if err := json.Unmarshal(cfg, &doc); err != nil {
+		t.Fatal(err)
+	}
+	walk(doc)
+	if !found {
+		t.Error("no map to {v1_error} in the example's handle_errors")
 	}
 }
 
@@ -354,7 +399,9 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	listen := freeAddr(t)
-	t.Setenv("GATEWAY_ADDR", "http://"+listen)
+	// A site of any host, as the example's :8080, so that a request with a bad Host
+	// still reaches its handle_errors.
+	t.Setenv("GATEWAY_ADDR", "http://:"+listen[strings.LastIndexByte(listen, ':')+1:])
 	t.Setenv("UPSTREAM_ADDR", up.addr())
 	t.Setenv("DATABASE_URL", d.url)
 	t.Setenv("REDIS_URL", redisURL(t))
@@ -436,6 +483,27 @@ func TestExampleCaddyfileServes(t *testing.T) {
 			t.Errorf("%s: the upstream got Authorization %q and Cookie %q", tc.path, seen.Get("Authorization"), seen.Get("Cookie"))
 		}
 	}
+	// What Caddy refuses itself on /v1 is JSON too, in the gateway's words.
+	longMethod := strings.Repeat("M", 33)
+	for _, tc := range []struct {
+		name, method, host string
+		status             int
+		body               string
+	}{
+		{"a method over 32 characters", longMethod, "", http.StatusMethodNotAllowed, `{"error":"method_not_allowed"}`},
+		{"a host of dots", "GET", "...", http.StatusBadRequest, `{"error":"bad_request"}`},
+	} {
+		req, err := http.NewRequest(tc.method, gw.base+"/v1/me", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = cmp.Or(tc.host, req.Host)
+		res, body := testenv.Exchange(t, gw.client, req)
+		t.Run(tc.name, func(t *testing.T) { wantJSONError(t, res, body, tc.status, tc.body) })
+	}
+	res, body = rawExchange(t, listen, "GET /v1/me HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n")
+	t.Run("an empty Host", func(t *testing.T) { wantJSONError(t, res, body, http.StatusBadRequest, `{"error":"bad_request"}`) })
+
 	// The proxied request carries the signed identity, which verifies against the JWKS
 	// the example publishes.
 	verifier, err := gatewayauth.New(gatewayauth.Config{JWKSURL: gw.base + "/.well-known/jwks.json"})
