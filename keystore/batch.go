@@ -10,7 +10,7 @@ import (
 )
 
 // Batcher verifies keys like Store.Verify, but gathers the lookups of concurrent
-// requests into one query (the statement lookupStatement chooses for the batch's
+// requests into one query (the statement lookupOf chooses for the batch's
 // size), so that under load PostgreSQL answers one statement for many requests.
 //
 // Freshness is kept: a request only ever joins a batch that has not been sent yet, and a
@@ -31,8 +31,8 @@ import (
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
-	onBatch func(size int)                           // BatcherOptions.OnBatch; may be nil
-	batches *gather.Gatherer[string, map[string]row] // a key id in, its batch's live keys out
+	onBatch func(size int)                          // BatcherOptions.OnBatch; may be nil
+	batches *gather.Gatherer[probe, map[string]row] // a presented key in, its batch's live keys out
 
 	queries, lookups atomic.Uint64 // for tests, through export_test.go
 }
@@ -81,7 +81,7 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 	sum := HashSecret(secret)
 	// The deadline goes to the Gatherer, not into a context of its own: it costs a
 	// pooled timer there, and a context.WithTimeout four allocations (gather.DoBy).
-	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), keyID)
+	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), probe{keyID, sum})
 	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
 		return Key{}, false, fmt.Errorf("looking up key: %w", err)
 	}
@@ -93,9 +93,10 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 	return k, ok, nil
 }
 
-// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids, by
-// the latest deadline of its requests (each has one: VerifyParsed bounds them by
-// Timeout). Every request of the batch gets the live keys it found, by key id.
+// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids and
+// its digests, by the latest deadline of its requests (each has one: VerifyParsed
+// bounds them by Timeout). Every request of the batch gets the live keys it found,
+// by key id.
 //
 // A lookup that finds a lane free runs inline, on its request's goroutine (ctx is then
 // the request's, not context.Background()): one goroutine hand-off less. It must end
@@ -103,23 +104,23 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 // RequestLookup), so it runs under a context of its own with that deadline and
 // RequestLookup's mark, and not the request's cancellation: a client that goes away
 // does not cut a lookup of a few hundred microseconds short.
-func (b *Batcher) query(ctx context.Context, deadline time.Time, keyIDs []string) ([]map[string]row, error) {
-	ids := distinct(keyIDs)
+func (b *Batcher) query(ctx context.Context, deadline time.Time, probes []probe) ([]map[string]row, error) {
+	l := lookupOf(probes)
 	b.queries.Add(1)
-	b.lookups.Add(uint64(len(ids)))
+	b.lookups.Add(uint64(l.ids))
 	if b.onBatch != nil {
-		b.onBatch(len(ids))
+		b.onBatch(l.ids)
 	}
 	if ctx != context.Background() {
 		ctx = context.WithValue(context.Background(), requestLookupKey{}, true)
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	rows, err := b.store.lookup(ctx, ids)
+	rows, err := b.store.lookup(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]map[string]row, len(keyIDs))
+	out := make([]map[string]row, len(probes))
 	for i := range out {
 		out[i] = rows
 	}
