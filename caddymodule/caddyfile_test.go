@@ -289,6 +289,24 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 	// Its handle_errors names each status as the module's own answers do.
 	checkErrorNames(t, out)
+	// Its servers bound slow clients.
+	var servers struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]map[string]any `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(out, &servers); err != nil {
+		t.Fatal(err)
+	}
+	for name, srv := range servers.Apps.HTTP.Servers {
+		for _, field := range []string{"read_header_timeout", "read_timeout", "idle_timeout"} {
+			if srv[field] == nil {
+				t.Errorf("server %s has no %s", name, field)
+			}
+		}
+	}
 	// And back: the JSON of that Handler is the adapted JSON.
 	again, err := json.Marshal(struct {
 		Handler string `json:"handler"`
