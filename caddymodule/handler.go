@@ -108,9 +108,10 @@ type Handler struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// LegacyKeys is what happens to a key made before secrets carried a checksum
-	// (docs/security.md, Keys): "accept" looks it up as any other key, "reject" answers
-	// it the one 401 without a database query. Keys with a checksum are checked
-	// before any query either way: a wrong checksum is the 401 at once.
+	// (docs/security.md, Keys): "accept" looks it up as any other key, so that every
+	// made-up key of that shape costs a query; "reject" answers it the one 401 without
+	// a database query. Keys with a checksum are checked before any query either way:
+	// a wrong checksum is the 401 at once.
 	// Default: accept
 	LegacyKeys string `json:"legacy_keys,omitempty"`
 
