@@ -2,10 +2,13 @@ package caddymodule
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,6 +25,7 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
+	"github.com/keygate/keygate/internal/testenv"
 )
 
 var updateAdapt = flag.Bool("update-adapt", false, "rewrite the expected JSON of testdata/caddyfile_adapt")
@@ -277,11 +281,31 @@ func TestExampleCaddyfile(t *testing.T) {
 		LimiterFailure:   "open",
 		DatabaseTimeout:  caddy.Duration(2 * time.Second),
 		RedisTimeout:     caddy.Duration(200 * time.Millisecond),
-		LegacyKeys:       "accept",
+		LegacyKeys:       "reject", // a made-up key of the old format costs no query
 		LastUsedInterval: caddy.Duration(time.Minute),
 	}
 	if !reflect.DeepEqual(h, want) {
 		t.Errorf("the example's gateway is\n%+v\nwant\n%+v", h, want)
+	}
+	// Its handle_errors names each status as the module's own answers do.
+	checkErrorNames(t, out)
+	// Its servers bound slow clients.
+	var servers struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]map[string]any `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(out, &servers); err != nil {
+		t.Fatal(err)
+	}
+	for name, srv := range servers.Apps.HTTP.Servers {
+		for _, field := range []string{"read_header_timeout", "read_timeout", "idle_timeout"} {
+			if srv[field] == nil {
+				t.Errorf("server %s has no %s", name, field)
+			}
+		}
 	}
 	// And back: the JSON of that Handler is the adapted JSON.
 	again, err := json.Marshal(struct {
@@ -293,6 +317,48 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 	if !jsonEqual(t, again, raw) {
 		t.Errorf("round trip:\n%s\nvs\n%s", again, raw)
+	}
+}
+
+// checkErrorNames checks the map of the example's handle_errors, from status codes
+// to the error names of /v1: each is what statusBody says for that status.
+func checkErrorNames(t *testing.T, cfg []byte) {
+	t.Helper()
+	var found bool
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "map" && fmt.Sprint(v["destinations"]) == "[{v1_error}]" {
+				found = true
+				for _, m := range v["mappings"].([]any) {
+					m := m.(map[string]any)
+					code, _ := strconv.Atoi(m["input"].(string))
+					name := m["outputs"].([]any)[0]
+					if want := string(statusBody(code)); `{"error":"`+fmt.Sprint(name)+`"}` != want {
+						t.Errorf("handle_errors names %d %v; the module answers %s", code, name, want)
+					}
+				}
+				if want := string(statusBody(599)); `{"error":"`+fmt.Sprint(v["defaults"].([]any)[0])+`"}` != want {
+					t.Errorf("handle_errors names other statuses %v; the module answers %s", v["defaults"], want)
+				}
+			}
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	var doc any
+	if err := json.Unmarshal(cfg, &doc); err != nil {
+		t.Fatal(err)
+	}
+	walk(doc)
+	if !found {
+		t.Error("no map to {v1_error} in the example's handle_errors")
 	}
 }
 
@@ -351,7 +417,9 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	listen := freeAddr(t)
-	t.Setenv("GATEWAY_ADDR", "http://"+listen)
+	// A site of any host, as the example's :8080, so that a request with a bad Host
+	// still reaches its handle_errors.
+	t.Setenv("GATEWAY_ADDR", "http://:"+listen[strings.LastIndexByte(listen, ':')+1:])
 	t.Setenv("UPSTREAM_ADDR", up.addr())
 	t.Setenv("DATABASE_URL", d.url)
 	t.Setenv("REDIS_URL", redisURL(t))
@@ -375,7 +443,10 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		t.Fatalf("loading the example: %v\n%s", err, cfg)
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
-	gw := &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{Timeout: 10 * time.Second}}
+	gw := &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
 
 	res, body := gw.get(t, "/v1/me", key)
 	if res.StatusCode != http.StatusOK || res.Header.Get("Ratelimit-Policy") == "" {
@@ -395,6 +466,62 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	if res.StatusCode != http.StatusNotFound || up.requests() != 2 { // /v1/monitors and this one
 		t.Errorf("dashboard route = %d %s; upstream saw %d requests", res.StatusCode, body, up.requests())
 	}
+	// Nor does the dashboard route pass a client's X-Gateway-* fields, whatever their
+	// case; nor, for /v1 and the paths Caddy cleans out of /v1/*, its key and cookie.
+	forged := http.Header{
+		"X-Gateway-Identity": {"forged"}, "X-Gateway-Org-Id": {"forged"}, "x-gateway-secret": {"forged"},
+		"Cookie": {"session=abc"},
+	}
+	for _, tc := range []struct {
+		path        string
+		credentials bool // whether Authorization and Cookie go on
+	}{
+		{"/orgs/x/api-keys", true},
+		{"/v1", false},
+		{"/v1/../echo", false},
+		{"//V1/%2e%2e/echo", false},
+		{"/v1x/echo", true},
+	} {
+		before := up.requests()
+		gw.do(t, "GET", tc.path, "Bearer "+key, forged, "")
+		up.mu.Lock()
+		if len(up.seen) != before+1 {
+			t.Errorf("%s: the upstream saw %d requests, want 1", tc.path, len(up.seen)-before)
+			up.mu.Unlock()
+			continue
+		}
+		seen := up.seen[before].Header
+		up.mu.Unlock()
+		for name := range seen {
+			if strings.HasPrefix(strings.ToLower(name), "x-gateway-") {
+				t.Errorf("%s: the upstream got the client's %s", tc.path, name)
+			}
+		}
+		if got := seen.Get("Authorization") != "" && seen.Get("Cookie") != ""; got != tc.credentials {
+			t.Errorf("%s: the upstream got Authorization %q and Cookie %q", tc.path, seen.Get("Authorization"), seen.Get("Cookie"))
+		}
+	}
+	// What Caddy refuses itself on /v1 is JSON too, in the gateway's words.
+	longMethod := strings.Repeat("M", 33)
+	for _, tc := range []struct {
+		name, method, host string
+		status             int
+		body               string
+	}{
+		{"a method over 32 characters", longMethod, "", http.StatusMethodNotAllowed, `{"error":"method_not_allowed"}`},
+		{"a host of dots", "GET", "...", http.StatusBadRequest, `{"error":"bad_request"}`},
+	} {
+		req, err := http.NewRequest(tc.method, gw.base+"/v1/me", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = cmp.Or(tc.host, req.Host)
+		res, body := testenv.Exchange(t, gw.client, req)
+		t.Run(tc.name, func(t *testing.T) { wantJSONError(t, res, body, tc.status, tc.body) })
+	}
+	res, body = rawExchange(t, listen, "GET /v1/me HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n")
+	t.Run("an empty Host", func(t *testing.T) { wantJSONError(t, res, body, http.StatusBadRequest, `{"error":"bad_request"}`) })
+
 	// The proxied request carries the signed identity, which verifies against the JWKS
 	// the example publishes.
 	verifier, err := gatewayauth.New(gatewayauth.Config{JWKSURL: gw.base + "/.well-known/jwks.json"})
@@ -414,20 +541,31 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 	}
-	// Keys the example's log filter must redact: percent-encoded in the URI, and in
-	// headers of any name.
+	// Keys the example's log filter must redact: percent-encoded in the URI, in headers
+	// of any name, split over two values of one header, as a header's name, as the
+	// Host and as the method.
 	id, secret, _ := strings.Cut(key, ".")
 	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
 	for _, tc := range []struct {
-		path string
-		hdr  http.Header
+		method, host, path string
+		hdr                http.Header
 	}{
-		{"/v1/me?k=" + encoded, nil},
-		{"/v1/me?k=" + strings.ReplaceAll(encoded, "%", "%25"), nil}, // encoded twice
-		{"/v1/me/" + id + "%2e" + secret, nil},
-		{"/v1/me", http.Header{"Api-Key": {key}, "X-Auth-Token": {"Bearer " + key}, "Referer": {"https://app.example/?key=" + encoded}}},
+		{"GET", "", "/v1/me?k=" + encoded, nil},
+		{"GET", "", "/v1/me?k=" + strings.ReplaceAll(encoded, "%", "%25"), nil}, // encoded twice
+		{"GET", "", "/v1/me/" + id + "%2e" + secret, nil},
+		{"GET", "", "/v1/me", http.Header{"Api-Key": {key}, "X-Auth-Token": {"Bearer " + key}, "Referer": {"https://app.example/?key=" + encoded}}},
+		{"GET", "", "/v1/me", http.Header{"X-Api-Key": {key[:30], key[30:]}, "X-Api-Token": {id, secret}}},
+		{"GET", "", "/v1/me", http.Header{key: {"x"}}},
+		{"GET", key, "/v1/me", nil},
+		{key, "", "/v1/me", nil},
 	} {
-		gw.do(t, "GET", tc.path, "", tc.hdr, "")
+		req, err := http.NewRequest(tc.method, gw.base+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = cmp.Or(tc.host, req.Host)
+		maps.Copy(req.Header, tc.hdr)
+		testenv.Exchange(t, gw.client, req)
 	}
 	time.Sleep(100 * time.Millisecond)
 	log, _ := os.ReadFile(logPath)
@@ -439,5 +577,9 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		if strings.Contains(string(log), leak) {
 			t.Errorf("the log shows %q:\n%s", leak, log)
 		}
+	}
+	// A header's name is logged canonicalized, mostly in lower case.
+	if strings.Contains(strings.ToLower(string(log)), strings.ToLower(secret[:16])) {
+		t.Errorf("the log shows the secret in lower case:\n%s", log)
 	}
 }

@@ -17,22 +17,29 @@ var (
 )
 
 // writeJSON writes a complete JSON response the module produced itself. The response
-// is never cached by shared caches: it depends on the caller's key.
+// is never cached by shared caches: it depends on the caller's key. Nor is it sniffed
+// (X-Content-Type-Options: nosniff): a browser that is sent one, from a page of
+// another origin, must not take it for HTML or script whatever its bytes.
 //
 // The header values share one backing array, each slice capped at its one value so
 // that appending to it (Header.Add) copies it rather than overwrite its neighbour; the
 // names are canonical, so that nothing is canonicalized on the way.
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
-	v := make([]string, 3)
+	v := make([]string, jsonHeaders)
 	setJSONHeaders(w.Header(), v, len(body))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
 }
 
-// setJSONHeaders sets the header fields of writeJSON, with their values in v[:3].
+// jsonHeaders is how many values setJSONHeaders sets.
+const jsonHeaders = 4
+
+// setJSONHeaders sets the header fields of writeJSON, with their values in
+// v[:jsonHeaders].
 func setJSONHeaders(hdr http.Header, v []string, length int) {
-	v[0], v[1], v[2] = "application/json", strconv.Itoa(length), "no-store"
+	v[0], v[1], v[2], v[3] = "application/json", strconv.Itoa(length), "no-store", "nosniff"
 	hdr["Content-Type"], hdr["Content-Length"], hdr["Cache-Control"] = v[0:1:1], v[1:2:2], v[2:3:3]
+	hdr["X-Content-Type-Options"] = v[3:4:4]
 }
 
 // writeUnauthenticated writes the one 401 of the contract. Every credential failure
@@ -40,11 +47,11 @@ func setJSONHeaders(hdr http.Header, v []string, length int) {
 // nowhere else, so that nothing in the status, headers or body tells them apart.
 // It is called before any RateLimit header is set.
 func writeUnauthenticated(w http.ResponseWriter) {
-	v := make([]string, 4)
+	v := make([]string, jsonHeaders+1)
 	hdr := w.Header()
 	setJSONHeaders(hdr, v, len(bodyUnauthenticated))
-	v[3] = "Bearer"
-	hdr["Www-Authenticate"] = v[3:4:4]
+	v[jsonHeaders] = "Bearer"
+	hdr["Www-Authenticate"] = v[jsonHeaders : jsonHeaders+1 : jsonHeaders+1]
 	w.WriteHeader(http.StatusUnauthorized)
 	_, _ = w.Write(bodyUnauthenticated)
 }

@@ -36,10 +36,11 @@ func TestWriteUnauthenticated(t *testing.T) {
 	rec := httptest.NewRecorder()
 	writeUnauthenticated(rec)
 	want := http.Header{
-		"Content-Type":     {"application/json"},
-		"Content-Length":   {"35"},
-		"Cache-Control":    {"no-store"},
-		"Www-Authenticate": {"Bearer"},
+		"Content-Type":           {"application/json"},
+		"Content-Length":         {"35"},
+		"Cache-Control":          {"no-store"},
+		"X-Content-Type-Options": {"nosniff"},
+		"Www-Authenticate":       {"Bearer"},
 	}
 	if rec.Code != 401 || rec.Body.String() != `{"error":"api key unauthenticated"}` || len(rec.Header()) != len(want) {
 		t.Fatalf("401 = %d %q %s", rec.Code, rec.Header(), rec.Body)

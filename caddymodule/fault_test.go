@@ -7,6 +7,7 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -462,4 +463,55 @@ func TestGoRedisThrowsAwayAConnectionWhoseCommandTimedOut(t *testing.T) {
 	if s := client.PoolStats(); s.TotalConns != 0 {
 		t.Errorf("pool after a timed-out command: %+v; want its one connection thrown away", s)
 	}
+}
+
+func TestAColdGatewayBehindASlowPostgresAnswersNo503OnceWarm(t *testing.T) {
+	// PostgreSQL answers every reply 800ms late, 40% of database_timeout, from before
+	// the gateway starts. After 3 s of warm-up under six clients in a closed loop, 10 s
+	// more of the same answer no 503: every batch of lookups finds a warm connection,
+	// and none opens one (a startup and a preparation: three round trips, more than
+	// the timeout) on its requests' time. Three cold starts in a row, each on a pool
+	// of its own. The delay dwarfs what a loaded machine adds to a lookup, so the
+	// waits stay well inside the timeout: a lane's batch, or a tenth of the timeout
+	// waiting for one, plus one round trip.
+	const (
+		delay   = 800 * time.Millisecond
+		clients = 6
+		warmUp  = 3 * time.Second
+		run     = 10 * time.Second
+	)
+	for i := range 3 {
+		t.Run(fmt.Sprintf("cold start %d", i+1), func(t *testing.T) {
+			d, key, _ := newDBWithKey(t)
+			gw, _, _ := slowGateway(t, d, "", delay, 0, map[string]any{"database_timeout": "2s"})
+			closedLoop(t, gw, key, clients, warmUp)
+			got := closedLoop(t, gw, key, clients, run)
+			t.Logf("after %v of warm-up, %v: statuses %v", warmUp, run, got)
+			if got[http.StatusServiceUnavailable] > 0 || got[http.StatusOK] < clients {
+				t.Errorf("statuses %v; want only 200s, and some", got)
+			}
+		})
+	}
+}
+
+// closedLoop sends GET /v1/me with key from clients concurrent clients, each sending
+// its next request when its last is answered, for d, and counts the statuses.
+func closedLoop(t *testing.T, gw *gateway, key string, clients int, d time.Duration) map[int]int {
+	t.Helper()
+	var mu sync.Mutex
+	got := map[int]int{}
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				res, _ := gw.get(t, "/v1/me", key)
+				mu.Lock()
+				got[res.StatusCode]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return got
 }

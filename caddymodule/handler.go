@@ -41,6 +41,13 @@ const (
 	// defaultRedisMinConns covers the pipelined rounds that overlap while Redis is
 	// slow: a round goes out at most a tenth of redis_timeout after the one before.
 	defaultRedisMinConns = 10
+	// lookupOverflow is how many batches of key lookups may be in flight beside the
+	// lanes' while PostgreSQL is slow: a batch that has waited a tenth of
+	// database_timeout for a lane goes out on its own (keystore.Batcher), so up to nine
+	// overlap while each still answers within the timeout. The default floor of
+	// connections covers them, so that none of them opens a connection on its
+	// requests' time.
+	lookupOverflow       = 9
 	limiterFailureOpen   = "open"
 	limiterFailureClosed = "closed"
 	limiterFailureLocal  = "local"
@@ -101,9 +108,10 @@ type Handler struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// LegacyKeys is what happens to a key made before secrets carried a checksum
-	// (docs/security.md, Keys): "accept" looks it up as any other key, "reject" answers
-	// it the one 401 without a database query. Keys with a checksum are checked
-	// before any query either way: a wrong checksum is the 401 at once.
+	// (docs/security.md, Keys): "accept" looks it up as any other key, so that every
+	// made-up key of that shape costs a query; "reject" answers it the one 401 without
+	// a database query. Keys with a checksum are checked before any query either way:
+	// a wrong checksum is the 401 at once.
 	// Default: accept
 	LegacyKeys string `json:"legacy_keys,omitempty"`
 
@@ -165,9 +173,11 @@ type Handler struct {
 	DatabaseDialTimeout caddy.Duration `json:"database_dial_timeout,omitempty"`
 
 	// DatabaseMinConns is the floor of PostgreSQL connections the pool keeps open and
-	// prepared, so that requests find them ready. At most the pool's size
-	// (pool_max_conns); the URL's pool_min_conns, when larger, wins. Default:
-	// lookup_lanes + 1 (the lanes' queries and the last_used_at writes), or 4 with
+	// prepared, so that requests find them ready: a batch that finds none idle waits
+	// for a new one to open, several round trips. The pool grows to it unless the
+	// URL sets a smaller pool_max_conns; the URL's pool_min_conns, when larger, wins.
+	// Default: lookup_lanes + 10 (the lanes' queries, up to nine batches that went out
+	// on their own while PostgreSQL is slow, and the last_used_at writes), or 4 with
 	// disable_lookup_batching
 	DatabaseMinConns int `json:"database_min_conns,omitempty"`
 
@@ -378,7 +388,7 @@ func (h *Handler) configure(logger *zap.Logger) error {
 		h.RedisDialTimeout = caddy.Duration(defaultDialTimeout)
 	}
 	if h.DatabaseMinConns == 0 {
-		h.DatabaseMinConns = h.LookupLanes + 1
+		h.DatabaseMinConns = h.LookupLanes + lookupOverflow + 1
 		if h.DisableLookupBatching {
 			h.DatabaseMinConns = 4
 		}
@@ -690,6 +700,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	delete(hdr, "Authorization")
 	delete(hdr, "Cookie")
+	if _, ok := hdr["Connection"]; ok {
+		keepOwnFields(hdr)
+	}
 	// The upstream answers uncompressed, so that its JSON can be filtered as it
 	// streams (identity rather than no header: without one, Go's transport would ask
 	// for gzip itself); and whole, since a byte range of a JSON document cannot be
@@ -730,11 +743,50 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// The status and part of the body are out: all that is left is to cut the
 		// response short, so that the client sees it is incomplete.
 		if c := h.floodLog.Check(zapcore.ErrorLevel, "aborting a response the JSON filter could not complete"); c != nil {
-			c.Write(zap.String("key_id", key.ID), zap.String("path", redactKeys(r.URL.Path)), zap.Error(err))
+			c.Write(zap.String("key_id", key.ID), zap.String("path", keystore.Redact(r.URL.Path)), zap.Error(err))
 		}
 		panic(http.ErrAbortHandler)
 	}
 	return nil
+}
+
+// keepOwnFields removes from the client's Connection header the names of the fields
+// the module sets on a proxied request (X-Gateway-*, Accept-Encoding). The reverse
+// proxy deletes every field Connection names, as a proxy must (RFC 9110, section
+// 7.6.1), after the module has set them: a client could otherwise strip the
+// gateway's identity, or have the upstream compress what the filter must read. The
+// client's other names stay, and still remove the fields they name.
+func keepOwnFields(hdr http.Header) {
+	vals := hdr["Connection"]
+	if !slices.ContainsFunc(vals, namesOwnField) {
+		return
+	}
+	var kept []string
+	for _, v := range vals {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" && !namesOwnField(name) {
+				kept = append(kept, name)
+			}
+		}
+	}
+	if len(kept) == 0 {
+		delete(hdr, "Connection")
+		return
+	}
+	hdr["Connection"] = []string{strings.Join(kept, ", ")}
+}
+
+// namesOwnField reports whether a Connection value names a field the module sets,
+// in any case, among other names or alone.
+func namesOwnField(v string) bool {
+	for name := range strings.SplitSeq(v, ",") {
+		name = strings.TrimSpace(name)
+		if asciiEqualFold(name, "accept-encoding") ||
+			len(name) >= len("x-gateway-") && asciiEqualFold(name[:len("x-gateway-")], "x-gateway-") {
+			return true
+		}
+	}
+	return false
 }
 
 // setIdentityPlaceholders makes the key's identity available to the rest of the

@@ -1,14 +1,19 @@
 package caddymodule
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
+	"github.com/keygate/keygate/schema/schematest"
 )
 
 const (
@@ -253,4 +258,85 @@ func TestReverseProxyLogsTheGatewaySecretWithoutTheFilter(t *testing.T) {
 	if !strings.Contains(gw.logText(t), testSecret) {
 		t.Error("the unfiltered log does not show the gateway secret; the log filter of Caddyfile.example may no longer be needed")
 	}
+}
+
+// BenchmarkTellingAWrongSecretFromAnUnknownKey times pairs of requests through
+// ServeHTTP, in turn in either order, over the real PostgreSQL and a Batcher, as an
+// attacker would who wants to learn whether a key id is live: a live key's id with a
+// wrong secret, and an unknown id, both with a valid checksum so that both are looked
+// up. The attacker guesses that the slower of a pair is the live id; %told-apart is
+// the share of pairs where that is right (50 is chance), µs-apart the difference of
+// their medians. "revoked" pairs a revoked key's id with an unknown id the same way:
+// what a wrong secret should cost is what a revoked key does (docs/security.md). Run
+// with -benchtime 3000x or more: a pair is two round trips to PostgreSQL, and the
+// machine's noise is in the share.
+func BenchmarkTellingAWrongSecretFromAnUnknownKey(b *testing.B) {
+	pool, _ := schematest.NewPool(b)
+	store := keystore.New(pool, keystoretest.Format(b, "mon"))
+	ctx := context.Background()
+	var org string
+	if err := pool.QueryRow(ctx, `INSERT INTO orgs (name, plan) VALUES ('acme', 'pro') RETURNING id::text`).Scan(&org); err != nil {
+		b.Fatal(err)
+	}
+	var ids []string
+	for range 2 {
+		rec, _, err := store.Create(ctx, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleEditor})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids = append(ids, rec.ID)
+	}
+	if _, err := store.Revoke(ctx, org, ids[1], "bench"); err != nil {
+		b.Fatal(err)
+	}
+	// Every key here has a wrong secret, with a valid checksum.
+	withChecksum := func(keyID string) string {
+		body := "mon_live_" + keyID + "." + strings.Repeat("A", 43)
+		return body + keystore.Checksum(body)
+	}
+	unknown := withChecksum("Z" + ids[0][1:])
+	h := newTestHandler(b, keystore.NewBatcher(store, keystore.BatcherOptions{Timeout: 2 * time.Second}), "")
+	timed := func(key string) time.Duration {
+		r := httptest.NewRequest(http.MethodGet, "http://gw/v1/me", nil)
+		r.Header.Set("Authorization", "Bearer "+key)
+		w := httptest.NewRecorder()
+		start := time.Now()
+		if err := h.ServeHTTP(w, r, nil); err != nil || w.Code != http.StatusUnauthorized {
+			b.Fatalf("%d, %v; want the 401", w.Code, err)
+		}
+		return time.Since(start)
+	}
+	for _, tc := range []struct{ name, key string }{
+		{"wrong-secret", withChecksum(ids[0])},
+		{"revoked", withChecksum(ids[1])},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			for range 100 { // connections and prepared statements warm
+				timed(tc.key)
+				timed(unknown)
+			}
+			told, i := 0, 0
+			var keyTook, unknownTook []time.Duration
+			for b.Loop() {
+				var k, u time.Duration
+				if i++; i%2 == 0 {
+					k, u = timed(tc.key), timed(unknown)
+				} else {
+					u, k = timed(unknown), timed(tc.key)
+				}
+				keyTook, unknownTook = append(keyTook, k), append(unknownTook, u)
+				if k > u {
+					told++
+				}
+			}
+			b.ReportMetric(100*float64(told)/float64(i), "%told-apart")
+			b.ReportMetric(float64(median(keyTook)-median(unknownTook))/1e3, "µs-apart")
+		})
+	}
+}
+
+// median returns the median of ds, which it sorts.
+func median(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }

@@ -133,6 +133,13 @@ func newUpstream(t *testing.T) *testUpstream {
 		b, _ := json.Marshal(seenRequest{Method: r.Method, Path: r.URL.Path, Header: r.Header})
 		json200(w, string(b))
 	})
+	mux.HandleFunc("/v1/upload", func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			return // the gateway gave up sending it
+		}
+		json200(w, fmt.Sprintf(`{"read":%d}`, n))
+	})
 	mux.HandleFunc("/v1/me", func(w http.ResponseWriter, r *http.Request) {
 		json200(w, `{"upstream":"me","method":"`+r.Method+`"}`)
 	})
@@ -308,6 +315,12 @@ type gatewayConfig struct {
 	filterSecret bool
 	// metrics serves Caddy's metrics handler at /metrics, beside /v1 (metrics_test.go).
 	metrics bool
+	// maxBody, if not 0, is the max_size in bytes of a request_body handler before
+	// the gateway.
+	maxBody int
+	// passiveHealth has the reverse proxy take its upstream out of rotation for 30 s
+	// after one failure (passive health checks, max_fails 1).
+	passiveHealth bool
 }
 
 // gateway is a running in-process Caddy.
@@ -332,9 +345,15 @@ func caddyConfig(listen, logPath string, gc gatewayConfig) []byte {
 	if gc.proxyTimeout != "" {
 		proxy["transport"] = map[string]any{"protocol": "http", "response_header_timeout": gc.proxyTimeout}
 	}
+	if gc.passiveHealth {
+		proxy["health_checks"] = map[string]any{"passive": map[string]any{"fail_duration": "30s", "max_fails": 1}}
+	}
 	v1 := []any{handler, proxy}
 	if gc.handler == nil {
 		v1 = []any{proxy} // no gateway at all
+	}
+	if gc.maxBody != 0 {
+		v1 = append([]any{map[string]any{"handler": "request_body", "max_size": gc.maxBody}}, v1...)
 	}
 	server := map[string]any{
 		"listen":          []any{listen},
@@ -495,6 +514,9 @@ func wantJSONError(t testing.TB, res *http.Response, body []byte, status int, wa
 	}
 	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q, want application/json", ct)
+	}
+	if v := res.Header.Get("X-Content-Type-Options"); v != "nosniff" {
+		t.Errorf("X-Content-Type-Options %q, want nosniff", v)
 	}
 	if string(body) != wantBody {
 		t.Errorf("body %s, want %s", body, wantBody)

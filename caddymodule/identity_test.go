@@ -78,6 +78,52 @@ func TestAProxiedRequestCarriesASignedIdentityAndNeverTheClients(t *testing.T) {
 	}
 }
 
+func TestAClientsConnectionHeaderCannotRemoveTheGatewaysFields(t *testing.T) {
+	// The reverse proxy deletes the fields a request's Connection header names, after
+	// the module has set its own: the client's names of them are dropped first. Its
+	// other names still work as hop-by-hop names do.
+	d := newDB(t)
+	org := d.org("pro")
+	key, keyID := d.key(org, keystore.RoleEditor)
+	_, keyFile := gatewayauthtest.NewKey(t)
+	gw := startGateway(t, gatewayConfig{
+		handler:  gatewayOptions(d.url, map[string]any{"identity_key": keyFile}),
+		upstream: newUpstream(t).addr(),
+	})
+	for _, connection := range [][]string{
+		{"X-Gateway-Identity, x-gateway-org-id,X-GATEWAY-KEY-ID , X-Gateway-Key-Role, X-Gateway-Secret, Accept-Encoding, X-Hop"},
+		{"X-Gateway-Identity", "keep-alive", "X-Hop", "accept-encoding", "X-Gateway-Secret,X-Gateway-Org-Id,X-Gateway-Key-Id,X-Gateway-Key-Role"},
+	} {
+		res, body := gw.do(t, "GET", "/v1/echo", "Bearer "+key, http.Header{
+			"Connection":      connection,
+			"X-Hop":           {"hop-by-hop"},
+			"Accept-Encoding": {"gzip"},
+		}, "")
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("status %d %s", res.StatusCode, body)
+		}
+		var seen seenRequest
+		if err := json.Unmarshal(body, &seen); err != nil {
+			t.Fatal(err)
+		}
+		for name, want := range map[string]string{
+			"X-Gateway-Org-Id":   org,
+			"X-Gateway-Key-Id":   keyID,
+			"X-Gateway-Key-Role": "Editor",
+			"X-Gateway-Secret":   testSecret,
+			"Accept-Encoding":    "identity",
+			"X-Hop":              "",
+		} {
+			if got := seen.Header.Get(name); got != want {
+				t.Errorf("Connection %q: the upstream got %s %q, want %q", connection, name, got, want)
+			}
+		}
+		if len(seen.Header.Values("X-Gateway-Identity")) != 1 {
+			t.Errorf("Connection %q: the upstream got no X-Gateway-Identity", connection)
+		}
+	}
+}
+
 func TestTheJWKSHandlerPublishesThePublicHalvesOnly(t *testing.T) {
 	newKey, newFile := gatewayauthtest.NewKey(t)
 	oldKey, oldFile := gatewayauthtest.NewKey(t)

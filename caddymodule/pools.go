@@ -88,6 +88,13 @@ func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger
 		if err != nil {
 			return nil, fmt.Errorf("parsing database_url: %v", err)
 		}
+		if !setsPoolMaxConns(url) {
+			// pgxpool's default size (4, or the number of CPUs) is below the floor.
+			cfg.MaxConns = max(cfg.MaxConns, cfg.MinConns, int32(setup.minConns))
+		} else if cfg.MaxConns < int32(setup.minConns) {
+			logger.Warn("pool_max_conns is below database_min_conns; while PostgreSQL is slow, batched lookups may wait for a connection past database_timeout",
+				zap.Int32("pool_max_conns", cfg.MaxConns), zap.Int("database_min_conns", setup.minConns))
+		}
 		tunePostgres(cfg, pingTimeout, setup)
 		// The pool outlives this config, so it is not bound to the config's context.
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -106,6 +113,17 @@ func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger
 		return nil, "", err
 	}
 	return v.(pgEntry).pool, key, nil
+}
+
+// setsPoolMaxConns reports whether a database URL (or keyword/value string) sets
+// pgxpool's pool_max_conns, which pgxpool.ParseConfig does not tell.
+func setsPoolMaxConns(url string) bool {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return false
+	}
+	_, ok := cfg.RuntimeParams["pool_max_conns"]
+	return ok
 }
 
 // tunePostgres sets the pool up for a database that may be slow (CONTRACT §8).

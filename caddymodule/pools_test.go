@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -171,7 +172,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if got := sharedPool(dbURL); got != pool {
 		t.Error("a reload built a new PostgreSQL pool")
 	}
-	pgKey := postgresPoolKey(dbURL, connSetup{defaultDialTimeout, defaultLookupLanes + 1})
+	pgKey := postgresPoolKey(dbURL, connSetup{defaultDialTimeout, defaultLookupLanes + lookupOverflow + 1})
 	redisKey := redisPoolKey("", rURL, "", defaultRedisTimeout, connSetup{defaultDialTimeout, defaultRedisMinConns})
 	entries := poolEntries()
 	if n := entries[pgKey]; n != 1 {
@@ -219,6 +220,51 @@ func TestChangedSettingsBuildANewPool(t *testing.T) {
 	}
 	if sharedPool(second) == nil {
 		t.Error("no pool for the new URL")
+	}
+}
+
+func TestThePoolKeepsAWarmConnectionForEveryBatchInFlight(t *testing.T) {
+	// While PostgreSQL is slow, a batch that has waited a tenth of database_timeout
+	// for a lane goes out on its own, so up to nine overlap the lanes' (keystore.Batcher).
+	// Each must find a connection open: opening one takes several round trips. So the
+	// pool keeps lookup_lanes + 10 open (the last_used_at writes need one), and grows
+	// past pgxpool's default size (4, or the number of CPUs) for them; a pool_max_conns
+	// in the URL is kept, and the log says what it costs.
+	d := newDB(t)
+	up := newUpstream(t)
+	pgxDefault := int32(max(4, runtime.NumCPU()))
+	for _, tc := range []struct {
+		name        string
+		params      string
+		opts        map[string]any
+		min, max    int32 // max 0: pgxpool's default size or min, whichever is larger
+		wantWarning bool
+	}{
+		{"defaults", "", nil, 11, 0, false},
+		{"three lanes", "", map[string]any{"lookup_lanes": 3}, 13, 0, false},
+		{"a larger pool", "&pool_max_conns=20", nil, 11, 20, false},
+		{"a smaller pool", "&pool_max_conns=5", nil, 5, 5, true},
+		{"database_min_conns", "", map[string]any{"database_min_conns": 6}, 6, 0, false},
+		{"unbatched", "", map[string]any{"disable_lookup_batching": true}, 4, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := d.ownURL(t) + tc.params
+			gw := startGateway(t, gatewayConfig{handler: gatewayOptions(url, tc.opts), upstream: up.addr()})
+			pool := sharedPool(url)
+			if pool == nil {
+				t.Fatalf("no shared pool; pools: %v", poolEntries())
+			}
+			wantMax := tc.max
+			if wantMax == 0 {
+				wantMax = max(pgxDefault, tc.min)
+			}
+			if cfg := pool.Config(); cfg.MinConns != tc.min || cfg.MaxConns != wantMax {
+				t.Errorf("the pool keeps %d of %d connections open, want %d of %d", cfg.MinConns, cfg.MaxConns, tc.min, wantMax)
+			}
+			if warned := strings.Contains(gw.logText(t), "pool_max_conns is below database_min_conns"); warned != tc.wantWarning {
+				t.Errorf("warning logged: %v, want %v", warned, tc.wantWarning)
+			}
+		})
 	}
 }
 

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"net/http"
-	"regexp"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -13,38 +12,15 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/keystore"
 )
 
 func init() {
 	caddy.RegisterModule(RedactFilter{})
 }
 
-// keyShaped matches an API key of any key_prefix: the part up to its keyId is kept,
-// the secret is not.
-var keyShaped = regexp.MustCompile(`(_live_[A-Za-z0-9]{16,64})\.[A-Za-z0-9_-]+`)
-
-// redactKeys replaces the secret of every key-shaped string in s by REDACTED. A key
-// may be percent-encoded in part or whole (mon%5Flive%5F…%2E…, even twice): when the
-// decoded s holds a key, the decoded s is what is redacted and returned.
-func redactKeys(s string) string {
-	decoded := s
-	for range 3 {
-		d := percentDecode(decoded)
-		if d == decoded {
-			break
-		}
-		decoded = d
-	}
-	if decoded != s && keyShaped.MatchString(decoded) {
-		s = decoded
-	}
-	if !strings.Contains(s, "_live_") {
-		return s
-	}
-	return keyShaped.ReplaceAllString(s, "${1}.REDACTED")
-}
-
-// percentDecode decodes every valid %XX in s and leaves anything else as it is.
+// percentDecode decodes every valid %XX in s and leaves anything else as it is
+// (redactUserinfo's; keystore.Redact decodes keys the same way).
 func percentDecode(s string) string {
 	if !strings.Contains(s, "%") {
 		return s
@@ -73,10 +49,12 @@ func unhex(c byte) byte {
 }
 
 // RedactFilter is the log field filter keygate_redact
-// (caddy.logging.encoders.filter.keygate_redact). On a string field (request>uri) it
-// replaces the secret of every API key, percent-encoded or not, by REDACTED. On a
-// header object (request>headers, resp_headers) it does the same in the values of
-// every header, whatever its name (Api-Key, X-Auth-Token, Referer …), and replaces
+// (caddy.logging.encoders.filter.keygate_redact). On a string field (request>uri,
+// request>host, request>method) it replaces the secret of every API key, percent-encoded
+// or not, by REDACTED (keystore.Redact). On a header object (request>headers,
+// resp_headers) it does the same in the name and the values of every header, whatever
+// its name (Api-Key, X-Auth-Token, Referer …), redacts every value of a header whose
+// values hold a key only together (a key split over two values), and replaces
 // X-Gateway-Secret and X-Gateway-Identity (an upstream's credential for a minute),
 // which the reverse proxy logs among the headers it sent upstream.
 // Caddy's own redaction of Authorization, Cookie and Set-Cookie still applies.
@@ -88,6 +66,8 @@ func unhex(c byte) byte {
 //		format filter {
 //			fields {
 //				request>uri keygate_redact
+//				request>host keygate_redact
+//				request>method keygate_redact
 //				request>headers keygate_redact
 //			}
 //		}
@@ -119,13 +99,13 @@ func (RedactFilter) Filter(in zapcore.Field) zapcore.Field {
 	case caddyhttp.LoggableStringArray:
 		out := make(caddyhttp.LoggableStringArray, len(v))
 		for i, s := range v {
-			out[i] = redactKeys(s)
+			out[i] = keystore.Redact(s)
 		}
 		in.Interface = out
 		return in
 	}
 	if in.Type == zapcore.StringType {
-		in.String = redactKeys(in.String)
+		in.String = keystore.Redact(in.String)
 	}
 	return in
 }
@@ -137,11 +117,32 @@ func redactHeader(h caddyhttp.LoggableHTTPHeader) caddyhttp.LoggableHTTPHeader {
 			out.Header[name] = []string{"REDACTED"}
 			continue
 		}
-		vv := make([]string, len(values))
-		for i, v := range values {
-			vv[i] = redactKeys(v)
+		// A key sent as a header's name is logged as the name, canonicalized (in
+		// lower case but for its first letter).
+		name = keystore.Redact(name)
+		out.Header[name] = append(out.Header[name], redactValues(values)...)
+	}
+	return out
+}
+
+// redactValues redacts each of a header's values, and every one of them when only
+// their concatenation, as they come or with a dot between them, holds a key: a key
+// split over two values of one header is a key in the log all the same.
+func redactValues(values []string) []string {
+	out := make([]string, len(values))
+	for i, v := range values {
+		out[i] = keystore.Redact(v)
+	}
+	if len(out) < 2 {
+		return out
+	}
+	for _, sep := range []string{"", "."} {
+		if joined := strings.Join(out, sep); keystore.Redact(joined) != joined {
+			for i := range out {
+				out[i] = "REDACTED"
+			}
+			break
 		}
-		out.Header[name] = vv
 	}
 	return out
 }

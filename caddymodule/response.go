@@ -3,16 +3,20 @@ package caddymodule
 import (
 	"compress/gzip"
 	"compress/zlib"
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -44,7 +48,9 @@ const (
 //     {"error":"<status text>"}, so that every /v1 error is JSON.
 //
 // Anything else passes through unchanged, streamed (Flush and ReadFrom work). An
-// upstream that fails before answering gets the same JSON error (nextFailed).
+// upstream that fails before answering gets the same JSON error (nextFailed). A
+// request body the client breaks (malformed chunking, a hang-up mid-upload, over a
+// size limit) is the client's failure, not the upstream's (see clientBody).
 type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
@@ -57,6 +63,7 @@ type proxyWriter struct {
 	// request the gateway authenticated (upstreamRefusedLog).
 	refusedLog *zap.Logger
 
+	body   clientBody // the request's body, as the reverse proxy reads it
 	mode   writerMode
 	status int
 	filter *jsonFilter
@@ -78,6 +85,10 @@ func newProxyWriter(w http.ResponseWriter, r *http.Request, rl *limiter.Result, 
 		pw.rl, pw.counted = *rl, true
 	}
 	pw.ResponseWriterWrapper = &pw.wrapper
+	if r.Body != nil && r.Body != http.NoBody {
+		pw.body.ReadCloser = r.Body
+		r.Body = &pw.body
+	}
 	return pw
 }
 
@@ -98,11 +109,16 @@ func (pw *proxyWriter) WriteHeader(status int) {
 		pw.ResponseWriter.WriteHeader(status) // informational: not the response yet
 		return
 	}
+	if status == statusClientClosed && pw.body.failed() != nil {
+		// The reverse proxy's answer to the client's body failing (see clientBody).
+		pw.clientFailed()
+		return
+	}
 	pw.status = status
 	if status == http.StatusUnauthorized && pw.refusedLog != nil {
 		pw.refusedLog.Error("the upstream refused the credentials of a request the gateway authenticated (401); "+
 			"check identity_key and identity_audience against its JWKS and audience, or gateway_secret against its secret",
-			zap.String("path", redactKeys(pw.r.URL.Path)))
+			zap.String("path", keystore.Redact(pw.r.URL.Path)))
 	}
 	hdr := pw.Header()
 	rateLimitHeaders(hdr, pw.count())
@@ -151,7 +167,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 		// br, zstd, a list of codings: not decoded here, and never passed on
 		// unfiltered.
 		if c := pw.log.Check(zapcore.ErrorLevel, "upstream sent JSON in an unsupported content encoding; answering 502"); c != nil {
-			c.Write(zap.String("content_encoding", redactKeys(encoding)), zap.String("path", redactKeys(pw.r.URL.Path)))
+			c.Write(zap.String("content_encoding", keystore.Redact(encoding)), zap.String("path", keystore.Redact(pw.r.URL.Path)))
 		}
 		pw.writeError(http.StatusBadGateway)
 	}
@@ -201,6 +217,10 @@ func (pw *proxyWriter) nextFailed(err error) error {
 	if pw.mode != modeUndecided {
 		return err
 	}
+	if pw.body.failed() != nil {
+		pw.clientFailed()
+		return nil
+	}
 	// The reverse proxy's errors carry their status (502 for an upstream it cannot
 	// reach, 504 for one that timed out); any other error is the server's own.
 	status := http.StatusInternalServerError
@@ -208,15 +228,74 @@ func (pw *proxyWriter) nextFailed(err error) error {
 		status = he.StatusCode
 	}
 	lvl := zapcore.ErrorLevel
-	if status == 499 {
+	if status == statusClientClosed {
 		lvl = zapcore.DebugLevel // the client went away
 	}
 	if c := pw.log.Check(lvl, "upstream failed; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("path", redactKeys(pw.r.URL.Path)), zap.Error(err))
+		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(pw.r.URL.Path)), zap.Error(err))
 	}
 	pw.writeError(status)
 	return nil
 }
+
+// statusClientClosed is Caddy's status for a client that went away: the reverse
+// proxy answers it when its round trip ends in context.Canceled.
+const statusClientClosed = 499
+
+// clientFailed answers a request whose body the client broke: 400 bad_request for a
+// body that is not valid HTTP (malformed chunking), 413 for one over a request_body
+// limit, and 499 (nobody is there to read it) for a client that hung up mid-upload. It
+// is logged as the client's doing, at info level, or debug for a hang-up.
+func (pw *proxyWriter) clientFailed() {
+	err := pw.body.failed()
+	status, lvl := http.StatusBadRequest, zapcore.InfoLevel
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		status = http.StatusRequestEntityTooLarge
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+		status, lvl = statusClientClosed, zapcore.DebugLevel
+	}
+	if c := pw.log.Check(lvl, "the client's request body could not be read; answering with a JSON error"); c != nil {
+		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(pw.r.URL.Path)), zap.Error(err))
+	}
+	pw.writeError(status)
+}
+
+// clientBody is the request body as the reverse proxy reads it. The first error of
+// the client's (not io.EOF) is kept, and goes on to the reverse proxy as
+// context.Canceled too: Caddy treats that as the client's doing, and neither retries
+// the request nor counts it against the upstream's passive health, which a client
+// could otherwise drive down by breaking its uploads. The reverse proxy then answers
+// 499, which the proxyWriter turns into the answer for the failure (clientFailed).
+type clientBody struct {
+	io.ReadCloser
+	err atomic.Pointer[error] // set once; read after the round trip
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.err.CompareAndSwap(nil, &err)
+		return n, errClientBody{err}
+	}
+	return n, err
+}
+
+// failed returns the error that broke the body, or nil.
+func (b *clientBody) failed() error {
+	if p := b.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// errClientBody is a read error of the client's body, which is also context.Canceled
+// (see clientBody).
+type errClientBody struct{ err error }
+
+func (e errClientBody) Error() string   { return "reading the client's request body: " + e.err.Error() }
+func (e errClientBody) Unwrap() []error { return []error{e.err, context.Canceled} }
 
 func (pw *proxyWriter) Write(p []byte) (int, error) {
 	if pw.mode == modeUndecided {

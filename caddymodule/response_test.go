@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -126,6 +127,86 @@ func TestUpstreamFailuresAnswerJSON(t *testing.T) {
 			t.Errorf("answered after %v", d)
 		}
 	})
+}
+
+func TestABodyTheClientBreaksIsTheClientsFailure(t *testing.T) {
+	// An authenticated write whose body the client breaks is answered as the client's
+	// failure, JSON, and logged as the client's: never a 502 bad_gateway with an
+	// "upstream failed" error line. Nor is it held against the upstream: with passive
+	// health checks that take it out after one failure, it still serves.
+	db := newDB(t)
+	key, _ := db.key(db.org("pro"), keystore.RoleEditor)
+	up := newUpstream(t)
+	gw := startGateway(t, gatewayConfig{
+		handler: gatewayOptions(db.url, nil), upstream: up.addr(),
+		maxBody: 1024, passiveHealth: true, accessLog: true,
+	})
+	head := "POST /v1/upload HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer " + key + "\r\nContent-Type: application/json\r\n"
+	for _, tc := range []struct {
+		name    string
+		request string
+		status  int
+		body    string
+	}{
+		{
+			"malformed chunking",
+			head + "Transfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\nzz\r\n1}\r\n0\r\n\r\n",
+			http.StatusBadRequest, `{"error":"bad_request"}`,
+		},
+		{
+			"a hang-up mid-upload",
+			head + "Content-Length: 100\r\n\r\n{\"name\":",
+			statusClientClosed, `{"error":"client_closed_request"}`,
+		},
+		{
+			"chunks past request_body's max_size",
+			head + "Transfer-Encoding: chunked\r\n\r\n400\r\n" + strings.Repeat("a", 1024) + "\r\n400\r\n" + strings.Repeat("a", 1024) + "\r\n0\r\n\r\n",
+			http.StatusRequestEntityTooLarge, `{"error":"request_entity_too_large"}`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The client stops sending (a hang-up, seen from the server) but reads on.
+			res, body := rawExchange(t, strings.TrimPrefix(gw.base, "http://"), tc.request)
+			wantJSONError(t, res, body, tc.status, tc.body)
+		})
+	}
+	// A body that arrives whole still goes through.
+	if res, body := gw.do(t, "POST", "/v1/upload", "Bearer "+key, nil, `{"name":"m"}`); res.StatusCode != http.StatusOK || string(body) != `{"read":12}` {
+		t.Errorf("a whole body: %d %s", res.StatusCode, body)
+	}
+	log := gw.logText(t)
+	if strings.Contains(log, "upstream failed") || strings.Contains(log, `"status":502`) {
+		t.Errorf("a client's broken body was logged as the upstream's failure:\n%s", log)
+	}
+	if !strings.Contains(log, "the client's request body could not be read") {
+		t.Errorf("no line says the client's body could not be read:\n%s", log)
+	}
+}
+
+// rawExchange writes request to addr as it is, closes the connection's write side
+// (the client sends nothing more) and reads the answer.
+func rawExchange(t *testing.T, addr, request string) (*http.Response, []byte) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, request); err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.TCPConn).CloseWrite()
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("reading the answer's body: %v", err)
+	}
+	return res, body
 }
 
 func TestInvalidJSONFromTheUpstreamIsCutShort(t *testing.T) {

@@ -179,7 +179,7 @@ func (d decision) run(t *testing.T) {
 
 // The headers every answer of the module's own carries.
 func ownJSON(extra http.Header) http.Header {
-	h := http.Header{"Content-Type": {"application/json"}, "Cache-Control": {"no-store"}}
+	h := http.Header{"Content-Type": {"application/json"}, "Cache-Control": {"no-store"}, "X-Content-Type-Options": {"nosniff"}}
 	for k, v := range extra {
 		h[k] = v
 	}

@@ -273,8 +273,10 @@ func WriteError(w http.ResponseWriter, err error) {
 	if errors.Is(err, ErrKeysUnavailable) {
 		status, body = http.StatusServiceUnavailable, serviceUnavailable
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	w.Write(body)
 }

@@ -566,3 +566,25 @@ func TestASignersAssertionIsWhatTheDocsSay(t *testing.T) {
 		t.Error("the signature does not verify with crypto/ed25519")
 	}
 }
+
+func TestWriteErrorAnswersJSONThatIsNeitherSniffedNorStored(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		status int
+		body   string
+	}{
+		{"a refusal", gatewayauth.ErrUnauthenticated, http.StatusUnauthorized, `{"error":"api key unauthenticated"}`},
+		{"keys unavailable", gatewayauth.ErrKeysUnavailable, http.StatusServiceUnavailable, `{"error":"service_unavailable"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			gatewayauth.WriteError(rec, tc.err)
+			h := rec.Header()
+			if rec.Code != tc.status || rec.Body.String() != tc.body ||
+				h.Get("Content-Type") != "application/json" || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Cache-Control") != "no-store" {
+				t.Errorf("WriteError = %d %v %s, want %d, JSON, nosniff, no-store, %s", rec.Code, h, rec.Body, tc.status, tc.body)
+			}
+		})
+	}
+}

@@ -8,9 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -104,5 +106,88 @@ func TestMakeRunPrintsWorkingCurl(t *testing.T) {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("run.sh output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestAptGetWaitsForThePackageManagersLocks runs scripts/lib.sh's apt_get, which every
+// script installs packages through, against the locks another apt-get or dpkg (an
+// unattended upgrade at boot) holds: the lock of the package lists, which apt-get
+// update does not wait for, and dpkg's frontend lock, which apt-get install waits for
+// through DPkg::Lock::Timeout. This process holds them as apt does (fcntl locks), on
+// the lock files of a package manager of its own: apt-get is pointed at empty lists, an
+// empty dpkg status and a cache in a temporary folder by its Dir:: options, so the
+// system's package manager is neither locked nor changed. It shows that apt_get waits
+// while a lock is held and goes on once it is let go; not that an unattended upgrade
+// at boot is such a holder (it is: it runs apt-get and dpkg).
+func TestAptGetWaitsForThePackageManagersLocks(t *testing.T) {
+	if _, err := exec.LookPath("apt-get"); err != nil {
+		t.Skip("no apt-get on this machine: the scripts install nothing here")
+	}
+	if os.Getuid() != 0 {
+		t.Skip("apt_get runs apt-get through sudo when not root, which may ask for a password")
+	}
+	dir := t.TempDir()
+	for _, d := range []string{"lists/partial", "cache/archives/partial", "parts", "dpkg/updates", "dpkg/info"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"sources.list", "dpkg/status"} {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	options := "-o Dir::State::Lists=" + dir + "/lists -o Dir::Etc::SourceList=" + dir + "/sources.list" +
+		" -o Dir::Etc::SourceParts=" + dir + "/parts -o Dir::Cache=" + dir + "/cache -o Dir::State::status=" + dir + "/dpkg/status"
+	for _, tc := range []struct {
+		name, lock, command, says string
+	}{
+		{"the package lists (apt-get update)", "lists/lock", "update", "the package manager is busy"},
+		{"dpkg's frontend lock (as apt-get install)", "dpkg/lock-frontend", "check", "Waiting for cache lock"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := os.OpenFile(filepath.Join(dir, tc.lock), os.O_RDWR|os.O_CREATE, 0o640)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &syscall.Flock_t{Type: syscall.F_WRLCK}); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("bash", "-c", `set -euo pipefail; source scripts/lib.sh; APT_LOCK_WAIT=60 APT_LOCK_RETRY=1 apt_get `+options+" "+tc.command)
+			cmd.Dir = root(t)
+			var out testenv.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			// It waits while the lock is held, saying so, rather than fail at once.
+			deadline := time.Now().Add(30 * time.Second)
+			for !strings.Contains(out.String(), tc.says) {
+				select {
+				case err := <-done:
+					t.Fatalf("apt_get %s ended while the lock was held (%v):\n%s", tc.command, err, out.String())
+				case <-time.After(100 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("apt_get %s did not say it waits:\n%s", tc.command, out.String())
+				}
+			}
+			// And goes on once the lock is let go.
+			if err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &syscall.Flock_t{Type: syscall.F_UNLCK}); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("apt_get %s after the lock was let go: %v\n%s", tc.command, err, out.String())
+				}
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("apt_get %s still waits after the lock was let go:\n%s", tc.command, out.String())
+			}
+		})
 	}
 }

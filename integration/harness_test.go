@@ -291,6 +291,9 @@ var caddyfileTmpl = template.Must(template.New("caddyfile").Parse(`{
 			wrap json
 			fields {
 				request>uri keygate_redact
+				request>host keygate_redact
+				request>method keygate_redact
+				request>tls>server_name keygate_redact
 				request>headers keygate_redact
 				resp_headers keygate_redact
 			}

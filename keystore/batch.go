@@ -11,7 +11,7 @@ import (
 
 // Batcher verifies keys like Store.Verify, but gathers the lookups of concurrent
 // requests into one query. Under load, PostgreSQL then answers one statement for many
-// requests (lookupStatement chooses it by the batch's size). The gathering is
+// requests (lookupOf chooses it by the batch's size). The gathering is
 // internal/gather's; a Batcher adds the query.
 //
 // Every answer comes from a query that started after the request did. So a key revoked
@@ -26,8 +26,8 @@ import (
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
-	onBatch func(size int)                           // BatcherOptions.OnBatch; may be nil
-	batches *gather.Gatherer[string, map[string]row] // a key id in, its batch's live keys out
+	onBatch func(size int)                          // BatcherOptions.OnBatch; may be nil
+	batches *gather.Gatherer[probe, map[string]row] // a presented key in, its batch's live keys out
 
 	queries, lookups atomic.Uint64 // for tests, through export_test.go
 }
@@ -76,7 +76,7 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 	sum := HashSecret(secret)
 	// The deadline goes to the Gatherer, not into a context of its own: see
 	// gather.DoBy.
-	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), keyID)
+	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), probe{keyID, sum})
 	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
 		return Key{}, false, fmt.Errorf("looking up key: %w", err)
 	}
@@ -88,7 +88,8 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 	return k, ok, nil
 }
 
-// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids.
+// query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids and
+// their digests.
 // Every request of the batch gets the live keys it found, by key id. The lookup runs
 // by the latest deadline of the batch's requests. Each has one: VerifyParsed bounds
 // them by Timeout.
@@ -98,12 +99,12 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 // So it runs under a context with that deadline and RequestLookup's mark. It does not
 // take the request's cancellation: a client that goes away does not cut a lookup of a
 // few hundred microseconds short.
-func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, keyIDs []string) ([]map[string]row, error) {
-	ids := distinct(keyIDs)
+func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, probes []probe) ([]map[string]row, error) {
+	l := lookupOf(probes)
 	b.queries.Add(1)
-	b.lookups.Add(uint64(len(ids)))
+	b.lookups.Add(uint64(l.ids))
 	if b.onBatch != nil {
-		b.onBatch(len(ids))
+		b.onBatch(l.ids)
 	}
 	ctx := context.Background()
 	if inline {
@@ -111,11 +112,11 @@ func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, keyI
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	rows, err := b.store.lookup(ctx, ids)
+	rows, err := b.store.lookup(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]map[string]row, len(keyIDs))
+	out := make([]map[string]row, len(probes))
 	for i := range out {
 		out[i] = rows
 	}

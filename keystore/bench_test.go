@@ -65,23 +65,25 @@ func BenchmarkLookup(b *testing.B) {
 		analyze bool
 	}{{16, false}, {5000, true}} {
 		pool, _ := schematest.NewPool(b)
-		ids := insertKeys(b, pool, table.keys, table.analyze)
+		ids, sums := insertKeys(b, pool, table.keys, table.analyze)
 		s := keystore.New(pool, keystoretest.Format(b, "mon"))
 		pg, err := benchcpu.Postgres(pool)
 		if err != nil {
 			b.Fatal(err)
 		}
 		for _, n := range []int{1, 8} {
-			batch := ids[:n]
+			batch, batchSums := ids[:n], sums[:n]
 			shapes := []struct {
 				name   string
 				lookup func(context.Context) (int, error)
 			}{
 				{"store", func(ctx context.Context) (int, error) {
-					found, err := s.Lookup(ctx, batch)
+					found, err := s.Lookup(ctx, batch, batchSums)
 					return len(found), err
 				}},
-				{"any", func(ctx context.Context) (int, error) { return countRows(ctx, pool, keystore.LookupAnySQL, batch) }},
+				{"any", func(ctx context.Context) (int, error) {
+					return countRows(ctx, pool, keystore.LookupAnySQL, batch, batchSums)
+				}},
 				{"select1", func(ctx context.Context) (int, error) {
 					return countRows(ctx, pool, "SELECT 1 FROM generate_series(1, $1)", n)
 				}},
@@ -110,10 +112,10 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
-// insertKeys inserts n live keys of one organisation straight into api_keys, and
-// returns their key ids. With analyze, the table is vacuumed and analysed, as
-// autovacuum would have done. So no autovacuum runs during the benchmark.
-func insertKeys(b *testing.B, pool *pgxpool.Pool, n int, analyze bool) []string {
+// insertKeys inserts n live keys of one organisation straight into api_keys. It
+// returns their key ids and stored digests. With analyze, the table is vacuumed and
+// analysed, as autovacuum would have done. So no autovacuum runs during the benchmark.
+func insertKeys(b *testing.B, pool *pgxpool.Pool, n int, analyze bool) ([]string, [][]byte) {
 	b.Helper()
 	ctx := context.Background()
 	var org string
@@ -122,12 +124,20 @@ func insertKeys(b *testing.B, pool *pgxpool.Pool, n int, analyze bool) []string 
 	}
 	rows, err := pool.Query(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash)
 SELECT 'benchkey' || lpad(i::text, 14, '0'), $1, 'k', 'Viewer', sha256(i::text::bytea)
-FROM generate_series(1, $2) AS i RETURNING key_id`, org, n)
+FROM generate_series(1, $2) AS i RETURNING key_id, secret_hash`, org, n)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	var (
+		ids  []string
+		sums [][]byte
+		id   string
+		sum  []byte
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &sum}, func() error {
+		ids, sums = append(ids, id), append(sums, sum)
+		return nil
+	}); err != nil {
 		b.Fatal(err)
 	}
 	if analyze {
@@ -135,7 +145,7 @@ FROM generate_series(1, $2) AS i RETURNING key_id`, org, n)
 			b.Fatal(err)
 		}
 	}
-	return ids
+	return ids, sums
 }
 
 // countRows runs sql with args and returns how many rows it answered.

@@ -24,9 +24,13 @@ func (b *Batcher) Stats() BatchStats {
 // large batches. Benchmarks compare it with the store's statements.
 var LookupAnySQL = lookupAnySQL
 
-// Lookup runs s's lookup of ids (distinct key ids) and returns the ids of the live keys
-// it found, sorted.
-func (s *Store) Lookup(ctx context.Context, ids []string) ([]string, error) {
-	rows, err := s.lookup(ctx, ids)
+// Lookup runs s's lookup of ids (distinct key ids) presenting the digests sums, and
+// returns the ids of the live keys it found, sorted.
+func (s *Store) Lookup(ctx context.Context, ids []string, sums [][]byte) ([]string, error) {
+	probes := make([]probe, len(ids))
+	for i := range ids {
+		probes[i] = probe{ids[i], [32]byte(sums[i])}
+	}
+	rows, err := s.lookup(ctx, lookupOf(probes))
 	return slices.Sorted(maps.Keys(rows)), err
 }

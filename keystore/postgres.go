@@ -27,14 +27,35 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 	return &Store{pool: pool, format: format}
 }
 
-// lookupSelect finds the live keys with their plans' rate limits. lookupStatement
-// completes its condition on the key id. The database's clock decides revocation and
-// expiry, on this very request.
+// lookupSelect finds the live keys with their plans' rate limits. lookupOf completes
+// its condition on the key id, then lookupDigest its condition on the digest. The
+// database's clock decides revocation and expiry, on this very request.
 const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
 WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AND k.key_id `
+
+// lookupDigest is the condition on the presented digests of a lookup statement whose
+// ids take params parameters. The stored digest must be one of them. They come after
+// the ids, as one bytea (one) or one array (any). So a live key id with a wrong secret
+// costs the database what a revoked or expired one does: a row found and filtered out.
+// Otherwise the organisation and plan would be joined and a row sent back, which
+// paired requests could tell apart from an unknown id (docs/security.md). The database
+// compares SHA-256 digests, which say nothing of a secret. check compares again, in
+// constant time.
+//
+// It is a CASE so that PostgreSQL leaves it out of its estimate of the keys the id
+// condition finds. As a plain condition it takes it for a rare one. On small tables it
+// would then put api_keys first in the join, scanning the organisations and plans once
+// per key found rather than once.
+func lookupDigest(params int, one bool) string {
+	arg := "$" + strconv.Itoa(params+1)
+	if one {
+		return " AND CASE WHEN k.secret_hash = " + arg + " THEN true END"
+	}
+	return " AND CASE WHEN k.secret_hash = ANY(" + arg + ") THEN true END"
+}
 
 // The lookup's statements, one per shape of batch. PostgreSQL keeps a generic plan,
 // planned once per connection, only for a statement whose generic plan it estimates
@@ -43,21 +64,21 @@ WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AN
 // few pages of analysed rows. It then plans the three-table join anew on every
 // execution (docs/performance.md). So:
 //
-//   - a batch of one id is `= $1`;
+//   - a batch of one id and one digest is `= $1`;
 //   - a batch of up to maxInListIDs ids is an IN list of the next power of two of
-//     parameters, the last id repeated. That makes a handful of statements per
+//     parameters, at least two, the last id repeated. That makes a handful of statements per
 //     connection, and a repeated id matches once;
 //   - only a larger batch is `= ANY($1)`. Its many ids share its planning.
 var (
-	lookupOneSQL = lookupSelect + "= $1"
-	lookupAnySQL = lookupSelect + "= ANY($1)"
+	lookupOneSQL = lookupSelect + "= $1" + lookupDigest(1, true)
+	lookupAnySQL = lookupSelect + "= ANY($1)" + lookupDigest(1, false)
 	lookupInSQL  = func() (sqls [maxInListLog + 1]string) {
 		for i := 1; i < len(sqls); i++ {
 			params := make([]string, 1<<i)
 			for j := range params {
 				params[j] = "$" + strconv.Itoa(j+1)
 			}
-			sqls[i] = lookupSelect + "IN (" + strings.Join(params, ", ") + ")"
+			sqls[i] = lookupSelect + "IN (" + strings.Join(params, ", ") + ")" + lookupDigest(1<<i, false)
 		}
 		return sqls
 	}()
@@ -69,23 +90,74 @@ const (
 	maxInListIDs = 1 << maxInListLog
 )
 
-// lookupStatement returns the statement and arguments that look ids up. ids must not
-// be empty, and must have no repeats.
-func lookupStatement(ids []string) (string, []any) {
+// probe is a presented key: its id and the digest of its secret.
+type probe struct {
+	id  string
+	sum [32]byte
+}
+
+// lookup is a lookup statement with its arguments, and how many distinct key ids it
+// looks up.
+type lookup struct {
+	sql  string
+	args []any
+	ids  int
+}
+
+// lookupOf returns the lookup of the key ids of probes, with their digests. probes
+// must not be empty.
+func lookupOf(probes []probe) lookup {
+	if len(probes) == 1 {
+		return lookup{lookupOneSQL, []any{probes[0].id, probes[0].sum[:]}, 1}
+	}
+	ids, sums := split(probes)
 	n := len(ids)
 	switch {
-	case n == 1:
-		return lookupOneSQL, []any{ids[0]}
+	case n == 1 && len(sums) == 1:
+		return lookup{lookupOneSQL, []any{ids[0], sums[0]}, 1}
 	case n <= maxInListIDs:
-		i := bits.Len(uint(n - 1)) // 2^i is the smallest power of two >= n
-		args := make([]any, 1<<i)
-		for j := range args {
+		i := max(bits.Len(uint(n-1)), 1) // 2^i is the smallest power of two >= n, and >= 2
+		args := make([]any, 1<<i+1)
+		for j := range 1 << i {
 			args[j] = ids[min(j, n-1)]
 		}
-		return lookupInSQL[i], args
+		args[1<<i] = sums
+		return lookup{lookupInSQL[i], args, n}
 	default:
-		return lookupAnySQL, []any{ids}
+		return lookup{lookupAnySQL, []any{ids, sums}, n}
 	}
+}
+
+// split returns the distinct key ids and the distinct digests of probes, each in
+// order of first appearance. Requests of one key share both. So a batch of them is a
+// lookup of one id and one digest.
+func split(probes []probe) (ids []string, sums [][]byte) {
+	ids = make([]string, len(probes))
+	for i := range probes {
+		ids[i] = probes[i].id
+	}
+	ids = distinct(ids)
+	sums = make([][]byte, 0, len(probes))
+	if len(probes) <= 32 {
+	next:
+		for i := range probes {
+			for _, kept := range sums {
+				if string(kept) == string(probes[i].sum[:]) {
+					continue next
+				}
+			}
+			sums = append(sums, probes[i].sum[:])
+		}
+		return ids, sums
+	}
+	seen := make(map[[32]byte]struct{}, len(probes))
+	for i := range probes {
+		if _, dup := seen[probes[i].sum]; !dup {
+			seen[probes[i].sum] = struct{}{}
+			sums = append(sums, probes[i].sum[:])
+		}
+	}
+	return ids, sums
 }
 
 // PrepareLookups prepares every lookup statement on conn in one batch. pgx pipelines
@@ -103,12 +175,12 @@ func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
 	b := &pgx.Batch{}
 	// Batches of 1, 2, 4, … maxInListIDs ids, and one larger: one of each statement.
 	for n := 1; n <= 2*maxInListIDs; n *= 2 {
-		ids := make([]string, min(n, maxInListIDs+1))
-		for i := range ids {
-			ids[i] = strconv.Itoa(i) // no key id is this short
+		probes := make([]probe, min(n, maxInListIDs+1))
+		for i := range probes {
+			probes[i] = probe{strconv.Itoa(i), dummyHash} // no key id is this short
 		}
-		sql, args := lookupStatement(ids)
-		b.Queue(sql, args...)
+		l := lookupOf(probes)
+		b.Queue(l.sql, l.args...)
 	}
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("preparing the key lookups: %w", err)
@@ -134,21 +206,22 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 // VerifyParsed is Verify for a key that Format.Parse has already split into its key id
 // and secret. A caller that parsed the key does not parse it again.
 func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
-	rows, err := s.lookup(ctx, []string{keyID})
+	sum := HashSecret(secret)
+	rows, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum}}))
 	if err != nil {
 		return Key{}, false, err
 	}
 	r, found := rows[keyID]
-	k, ok := check(keyID, HashSecret(secret), r, found)
+	k, ok := check(keyID, sum, r, found)
 	return k, ok, nil
 }
 
-// lookup runs the lookup statement for ids, once more if the first attempt fails (see
-// retryable). It returns the live keys it found, by key id.
-func (s *Store) lookup(ctx context.Context, ids []string) (map[string]row, error) {
-	out, err := s.lookupOnce(ctx, ids)
+// lookup runs l, once more if the first attempt fails (see retryable). It returns the
+// live keys it found, by key id: those whose digest it presented.
+func (s *Store) lookup(ctx context.Context, l lookup) (map[string]row, error) {
+	out, err := s.lookupOnce(ctx, l)
 	if retryable(ctx, err) {
-		out, err = s.lookupOnce(ctx, ids)
+		out, err = s.lookupOnce(ctx, l)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("looking up keys: %w", err)
@@ -156,13 +229,12 @@ func (s *Store) lookup(ctx context.Context, ids []string) (map[string]row, error
 	return out, nil
 }
 
-func (s *Store) lookupOnce(ctx context.Context, ids []string) (map[string]row, error) {
-	sql, args := lookupStatement(ids)
-	rows, err := s.pool.Query(ctx, sql, args...)
+func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, error) {
+	rows, err := s.pool.Query(ctx, l.sql, l.args...)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]row, len(ids))
+	out := make(map[string]row, l.ids)
 	var (
 		id, org, role string
 		hash          []byte

@@ -310,16 +310,22 @@ WHERE datname = $1 AND pid <> pg_backend_pid()`, pool.Config().ConnConfig.Databa
 
 // TestLookupFindsExactlyTheLiveKeysOfEveryBatchSize looks up batches of every shape the
 // store sends (one id, IN lists of 2 to 64 parameters with the last id repeated, ANY
-// beyond), each mixing live, revoked, expired and unknown key ids, after enough
-// lookups of each that PostgreSQL has moved every statement to its generic plan.
+// beyond), each mixing live, revoked, expired and unknown key ids and live ids
+// presented with a wrong secret, after enough lookups of each that PostgreSQL has
+// moved every statement to its generic plan. A live id whose digest the lookup does not
+// present is not found: the database filters it out as it does a revoked key.
 func TestLookupFindsExactlyTheLiveKeysOfEveryBatchSize(t *testing.T) {
 	ctx := context.Background()
 	store, pool, org := newStore(t, "pro")
 	var ids, live []string
-	for i := range 80 {
-		rec, _ := create(t, store, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleViewer})
+	var sums [][]byte
+	for i := range 100 {
+		rec, full := create(t, store, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleViewer})
 		ids = append(ids, rec.ID)
-		switch i % 4 {
+		_, secret, _ := strings.Cut(full, ".")
+		sum := keystore.HashSecret(secret)
+		sums = append(sums, sum[:])
+		switch i % 5 {
 		case 1:
 			if _, err := store.Revoke(ctx, org, rec.ID, "test"); err != nil {
 				t.Fatal(err)
@@ -330,12 +336,16 @@ func TestLookupFindsExactlyTheLiveKeysOfEveryBatchSize(t *testing.T) {
 			}
 		case 3:
 			ids[i] = strings.Repeat("Q", 20) + strconv.Itoa(10+i) // unknown
+		case 4:
+			wrong := keystore.HashSecret(secret + "x") // a live id, a wrong secret
+			sums[i] = wrong[:]
 		default:
 			live = append(live, rec.ID)
 		}
 	}
-	for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 63, 64, 65, 80} {
-		batch := ids[len(ids)-n:] // ending with an unknown id, so that padding repeats it
+	for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 63, 64, 65, 80, 100} {
+		// Ending with an unknown id and a live id with a wrong secret, which padding repeats.
+		batch, batchSums := ids[len(ids)-n:], sums[len(sums)-n:]
 		var want []string
 		for _, id := range batch {
 			if slices.Contains(live, id) {
@@ -344,7 +354,7 @@ func TestLookupFindsExactlyTheLiveKeysOfEveryBatchSize(t *testing.T) {
 		}
 		slices.Sort(want)
 		for range 8 { // PostgreSQL plans the first five executions on their own
-			got, err := store.Lookup(ctx, batch)
+			got, err := store.Lookup(ctx, batch, batchSums)
 			if err != nil || !slices.Equal(got, want) {
 				t.Fatalf("Lookup(%d ids) = %v, %v; want %v", n, got, err, want)
 			}

@@ -43,13 +43,41 @@ wait_http() {
 # apt_install PACKAGE... installs Debian packages (apt-get update first, once a boot).
 apt_install() {
 	command -v apt-get >/dev/null || { echo "$* missing and apt-get unavailable: install it by hand" >&2; return 1; }
-	local sudo=""
-	[ "$(id -u)" = 0 ] || sudo="sudo"
 	echo "installing $* with apt-get" >&2
 	if [ ! -f /tmp/.keygate-apt-updated ]; then
-		$sudo apt-get update -qq >&2 && touch /tmp/.keygate-apt-updated
+		apt_get update -qq >&2 && touch /tmp/.keygate-apt-updated
 	fi
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >&2
+	apt_get install -y -qq --no-install-recommends "$@" >&2
+}
+
+# APT_LOCK_WAIT is how long, in seconds, apt_get waits for another apt-get or dpkg
+# (an unattended upgrade at boot, another install) to let go of the package manager's
+# locks; APT_LOCK_RETRY how often it tries again meanwhile.
+APT_LOCK_WAIT=${APT_LOCK_WAIT:-900}
+APT_LOCK_RETRY=${APT_LOCK_RETRY:-5}
+
+# apt_get ARG... runs apt-get ARG... (through sudo when not root, non-interactive),
+# waiting for the package manager's locks instead of failing at once: dpkg's through
+# apt's own DPkg::Lock::Timeout, and those of the package lists and the download
+# cache, which apt-get does not wait for, by trying again every APT_LOCK_RETRY
+# seconds. Either way it gives up after APT_LOCK_WAIT seconds.
+apt_get() {
+	local sudo="" deadline=$((SECONDS + APT_LOCK_WAIT)) err rc
+	[ "$(id -u)" = 0 ] || sudo="sudo"
+	err=$(mktemp)
+	while :; do
+		rc=0
+		$sudo env LC_ALL=C DEBIAN_FRONTEND=noninteractive \
+			apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT" "$@" 2>"$err" || rc=$?
+		cat "$err" >&2
+		if [ "$rc" = 0 ] || [ "$SECONDS" -ge "$deadline" ] ||
+			! grep -qE 'Could not get lock|Unable to lock|Unable to acquire the dpkg' "$err"; then
+			rm -f "$err"
+			return "$rc"
+		fi
+		echo "apt-get: the package manager is busy (an unattended upgrade?); trying again in ${APT_LOCK_RETRY}s" >&2
+		sleep "$APT_LOCK_RETRY"
+	done
 }
 
 # need_tools COMMAND... installs the Debian packages of the same names for the

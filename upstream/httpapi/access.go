@@ -126,7 +126,7 @@ func (s *Server) gatewayAuth(next http.Handler) http.Handler {
 		}
 		if err != nil {
 			s.refusals.Warn("refusing the gateway's credentials; answering /v1 with 401",
-				zap.String("path", r.URL.Path), zap.Error(err))
+				zap.String("path", keystore.Redact(r.URL.Path)), zap.Error(err))
 			// The same challenge as the gateway's own 401.
 			w.Header().Set("WWW-Authenticate", "Bearer")
 			s.writeError(w, r, apperr.ErrKeyUnauth)

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -94,14 +95,14 @@ func (s *Server) callerError(r *http.Request, err error) *apperr.Error {
 		return e
 	case code == apperr.EUNAVAILABLE:
 		s.logger.Error("database unavailable",
-			zap.String("method", r.Method),
-			zap.String("path", r.URL.Path),
+			zap.String("method", keystore.Redact(r.Method)),
+			zap.String("path", keystore.Redact(r.URL.Path)),
 			zap.Error(err))
 		return apperr.ErrUnavailable
 	case !errors.As(err, &e) || code == apperr.EINTERNAL || !known:
 		s.logger.Error("internal error",
-			zap.String("method", r.Method),
-			zap.String("path", r.URL.Path),
+			zap.String("method", keystore.Redact(r.Method)),
+			zap.String("path", keystore.Redact(r.URL.Path)),
 			zap.Error(err))
 		return apperr.ErrInternalForClient
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 // requestInfo tells the request log who made a request. The authentication steps fill
@@ -57,7 +59,8 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // logRequests writes one log line per request: method, path, status, size, duration,
 // and the ids of whoever made it. It never logs headers, bodies or query strings. So
-// cookies, secrets, passwords and keys stay out of the logs.
+// cookies, secrets, passwords and keys stay out of the logs. A key in the path, or
+// sent as the method, is redacted (keystore.Redact).
 func (s *Server) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -74,8 +77,8 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 			status = http.StatusOK
 		}
 		fields := []zap.Field{
-			zap.String("method", r.Method),
-			zap.String("path", r.URL.Path),
+			zap.String("method", keystore.Redact(r.Method)),
+			zap.String("path", keystore.Redact(r.URL.Path)),
 			zap.Int("status", status),
 			zap.Int("bytes", sw.bytes),
 			zap.Duration("duration", time.Since(start)),
@@ -111,8 +114,8 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 				panic(v)
 			}
 			s.logger.Error("handler panicked",
-				zap.String("method", r.Method),
-				zap.String("path", r.URL.Path),
+				zap.String("method", keystore.Redact(r.Method)),
+				zap.String("path", keystore.Redact(r.URL.Path)),
 				zap.Any("panic", v),
 				zap.ByteString("stack", debug.Stack()))
 			if sw.status == 0 {
