@@ -44,7 +44,19 @@ var budgetModes = []struct {
 // forEachMode runs f as a subtest per budget mode, with two instances under a prefix of
 // their own, built with opts.
 func forEachMode(t *testing.T, f func(t *testing.T, in instances), opts ...limiter.Option) {
+	forModes(t, true, f, opts...)
+}
+
+// forEachRedisMode is forEachMode without Local.
+func forEachRedisMode(t *testing.T, f func(t *testing.T, in instances), opts ...limiter.Option) {
+	forModes(t, false, f, opts...)
+}
+
+func forModes(t *testing.T, local bool, f func(t *testing.T, in instances), opts ...limiter.Option) {
 	for _, mode := range budgetModes {
+		if mode.local && !local {
+			continue
+		}
 		t.Run(mode.name, func(t *testing.T) {
 			if mode.local {
 				l := limiter.NewLocal(opts...)
