@@ -138,12 +138,13 @@ type MonthSeed func(ctx context.Context, org string, month time.Time) (used int6
 // WithMonthSeed makes a month whose counter is missing start from seed's count rather
 // than from zero: a Redis that restarted or lost its data (or an instance that
 // started) does not give an org a fresh month. The counter is missing at the start of
-// every month, so seed is called then too. Concurrent callers needing the same org's
-// month share one seed call and wait for it until their own deadlines. The call
-// serves them all, so it runs under none of their deadlines or cancellations (its
-// context keeps the first caller's values): seed must bound its own time. A call that
-// outlasts its callers still serves those that come after it. Its error is
-// AllowBudgets's, and nothing is counted. Default: a missing month starts at zero.
+// every month, so seed is called then too. The callers needing the same org's month
+// share one seed call, each waiting for it until its own deadline, and so do the
+// counts that found the month missing just after its answer came (see seeder.seed).
+// The call serves them all, so it runs under none of their deadlines or cancellations
+// (its context keeps the first caller's values): seed must bound its own time. Its
+// error is AllowBudgets's, and nothing is counted; the next count calls again.
+// Default: a missing month starts at zero.
 func WithMonthSeed(seed MonthSeed) Option {
 	return func(o *options) { o.monthSeed = seed }
 }
@@ -213,8 +214,8 @@ func monthOf(t time.Time) month {
 	}
 }
 
-// seeder runs a MonthSeed once at a time per org and month, and lets the callers that
-// found the month missing before a call began share its answer.
+// seeder runs a MonthSeed once at a time per org and month, and shares each answer
+// with the counts that found the month missing before a count applied it.
 type seeder struct {
 	fn MonthSeed
 
@@ -227,18 +228,18 @@ type seedKey struct {
 	month int64 // Unix seconds of its start
 }
 
+// seedCall is one call of a seeder's MonthSeed.
 type seedCall struct {
-	began time.Time     // when it was made
-	done  chan struct{} // closed when used and err are set
-	over  bool          // guarded by seeder.mu; done is closed
-	used  int64
-	err   error
+	done     chan struct{} // closed when used and err are set
+	used     int64
+	err      error
+	answered time.Time // guarded by seeder.mu; when done was closed, zero before
+	applied  time.Time // guarded by seeder.mu; when a count first counted with used
 }
 
-// seedKept is how long a seed call's answer stays shareable once it is in. Only the
-// callers whose counts were sent before the call began take it (see seed); this bounds
-// the memory of answers no one comes back for.
-const seedKept = time.Minute
+// seedShared is how long a seed call's answer serves the counts that come back for it
+// (see seed).
+const seedShared = time.Second
 
 // newSeeder returns a seeder running fn, or nil for none.
 func newSeeder(fn MonthSeed) *seeder {
@@ -248,23 +249,25 @@ func newSeeder(fn MonthSeed) *seeder {
 	return &seeder{fn: fn, calls: make(map[seedKey]*seedCall)}
 }
 
-// seed returns org's count of the month starting at start for a count that was sent at
-// sent and found the month missing. It joins the call in flight for them, or takes the
-// answer of one that began after sent (the month went missing before that call read
-// the record), or else makes a new call. It waits until ctx ends or deadline (zero:
-// none) passes.
+// seed returns the call answering org's count of the month starting at start, for a
+// count sent at sent that found the month missing: the call in flight for them, or
+// one answered within seedShared that no count had applied when this count was sent,
+// or else a new call. It waits for the call's answer until ctx ends or deadline
+// (zero: none) passes. A count that then counts with the answer calls applied.
 //
-// Without the answers kept, a burst of counts at a month's start (or after Redis lost
-// its data) would each read the record in turn: most of them find the month missing
-// while the first seed call is already in, before the first count with its answer has
-// set the month.
-func (s *seeder) seed(ctx context.Context, deadline, sent time.Time, org string, start time.Time) (int64, error) {
+// The counts that find a month missing come in bursts: at the month's start, or after
+// Redis lost its data, every count sent before the first count with a seed has set
+// the month finds it missing, and many come back after the first call is over. They
+// found the month missing for the same reason as the call's first caller, so its
+// answer is theirs too. A count sent after the answer was applied, and finding the
+// month missing, has seen it go missing again: it calls anew.
+func (s *seeder) seed(ctx context.Context, deadline, sent time.Time, org string, start time.Time) (*seedCall, error) {
 	k := seedKey{org: org, month: start.Unix()}
 	s.mu.Lock()
 	c, ok := s.calls[k]
-	if !ok || c.over && (c.err != nil || c.began.Before(sent)) {
+	if !ok || !c.answered.IsZero() && (time.Since(c.answered) > seedShared || !c.applied.IsZero() && !sent.Before(c.applied)) {
 		k.org = strings.Clone(org) // org may share a request's memory
-		c = &seedCall{began: time.Now(), done: make(chan struct{})}
+		c = &seedCall{done: make(chan struct{})}
 		s.calls[k] = c
 		go s.run(context.WithoutCancel(ctx), k, c, start)
 	}
@@ -273,30 +276,45 @@ func (s *seeder) seed(ctx context.Context, deadline, sent time.Time, org string,
 	defer cancel()
 	select {
 	case <-c.done:
-		return c.used, c.err
+		return c, c.err
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
-// run makes seed call c for k, whose month starts at start, and forgets it seedKept
-// after its answer.
+// applied records that a count has counted with c's answer: the month is set, and
+// counts sent from now on that find it missing call anew.
+func (s *seeder) applied(c *seedCall) {
+	s.mu.Lock()
+	if c.applied.IsZero() {
+		c.applied = time.Now()
+	}
+	s.mu.Unlock()
+}
+
+// run makes seed call c for k, whose month starts at start. A failed call is forgotten
+// at once, so that the next count calls again; an answer, once it no longer serves.
 func (s *seeder) run(ctx context.Context, k seedKey, c *seedCall, start time.Time) {
 	c.used, c.err = s.fn(ctx, k.org, start)
 	if c.err == nil && c.used < 0 {
 		c.err = fmt.Errorf("month seed returned %d", c.used)
 	}
-	s.mu.Lock()
-	c.over = true
-	s.mu.Unlock()
-	close(c.done)
-	time.AfterFunc(seedKept, func() {
+	forget := func() {
 		s.mu.Lock()
 		if s.calls[k] == c {
 			delete(s.calls, k)
 		}
 		s.mu.Unlock()
-	})
+	}
+	s.mu.Lock()
+	c.answered = time.Now()
+	s.mu.Unlock()
+	close(c.done)
+	if c.err != nil {
+		forget()
+		return
+	}
+	time.AfterFunc(seedShared, forget)
 }
 
 // firstSeed is the seed a count first goes with: -1 (a missing month stops the count,
@@ -322,19 +340,23 @@ func (l *Local) AllowBudgets(ctx context.Context, b Budgets) (BudgetsResult, err
 	w, reset, _ := windowOf(t)
 	m := monthOf(t)
 	seed := firstSeed(l.seeds)
+	var call *seedCall // the seed call seed came from
 	for range seedAttempts {
 		sent := time.Now()
 		l.mu.Lock()
 		c, ok := l.countBudgets(b, w, m, seed)
 		l.mu.Unlock()
 		if ok {
+			if call != nil {
+				l.seeds.applied(call)
+			}
 			return budgetsResult(b, c, reset, m), nil
 		}
-		n, err := l.seeds.seed(ctx, gather.Deadline(ctx, 0), sent, b.Org, m.start)
-		if err != nil {
+		var err error
+		if call, err = l.seeds.seed(ctx, gather.Deadline(ctx, 0), sent, b.Org, m.start); err != nil {
 			return BudgetsResult{}, fmt.Errorf("seeding the month of org %s: %w", b.Org, err)
 		}
-		seed = n
+		seed = call.used
 	}
 	return BudgetsResult{}, fmt.Errorf("seeding the month of org %s: %w", b.Org, errMonthMissing)
 }

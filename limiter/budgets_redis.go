@@ -59,19 +59,22 @@ func (l *Redis) AllowBudgets(ctx context.Context, b Budgets) (BudgetsResult, err
 		redisDeadline: l.clock.deadline(by),
 	}
 	c.keyCounter, c.orgCounter, c.monthCounter = l.budgetKeys(b, w, m.name)
+	var call *seedCall // the seed call c.seed came from
 	for range seedAttempts {
 		sent := time.Now()
 		counts, err := l.countBudgets(ctx, by, c)
 		if errors.Is(err, errMonthMissing) {
-			n, err := l.seeds.seed(ctx, by, sent, b.Org, m.start)
-			if err != nil {
+			if call, err = l.seeds.seed(ctx, by, sent, b.Org, m.start); err != nil {
 				return BudgetsResult{}, fmt.Errorf("counting in redis: seeding the month of org %s: %w", b.Org, err)
 			}
-			c.seed = n
+			c.seed = call.used
 			continue
 		}
 		if err != nil {
 			return BudgetsResult{}, fmt.Errorf("counting in redis: %w", err)
+		}
+		if call != nil {
+			l.seeds.applied(call)
 		}
 		return budgetsResult(b, counts, reset, m), nil
 	}

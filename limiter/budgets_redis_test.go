@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -266,4 +267,49 @@ func down(hi, n int) []int {
 		s = append(s, hi-i)
 	}
 	return s
+}
+
+func TestABudgetCountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testing.T) {
+	// As for Allow: deadlines go to Redis 2 ms early, so a count reaching it in the
+	// last 2 ms before its deadline is not counted at any stage, and its caller gets
+	// an error (ErrLate if the answer still reaches it in time), never a result. Redis hangs
+	// while the count is sent and resumes 0.7 ms before the caller's deadline, 20
+	// times.
+	const timeout = 20 * time.Millisecond
+	rdb, proxy := slowRedis(t, timeout)
+	direct := redisClient(t)
+	clock := newClock(at(base, 20*time.Second))
+	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
+		if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
+			t.Fatal(err)
+		}
+		in := instances{rdb: direct, prefix: prefix}
+		for i := range 20 {
+			org := fmt.Sprint("org-23-", i)
+			proxy.Hang()
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			deadline, _ := ctx.Deadline()
+			done := make(chan limiter.BudgetsResult, 1)
+			go func() {
+				r, err := l.AllowBudgets(ctx, limiter.Budgets{Key: "k", KeyLimit: 10, Org: org, OrgLimit: 10, MonthLimit: 10})
+				if err != nil {
+					r = limiter.BudgetsResult{}
+				}
+				done <- r
+			}()
+			time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond)))
+			proxy.Resume()
+			r := <-done
+			cancel()
+			time.Sleep(5 * time.Millisecond) // the held command runs
+			if r != (limiter.BudgetsResult{}) {
+				t.Errorf("attempt %d: %+v; want an error (ErrLate, or a timeout), nothing being counted", i, r)
+			}
+			for _, k := range in.keys(t) {
+				if strings.Contains(k, org+"}") {
+					t.Errorf("attempt %d: counter %s written, in the last 2 ms of its timeout", i, k)
+				}
+			}
+		}
+	}, limiter.WithClock(clock.now))
 }
