@@ -387,45 +387,63 @@ func (l *Local) countBudgets(b Budgets, w int64, m month, seed int64) (budgetCou
 		used = seed
 		l.used[strings.Clone(b.Org)] = used
 	}
-	var c budgetCounts
+	key, keySeen := l.counts[b.Key]
+	org, orgSeen := l.orgs[b.Org]
+	c := stages(&key, &org, &used, b.KeyLimit, b.OrgLimit, b.MonthLimit)
 	if b.KeyLimit > 0 {
-		c.key = bump(l.counts, b.Key)
-		if c.key > int64(b.KeyLimit) {
-			c.stage = int64(StageKey)
-		}
+		store(l.counts, b.Key, key, keySeen)
 	}
-	if b.OrgLimit > 0 {
-		c.org = l.orgs[b.Org]
-		if c.stage == 0 {
-			c.org = bump(l.orgs, b.Org)
-			if c.org > int64(b.OrgLimit) {
-				c.stage = int64(StageOrg)
-			}
-		}
+	if b.OrgLimit > 0 && c.stage != int64(StageKey) {
+		store(l.orgs, b.Org, org, orgSeen)
 	}
 	if b.MonthLimit > 0 {
-		c.month = used
-		if c.stage == 0 {
-			if used >= b.MonthLimit {
-				c.stage = int64(StageMonth)
-			} else {
-				c.month = used + 1
-				l.used[b.Org] = c.month
-			}
-		}
+		l.used[b.Org] = used
 	}
 	return c, true
 }
 
-// bump adds one to counts[k] and returns it, keeping a copy of k's bytes only when it
-// is new (see Allow).
-func bump(counts map[string]int64, k string) int64 {
-	n, seen := counts[k]
-	n++
+// stages counts one request through the stages of its budgets, from the counts so far
+// of its key's minute window (key), its org's minute window (org) and its org's month
+// (month), advancing each where it counts the request. It is the one statement of the
+// stages' rules: Local counts with it, budgetScript does the same in Lua, and Redis
+// reads the script's answer with it.
+func stages(key, org, month *int64, keyLimit, orgLimit int, monthLimit int64) budgetCounts {
+	var c budgetCounts
+	if keyLimit > 0 {
+		*key++ // the key's minute counts every request
+		c.key = *key
+		if c.key > int64(keyLimit) {
+			c.stage = int64(StageKey)
+		}
+	}
+	if orgLimit > 0 {
+		if c.stage == 0 { // the org's minute counts what the key's let through
+			*org++
+			if *org > int64(orgLimit) {
+				c.stage = int64(StageOrg)
+			}
+		}
+		c.org = *org
+	}
+	if monthLimit > 0 {
+		if c.stage == 0 { // the month counts only what it lets through
+			if *month >= monthLimit {
+				c.stage = int64(StageMonth)
+			} else {
+				*month++
+			}
+		}
+		c.month = *month
+	}
+	return c
+}
+
+// store sets counts[k] to n, keeping a copy of k's bytes only when it is new (seen
+// false): k often shares the memory of a whole request header.
+func store(counts map[string]int64, k string, n int64, seen bool) {
 	if seen {
 		counts[k] = n
 	} else {
 		counts[strings.Clone(k)] = n
 	}
-	return n
 }

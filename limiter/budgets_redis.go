@@ -94,11 +94,13 @@ func (l *Redis) countBudgets(ctx context.Context, deadline time.Time, c budgetCo
 	ctx, cancel := bounded(ctx, deadline)
 	defer cancel()
 	round := []budgetCount{c}
-	members := []int{0}
-	keys, args := budgetCall(round, members)
-	v, err := budgetScript.Run(ctx, l.rdb, keys, args...).Int64Slice()
+	calls := budgetCalls(round)
+	if len(calls) != 1 {
+		return budgetCounts{}, fmt.Errorf("limiter: %d script calls for one count", len(calls))
+	}
+	v, err := budgetScript.Run(ctx, l.rdb, calls[0].keys, calls[0].args...).Int64Slice()
 	var replies [1]budgetReply
-	readBudgets(members, v, err, replies[:], &l.clock)
+	readBudgets(round, &calls[0], v, err, replies[:], &l.clock)
 	return replies[0].counts, replies[0].err
 }
 
@@ -172,9 +174,8 @@ func newBudgetPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redi
 }
 
 // send is the budget pipeline's gather.Flush: one script call per org and month in the
-// round, its members in the order they joined, sent as pipeline.send sends Allow's
-// (one pipeline, NOSCRIPT calls again as EVAL, the round bounded by its callers' latest
-// deadline).
+// round (see budgetCalls), sent as pipeline.send sends Allow's (one pipeline, NOSCRIPT
+// calls again as EVAL, the round bounded by its callers' latest deadline).
 func (p *budgetPipeline) send(ctx context.Context, deadline time.Time, round []budgetCount) ([]budgetReply, error) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(p.timeout)
@@ -182,12 +183,9 @@ func (p *budgetPipeline) send(ctx context.Context, deadline time.Time, round []b
 	ctx, cancel := bounded(ctx, deadline)
 	defer cancel()
 	replies := make([]budgetReply, len(round))
-	calls := byOrg(round)
-	keys := make([][]string, len(calls))
-	args := make([][]any, len(calls))
+	calls := budgetCalls(round)
 	todo := make([]int, len(calls))
 	for c := range calls {
-		keys[c], args[c] = budgetCall(round, calls[c])
 		todo[c] = c
 	}
 	for attempt := 0; attempt < 2 && len(todo) > 0; attempt++ {
@@ -200,9 +198,9 @@ func (p *budgetPipeline) send(ctx context.Context, deadline time.Time, round []b
 		cmds := make([]*redis.Cmd, len(todo))
 		for j, c := range todo {
 			if attempt == 0 {
-				cmds[j] = budgetScript.EvalSha(ctx, run, keys[c], args[c]...)
+				cmds[j] = budgetScript.EvalSha(ctx, run, calls[c].keys, calls[c].args...)
 			} else {
-				cmds[j] = budgetScript.Eval(ctx, run, keys[c], args[c]...)
+				cmds[j] = budgetScript.Eval(ctx, run, calls[c].keys, calls[c].args...)
 			}
 		}
 		p.calls.Add(uint64(len(todo)))
@@ -216,89 +214,139 @@ func (p *budgetPipeline) send(ctx context.Context, deadline time.Time, round []b
 				again = append(again, c)
 				continue
 			}
-			readBudgets(calls[c], v, err, replies, p.clock)
+			readBudgets(round, &calls[c], v, err, replies, p.clock)
 		}
 		todo = again
 	}
 	return replies, nil
 }
 
-// byOrg groups the indices of round by org counter and month counter, each group and
-// the groups in the order of arrival: the members of one script call.
-func byOrg(round []budgetCount) [][]int {
+// budgetCall is one call of budgetScript: its KEYS and ARGV, its members (indices of a
+// round, in the order of ARGV), and for each member the index in KEYS of its key's
+// counter, from 1 as Lua counts (0: no key budget).
+type budgetCall struct {
+	keys    []string
+	args    []any
+	members []int
+	keyOf   []int
+}
+
+// budgetCalls splits round into script calls: one per org counter, month counter and
+// org limits (an org's plan changed mid-round goes as two), the groups and their
+// members in the order of arrival. A call holds each key counter once, with its limit:
+// a count of a key counter already in its call with another limit (the key's limit
+// changed mid-round) goes in a call of its own.
+func budgetCalls(round []budgetCount) []budgetCall {
+	var groups [][]int
 	if len(round) == 1 {
-		return [][]int{{0}}
-	}
-	type call struct{ org, month string }
-	var calls [][]int
-	index := make(map[call]int)
-	for i := range round {
-		k := call{round[i].orgCounter, round[i].monthCounter}
-		c, ok := index[k]
-		if !ok {
-			c = len(calls)
-			index[k] = c
-			calls = append(calls, nil)
+		groups = oneCount
+	} else {
+		type group struct {
+			org, month string
+			orgLimit   int
+			monthLimit int64
 		}
-		calls[c] = append(calls[c], i)
+		index := make(map[group]int)
+		for i := range round {
+			c := &round[i]
+			k := group{c.orgCounter, c.monthCounter, c.orgLimit, c.monthLimit}
+			g, ok := index[k]
+			if !ok {
+				g = len(groups)
+				index[k] = g
+				groups = append(groups, nil)
+			}
+			groups[g] = append(groups[g], i)
+		}
+	}
+	calls := make([]budgetCall, 0, len(groups))
+	for _, members := range groups {
+		for len(members) > 0 {
+			var call budgetCall
+			members = call.fill(round, members)
+			calls = append(calls, call)
+		}
 	}
 	return calls
 }
 
-// budgetCall returns the KEYS and ARGV of the script call counting members, indices of
-// round sharing one org counter and month counter (see budgetScript).
-func budgetCall(round []budgetCount, members []int) ([]string, []any) {
+// oneCount is the groups of a round of one count; read only.
+var oneCount = [][]int{{0}}
+
+// fill makes call count the members of round it can (see budgetCalls) and returns
+// the others.
+func (call *budgetCall) fill(round []budgetCount, members []int) (others []int) {
 	first := &round[members[0]]
-	keys := make([]string, 2, 3)
-	keys[0], keys[1] = first.orgCounter, first.monthCounter
-	args := make([]any, 3, 3+5*len(members))
-	var minuteTTL, monthTTL, seed int64 = 0, 0, -1
+	call.keys = append(make([]string, 0, 3), first.orgCounter, first.monthCounter)
+	var limits []int         // of keys[2:]
 	var index map[string]int // key counter to its index in keys, once there are many
-	for _, i := range members {
+	minuteTTL, monthTTL, seed := int64(0), int64(0), int64(-1)
+	call.members = members // until one goes to others
+	call.keyOf = make([]int, 0, len(members))
+	for j, i := range members {
 		c := &round[i]
 		k := 0 // no key budget
 		if c.keyCounter != "" {
-			k = keyIndex(&keys, &index, c.keyCounter)
-		}
-		// Any member's TTLs will do; the longest are safest. One seeded member
-		// seeds them all: they count the same month.
-		minuteTTL, monthTTL, seed = max(minuteTTL, c.minuteTTL), max(monthTTL, c.monthTTL), max(seed, c.seed)
-		args = append(args, k, c.keyLimit, c.orgLimit, c.monthLimit, c.redisDeadline)
-	}
-	args[0], args[1], args[2] = minuteTTL, monthTTL, seed
-	return keys, args
-}
-
-// keyIndex returns the index in KEYS (from 1, as Lua counts) of counter, adding it to
-// *keys if it is new; *index maps counters to it once *keys is long.
-func keyIndex(keys *[]string, index *map[string]int, counter string) int {
-	if *index != nil {
-		if k, ok := (*index)[counter]; ok {
-			return k
-		}
-	} else {
-		for j, have := range (*keys)[2:] {
-			if have == counter {
-				return j + 3
+			k = lookup(call.keys, index, c.keyCounter)
+			switch {
+			case k == 0:
+				call.keys = append(call.keys, c.keyCounter)
+				limits = append(limits, c.keyLimit)
+				k = len(call.keys)
+				if index != nil {
+					index[c.keyCounter] = k
+				} else if k > 10 {
+					index = make(map[string]int, 2*len(members))
+					for x, have := range call.keys[2:] {
+						index[have] = x + 3
+					}
+				}
+			case limits[k-3] != c.keyLimit:
+				if others == nil {
+					call.members = append(make([]int, 0, len(members)), members[:j]...)
+				}
+				others = append(others, i)
+				continue
 			}
 		}
-	}
-	*keys = append(*keys, counter)
-	k := len(*keys)
-	if *index != nil {
-		(*index)[counter] = k
-	} else if k > 10 {
-		*index = make(map[string]int, 2*k)
-		for j, have := range (*keys)[2:] {
-			(*index)[have] = j + 3
+		// Any member's TTLs will do; the longest are safest. One seeded member seeds
+		// them all: they count the same month.
+		minuteTTL, monthTTL, seed = max(minuteTTL, c.minuteTTL), max(monthTTL, c.monthTTL), max(seed, c.seed)
+		if others != nil {
+			call.members = append(call.members, i)
 		}
+		call.keyOf = append(call.keyOf, k)
 	}
-	return k
+	call.args = make([]any, 0, 5+len(limits)+2*len(call.members))
+	call.args = append(call.args, minuteTTL, monthTTL, seed, first.orgLimit, first.monthLimit)
+	for _, limit := range limits {
+		call.args = append(call.args, limit)
+	}
+	for j, i := range call.members {
+		call.args = append(call.args, call.keyOf[j], round[i].redisDeadline)
+	}
+	return others
 }
 
-// readBudgets hands the members of one script call (indices of a round, in the order
-// of its ARGV) their replies from the script's answer v or its error.
-func readBudgets(members []int, v []int64, err error, replies []budgetReply, clock *redisClock) {
+// lookup returns the index in keys (from 1) of counter among the key counters,
+// keys[2:], through index if it is not nil; 0 if it is not there.
+func lookup(keys []string, index map[string]int, counter string) int {
+	if index != nil {
+		return index[counter]
+	}
+	for j, have := range keys[2:] {
+		if have == counter {
+			return j + 3
+		}
+	}
+	return 0
+}
+
+// readBudgets hands the members of one script call their replies, from the script's
+// answer v or its error: the counts as they stood before the call, from which stages
+// numbers each member in order, as the script did; ErrLate to those the script did
+// not count, as it decided (see late).
+func readBudgets(round []budgetCount, call *budgetCall, v []int64, err error, replies []budgetReply, clock *redisClock) {
 	if err == nil && len(v) >= 2 {
 		clock.observe(v[1])
 	}
@@ -306,21 +354,27 @@ func readBudgets(members []int, v []int64, err error, replies []budgetReply, clo
 	case err != nil:
 	case len(v) == 2 && v[0] == -2:
 		err = errMonthMissing
-	case len(v) != 2+4*len(members) || v[0] != 0:
-		err = fmt.Errorf("unexpected reply %v for %d counts", v, len(members))
+	case len(v) != 2+len(call.keys) || v[0] != 0:
+		err = fmt.Errorf("unexpected reply %v for %d counts", v, len(call.members))
 	}
 	if err != nil {
-		for _, i := range members {
+		for _, i := range call.members {
 			replies[i].err = err
 		}
 		return
 	}
-	for j, i := range members {
-		s := v[2+4*j : 2+4*j+4]
-		if s[0] < 0 {
+	now, org, month, keys := v[1], v[2], v[3], v[4:] // keys: of call.keys[2:], advanced below
+	var none int64
+	for j, i := range call.members {
+		c := &round[i]
+		if late(c.redisDeadline, now) {
 			replies[i].err = ErrLate
 			continue
 		}
-		replies[i].counts = budgetCounts{stage: s[0], key: s[1], org: s[2], month: s[3]}
+		key := &none
+		if k := call.keyOf[j]; k > 0 {
+			key = &keys[k-3]
+		}
+		replies[i].counts = stages(key, &org, &month, c.keyLimit, c.orgLimit, c.monthLimit)
 	}
 }

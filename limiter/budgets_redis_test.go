@@ -313,3 +313,70 @@ func TestABudgetCountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *
 		}
 	}, limiter.WithClock(clock.now))
 }
+
+func TestALimitChangedMidRoundKeepsOneCount(t *testing.T) {
+	// A key's own limit or its org's plan changes while counts of the old and the new
+	// limits share a round: each count is judged by its own limits, and all of them
+	// share the counters, each number taken once.
+	const timeout = 2 * time.Second
+	rdb, proxy := slowRedis(t, timeout)
+	clock := newClock(at(base, 20*time.Second))
+	for _, tc := range []struct {
+		name     string
+		old, new limiter.Budgets
+	}{
+		{"the key's limit", limiter.Budgets{Key: "k", KeyLimit: 5, Org: "o", OrgLimit: 1000, MonthLimit: 1e6},
+			limiter.Budgets{Key: "k", KeyLimit: 1000, Org: "o", OrgLimit: 1000, MonthLimit: 1e6}},
+		{"the org's limits", limiter.Budgets{Key: "k", KeyLimit: 1000, Org: "o", OrgLimit: 5, MonthLimit: 1e6},
+			limiter.Budgets{Key: "k", KeyLimit: 1000, Org: "o", OrgLimit: 1000, MonthLimit: 2e6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(prefix),
+				limiter.WithPipelining(timeout))
+			if _, err := l.Allow(context.Background(), "warm", 1); err != nil {
+				t.Fatal(err)
+			}
+			proxy.SetDelay(20 * time.Millisecond)
+			defer proxy.SetDelay(0)
+			before := limiter.BudgetScriptCalls(l)
+			got := spend(t, instances{a: l, b: l}, 20, tc.old, tc.new)
+			if calls := limiter.BudgetScriptCalls(l) - before; calls >= 40 {
+				t.Errorf("40 counts made %d script calls; want rounds of several", calls)
+			}
+			var key, org, used []int // the numbers taken, where the limits show them
+			for _, r := range got.results {
+				if r.Key.Limit == 1000 {
+					key = append(key, 1000-r.Key.Remaining)
+				} else if r.Key.Allowed {
+					key = append(key, 5-r.Key.Remaining)
+				}
+				if r.RefusedAt != limiter.StageKey && (r.Org.Limit == 1000 || r.Org.Allowed) {
+					org = append(org, r.Org.Limit-r.Org.Remaining)
+				}
+				if r.Allowed {
+					used = append(used, int(r.Month.Used))
+				}
+			}
+			for name, numbers := range map[string][]int{"key": key, "org": org, "month": used} {
+				sort.Ints(numbers)
+				for i, n := range numbers {
+					if i > 0 && n == numbers[i-1] {
+						t.Errorf("%s numbers %v: %d taken twice", name, numbers, n)
+					}
+				}
+			}
+			// The old limit allows 5 of its 20 (the first 5 numbers, whichever counts
+			// took them), the new one all of its 20.
+			if got.allowed < 20 || got.allowed > 25 || got.failed != 0 || len(used) != got.allowed || used[len(used)-1] != got.allowed {
+				t.Errorf("allowed %d, refused %v, month used %v", got.allowed, got.refused, used)
+			}
+			// Redis's counters agree with the answers.
+			instances{rdb: redisClient(t)}.checkCounters(t, map[string]int64{
+				keyCounter(prefix, "o", "k", base):     40,
+				orgCounter(prefix, "o", base):          int64(40 - got.refused[limiter.StageKey]),
+				monthCounter(prefix, "o", clock.now()): int64(got.allowed),
+			})
+		})
+	}
+}
