@@ -153,9 +153,10 @@ func WithMonthSeed(seed MonthSeed) Option {
 // was counted; the caller seeds the month and counts again.
 var errMonthMissing = errors.New("limiter: the month's counter is missing")
 
-// seedAttempts is how many times AllowBudgets counts before it gives up on a month
-// whose counter keeps going missing (a Redis flushed again and again).
-const seedAttempts = 3
+// seedAttempts is how many times AllowBudgets counts: once, and once more with a seed
+// if the month was missing. A count with a seed sets a missing month, so the second
+// cannot find it missing.
+const seedAttempts = 2
 
 // budgetCounts are the counts of one request, the answer of its budgets' stages: the
 // stage that refused it (0 for none), the key's minute count, the org's minute count

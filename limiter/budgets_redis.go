@@ -32,9 +32,10 @@ import (
 // one script call; the rounds are the pipeline's (see WithPipelining) but separate
 // from Allow's, so that a count of Allow never waits for or pays for these.
 //
-// With WithMonthSeed, a count that finds the month's counter missing counts nothing,
-// seeds the month and counts again: three round trips, with the seed's, once a month
-// or after Redis lost its data.
+// With WithMonthSeed, a count that finds the month's counter missing counts nothing;
+// the month is seeded (see WithMonthSeed) and the count made again with the seed:
+// two round trips and a seed call, once a month per org, or after Redis lost its
+// data.
 func (l *Redis) AllowBudgets(ctx context.Context, b Budgets) (BudgetsResult, error) {
 	if err := b.check(); err != nil {
 		return BudgetsResult{}, err
