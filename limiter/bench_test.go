@@ -25,3 +25,31 @@ func BenchmarkPipelinedAllow(b *testing.B) {
 		cancel()
 	}, benchcpu.Self(), benchcpu.Redis(c))
 }
+
+// BenchmarkPipelinedAllowBudgets is BenchmarkPipelinedAllow for keys whose plan has an
+// org ceiling and a monthly quota: every count goes through all three stages. "keys in
+// their own orgs" makes as many script calls per round as Allow's eight keys; "keys of
+// one org" shares one call per round among them.
+func BenchmarkPipelinedAllowBudgets(b *testing.B) {
+	c := redisClient(b)
+	l := limiter.NewRedis(c, limiter.WithPrefix(uniquePrefix(b)), limiter.WithPipelining(time.Second))
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	for _, bc := range []struct {
+		name string
+		org  func(i int) string
+	}{
+		{"keys in their own orgs", func(i int) string { return "org-" + keys[i%len(keys)] }},
+		{"keys of one org", func(int) string { return "org" }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			benchcpu.Run(b, func(b *testing.B, i int) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				budgets := limiter.Budgets{Key: keys[i%len(keys)], KeyLimit: 1 << 30, Org: bc.org(i), OrgLimit: 1 << 30, MonthLimit: 1 << 50}
+				if _, err := l.AllowBudgets(ctx, budgets); err != nil {
+					b.Errorf("AllowBudgets: %v", err)
+				}
+				cancel()
+			}, benchcpu.Self(), benchcpu.Redis(c))
+		})
+	}
+}

@@ -10,4 +10,15 @@ func ScriptCalls(l *Redis) uint64 {
 }
 
 // ScriptHashes are the SHA1s of the scripts Prepare loads.
-func ScriptHashes() []string { return []string{incrScript.Hash(), clockScript.Hash()} }
+func ScriptHashes() []string {
+	return []string{incrScript.Hash(), clockScript.Hash(), budgetScript.Hash()}
+}
+
+// BudgetScriptCalls is how many script calls l's pipeline has sent for AllowBudgets;
+// 0 without pipelining.
+func BudgetScriptCalls(l *Redis) uint64 {
+	if l.budgets == nil {
+		return 0
+	}
+	return l.budgets.calls.Load()
+}

@@ -54,6 +54,7 @@ type options struct {
 	timeout         time.Duration // WithTimeout; 0: none
 	pipelineTimeout time.Duration // 0: no pipelining
 	linger          time.Duration // WithLinger; 0: none
+	monthSeed       MonthSeed     // WithMonthSeed; nil: none
 }
 
 // WithClock makes the limiter read the time from now instead of time.Now. Tests of

@@ -16,6 +16,13 @@ type Local struct {
 	mu     sync.Mutex
 	window int64            // guarded by mu
 	counts map[string]int64 // guarded by mu; counts of window
+
+	// AllowBudgets's: the orgs' minute counts and months. Allow never reads them.
+	seeds     *seeder          // WithMonthSeed's; nil for none
+	orgWindow int64            // guarded by mu
+	orgs      map[string]int64 // guarded by mu; org minute counts of orgWindow
+	month     int64            // guarded by mu; yyyymm
+	used      map[string]int64 // guarded by mu; org month counts of month
 }
 
 var _ Limiter = (*Local)(nil)
@@ -23,7 +30,7 @@ var _ Limiter = (*Local)(nil)
 // NewLocal returns an in-process limiter. WithPrefix does not apply to it.
 func NewLocal(opts ...Option) *Local {
 	o := buildOptions(opts)
-	return &Local{now: o.now, counts: make(map[string]int64)}
+	return &Local{now: o.now, counts: make(map[string]int64), seeds: newSeeder(o.monthSeed)}
 }
 
 // Allow counts one request of key; see Limiter. Its only error is ErrBadLimit.

@@ -31,6 +31,9 @@ type Redis struct {
 	opts  options
 	pipe  *pipeline // nil without WithPipelining
 	clock redisClock
+
+	budgets *budgetPipeline // AllowBudgets's; nil without WithPipelining
+	seeds   *seeder         // WithMonthSeed's; nil for none
 }
 
 // NewRedis returns a limiter counting in rdb: a *redis.Client, *redis.ClusterClient,
@@ -44,7 +47,9 @@ func NewRedis(rdb redis.Scripter, opts ...Option) *Redis {
 	l := &Redis{rdb: rdb, opts: buildOptions(opts), clock: redisClock{once: make(chan struct{}, 1)}}
 	if p, ok := rdb.(pipeliner); ok && l.opts.pipelineTimeout > 0 {
 		l.pipe = newPipeline(p, l.opts.pipelineTimeout, l.opts.linger, &l.clock)
+		l.budgets = newBudgetPipeline(p, l.opts.pipelineTimeout, l.opts.linger, &l.clock)
 	}
+	l.seeds = newSeeder(l.opts.monthSeed)
 	return l
 }
 
@@ -91,7 +96,7 @@ func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error
 // is that no request waits on it. On a Redis Cluster, the scripts load on every
 // primary.
 func (l *Redis) Prepare(ctx context.Context) error {
-	for _, s := range []*redis.Script{incrScript, clockScript} {
+	for _, s := range []*redis.Script{incrScript, clockScript, budgetScript} {
 		if err := s.Load(ctx, l.rdb).Err(); err != nil {
 			return fmt.Errorf("loading the limiter's scripts: %w", err)
 		}

@@ -1,0 +1,141 @@
+package limiter
+
+import "github.com/redis/go-redis/v9"
+
+// budgetScript counts requests of one organisation against their budgets, stage by
+// stage as stages says, as one atomic step on the Redis server, so that each stage is
+// exact across gateways. Every key it touches carries the org's hash tag, so it works
+// on Redis Cluster.
+//
+// One call may count several requests of the org (a pipelined round gathers them),
+// of one or several of its keys: each request meets the counts its predecessors in
+// ARGV left. As incrScript does, it counts no request whose deadline has passed, and
+// the caller tells which those were by comparing each deadline with the now returned.
+// The script answers the counts as they stood before the call; from them the caller
+// numbers each request with stages, as the script did. (An answer of four numbers
+// per request would cost the caller an allocation each.)
+//
+// A missing month counter is the sign of a new month, or of a Redis that lost its
+// data. Unless told what the month starts from, the script then counts nothing at
+// all, so that the caller can read the month's count from its record and call again
+// with it.
+var budgetScript = redis.NewScript(`
+-- KEYS[1]: the org's minute counter of the window.
+-- KEYS[2]: the org's month counter.
+-- KEYS[3], …: the minute counters of the org's keys, each once.
+-- ARGV[1]: how long a minute counter must live from now, in milliseconds (as
+--          incrScript's ARGV[1]).
+-- ARGV[2]: how long the month counter must live from now, in milliseconds: until a
+--          day after the month's end.
+-- ARGV[3]: what a missing month counter starts from; negative: count nothing, and
+--          say so.
+-- ARGV[4]: the org's minute limit; 0 for none.
+-- ARGV[5]: the month's limit; 0 for none.
+-- ARGV[6], …: the limit of each key counter, in the order of KEYS[3], ….
+-- Then two per request: the index in KEYS of its key's counter (0: no key budget),
+--          and its caller's deadline on Redis's clock in Unix milliseconds (0: none).
+-- Returns {status, now, org, month, key…}: status 0, or -2 when the month counter
+-- was missing and nothing was counted (then nothing follows now); now Redis's clock
+-- in Unix milliseconds; then the org's minute count, the month's count and each key
+-- counter's, in the order of KEYS[3], …, as they stood before this call.
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local orgLimit, monthLimit = tonumber(ARGV[4]), tonumber(ARGV[5])
+local first = 4 + #KEYS -- the first request's first argument
+local n = (#ARGV - first + 1) / 2
+
+-- A request is counted when its deadline is 0 or not before now.
+local live, keyOf, any = {}, {}, false
+for i = 1, n do
+	local deadline = tonumber(ARGV[first + 2 * i - 1])
+	live[i] = deadline <= 0 or now <= deadline
+	keyOf[i] = tonumber(ARGV[first + 2 * i - 2])
+	any = any or live[i]
+end
+
+local month = 0
+if monthLimit > 0 and any then
+	local v = redis.call("GET", KEYS[2])
+	if v then
+		month = tonumber(v)
+	else
+		local seed = tonumber(ARGV[3])
+		if seed < 0 then
+			return {-2, now}
+		end
+		month = seed
+		redis.call("SET", KEYS[2], seed, "PX", ARGV[2])
+	end
+end
+local out = {0, now, 0, month}
+
+-- (a) The key's minute counts every request: each key's count is added at once,
+-- and its numbers handed out in order below.
+local count, added = {}, {}
+for i = 1, n do
+	local k = keyOf[i]
+	if live[i] and k > 0 then
+		added[k] = (added[k] or 0) + 1
+	end
+end
+for k = 3, #KEYS do
+	local before = 0
+	if added[k] then
+		local after = redis.call("INCRBY", KEYS[k], added[k])
+		if after == added[k] then
+			-- The first requests of a window create its counter: make it expire.
+			redis.call("PEXPIRE", KEYS[k], ARGV[1])
+		end
+		before = after - added[k]
+	end
+	count[k] = before
+	out[#out + 1] = before
+end
+local passed, orgAdded = {}, 0
+for i = 1, n do
+	local k = keyOf[i]
+	if live[i] then
+		passed[i] = true
+		if k > 0 then
+			count[k] = count[k] + 1
+			passed[i] = count[k] <= tonumber(ARGV[3 + k])
+		end
+		if passed[i] then
+			orgAdded = orgAdded + 1
+		end
+	end
+end
+
+-- (b) The org's minute counts what the key's let through.
+local org = 0
+if orgLimit > 0 and any then
+	if orgAdded > 0 then
+		org = redis.call("INCRBY", KEYS[1], orgAdded)
+		if org == orgAdded then
+			redis.call("PEXPIRE", KEYS[1], ARGV[1])
+		end
+		org = org - orgAdded
+	else
+		org = tonumber(redis.call("GET", KEYS[1]) or "0")
+	end
+end
+out[3] = org
+
+-- (c) The month counts only what it lets through.
+if monthLimit > 0 then
+	local monthAdded = 0
+	for i = 1, n do
+		if passed[i] then
+			org = org + 1
+			if (orgLimit <= 0 or org <= orgLimit) and month < monthLimit then
+				month = month + 1
+				monthAdded = monthAdded + 1
+			end
+		end
+	end
+	if monthAdded > 0 then
+		redis.call("INCRBY", KEYS[2], monthAdded)
+	end
+end
+return out
+`)
