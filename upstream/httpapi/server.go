@@ -196,6 +196,7 @@ func (s *Server) routes() http.Handler {
 		{"POST /orgs/{orgId}/api-keys", s.keyRoute(s.handleCreateKey)},
 		{"GET /orgs/{orgId}/api-keys", s.keyRoute(s.handleListKeys)},
 		{"DELETE /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleRevokeKey)},
+		{"PATCH /orgs/{orgId}/api-keys/{id}", s.keyRoute(s.handleUpdateKey)},
 		{"POST /orgs/{orgId}/api-keys/{id}/roll", s.keyRoute(s.handleRollKey)},
 		{"GET /orgs/{orgId}/audit-events", s.keyRoute(s.handleListAuditEvents)},
 		{"GET /orgs/{orgId}/usage", s.memberRoute(anyRole, s.handleUsage)},
