@@ -208,6 +208,7 @@ func (s *Server) routes() http.Handler {
 		{"GET /dashboard/orgs/{orgId}/keys/{id}/revoke", s.page(s.pageConfirmRevoke)},
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/revoke", s.page(s.pageRevoke)},
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/roll", s.page(s.pageRoll)},
+		{"POST /dashboard/orgs/{orgId}/keys/{id}/settings", s.page(s.pageUpdateKey)},
 		{"GET /dashboard/orgs/{orgId}/audit", s.page(s.pageAudit)},
 		{"GET /dashboard/orgs/{orgId}/usage", s.page(s.pageUsage)},
 		{"GET /dashboard/static/{file}", s.page(s.pageStatic)},
