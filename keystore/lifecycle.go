@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -50,10 +51,20 @@ type Event struct {
 	At      time.Time
 }
 
-// audit appends e to the audit trail within tx.
+// audit appends e to the audit trail within tx. The changes travel as JSON text cast in
+// SQL: through PgBouncer the exec and simple_protocol modes send parameters without a
+// described type, and pgx can encode a struct only against one.
 func audit(ctx context.Context, tx pgx.Tx, e Event) error {
+	var changes *string
+	if e.Changes != nil {
+		b, err := json.Marshal(e.Changes)
+		if err != nil {
+			return fmt.Errorf("auditing %s: %w", e.Action, err)
+		}
+		changes = new(string(b))
+	}
 	_, err := tx.Exec(ctx, `INSERT INTO audit_events (org_id, action, key_id, actor, new_key_id, url, changes)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), $7)`, e.OrgID, e.Action, e.KeyID, e.Actor, e.NewKeyID, e.URL, e.Changes)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), $7::text::jsonb)`, e.OrgID, e.Action, e.KeyID, e.Actor, e.NewKeyID, e.URL, changes)
 	if err != nil {
 		return fmt.Errorf("auditing %s: %w", e.Action, err)
 	}
