@@ -47,12 +47,9 @@ const (
 	// overlap while each still answers within the timeout. The default floor of
 	// connections covers them, so that none of them opens a connection on its
 	// requests' time.
-	lookupOverflow       = 9
-	limiterFailureOpen   = "open"
-	limiterFailureClosed = "closed"
-	limiterFailureLocal  = "local"
-	legacyKeysAccept     = "accept"
-	legacyKeysReject     = "reject"
+	lookupOverflow   = 9
+	legacyKeysAccept = "accept"
+	legacyKeysReject = "reject"
 )
 
 // defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
@@ -240,13 +237,11 @@ type Handler struct {
 	signer      *gatewayauth.Signer // nil without identity_key
 	format      keystore.Format
 	fields      *fieldSet
-	verifier    Verifier
-	limiter     limiter.Limiter // a *redisLimiter, or the in-process limiter shared across reloads
-	failClosed  bool
-	failLocal   bool
+	lookups     lookups        // PostgreSQL, behind its breaker (dependencies.go)
+	counts      counts         // Redis, behind its breaker, or the in-process limiter
+	failMode    limiterFailure // LimiterFailure
+	fallback    *limiter.Local // failLocal: this instance's counts while Redis cannot count
 	metrics     *metrics       // nil with DisableMetrics
-	fallback    *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
-	pgBreaker   *breaker       // around key lookups
 	lastUsed    recorder       // nil with last_used_interval off
 	poolKeys    []string       // what to give back to pools in Cleanup
 	logger      *zap.Logger    // from ctx.Logger()
@@ -289,70 +284,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.metrics = m
 	}
 
-	pgSetup := connSetup{time.Duration(h.DatabaseDialTimeout), h.DatabaseMinConns}
-	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
+	pool, err := h.provisionLookups()
 	if err != nil {
 		return err
 	}
-	h.pgBreaker.probe = postgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
-	h.poolKeys = append(h.poolKeys, key)
 	if h.LastUsedInterval > 0 {
 		lu, key := h.loadLastUsed(pool)
 		h.poolKeys = append(h.poolKeys, key)
 		h.lastUsed = lu
 	}
-	store := keystore.New(pool, h.format)
-	h.verifier = storeWithin{store, time.Duration(h.DatabaseTimeout)}
-	if !h.DisableLookupBatching {
-		// Timeout bounds both how long a request waits for its answer and the batch
-		// query, which serves many requests and so runs under none of their contexts
-		// (a request giving up must not cancel the others' query).
-		opts := keystore.BatcherOptions{
-			Lanes:   h.LookupLanes,
-			Timeout: time.Duration(h.DatabaseTimeout),
-			Linger:  time.Duration(h.BatchLinger),
-		}
-		if h.metrics != nil {
-			opts.OnBatch = h.metrics.observeBatch
-		}
-		h.verifier = keystore.NewBatcher(store, opts)
-	}
-
-	if h.redisURL != "" {
-		setup := connSetup{time.Duration(h.RedisDialTimeout), h.RedisMinConns}
-		rd, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), setup, h.logger)
-		if err != nil {
-			return err
-		}
-		h.poolKeys = append(h.poolKeys, key)
-		opts := []limiter.Option{limiter.WithTimeout(time.Duration(h.RedisTimeout))}
-		if !h.DisableCountPipelining {
-			opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)), limiter.WithLinger(time.Duration(h.BatchLinger)))
-		}
-		lim := limiter.NewRedis(rd.client, opts...)
-		budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
-		h.limiter = &redisLimiter{
-			lim:     lim,
-			breaker: newBreaker(redisProbe(rd.warmer, lim, budget), h.breakerChanged("redis")),
-			warmer:  rd.warmer,
-			metrics: h.metrics,
-		}
-		// The scripts and Redis's clock, read before the first count needs them; a
-		// Redis that does not answer now is prepared by the breaker's probe later.
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), budget)
-			defer cancel()
-			_ = lim.Prepare(ctx)
-		}()
-		if h.failLocal {
-			h.fallback = limiter.NewLocal()
-		}
-	} else {
-		lim, key := loadLocalLimiter()
-		h.poolKeys = append(h.poolKeys, key)
-		h.limiter = lim
-	}
-	return nil
+	return h.provisionCounts()
 }
 
 // configure applies the defaults, replaces placeholders, checks the options and builds
@@ -367,7 +308,7 @@ func (h *Handler) configure(logger *zap.Logger) error {
 		h.KeyPrefix = keystore.DefaultPrefix
 	}
 	if h.LimiterFailure == "" {
-		h.LimiterFailure = limiterFailureOpen
+		h.LimiterFailure = failOpen.String()
 	}
 	if h.DatabaseTimeout == 0 {
 		h.DatabaseTimeout = caddy.Duration(defaultDatabaseTimeout)
@@ -422,9 +363,10 @@ func (h *Handler) configure(logger *zap.Logger) error {
 		h.format = h.format.RejectingLegacy()
 	}
 	h.fields = newFieldSet(h.StripFields)
-	h.failClosed = h.LimiterFailure == limiterFailureClosed
-	h.failLocal = h.LimiterFailure == limiterFailureLocal
-	h.pgBreaker = newBreaker(nil, h.breakerChanged("postgres")) // its probe comes with the pool
+	h.failMode, _ = parseLimiterFailure(h.LimiterFailure) // valid: checked by Validate
+	if h.failMode == failLocal {
+		h.fallback = limiter.NewLocal()
+	}
 	if identityKey != "" {
 		priv, err := gatewayauth.ReadPrivateKey(identityKey)
 		if err != nil {
@@ -471,7 +413,7 @@ func (h *Handler) Validate() error {
 	if !keystore.ValidPrefix(h.KeyPrefix) {
 		return fmt.Errorf("key_prefix %q: must match [a-z][a-z0-9]{0,15}", h.KeyPrefix)
 	}
-	if !validLimiterFailure(h.LimiterFailure) {
+	if _, ok := parseLimiterFailure(h.LimiterFailure); !ok {
 		return fmt.Errorf("limiter_failure %q: must be open, closed or local", h.LimiterFailure)
 	}
 	if h.DatabaseTimeout < 0 {
@@ -541,9 +483,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 2. The key, on this very request.
-	start := h.startTimer()
-	key, ok, err := h.verify(r.Context(), keyID, secret)
-	h.observeLookup(r, start, err)
+	key, ok, err := h.lookups.verify(r.Context(), keyID, secret)
 	if err != nil {
 		h.lookupFailed(r, err)
 		h.record(r, outcomeLookupUnavailable, nil)
@@ -567,46 +507,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 
-	// 4. Rate limit: every request that got here with a positive limit counts.
-	var counted *limiter.Result // nil when the request was not counted
-	if key.RateLimit > 0 {
-		start := h.startTimer()
-		rl, err := h.limiter.Allow(r.Context(), key.ID, key.RateLimit)
-		h.observeCount(r, start, err)
-		if err != nil && h.fallback != nil {
-			h.limiterFailed(key, err)
-			rl, err = h.fallback.Allow(r.Context(), key.ID, key.RateLimit)
-		}
-		switch {
-		case err != nil && h.failClosed:
-			h.limiterFailed(key, err)
-			h.record(r, outcomeLimiterUnavailable, &key)
-			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
-			return nil
-		case err != nil:
-			h.limiterFailed(key, err) // open: through, without RateLimit headers
-		default:
-			// The RateLimit fields are set where the answer is written: here for a
-			// 429, by writeCounted for the module's other answers, by the proxyWriter
-			// for the upstream's.
-			counted = &rl
-			if !rl.Allowed {
-				setRateLimitHeaders(w.Header(), rl)
-				if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
-					c.Write(zap.String("key_id", key.ID), zap.Int("limit", rl.Limit))
-				}
-				h.record(r, outcomeRateLimited, &key)
-				writeRateLimited(w, rl)
-				return nil
-			}
-		}
+	// 4. The rate limit.
+	count, answered := h.rateLimit(w, r, &key)
+	if answered {
+		return nil
 	}
 
 	// 5. Role. Only Admin and Editor write: a role the gateway does not know (the
 	// database allows none) reads only, rather than writes.
 	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
 		h.record(r, outcomeForbidden, &key)
-		writeCounted(w, counted)
+		setRateLimit(w.Header(), count)
 		writeJSON(w, http.StatusForbidden, bodyForbidden)
 		return nil
 	}
@@ -614,79 +525,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 6. GET /v1/me, answered here.
 	if r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		h.record(r, outcomeMe, &key)
-		writeCounted(w, counted)
+		setRateLimit(w.Header(), count)
 		writeMe(w, key)
 		return nil
 	}
 
 	// 7. Proxy.
 	h.record(r, outcomeProxied, &key)
-	return h.proxy(w, r, next, key, counted)
-}
-
-// verify looks the key up, unless PostgreSQL's breaker is open. The verifier bounds
-// the request's wait by database_timeout itself (see Provision).
-func (h *Handler) verify(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
-	if !h.pgBreaker.allow() {
-		return keystore.Key{}, false, errBreakerOpen
-	}
-	key, ok, err := h.verifier.VerifyParsed(ctx, keyID, secret)
-	h.pgBreaker.done(resultOf(ctx, err))
-	return key, ok, err
-}
-
-// storeWithin is the Verifier of disable_lookup_batching: a Store whose every lookup
-// is bounded by database_timeout, as a Batcher's are by its Timeout.
-type storeWithin struct {
-	store   *keystore.Store
-	timeout time.Duration
-}
-
-func (s storeWithin) VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	return s.store.VerifyParsed(ctx, keyID, secret)
-}
-
-// resultOf tells a breaker what a call under the request's context ctx came to: a
-// client that went away says nothing about the dependency.
-func resultOf(ctx context.Context, err error) callResult {
-	switch {
-	case err == nil:
-		return callSucceeded
-	case ctx.Err() != nil:
-		return callIgnored
-	}
-	return callFailed
-}
-
-// breakerChanged returns the hook that logs dependency's breaker opening and closing,
-// and sets its keygate_dependency_up: 0 when it opens, 1 when its probe closes it.
-func (h *Handler) breakerChanged(dependency string) func(from, to breakerState) {
-	return func(from, to breakerState) {
-		switch {
-		case to == breakerOpen && from == breakerClosed:
-			h.logger.Warn("circuit breaker open: answering at once without waiting on the dependency",
-				zap.String("dependency", dependency))
-		case to == breakerClosed:
-			h.logger.Info("circuit breaker closed: the dependency answers again",
-				zap.String("dependency", dependency))
-		}
-		if h.metrics == nil {
-			return
-		}
-		switch to {
-		case breakerOpen:
-			h.metrics.dependency(dependency).Set(0)
-		case breakerClosed:
-			h.metrics.dependency(dependency).Set(1)
-		}
-	}
-}
-
-// validLimiterFailure reports whether v is a limiter_failure mode.
-func validLimiterFailure(v string) bool {
-	return v == limiterFailureOpen || v == limiterFailureClosed || v == limiterFailureLocal
+	return h.proxy(w, r, next, key, count)
 }
 
 // setIdentityPlaceholders makes the key's identity available to the rest of the
@@ -699,31 +545,6 @@ func setIdentityPlaceholders(r *http.Request, key keystore.Key) {
 	repl.Set("http.auth.user.id", key.ID)
 	repl.Set("http.auth.user.org_id", key.OrgID)
 	repl.Set("http.auth.user.role", string(key.Role))
-}
-
-// lookupFailed logs a key lookup that PostgreSQL could not answer, at most once a
-// second: a dead database fails every request.
-func (h *Handler) lookupFailed(r *http.Request, err error) {
-	if r.Context().Err() != nil {
-		return // the client went away; not PostgreSQL's fault
-	}
-	if c := h.floodLog.Check(zapcore.ErrorLevel, "key lookup failed; answering 503"); c != nil {
-		c.Write(zap.Error(err))
-	}
-}
-
-// limiterFailed logs a count that Redis could not make, at most once a second.
-func (h *Handler) limiterFailed(key keystore.Key, err error) {
-	msg := "rate limiter failed; letting the request through (limiter_failure open)"
-	switch {
-	case h.failClosed:
-		msg = "rate limiter failed; answering 503 (limiter_failure closed)"
-	case h.failLocal:
-		msg = "rate limiter failed; counting in this instance (limiter_failure local)"
-	}
-	if c := h.floodLog.Check(zapcore.WarnLevel, msg); c != nil {
-		c.Write(zap.String("key_id", key.ID), zap.Error(err))
-	}
 }
 
 // readOnlyMethod reports whether a Viewer key may use method.

@@ -75,7 +75,7 @@ type hotRequest struct {
 func newHotRequest(tb testing.TB, method, path, auth string) *hotRequest {
 	tb.Helper()
 	h := newTestHandler(tb, hotVerifier{}, "")
-	h.limiter = limiter.NewLocal()
+	h.counts = localCounts(limiter.NewLocal(), h.metrics)
 	r := httptest.NewRequest(method, "http://gw"+path, nil)
 	repl := caddy.NewReplacer()
 	ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)

@@ -76,8 +76,7 @@ func TestKeyFormatDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 			h.metrics = newMetrics()
-			h.verifier = v
-			h.limiter = limiter.NewLocal()
+			withDoubles(h, v, limiter.NewLocal())
 			rec := &recorded{}
 			h.lastUsed = rec
 			r := httptest.NewRequest(http.MethodGet, "http://gw/v1/me", nil)

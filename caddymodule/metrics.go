@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -261,40 +260,6 @@ func (f *logFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	}
 	return nil
 }
-
-// startTimer returns the time to pass to the observe functions, or the zero time
-// without metrics (which then skip the clock altogether).
-func (h *Handler) startTimer() time.Time {
-	if h.metrics == nil {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// observeLookup records a key lookup begun at start.
-func (h *Handler) observeLookup(r *http.Request, start time.Time, err error) {
-	if h.metrics == nil {
-		return
-	}
-	h.metrics.lookupDuration.Observe(time.Since(start).Seconds())
-	h.metrics.postgres.attempted(r.Context(), err)
-}
-
-// observeCount records a rate-limit count begun at start.
-func (h *Handler) observeCount(r *http.Request, start time.Time, err error) {
-	if h.metrics == nil {
-		return
-	}
-	h.metrics.limiterDuration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		h.metrics.limiterErrors.Inc()
-	}
-}
-
-// observeRedis sets Redis's keygate_dependency_up from a count made under the
-// request's context ctx; redisLimiter calls it, as only a Redis count says anything
-// of Redis.
-func (m *metrics) observeRedis(ctx context.Context, err error) { m.redis.attempted(ctx, err) }
 
 // observeBatch is the Batcher's OnBatch.
 func (m *metrics) observeBatch(size int) { m.batchSize.Observe(float64(size)) }

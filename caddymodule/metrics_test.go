@@ -447,18 +447,16 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 			if on {
 				h.metrics = newMetrics()
 			}
+			lookups := newLookups(nil, nil, h.metrics)
+			counts := redisCounts(nil, nil, nil, h.metrics)
 			r := httptest.NewRequest(http.MethodGet, "/v1/monitors", nil)
+			ctx := r.Context()
 			key := keystore.Key{ID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: "o"}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					start := h.startTimer()
-					h.observeLookup(r, start, nil)
-					start = h.startTimer()
-					h.observeCount(r, start, nil)
-					if h.metrics != nil {
-						h.metrics.observeRedis(r.Context(), nil)
-					}
+					lookups.dep.observe(ctx, lookups.dep.start(), nil)
+					counts.dep.observe(ctx, counts.dep.start(), nil)
 					h.record(r, outcomeProxied, &key)
 				}
 			})

@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -10,8 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/keygate/keygate/limiter"
 )
 
 // commandLimits returns the settings that bound every command of a client, in every
@@ -99,37 +96,4 @@ func newRedisClient(mode, url, caFile string, timeout, dialTimeout time.Duration
 	default:
 		return nil, "", fmt.Errorf("redis_mode %q: must be single, cluster or sentinel", mode)
 	}
-}
-
-// redisLimiter is the Redis limiter as the handler counts in it: behind Redis's
-// circuit breaker, and noted in keygate_dependency_up. lim bounds each count by
-// redis_timeout itself (limiter.WithTimeout: the one request-level bound on Redis; the
-// client's own timeouts bound its parts, see newRedisClient). The in-process limiter
-// needs none of this, so the handler counts in either without asking which.
-type redisLimiter struct {
-	lim     limiter.Limiter
-	breaker *breaker
-	warmer  *redisWarmer // kicked when a count fails; nil in tests without one
-	metrics *metrics     // nil with disable_metrics
-}
-
-// Allow counts one request of key, unless the breaker is open.
-func (l *redisLimiter) Allow(ctx context.Context, key string, limit int) (limiter.Result, error) {
-	rl, err := l.allow(ctx, key, limit)
-	if l.metrics != nil {
-		l.metrics.observeRedis(ctx, err)
-	}
-	return rl, err
-}
-
-func (l *redisLimiter) allow(ctx context.Context, key string, limit int) (limiter.Result, error) {
-	if !l.breaker.allow() {
-		return limiter.Result{}, errBreakerOpen
-	}
-	rl, err := l.lim.Allow(ctx, key, limit)
-	l.breaker.done(resultOf(ctx, err))
-	if err != nil && l.warmer != nil {
-		l.warmer.kick()
-	}
-	return rl, err
 }

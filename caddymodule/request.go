@@ -11,7 +11,6 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
-	"github.com/keygate/keygate/limiter"
 )
 
 // This file holds step 7 of ServeHTTP, the request sent upstream: the client's
@@ -20,7 +19,7 @@ import (
 
 // proxy is step 7. The request goes on with its header rewritten for the upstream.
 // Its response comes back through a proxyWriter (response.go).
-func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, rl *limiter.Result) error {
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, count rateCount) error {
 	if err := h.rewriteHeader(r.Header, key); err != nil {
 		// Ed25519 signing does not fail with a valid key. Should it, the request
 		// does not go on unsigned.
@@ -28,7 +27,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
 		return nil
 	}
-	pw := newProxyWriter(w, r, rl, h.fields, h.floodLog)
+	pw := newProxyWriter(w, r, count, h.fields, h.floodLog)
 	pw.refusedLog = h.refusedLog
 	defer pw.release()
 	if err := next.ServeHTTP(pw, r); err != nil {

@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/keystore"
-	"github.com/keygate/keygate/limiter"
 )
 
 // writerMode is what a proxyWriter does with the body, decided when the response
@@ -55,10 +54,9 @@ type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
 	r       *http.Request
-	rl      limiter.Result // the request's count, for the RateLimit headers, if counted
-	counted bool           // whether rl holds a count
-	fields  *fieldSet      // strip_fields
-	log     *zap.Logger    // the handler's rate-limited logger
+	count   rateCount   // the request's count, for the RateLimit fields
+	fields  *fieldSet   // strip_fields
+	log     *zap.Logger // the handler's rate-limited logger
 	// refusedLog logs an upstream's 401: the upstream refuses the credentials of a
 	// request the gateway authenticated (upstreamRefusedLog).
 	refusedLog *zap.Logger
@@ -73,16 +71,13 @@ type proxyWriter struct {
 	done chan error
 }
 
-func newProxyWriter(w http.ResponseWriter, r *http.Request, rl *limiter.Result, fields *fieldSet, log *zap.Logger) *proxyWriter {
+func newProxyWriter(w http.ResponseWriter, r *http.Request, count rateCount, fields *fieldSet, log *zap.Logger) *proxyWriter {
 	pw := &proxyWriter{
 		wrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		r:       r,
+		count:   count,
 		fields:  fields,
 		log:     log,
-	}
-	if rl != nil {
-		// A copy, so that the handler's Result stays on its stack.
-		pw.rl, pw.counted = *rl, true
 	}
 	pw.ResponseWriterWrapper = &pw.wrapper
 	if r.Body != nil && r.Body != http.NoBody {
@@ -90,14 +85,6 @@ func newProxyWriter(w http.ResponseWriter, r *http.Request, rl *limiter.Result, 
 		r.Body = &pw.body
 	}
 	return pw
-}
-
-// count is the request's count, or nil when it was not counted.
-func (pw *proxyWriter) count() *limiter.Result {
-	if !pw.counted {
-		return nil
-	}
-	return &pw.rl
 }
 
 // WriteHeader decides what to do with the body; see proxyWriter.
@@ -121,7 +108,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 			zap.String("path", keystore.Redact(pw.r.URL.Path)))
 	}
 	hdr := pw.Header()
-	rateLimitHeaders(hdr, pw.count())
+	setRateLimit(hdr, pw.count)
 	weakenETag(hdr)
 
 	// Any Content-Type value saying JSON makes the body JSON. Every other body is
@@ -203,7 +190,7 @@ var upstreamBodyHeaders = []string{"Content-Encoding", "Content-Range", "Accept-
 func (pw *proxyWriter) writeError(status int) {
 	pw.mode = modeDiscard
 	hdr := pw.Header()
-	rateLimitHeaders(hdr, pw.count())
+	setRateLimit(hdr, pw.count)
 	for _, name := range upstreamBodyHeaders {
 		delete(hdr, name)
 	}
@@ -385,7 +372,7 @@ func (pw *proxyWriter) finish() error {
 	case modeUndecided:
 		// Nothing written: the server answers 200 with the header as it is, which
 		// must carry the request's RateLimit fields.
-		rateLimitHeaders(pw.Header(), pw.count())
+		setRateLimit(pw.Header(), pw.count)
 	}
 	return nil
 }

@@ -81,15 +81,21 @@ func newTestHandler(t testing.TB, v Verifier, limiterFailure string) *Handler {
 		t.Fatal(err)
 	}
 	h.metrics = newMetrics()
-	h.verifier = v
-	h.limiter = limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow }))
+	withDoubles(h, v, limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow })))
 	if limiterFailure != "" {
-		h.limiter = &redisLimiter{lim: failingLimiter{}, breaker: newBreaker(nil, nil), metrics: h.metrics}
-		if h.failLocal {
+		h.counts = redisCounts(failingLimiter{}, newBreaker(nil, nil), nil, h.metrics)
+		if h.failMode == failLocal {
 			h.fallback = limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow }))
 		}
 	}
 	return h
+}
+
+// withDoubles gives h the request path Provision builds, on v and lim: the lookups
+// behind a PostgreSQL breaker, and the counts in process.
+func withDoubles(h *Handler, v Verifier, lim limiter.Limiter) {
+	h.lookups = newLookups(v, newBreaker(nil, h.breakerChanged("postgres")), h.metrics)
+	h.counts = localCounts(lim, h.metrics)
 }
 
 // upstream is what the next handler (the reverse proxy's stand-in) does; the default
@@ -140,7 +146,7 @@ func (d decision) run(t *testing.T) {
 		r.Header["Authorization"] = d.auth
 		if keyID, _, ok := bearerKey(r.Header, h.format); ok {
 			for range d.used {
-				if _, err := h.limiter.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
+				if _, err := h.counts.lim.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
 					t.Fatal(err)
 				}
 			}
