@@ -1,10 +1,10 @@
-// Package caddymodule is the Caddy module v1_gateway (http.handlers.v1_gateway): the
-// public /v1 API contract enforced at the edge. For every request it checks the API
-// key against PostgreSQL, the organisation's API access, a per-key rate limit and the
-// key's role, answers GET /v1/me itself, and hands everything else to the next
-// handler (the reverse proxy to the upstream) with the caller's identity asserted in
-// X-Gateway-* headers, filtering the fields named in strip_fields out of every JSON
-// response.
+// Package caddymodule is the Caddy module v1_gateway (http.handlers.v1_gateway). It
+// enforces the public /v1 API contract at the edge. For every request it checks the
+// API key against PostgreSQL, the organisation's API access, a per-key rate limit and
+// the key's role. It answers GET /v1/me itself. It hands everything else to the next
+// handler, the reverse proxy to the upstream, with the caller's identity asserted in
+// X-Gateway-* headers. It filters the fields named in strip_fields out of every JSON
+// response. README.md gives the decision order; docs/configuration.md the options.
 package caddymodule
 
 import (
@@ -32,76 +32,77 @@ func init() {
 }
 
 // Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides
-// in the order of CONTRACT §2 (credentials, the key, API access, the rate limit, the
-// role, GET /v1/me, the proxy), and the first that applies answers; ServeHTTP numbers
+// in the order README.md gives: credentials, the key, API access, the rate limit, the
+// role, GET /v1/me, the proxy. The first step that applies answers. ServeHTTP numbers
 // the steps.
 //
-// The module expects to see full paths: use it under `handle /v1/*`, not
-// `handle_path /v1/*` (which strips the prefix, so that /v1/me would not be
-// recognised and the upstream would get paths without /v1).
+// The module needs full paths. Use it under `handle /v1/*`, not `handle_path /v1/*`,
+// which strips the prefix: /v1/me would not be recognised, and the upstream would get
+// paths without /v1.
 //
-// A PostgreSQL that fails or is slower than database_timeout answers 503
-// service_unavailable, never 401 and never lets a request through. A Redis that fails
-// is decided by limiter_failure. After a few failures in a row, a circuit breaker per
-// dependency stops waiting on it: the same answers come at once, and one request at a
-// time probes whether it is back (see breaker). An upstream that is down or times out answers 502
-// bad_gateway or 504 gateway_timeout. Every error the module answers is
-// application/json with a string field "error".
+// A PostgreSQL that fails, or is slower than database_timeout, answers 503
+// service_unavailable. It never answers 401 and never lets a request through.
+// limiter_failure decides for a Redis that fails. After a few failures in a row, a
+// circuit breaker per dependency stops waiting on it (see breaker). The same answers
+// then come at once, and one probe at a time asks whether the dependency is back. An
+// upstream that is down answers 502 bad_gateway; one that times out, 504
+// gateway_timeout. Every error the module answers is application/json with a string
+// field "error".
 //
-// The module sets the placeholders {http.auth.user.id} (the key id, which Caddy's
-// access log shows as user_id), {http.auth.user.org_id} and {http.auth.user.role}.
+// The module sets the placeholders {http.auth.user.id}, {http.auth.user.org_id} and
+// {http.auth.user.role}. Caddy's access log shows the first, the key id, as user_id.
 type Handler struct {
 	// DatabaseURL is the postgres:// URL of the database holding the API keys and
-	// plans, queried on every request. Placeholders such as {env.DATABASE_URL} are
-	// replaced when the config is loaded. pgxpool's URL parameters tune the pool,
-	// for example pool_max_conns=32 (pgxpool's default is 4 or the number of CPUs,
-	// whichever is greater). The pool is shared by every handler with the same URL
-	// and survives config reloads. Required.
+	// plans. Every request queries it. Placeholders such as {env.DATABASE_URL} are
+	// replaced when the config is loaded. pgxpool's URL parameters tune the pool, for
+	// example pool_max_conns=32. pgxpool's default size is 4 or the number of CPUs,
+	// whichever is greater. Every handler with the same URL shares one pool, which
+	// survives config reloads. Required.
 	DatabaseURL string `json:"database_url,omitempty"`
 
-	// RedisURL is the redis:// (or rediss://) URL of the Redis counting requests per
-	// key, shared by every gateway instance using it, so that a key has one budget
+	// RedisURL is the redis:// or rediss:// URL of the Redis that counts requests per
+	// key. Every gateway instance using it shares its counts, so a key has one budget
 	// however many instances serve it. Placeholders are replaced at load. Without it,
-	// counts are kept in this process only, which is right for a single instance.
+	// counts are kept in this process only, which suits a single instance.
 	// Default: none (in-process counts)
 	RedisURL string `json:"redis_url,omitempty"`
 
-	// RedisMode is how redis_url is read: "single" (one server, go-redis ParseURL),
-	// "cluster" (Redis Cluster seed nodes, ParseClusterURL) or "sentinel" (Sentinel
-	// addresses with ?master_name=, ParseFailoverURL). Default: single
+	// RedisMode is how redis_url is read. "single" is one server (go-redis ParseURL).
+	// "cluster" lists Redis Cluster seed nodes (ParseClusterURL). "sentinel" lists
+	// Sentinel addresses, with ?master_name= (ParseFailoverURL). Default: single
 	RedisMode string `json:"redis_mode,omitempty"`
 
-	// RedisTLSCA is a PEM file of the CAs a rediss:// server certificate must chain
-	// to, in every redis_mode. Default: the system roots
+	// RedisTLSCA is a PEM file of the CAs a rediss:// server certificate must chain to,
+	// in every redis_mode. Default: the system roots
 	RedisTLSCA string `json:"redis_tls_ca,omitempty"`
 
-	// KeyPrefix is the prefix of the API keys, the <key_prefix> of
-	// <key_prefix>_live_<keyId>.<secret>; it must match [a-z][a-z0-9]{0,15}.
+	// KeyPrefix is the prefix of the API keys: the <key_prefix> of
+	// <key_prefix>_live_<keyId>.<secret>. It must match [a-z][a-z0-9]{0,15}.
 	// Default: mon
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// LegacyKeys is what happens to a key made before secrets carried a checksum
-	// (docs/security.md, Keys): "accept" looks it up as any other key, so that every
-	// made-up key of that shape costs a query; "reject" answers it the one 401 without
-	// a database query. Keys with a checksum are checked before any query either way:
-	// a wrong checksum is the 401 at once.
+	// (docs/security.md, Keys). "accept" looks it up as any other key, so every made-up
+	// key of that shape costs a query. "reject" answers it the one 401 without a query.
+	// A key with a checksum is checked before any query either way: a wrong checksum is
+	// the 401 at once.
 	// Default: accept
 	LegacyKeys string `json:"legacy_keys,omitempty"`
 
 	// GatewaySecret is sent to the upstream in X-Gateway-Secret on every proxied
-	// request; an upstream with GATEWAY_SECRET refuses /v1 requests without it.
-	// Placeholders such as {env.GATEWAY_SECRET} are replaced at load. Required unless
-	// identity_key is set; with identity_key, an empty one (an unset variable) is
+	// request. An upstream with GATEWAY_SECRET refuses /v1 requests without it.
+	// Placeholders such as {env.GATEWAY_SECRET} are replaced at load. It is required
+	// unless identity_key is set. With identity_key, an empty one (an unset variable) is
 	// not sent.
 	GatewaySecret string `json:"gateway_secret,omitempty"`
 
-	// IdentityKey is a PEM file of an Ed25519 private key (PKCS#8, as `openssl genpkey
-	// -algorithm ed25519` writes it). With it, every proxied request carries
+	// IdentityKey is a PEM file of an Ed25519 private key, in PKCS#8 as `openssl genpkey
+	// -algorithm ed25519` writes it. With it, every proxied request carries
 	// X-Gateway-Identity: an EdDSA-signed JWT of the key id (sub), org_id and role, for
-	// identity_audience, valid for a minute, which upstreams verify with the public key
-	// (package gatewayauth, and v1_gateway_jwks to publish it). An assertion is signed
-	// once per key, org and role and reused for half its lifetime. Placeholders are
-	// replaced at load. Default: none (no assertion)
+	// identity_audience, valid for a minute. Upstreams verify it with the public key
+	// (package gatewayauth; v1_gateway_jwks publishes it). An assertion is signed once
+	// per key, org and role, and reused for half its lifetime. Placeholders are replaced
+	// at load. Default: none (no assertion)
 	IdentityKey string `json:"identity_key,omitempty"`
 
 	// IdentityAudience is the aud of the identity assertions: the upstreams they are
@@ -109,100 +110,98 @@ type Handler struct {
 	IdentityAudience string `json:"identity_audience,omitempty"`
 
 	// StripFields are the member names removed from every JSON response of the
-	// upstream, at any depth (in objects, in arrays, in objects in arrays …),
-	// whatever the response's Content-Type says if its body is JSON. Names are
-	// matched after JSON escapes are decoded and case-insensitively, as Go's
-	// encoding/json matches member names to fields ("Config" is config). Setting it
-	// replaces the default list; name the defaults again to keep them.
+	// upstream, at any depth: in objects, in arrays, in objects in arrays. A body that
+	// is JSON is filtered whatever its Content-Type says. Names match once their JSON
+	// escapes are decoded, and in any case, as Go's encoding/json matches members to
+	// fields ("Config" is config). Setting it replaces the default list: name the
+	// defaults again to keep them.
 	// Default: config assertions config_version paused_reason org_id deleted_at
 	StripFields []string `json:"strip_fields,omitempty"`
 
-	// LimiterFailure is what happens to a request of a rate-limited key while Redis
-	// cannot count it (unreachable, hung, or slower than redis_timeout): "open" lets it
-	// through without RateLimit headers, "closed" answers 503 service_unavailable,
-	// "local" counts it in this process against the same limit, with RateLimit
-	// headers and 429s as usual. A local count is a budget per gateway instance: with
-	// n instances a key may get up to n times its limit while Redis is down, and the
-	// local counts start from zero (they know nothing of what Redis counted).
+	// LimiterFailure is what a request of a rate-limited key gets while Redis cannot
+	// count it: unreachable, hung, or slower than redis_timeout. "open" lets it through
+	// without RateLimit headers. "closed" answers 503 service_unavailable. "local" counts
+	// it in this process against the same limit, with RateLimit headers and 429s as
+	// usual. A local count is a budget per gateway instance: with n instances, a key may
+	// get up to n times its limit while Redis is down. Local counts start from zero, as
+	// they know nothing of what Redis counted.
 	// Default: open
 	LimiterFailure string `json:"limiter_failure,omitempty"`
 
-	// DatabaseTimeout bounds the key lookup of a request, including waiting for and
-	// dialing a connection; a lookup that takes longer answers 503
-	// service_unavailable. Default: 2s
+	// DatabaseTimeout bounds the key lookup of a request, including the wait for a
+	// connection. A lookup that takes longer answers 503 service_unavailable.
+	// Default: 2s
 	DatabaseTimeout caddy.Duration `json:"database_timeout,omitempty"`
 
-	// RedisTimeout bounds the rate-limit count of a request in Redis (dial, pool
-	// wait, write and read, with no retry); a count that takes longer is a limiter
-	// failure, decided by limiter_failure. Default: 200ms
+	// RedisTimeout bounds the rate-limit count of a request in Redis: dial, pool wait,
+	// write and read, with no retry. A count that takes longer is a limiter failure,
+	// which limiter_failure decides. Default: 200ms
 	RedisTimeout caddy.Duration `json:"redis_timeout,omitempty"`
 
-	// DatabaseDialTimeout bounds opening a PostgreSQL connection (TCP, TLS, startup
-	// and authentication) and, separately, preparing its lookups. Opening runs on
-	// this budget, not on a request's: a connection a request asked for still joins
-	// the pool when that request has given up (see warm.go), so a database slow to
+	// DatabaseDialTimeout bounds opening a PostgreSQL connection: TCP, TLS, startup and
+	// authentication. It bounds preparing the connection's lookups separately. Opening
+	// runs on this budget, not on a request's (see warm.go). So a database slow to
 	// connect to is slow once, not on every request. The URL's connect_timeout, when
 	// set, wins. Default: 5s
 	DatabaseDialTimeout caddy.Duration `json:"database_dial_timeout,omitempty"`
 
 	// DatabaseMinConns is the floor of PostgreSQL connections the pool keeps open and
-	// prepared, so that requests find them ready: a batch that finds none idle waits
-	// for a new one to open, several round trips. The pool grows to it unless the
-	// URL sets a smaller pool_max_conns; the URL's pool_min_conns, when larger, wins.
+	// prepared, so that requests find them ready. A batch that finds none idle waits
+	// several round trips for a new one. The pool grows to the floor unless the URL sets
+	// a smaller pool_max_conns. The URL's pool_min_conns, when larger, wins.
 	// Default: lookup_lanes + 10 (the lanes' queries, up to nine batches that went out
 	// on their own while PostgreSQL is slow, and the last_used_at writes), or 4 with
 	// disable_lookup_batching
 	DatabaseMinConns int `json:"database_min_conns,omitempty"`
 
-	// RedisDialTimeout bounds opening a Redis connection (TCP, TLS, HELLO/AUTH, CLIENT
-	// SETINFO) by the warmer that keeps redis_min_conns open, and the limiter's
-	// preparation (loading its scripts, reading Redis's clock) at start and in the
-	// breaker's probe. None of that runs on a request's deadline. Default: 5s
+	// RedisDialTimeout bounds opening a Redis connection: TCP, TLS, HELLO/AUTH and
+	// CLIENT SETINFO. The warmer of redis_min_conns opens them. It also bounds the
+	// limiter's preparation, at start and in the breaker's probe: loading its scripts
+	// and reading Redis's clock. None of that runs on a request's deadline. Default: 5s
 	RedisDialTimeout caddy.Duration `json:"redis_dial_timeout,omitempty"`
 
 	// RedisMinConns is the floor of Redis connections kept open and greeted, in each
-	// primary's pool on a Cluster, topped up a few times a second on a goroutine of its
-	// own (see warm.go). It covers the pipelined rounds that overlap while Redis is
+	// primary's pool on a Cluster. A goroutine of its own tops it up a few times a
+	// second (see warm.go). It covers the pipelined rounds that overlap while Redis is
 	// slow. Default: 10
 	RedisMinConns int `json:"redis_min_conns,omitempty"`
 
 	// LookupLanes is how many batched key lookups may be in flight at once. Concurrent
-	// requests share one query (keystore.Batcher) that is sent as soon as a lane is
-	// free; a request only ever joins a query not yet sent, so every answer still
-	// comes from a query that started after the request arrived. One lane makes the
-	// largest batches, which suited a 2-core machine best (docs/performance.md). Default: 1
+	// requests share one query (keystore.Batcher), sent as soon as a lane is free. A
+	// request only joins a query not yet sent (internal/gather, Freshness). One lane
+	// makes the largest batches, which suited a 2-core machine best
+	// (docs/performance.md). Default: 1
 	LookupLanes int `json:"lookup_lanes,omitempty"`
 
-	// BatchLinger lets a batch of key lookups or a round of counts started while
-	// requests come fast (at least four per BatchLinger) wait for more: it goes out
-	// once requests pause or BatchLinger after its first, or at once when it holds as
-	// many as lingering batches gathered of late (a closed loop of a few clients all
-	// in it), and lingering stops while it gathers too little (internal/gather,
-	// Options.Linger). Fewer, larger round trips cost the gateway, PostgreSQL and
-	// Redis less CPU per request, for up to twice BatchLinger of latency (lookup and
-	// count). Freshness holds: a request still only joins a round trip not yet sent.
-	// At most a tenth of database_timeout and of redis_timeout (docs/performance.md).
+	// BatchLinger lets a batch of key lookups, or a round of counts, wait for more
+	// requests while they come fast. The batch goes out once requests pause, or
+	// BatchLinger after its first request, or as soon as it is full. internal/gather
+	// holds the policy (Options.Linger). Fewer, larger round trips cost the gateway,
+	// PostgreSQL and Redis less CPU per request. A request may wait up to twice
+	// BatchLinger longer: once for its lookup, once for its count. Freshness holds
+	// (internal/gather, Freshness). It is at most a tenth of database_timeout and of
+	// redis_timeout (docs/performance.md).
 	// Default: 0 (off)
 	BatchLinger caddy.Duration `json:"batch_linger,omitempty"`
 
-	// DisableLookupBatching sends one query per request instead of batching them
-	// (see LookupLanes). Default: false
+	// DisableLookupBatching sends one query per request instead of batching them (see
+	// LookupLanes). Default: false
 	DisableLookupBatching bool `json:"disable_lookup_batching,omitempty"`
 
-	// DisableCountPipelining sends one Redis round trip per request instead of
-	// gathering the counts of concurrent requests into one pipeline, sent as soon as
-	// the previous one returns. Default: false
+	// DisableCountPipelining sends one Redis round trip per request. Otherwise the
+	// counts of concurrent requests go in one pipeline, sent as soon as the previous one
+	// returns. Default: false
 	DisableCountPipelining bool `json:"disable_count_pipelining,omitempty"`
 
-	// DisableMetrics leaves the keygate_* series out of Caddy's metrics registry and
-	// skips their bookkeeping on every request (docs/operations.md, Metrics). The access log
-	// fields outcome, key_id and org_id stay. Default: false
+	// DisableMetrics leaves the keygate_* series out of Caddy's metrics registry, and
+	// skips their bookkeeping on every request (docs/operations.md, Metrics). The access
+	// log fields outcome, key_id and org_id stay. Default: false
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
-	// LastUsedInterval is how often the gateway writes the last_used_at of the keys
-	// it verified since the last write, with one UPDATE, off the request path: a
-	// key's last_used_at lags its last use by up to this much, and is written at most
-	// once per interval. At least 1s; negative (Caddyfile: off) disables it.
+	// LastUsedInterval is how often the gateway writes the last_used_at of the keys it
+	// verified since the last write. One UPDATE does it, off the request path. A key's
+	// last_used_at lags its last use by up to this much. It is at least 1s; negative
+	// (Caddyfile: off) disables it.
 	// Default: 1m
 	LastUsedInterval caddy.Duration `json:"last_used_interval,omitempty"`
 
@@ -225,11 +224,11 @@ type Handler struct {
 	refusedLog  *zap.Logger    // logger of an upstream refusing the gateway's credentials (upstreamRefusedLog)
 }
 
-// Verifier looks up a presented key that keystore.Format.Parse has split into its key
-// id and secret: a keystore.Batcher, or a keystore.Store in a storeWithin. It keeps
-// "rejected" apart from "broken": an unknown, revoked or expired key or a wrong secret
-// is (Key{}, false, nil), a lookup that could not be made is an error. The first
-// answers 401, the second 503. It bounds each lookup's wait by database_timeout itself.
+// Verifier looks up a presented key, split by keystore.Format.Parse into its key id
+// and secret. It is a keystore.Batcher, or a keystore.Store in a storeWithin. It
+// keeps "rejected" apart from "broken". An unknown, revoked or expired key, or a
+// wrong secret, is (Key{}, false, nil): the 401. A lookup that could not be made is
+// an error: the 503. It bounds each lookup's wait by database_timeout itself.
 type Verifier interface {
 	VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error)
 }
@@ -242,10 +241,10 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision applies the defaults, replaces placeholders, and takes its PostgreSQL
-// pool and Redis client (or the in-process limiter) from the pools shared across
-// config reloads. It checks the options first (see Validate), so that a config that
-// will be refused does not dial anything.
+// Provision applies the defaults and replaces the placeholders. It checks the
+// options first (Validate), so a config that will be refused dials nothing. Then it
+// takes the PostgreSQL pool and the Redis client, or the in-process limiter, from
+// the pools shared across config reloads (pools.go).
 func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.configure(ctx.Logger()); err != nil {
 		return err
@@ -273,8 +272,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 }
 
 // Validate checks the options. Caddy calls it after Provision, which has applied the
-// defaults and replaced the placeholders, so it sees the values that will be used.
-// It is fast and dials nothing.
+// defaults and replaced the placeholders, so it sees the values in use. It is fast
+// and dials nothing.
 func (h *Handler) Validate() error {
 	if h.DatabaseURL == "" {
 		return errors.New("database_url is required")
@@ -342,9 +341,9 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup gives back the pools Provision took, in the reverse order (the last-used
-// flusher before the PostgreSQL pool it writes through); the last handler using one
-// closes it. It tolerates a Provision that stopped half-way.
+// Cleanup gives back the pools Provision took, in reverse order: the last-used
+// flusher before the PostgreSQL pool it writes through. The last handler using a
+// pool closes it. Cleanup tolerates a Provision that stopped half-way.
 func (h *Handler) Cleanup() error {
 	var errs []error
 	for _, key := range slices.Backward(h.poolKeys) {
@@ -356,7 +355,7 @@ func (h *Handler) Cleanup() error {
 	return errors.Join(errs...)
 }
 
-// ServeHTTP decides in the order of CONTRACT §2; see Handler.
+// ServeHTTP decides in the order README.md gives; see Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	// 1. Credentials.
 	keyID, secret, ok := bearerKey(r.Header, h.format)
@@ -397,8 +396,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 
-	// 5. Role. Only Admin and Editor write: a role the gateway does not know (the
-	// database allows none) reads only, rather than writes.
+	// 5. The role. Only Admin and Editor write. A role the gateway does not know reads
+	// only; the database allows none.
 	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
 		h.record(r, outcomeForbidden, &key)
 		setRateLimit(w.Header(), count)
@@ -420,7 +419,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // setIdentityPlaceholders makes the key's identity available to the rest of the
-// config and to Caddy's access log (user_id), never the key itself.
+// config, and to Caddy's access log (user_id). It never sets the key itself.
 func setIdentityPlaceholders(r *http.Request, key keystore.Key) {
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
