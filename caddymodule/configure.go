@@ -24,20 +24,20 @@ const (
 	defaultLookupLanes     = 1
 	defaultDialTimeout     = 5 * time.Second
 	// defaultRedisMinConns covers the pipelined rounds that overlap while Redis is
-	// slow: a round goes out at most a tenth of redis_timeout after the one before.
+	// slow (docs/dependencies.md, A floor of warm connections).
 	defaultRedisMinConns = 10
 	// lookupOverflow is how many batches of key lookups may be in flight beside the
-	// lanes' while PostgreSQL is slow: a batch that has waited a tenth of
-	// database_timeout for a lane goes out on its own (keystore.Batcher), so up to nine
-	// overlap while each still answers within the timeout. The default floor of
-	// connections covers them, so that none of them opens a connection on its
-	// requests' time.
+	// lanes' while PostgreSQL is slow. A batch that has waited a tenth of
+	// database_timeout for a lane goes out on its own (keystore.Batcher). The default
+	// floor of connections covers them (docs/dependencies.md, A floor of warm
+	// connections).
 	lookupOverflow   = 9
 	legacyKeysAccept = "accept"
 	legacyKeysReject = "reject"
 )
 
-// defaultStripFields are the monitor fields never returned on /v1 (spec §2.3).
+// defaultStripFields are the monitor fields /v1 never returns (README.md, the
+// decision order's step 7).
 var defaultStripFields = []string{"config", "assertions", "config_version", "paused_reason", "org_id", "deleted_at"}
 
 // configure is Provision without the pools. It applies the defaults, replaces the

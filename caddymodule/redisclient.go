@@ -12,11 +12,11 @@ import (
 )
 
 // commandLimits returns the settings that bound every command of a client, in every
-// redis_mode: timeout on each of its parts (wait for a pooled connection, write, read),
-// the caller's context deadline honoured as well, no retries (MaxRetries -1) and
-// one dial attempt per command (DialerRetries 1), so that a Redis that hangs costs a
-// request one timeout, not several (see loadRedis). A dial is bounded by dialTimeout:
-// a request's dial by its own deadline as well, the warmer's by dialTimeout alone.
+// redis_mode. timeout bounds each part: the wait for a pooled connection, the write,
+// the read. The caller's context deadline is honoured as well. There are no retries
+// (MaxRetries -1) and one dial attempt per command (DialerRetries 1). So a Redis that
+// hangs costs a request one timeout, not several. dialTimeout bounds a dial: a
+// request's dial by its own deadline as well, the warmer's by dialTimeout alone.
 func commandLimits(timeout, dialTimeout time.Duration) (dial, read, write, pool time.Duration, contextTimeout bool, maxRetries, dialerRetries int) {
 	return dialTimeout, timeout, timeout, timeout, true, -1, 1
 }
@@ -29,10 +29,9 @@ const (
 )
 
 // newRedisClient builds the client redis_url describes in mode, with go-redis's own
-// URL parsers (ParseURL, ParseClusterURL, ParseFailoverURL), and the limits of
-// loadRedis: timeout on every part of a command, no retries. caFile, when set,
-// is a PEM file of the CAs that rediss:// server certificates must chain to.
-// It returns the client and the address to name in a log line.
+// URL parsers (ParseURL, ParseClusterURL, ParseFailoverURL) and commandLimits.
+// caFile, when set, is a PEM file of the CAs that rediss:// server certificates must
+// chain to. It returns the client and the address to name in a log line.
 func newRedisClient(mode, url, caFile string, timeout, dialTimeout time.Duration) (redis.UniversalClient, string, error) {
 	var pool *x509.CertPool
 	if caFile != "" {
