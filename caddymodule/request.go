@@ -13,9 +13,9 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// This file holds step 7 of ServeHTTP, the request sent upstream: the client's
-// credentials out, the key's identity in, a body the filter can read asked for.
-// response.go holds what comes back.
+// This file holds step 7 of ServeHTTP, the request sent upstream. The client's
+// credentials go out, the key's identity goes in, and the upstream is asked for a
+// body the filter can read. response.go holds what comes back.
 
 // proxy is step 7. The request goes on with its header rewritten for the upstream.
 // Its response comes back through a proxyWriter (response.go).
@@ -60,9 +60,9 @@ func (h *Handler) rewriteHeader(hdr http.Header, key keystore.Key) error {
 		keepOwnFields(hdr)
 	}
 	// The upstream answers uncompressed, so that its JSON can be filtered as it
-	// streams (identity rather than no header: without one, Go's transport would ask
-	// for gzip itself); and whole, since a byte range of a JSON document cannot be
-	// filtered.
+	// streams. The header says identity: without one, Go's transport would ask for
+	// gzip itself. The upstream answers whole, since a byte range of a JSON document
+	// cannot be filtered.
 	//
 	// The six values share one backing array, each slice capped at its value (see
 	// writeJSON).
@@ -90,9 +90,9 @@ func (h *Handler) rewriteHeader(hdr http.Header, key keystore.Key) error {
 // keepOwnFields removes from the client's Connection header the names of the fields
 // the module sets on a proxied request (X-Gateway-*, Accept-Encoding). The reverse
 // proxy deletes every field Connection names, as a proxy must (RFC 9110, section
-// 7.6.1), after the module has set them: a client could otherwise strip the
-// gateway's identity, or have the upstream compress what the filter must read. The
-// client's other names stay, and still remove the fields they name.
+// 7.6.1). It does so after the module has set them. So a client could otherwise
+// strip the gateway's identity, or have the upstream compress what the filter must
+// read. The client's other names stay, and still remove the fields they name.
 func keepOwnFields(hdr http.Header) {
 	vals := hdr["Connection"]
 	if !slices.ContainsFunc(vals, namesOwnField) {
