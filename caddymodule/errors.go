@@ -56,8 +56,8 @@ func writeUnauthenticated(w http.ResponseWriter) {
 	_, _ = w.Write(bodyUnauthenticated)
 }
 
-// statusBody returns the JSON error body for an HTTP status the module did not
-// choose itself: an upstream failure, or an upstream error in another format. It is
+// statusBody returns the JSON error body of a status the module did not choose: an
+// upstream failure, or an upstream error in another format. It is
 // {"error":"<status text in snake_case>"}, for example {"error":"bad_gateway"}.
 func statusBody(status int) []byte {
 	switch status {

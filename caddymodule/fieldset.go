@@ -5,12 +5,13 @@ import (
 	"unicode/utf8"
 )
 
-// fieldSet is the set of member names the JSON filter removes (strip_fields).
+// fieldSet is the set of member names the JSON filter removes (strip_fields). This
+// file holds how a member's name matches one: folded as encoding/json folds names.
 type fieldSet struct {
 	names map[string]struct{}
-	// keyLimit is the longest raw (still escaped) member name, quotes included, that
-	// can decode to one of names: an escape takes at most 6 bytes for every byte it
-	// decodes to. A longer name is kept without being buffered.
+	// keyLimit is the longest raw member name, still escaped and with its quotes,
+	// that can decode to one of names. An escape takes at most 6 bytes for every
+	// byte it decodes to. A longer name is kept without being buffered.
 	keyLimit int
 }
 
@@ -25,19 +26,19 @@ func newFieldSet(names []string) *fieldSet {
 	return s
 }
 
-// has reports whether the decoded member name is in s, matched case-insensitively as
-// encoding/json matches a member to a struct field ("Config" and "CONFIG" are config
-// to a Go client). It does not allocate for names of up to 64 bytes.
+// has reports whether the decoded member name is in s. Names match in any case, as
+// encoding/json matches a member to a struct field: "Config" and "CONFIG" are config
+// to a Go client. has does not allocate for names of up to 64 bytes.
 func (s *fieldSet) has(name []byte) bool {
 	var buf [64]byte
 	_, ok := s.names[string(foldName(buf[:0], name))]
 	return ok
 }
 
-// foldName appends to out the case-folded in, as encoding/json folds names (its
-// appendFoldedName): ASCII letters to upper case, any other rune to the smallest rune
-// of its Unicode fold set, so that foldName(x) == foldName(y) exactly when
-// bytes.EqualFold(x, y) ("ſ" is "S", "K" (Kelvin) is "K").
+// foldName appends in to out, case-folded as encoding/json folds names (its
+// appendFoldedName). ASCII letters go to upper case. Any other rune goes to the
+// smallest rune of its Unicode fold set. So foldName(x) == foldName(y) exactly when
+// bytes.EqualFold(x, y): "ſ" is "S", and "K" (Kelvin) is "K".
 func foldName(out, in []byte) []byte {
 	for i := 0; i < len(in); {
 		if c := in[i]; c < utf8.RuneSelf {

@@ -12,19 +12,20 @@ import (
 // which JSON does not notice.
 const maxPendingSpace = 64
 
-// jsonFilter is a streaming JSON filter: an io.Writer that copies a stream of JSON
-// values to dst, leaving out every object member whose name is in fields, at any
-// depth, with the commas around it. It is a hand-written tokenizer, never decodes the
-// document, and holds at most one member name and a little whitespace besides the
-// chunk being written, so its memory does not grow with the document: a 50 MB array
-// streams through.
+// jsonFilter is a streaming JSON filter. It is an io.Writer that copies a stream of
+// JSON values to dst. It leaves out every object member whose name is in fields, at
+// any depth, with the commas around it. This file holds what it does with members;
+// jsonscan.go holds its grammar.
+//
+// It is a hand-written tokenizer and never decodes the document. Besides the chunk
+// being written, it holds at most one member name and a little whitespace. So its
+// memory does not grow with the document: a 50 MB array streams through.
 //
 // Its grammar is encoding/json's Decoder's: any number of JSON values, one after
-// another (NDJSON and concatenated JSON included). Invalid JSON is an error, from
-// Write or Close, after which nothing more is written: the filter cannot tell member
+// another, NDJSON and concatenated JSON included. Invalid JSON is an error, from
+// Write or Close, after which nothing more is written. The filter cannot tell member
 // names from values in a document it cannot parse, so it stops rather than guess.
-// What was written before the error is valid-so-far output with every stripped
-// member already removed.
+// What it wrote before the error is valid so far, with every stripped member removed.
 //
 // Insignificant whitespace is copied, except inside removed members and beyond
 // maxPendingSpace bytes between two members.
@@ -50,12 +51,12 @@ type jsonFilter struct {
 	keyPlain     bool   // key holds no escape and no byte above 0x7f so far
 	pendingSpace []byte // whitespace between the previous member and this one
 
-	// skipping is true while a removed member is read: nothing is written until the
+	// skipping is true while a removed member is read. Nothing is written until the
 	// value at depth skipDepth ends.
 	skipping  bool
 	skipDepth int
-	// dropSpace is true between the end of a removed member and the next ',' or
-	// '}': the whitespace there belongs to the removed member.
+	// dropSpace is true between the end of a removed member and the next ',' or '}'.
+	// The whitespace there belongs to the removed member.
 	dropSpace bool
 
 	err error
@@ -63,8 +64,8 @@ type jsonFilter struct {
 
 var filterPool = sync.Pool{New: func() any { return new(jsonFilter) }}
 
-// newJSONFilter returns a filter writing to dst, from a pool; release it with
-// putJSONFilter once done.
+// newJSONFilter returns a filter writing to dst, from a pool. Release it with
+// putJSONFilter once done. With sniff, the body may not be JSON (sniff.go).
 func newJSONFilter(dst io.Writer, fields *fieldSet, sniff bool) *jsonFilter {
 	f := filterPool.Get().(*jsonFilter)
 	*f = jsonFilter{
@@ -108,8 +109,7 @@ func (f *jsonFilter) Write(p []byte) (int, error) {
 }
 
 // Close reports whether the stream ended where a JSON stream may end. It writes
-// nothing of its own, but what a sniffing filter held back: the filtered body if it
-// was JSON, the body untouched if not.
+// nothing of its own. A sniffing filter writes what it held back (closeHeld).
 func (f *jsonFilter) Close() error {
 	if f.err != nil || f.passthrough {
 		return f.err
@@ -156,7 +156,7 @@ func (f *jsonFilter) fail(err error) {
 // space handles a run of whitespace between tokens.
 func (f *jsonFilter) space(ws []byte) {
 	if f.state == stObjFirst || f.state == stObjKey {
-		// Held back with the member that follows: written only if it is kept.
+		// Held back with the member that follows, and written only if it is kept.
 		if !f.skipping {
 			n := min(len(ws), maxPendingSpace-len(f.pendingSpace))
 			f.pendingSpace = append(f.pendingSpace, ws[:max(n, 0)]...)
@@ -196,7 +196,7 @@ func (f *jsonFilter) stringBytes(b []byte) {
 	}
 	f.key = append(f.key, b...)
 	if len(f.key) > f.fields.keyLimit {
-		// Too long to be a stripped name however it is escaped: keep the member
+		// Too long to be a stripped name, however it is escaped. Keep the member,
 		// and stream the rest of its name.
 		f.keepMember()
 	}
@@ -213,8 +213,8 @@ func (f *jsonFilter) stringDone() {
 		return
 	}
 	if f.fields.has(f.memberName()) {
-		// Removed: drop the name, the whitespace before it and the comma that
-		// was waiting for it, and skip the value that follows.
+		// Removed. Drop the name, the whitespace before it and the comma that was
+		// waiting for it. Skip the value that follows.
 		f.keyUndecided = false
 		f.pendingSpace = f.pendingSpace[:0]
 		f.skipping, f.skipDepth = true, len(f.stack)
@@ -223,8 +223,8 @@ func (f *jsonFilter) stringDone() {
 	f.keepMember()
 }
 
-// keepMember writes the start of a member known to be kept: the comma it needs,
-// the whitespace held back before it, and the name read so far.
+// keepMember writes the start of a member known to be kept. That is the comma it
+// needs, the whitespace held back before it, and the name read so far.
 func (f *jsonFilter) keepMember() {
 	top := &f.stack[len(f.stack)-1]
 	if *top == frameObjectWrote {
@@ -236,9 +236,9 @@ func (f *jsonFilter) keepMember() {
 	f.pendingSpace, f.key, f.keyUndecided = f.pendingSpace[:0], f.key[:0], false
 }
 
-// memberName returns the decoded name of the buffered member, decoded as
-// encoding/json does (escapes resolved, invalid UTF-8 as U+FFFD), so that an
-// escaped "\u0063onfig" is still "config".
+// memberName returns the name of the buffered member, decoded as encoding/json
+// decodes it: escapes resolved, invalid UTF-8 as U+FFFD. So an escaped
+// "\u0063onfig" is still "config".
 func (f *jsonFilter) memberName() []byte {
 	raw := f.key[1 : len(f.key)-1]
 	if f.keyPlain || (utf8.Valid(raw) && !containsByte(raw, '\\')) {

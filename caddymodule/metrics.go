@@ -81,8 +81,8 @@ type metrics struct {
 }
 
 // depGauge is one dependency's keygate_dependency_up, created by its first Set. A
-// gateway that has not tried PostgreSQL yet shows no series rather than a false 0,
-// and so does one that counts in process and never uses Redis.
+// gateway that has not tried PostgreSQL yet shows no series, rather than a false 0.
+// Nor does one that counts in process show one for Redis.
 type depGauge struct {
 	vec  *prometheus.GaugeVec
 	name string

@@ -135,9 +135,9 @@ func setsPoolMaxConns(url string) bool {
 // lookup at once instead, and the key store retries that once on another connection.
 //
 // A lookup whose context ends mid-query would, by pgx's default, break its
-// connection. Instead PostgreSQL is asked to cancel the query, and the connection is
-// kept if it answers within a quarter of timeout, at least 50ms (lookupCancel;
-// docs/dependencies.md, What the libraries do when a request gives up).
+// connection. Instead PostgreSQL is asked to cancel the query (lookupCancel). The
+// connection is kept if it answers within a quarter of timeout, at least 50ms. See
+// docs/dependencies.md, What the libraries do when a request gives up.
 //
 // A new connection opens within setup's dialTimeout, unless the URL's
 // connect_timeout says otherwise. Its lookups are prepared before any request uses

@@ -28,8 +28,8 @@ func init() {
 // request>host, request>method), it replaces the secret of every API key by REDACTED,
 // percent-encoded or not (keystore.Redact). On a header object (request>headers,
 // resp_headers), it does the same in the name and the values of every header,
-// whatever its name: Api-Key, X-Auth-Token, Referer … It redacts every value of a
-// header whose values hold a key only together: a key split over two values. It
+// whatever its name: Api-Key, X-Auth-Token, Referer and so on. It redacts every value
+// of a header whose values hold a key only together: a key split over two values. It
 // replaces X-Gateway-Secret and X-Gateway-Identity, an upstream's credential for a
 // minute, which the reverse proxy logs among the headers it sent upstream. Caddy's
 // own redaction of Authorization, Cookie and Set-Cookie still applies.
@@ -101,7 +101,7 @@ func redactHeader(h caddyhttp.LoggableHTTPHeader) caddyhttp.LoggableHTTPHeader {
 }
 
 // redactValues redacts each of a header's values. It redacts every one of them when
-// only their concatenation holds a key, as they come or with a dot between them: a
+// only their concatenation holds a key, as they come or with a dot between them. A
 // key split over two values of one header is a key in the log all the same.
 func redactValues(values []string) []string {
 	out := make([]string, len(values))
@@ -126,8 +126,8 @@ func redactValues(values []string) []string {
 // It removes it whole, its password alone, and every piece of it, raw or escaped.
 // go-redis's errors may quote a URL, password and all.
 func redactUserinfo(msg, rawURL string) string {
-	// Everything up to the last @ is taken for user information: a password with an
-	// unescaped / or @ makes the URL ambiguous, and too much redacted beats too little.
+	// Everything up to the last @ is taken for user information. A password with an
+	// unescaped / or @ makes the URL ambiguous. Too much redacted beats too little.
 	_, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
 		rest = rawURL
@@ -141,8 +141,8 @@ func redactUserinfo(msg, rawURL string) string {
 	if _, password, ok := strings.Cut(userinfo, ":"); ok && password != "" {
 		secrets = append(secrets, password, percentDecode(password))
 	}
-	// A parser that misreads the URL may quote any piece of it (a password with a /
-	// in it becomes a host and a port).
+	// A parser that misreads the URL may quote any piece of it: a password with a /
+	// in it becomes a host and a port.
 	for _, piece := range strings.FieldsFunc(userinfo, func(r rune) bool { return strings.ContainsRune(":/@?#", r) }) {
 		if len(piece) >= 3 {
 			secrets = append(secrets, piece)

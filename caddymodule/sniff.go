@@ -61,8 +61,8 @@ func (f *jsonFilter) flushHeld(b []byte) error {
 	return err
 }
 
-// closeHeld ends a stream held back to its end: the filtered output goes out if the
-// body was JSON throughout, the body as it came if not.
+// closeHeld ends a stream held back to its end. The filtered output goes out if the
+// body was JSON throughout; the body as it came, if not.
 func (f *jsonFilter) closeHeld() error {
 	f.hold = false
 	if err := f.Close(); err != nil {
