@@ -261,9 +261,9 @@ func stripReference(v any, names []string) any {
 	return v
 }
 
-// FuzzJSONFilter checks the filter against encoding/json: it accepts exactly the
-// streams encoding/json's Decoder accepts, and its output decodes to the input with
-// the stripped names deleted, whatever the chunking.
+// FuzzJSONFilter checks the filter against encoding/json. It accepts exactly the
+// streams encoding/json's Decoder accepts. Its output decodes to the input with the
+// stripped names deleted, whatever the chunking.
 func FuzzJSONFilter(f *testing.F) {
 	for _, seed := range []string{
 		`{"id":1,"config":{"a":1},"name":"x"}`,
