@@ -177,8 +177,8 @@ type Handler struct {
 	// for a new one to open, several round trips. The pool grows to it unless the
 	// URL sets a smaller pool_max_conns; the URL's pool_min_conns, when larger, wins.
 	// Default: lookup_lanes + 10 (the lanes' queries, up to nine batches that went out
-	// on their own while PostgreSQL is slow, and the last_used_at writes), or 4 with
-	// disable_lookup_batching
+	// on their own while PostgreSQL is slow, and the last_used_at and usage writes),
+	// or 4 with disable_lookup_batching
 	DatabaseMinConns int `json:"database_min_conns,omitempty"`
 
 	// RedisDialTimeout bounds opening a Redis connection (TCP, TLS, HELLO/AUTH, CLIENT
@@ -233,6 +233,25 @@ type Handler struct {
 	// Default: 1m
 	LastUsedInterval caddy.Duration `json:"last_used_interval,omitempty"`
 
+	// UsageFlushInterval is how often the gateway writes the usage record: the
+	// requests of each identified key, counted in memory per UTC minute, outcome and
+	// status, and added to PostgreSQL with one INSERT, off the request path
+	// (docs/operations.md, Usage). A process killed without warning loses at most this
+	// much; a graceful stop or a reload writes what it holds first. At least 1s.
+	// Default: 10s
+	UsageFlushInterval caddy.Duration `json:"usage_flush_interval,omitempty"`
+
+	// UsageBuffer is the most rows of the usage record held in memory, a row being a
+	// key, a minute, an outcome and a status: those counted since the last write, and
+	// those PostgreSQL could not take yet, which are written when it answers again.
+	// Beyond it, the requests of new rows are dropped and counted in
+	// keygate_usage_dropped_total. Default: 100000
+	UsageBuffer int `json:"usage_buffer,omitempty"`
+
+	// DisableUsage turns the usage record off: no request is counted or written
+	// (Caddyfile: usage off). Default: false
+	DisableUsage bool `json:"disable_usage,omitempty"`
+
 	// The runtime state, built by Provision.
 	databaseURL string // DatabaseURL with placeholders replaced
 	redisURL    string
@@ -248,6 +267,7 @@ type Handler struct {
 	fallback    *limiter.Local // limiter_failure local: this instance's counts while Redis cannot count
 	pgBreaker   *breaker       // around key lookups
 	lastUsed    recorder       // nil with last_used_interval off
+	usage       usageRecorder  // nil with usage off
 	poolKeys    []string       // what to give back to pools in Cleanup
 	logger      *zap.Logger    // from ctx.Logger()
 	floodLog    *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
@@ -300,6 +320,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		lu, key := h.loadLastUsed(pool)
 		h.poolKeys = append(h.poolKeys, key)
 		h.lastUsed = lu
+	}
+	if !h.DisableUsage {
+		u, ukey := h.loadUsage(pool, key) // key: the pool's, which the recorder writes through
+		h.poolKeys = append(h.poolKeys, ukey)
+		h.usage = u
 	}
 	store := keystore.New(pool, h.format)
 	h.verifier = storeWithin{store, time.Duration(h.DatabaseTimeout)}
@@ -401,6 +426,12 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	}
 	if h.LastUsedInterval == 0 {
 		h.LastUsedInterval = caddy.Duration(keystore.DefaultLastUsedInterval)
+	}
+	if h.UsageFlushInterval == 0 {
+		h.UsageFlushInterval = caddy.Duration(keystore.DefaultUsageInterval)
+	}
+	if h.UsageBuffer == 0 {
+		h.UsageBuffer = keystore.DefaultUsageMaxPending
 	}
 
 	// ReplaceKnown, not ReplaceAll: a password with braces in it is not a
@@ -505,6 +536,12 @@ func (h *Handler) Validate() error {
 	if h.LastUsedInterval > 0 && time.Duration(h.LastUsedInterval) < minLastUsedInterval {
 		return fmt.Errorf("last_used_interval %s: must be at least %s, or off", time.Duration(h.LastUsedInterval), minLastUsedInterval)
 	}
+	if time.Duration(h.UsageFlushInterval) < minUsageFlushInterval {
+		return fmt.Errorf("usage_flush_interval %s: must be at least %s", time.Duration(h.UsageFlushInterval), minUsageFlushInterval)
+	}
+	if h.UsageBuffer < 0 {
+		return fmt.Errorf("usage_buffer %d: must be positive", h.UsageBuffer)
+	}
 	if len(h.StripFields) == 0 {
 		return errors.New("strip_fields: at least one name is required")
 	}
@@ -563,6 +600,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 3. API access.
 	if key.RateLimit == 0 {
 		h.record(r, outcomeFeatureGated, &key)
+		h.countUsage(&key, keystore.OutcomeFeatureGated, http.StatusForbidden)
 		writeJSON(w, http.StatusForbidden, bodyFeatureGated)
 		return nil
 	}
@@ -581,6 +619,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case err != nil && h.failClosed:
 			h.limiterFailed(key, err)
 			h.record(r, outcomeLimiterUnavailable, &key)
+			h.countUsage(&key, keystore.OutcomeLimiterUnavailable, http.StatusServiceUnavailable)
 			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
 			return nil
 		case err != nil:
@@ -596,6 +635,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 					c.Write(zap.String("key_id", key.ID), zap.Int("limit", rl.Limit))
 				}
 				h.record(r, outcomeRateLimited, &key)
+				h.countUsage(&key, keystore.OutcomeRateLimited, http.StatusTooManyRequests)
 				writeRateLimited(w, rl)
 				return nil
 			}
@@ -606,6 +646,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// database allows none) reads only, rather than writes.
 	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
 		h.record(r, outcomeForbidden, &key)
+		h.countUsage(&key, keystore.OutcomeForbidden, http.StatusForbidden)
 		writeCounted(w, counted)
 		writeJSON(w, http.StatusForbidden, bodyForbidden)
 		return nil
@@ -614,6 +655,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 6. GET /v1/me, answered here.
 	if r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		h.record(r, outcomeMe, &key)
+		h.countUsage(&key, keystore.OutcomeMe, http.StatusOK)
 		writeCounted(w, counted)
 		writeMe(w, key)
 		return nil
@@ -726,6 +768,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			// Ed25519 signing does not fail with a valid key; should it, the request
 			// does not go on unsigned.
 			h.logger.Error("signing the identity assertion", zap.Error(err))
+			h.countUsage(&key, keystore.OutcomeProxied, http.StatusInternalServerError)
 			writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
 			return nil
 		}
@@ -736,6 +779,7 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	pw := newProxyWriter(w, r, rl, h.fields, h.floodLog)
 	pw.refusedLog = h.refusedLog
 	defer pw.release()
+	defer h.countProxied(&key, pw) // once answered, however: the status the client got
 	if err := next.ServeHTTP(pw, r); err != nil {
 		return pw.nextFailed(err)
 	}

@@ -50,6 +50,8 @@ const (
 	metricDependencyUp    = "keygate_dependency_up"
 	metricLastUsedDropped = "keygate_last_used_dropped_total"
 	metricLastUsedErrors  = "keygate_last_used_flush_errors_total"
+	metricUsageDropped    = "keygate_usage_dropped_total"
+	metricUsageErrors     = "keygate_usage_flush_errors_total"
 )
 
 // latencyBuckets suit a lookup or a count that takes about a millisecond and is cut
@@ -72,6 +74,8 @@ type metrics struct {
 
 	lastUsedDropped     prometheus.Counter
 	lastUsedFlushErrors prometheus.Counter
+	usageDropped        prometheus.Counter
+	usageFlushErrors    prometheus.Counter
 
 	// The children of the vectors, resolved once: the hot path does not hash labels.
 	byOutcome [numOutcomes]prometheus.Counter
@@ -134,6 +138,10 @@ func newMetrics() *metrics {
 			"Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached."),
 		lastUsedFlushErrors: newCounter(metricLastUsedErrors,
 			"Writes of last_used_at that failed or timed out; their keys are written by the next one."),
+		usageDropped: newCounter(metricUsageDropped,
+			"Requests left out of the usage record because usage_buffer rows were held (PostgreSQL not taking the writes)."),
+		usageFlushErrors: newCounter(metricUsageErrors,
+			"Writes of the usage record that failed or timed out; their counts are held for the next one, up to usage_buffer rows."),
 	}
 	// Every outcome is there from the start, at 0, so that rate() and alerts see the
 	// first request of each.
@@ -157,7 +165,7 @@ func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.limiterDuration, m.limiterErrors, m.dependencyUp,
-		m.lastUsedDropped, m.lastUsedFlushErrors}
+		m.lastUsedDropped, m.lastUsedFlushErrors, m.usageDropped, m.usageFlushErrors}
 }
 
 // register adds m's collectors to reg. A collector already there (another handler of
