@@ -38,19 +38,20 @@ const (
 )
 
 // breaker is a circuit breaker for one dependency of one gateway instance. After
-// threshold failures in a row it opens: calls fail at once with errBreakerOpen instead
-// of each waiting out a timeout on a dependency that hangs. After cooldown it starts
-// one probe in the background, and only one at a time, while calls go on failing at
-// once: an answer closes it, a failure opens it for another cooldown.
+// threshold failures in a row it opens. Calls then fail at once with errBreakerOpen,
+// instead of each waiting out a timeout on a dependency that hangs. After cooldown it
+// starts one probe in the background, and only one at a time. Calls go on failing
+// at once meanwhile. An answer closes the breaker; a failure opens it for another
+// cooldown.
 //
-// The probe is not a request's call: it runs on the dependency's own budget
-// (dial_timeout and the request timeout), so a dependency that is slow to connect to
-// (after a restart behind a slow link, say) can still close the breaker, and no
-// request ever waits on a probe.
+// The probe is not a request's call. It runs on the dependency's own budget:
+// dial_timeout plus the request timeout. So a dependency slow to connect to, after a
+// restart behind a slow link say, can still close the breaker. No request ever
+// waits on a probe.
 //
-// It is a few dozen lines rather than sony/gobreaker because it needs no more than
-// that (consecutive failures, one probe, a state-change hook for logs and metrics), and
-// every line of it is tested here; a dependency would bring a go.mod change and a
+// It is a few dozen lines rather than sony/gobreaker, because it needs no more:
+// consecutive failures, one probe, a state-change hook for logs and metrics. Every
+// line of it is tested here. A dependency would bring a go.mod change, and a
 // counting model (windows of requests, ratios) the gateway does not use.
 type breaker struct {
 	threshold int
@@ -59,7 +60,7 @@ type breaker struct {
 	onChange  func(from, to breakerState) // called with mu held: must not call back
 	// probe asks the dependency whether it answers again, on a budget of its own, and
 	// reports whether it did. It runs on a goroutine of its own, never with mu held.
-	// Nil answers yes at once (a breaker not yet given its dependency's probe).
+	// Nil answers yes at once.
 	probe func() bool
 
 	mu       sync.Mutex

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// testBreaker is a breaker on a clock the test moves, whose probe waits for the test's
-// answer on answers and counts how often it ran.
+// testBreaker is a breaker on a clock the test moves. Its probe waits for the test's
+// answer on answers, and counts how often it ran.
 type testBreaker struct {
 	*breaker
 	now       *time.Time
@@ -100,8 +100,8 @@ func TestBreakerProbesInTheBackgroundAfterTheCooldownWhileCallsFailAtOnce(t *tes
 				t.Fatal("a call went through before the cooldown ended")
 			}
 			*b.now = b.now.Add(time.Millisecond)
-			// The call that finds the cooldown over starts the probe and is refused
-			// itself: no request waits on a probe.
+			// The call that finds the cooldown over starts the probe, and is refused itself. No
+			// request waits on a probe.
 			if b.allow() {
 				t.Fatal("the call after the cooldown went through; the probe is not a request's")
 			}

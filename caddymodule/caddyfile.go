@@ -116,7 +116,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.StripFields = append(h.StripFields, names...)
 		case "limiter_failure":
-			if h.LimiterFailure, err = oneArg(d, h.LimiterFailure != ""); err == nil && !validLimiterFailure(h.LimiterFailure) {
+			if h.LimiterFailure, err = oneArg(d, h.LimiterFailure != ""); err != nil {
+				break
+			}
+			if _, ok := parseLimiterFailure(h.LimiterFailure); !ok {
 				return d.Errf("limiter_failure must be open, closed or local, not %q", h.LimiterFailure)
 			}
 		case "database_timeout":

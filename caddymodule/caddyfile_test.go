@@ -218,9 +218,9 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 	}
 }
 
-// TestCaddyfileAdapt adapts every testdata/caddyfile_adapt/*.caddyfiletest, in the
-// format of Caddy's own adapt tests: a Caddyfile, a line of ten dashes, then the JSON
-// it adapts to, or the text of the error it must fail with.
+// TestCaddyfileAdapt adapts every testdata/caddyfile_adapt/*.caddyfiletest. They are
+// in the format of Caddy's own adapt tests: a Caddyfile, a line of ten dashes, then
+// the JSON it adapts to, or the text of the error it must fail with.
 func TestCaddyfileAdapt(t *testing.T) {
 	files, err := filepath.Glob("testdata/caddyfile_adapt/*.caddyfiletest")
 	if err != nil || len(files) == 0 {
@@ -263,9 +263,10 @@ func TestCaddyfileAdapt(t *testing.T) {
 	}
 }
 
-// TestExampleCaddyfile checks that Caddyfile.example adapts, that its JSON holds the
-// gateway as the contract shows it, and that the JSON loads back into a Handler equal
-// to the one the Caddyfile describes: the two syntaxes say the same.
+// TestExampleCaddyfile checks that Caddyfile.example adapts, and that its JSON holds
+// the gateway as docs/configuration.md shows it. It checks that the JSON loads back
+// into a Handler equal to the one the Caddyfile describes: the two syntaxes say the
+// same.
 func TestExampleCaddyfile(t *testing.T) {
 	input, err := os.ReadFile("../Caddyfile.example")
 	if err != nil {
@@ -340,7 +341,7 @@ func TestExampleCaddyfile(t *testing.T) {
 }
 
 // checkErrorNames checks the map of the example's handle_errors, from status codes
-// to the error names of /v1: each is what statusBody says for that status.
+// to the error names of /v1. Each is what statusBody says for that status.
 func checkErrorNames(t *testing.T, cfg []byte) {
 	t.Helper()
 	var found bool
@@ -431,13 +432,14 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 }
 
 // TestExampleCaddyfileServes runs Caddyfile.example itself against the test
-// database, Redis and upstream: the operator's config does what docs/configuration.md says.
+// database, Redis and upstream. The operator's config does what
+// docs/configuration.md says.
 func TestExampleCaddyfileServes(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
 	listen := freeAddr(t)
-	// A site of any host, as the example's :8080, so that a request with a bad Host
-	// still reaches its handle_errors.
+	// A site of any host, as the example's :8080. So a request with a bad Host still
+	// reaches its handle_errors.
 	t.Setenv("GATEWAY_ADDR", "http://:"+listen[strings.LastIndexByte(listen, ':')+1:])
 	t.Setenv("UPSTREAM_ADDR", up.addr())
 	t.Setenv("DATABASE_URL", d.url)
@@ -486,7 +488,8 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		t.Errorf("dashboard route = %d %s; upstream saw %d requests", res.StatusCode, body, up.requests())
 	}
 	// Nor does the dashboard route pass a client's X-Gateway-* fields, whatever their
-	// case; nor, for /v1 and the paths Caddy cleans out of /v1/*, its key and cookie.
+	// case. Nor does it pass a client's key and cookie, for /v1 and for the paths Caddy
+	// cleans out of /v1/*.
 	forged := http.Header{
 		"X-Gateway-Identity": {"forged"}, "X-Gateway-Org-Id": {"forged"}, "x-gateway-secret": {"forged"},
 		"Cookie": {"session=abc"},
@@ -560,9 +563,9 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 	}
-	// Keys the example's log filter must redact: percent-encoded in the URI, in headers
-	// of any name, split over two values of one header, as a header's name, as the
-	// Host and as the method.
+	// Keys the example's log filter must redact. They come percent-encoded in the URI,
+	// in headers of any name, split over two values of one header, as a header's name,
+	// as the Host and as the method.
 	id, secret, _ := strings.Cut(key, ".")
 	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
 	for _, tc := range []struct {

@@ -13,8 +13,9 @@ import (
 // testKey is a well-formed key of prefix mon: 22-character key id, 43-character secret.
 const testKey = "mon_live_AbCdEfGhIjKlMnOpQrStUv.0123456789abcdefghijklmnopqrstuvwxyzABCDEFE"
 
-// malformedAuthorizations are the credential shapes of the spec that must not
-// authenticate, each with a key that would be well-formed on its own.
+// malformedAuthorizations are credential shapes that must not authenticate
+// (README.md, the decision order's step 1). Each holds a key that would be
+// well-formed on its own.
 var malformedAuthorizations = []struct{ name, value string }{
 	{"empty", ""},
 	{"scheme only", "Bearer"},
@@ -93,7 +94,8 @@ func TestParseAuthorizationDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// referenceAuthorization is the contract's rule written the slow and obvious way.
+// referenceAuthorization is the rule of README.md's step 1, written the slow and
+// obvious way.
 var referenceAuthorization = regexp.MustCompile(`^(?i:bearer) +(mon_live_[A-Za-z0-9]{16,64}\.([A-Za-z0-9_-]{43,128}))$`)
 
 func referenceParse(v string) (string, bool) {
@@ -110,8 +112,9 @@ func referenceParse(v string) (string, bool) {
 	return m[1], true
 }
 
-// FuzzAuthorization checks parseAuthorization against the contract's rule as a
-// regular expression: the same verdict, the same key, for any header value.
+// FuzzAuthorization checks parseAuthorization against referenceAuthorization, the
+// rule as a regular expression. Both give the same verdict and the same key, for any
+// header value.
 func FuzzAuthorization(f *testing.F) {
 	f.Add("Bearer " + testKey)
 	f.Add("bearer   " + testKey)
@@ -125,7 +128,7 @@ func FuzzAuthorization(f *testing.F) {
 		key, keyID, secret, ok := parseAuthorization(v, format)
 		wantKey, wantOK := referenceParse(v)
 		if ok != wantOK || key != wantKey {
-			t.Fatalf("parseAuthorization(%q) = %q, %v; the contract says %q, %v", v, key, ok, wantKey, wantOK)
+			t.Fatalf("parseAuthorization(%q) = %q, %v; the reference says %q, %v", v, key, ok, wantKey, wantOK)
 		}
 		if ok && "mon_live_"+keyID+"."+secret != key {
 			t.Fatalf("parseAuthorization(%q) parts %q, %q do not make the key %q", v, keyID, secret, key)

@@ -24,10 +24,10 @@ import (
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 )
 
-// TestDocsConfigurationNamesEveryOption fails when docs/configuration.md does not
-// mention, as code (`name`), every subdirective the v1_gateway Caddyfile parser
-// accepts or every JSON field of Handler and JWKS: an option added to the code must be
-// documented with it.
+// TestDocsConfigurationNamesEveryOption fails when docs/configuration.md misses an
+// option. It must mention, as code (`name`), every subdirective the v1_gateway
+// Caddyfile parser accepts, and every JSON field of Handler and JWKS. An option added
+// to the code must be documented with it.
 func TestDocsConfigurationNamesEveryOption(t *testing.T) {
 	doc, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
@@ -53,7 +53,7 @@ func TestDocsConfigurationNamesEveryOption(t *testing.T) {
 }
 
 // caddyfileOptions returns the string literals of the case clauses of the switch in
-// the method fn of file: the subdirectives the parser accepts.
+// the method fn of file. They are the subdirectives the parser accepts.
 func caddyfileOptions(t *testing.T, file, fn string) []string {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
@@ -105,9 +105,9 @@ func jsonFields(v any) []string {
 }
 
 // TestTheREADMEsMinimalCaddyfileIsCleanAndKeepsKeysOutOfTheLog takes the Caddyfile of
-// the README as a platform team would: it must be `caddy fmt`-clean, adapt without a
-// warning, and, run with its own key file, database and upstream, keep a key sent where
-// keys do not belong (?api_key=, X-Api-Key) out of its log.
+// the README as a platform team would. It must be `caddy fmt`-clean, and adapt
+// without a warning. Run with its own key file, database and upstream, it must keep a
+// key out of its log. The key is sent where keys do not belong: ?api_key=, X-Api-Key.
 func TestTheREADMEsMinimalCaddyfileIsCleanAndKeepsKeysOutOfTheLog(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {

@@ -5,8 +5,8 @@ import (
 	"strconv"
 )
 
-// The error bodies of the /v1 contract (CONTRACT §2). Every /v1 error is
-// application/json with a string field "error", whoever produced it.
+// The error bodies of the /v1 contract (README.md, the decision order). Every /v1
+// error is application/json with a string field "error", whoever produced it.
 var (
 	bodyUnauthenticated    = []byte(`{"error":"api key unauthenticated"}`)
 	bodyFeatureGated       = []byte(`{"error":"feature_gated","feature":"api","upgrade":true}`)
@@ -16,14 +16,14 @@ var (
 	bodyGatewayTimeout     = []byte(`{"error":"gateway_timeout"}`)
 )
 
-// writeJSON writes a complete JSON response the module produced itself. The response
-// is never cached by shared caches: it depends on the caller's key. Nor is it sniffed
-// (X-Content-Type-Options: nosniff): a browser that is sent one, from a page of
-// another origin, must not take it for HTML or script whatever its bytes.
+// writeJSON writes a complete JSON response the module produced itself. Shared
+// caches never keep it (Cache-Control: no-store): it depends on the caller's key.
+// Browsers never sniff it (X-Content-Type-Options: nosniff). A browser sent one from
+// a page of another origin must not take it for HTML or script, whatever its bytes.
 //
-// The header values share one backing array, each slice capped at its one value so
-// that appending to it (Header.Add) copies it rather than overwrite its neighbour; the
-// names are canonical, so that nothing is canonicalized on the way.
+// The header values share one backing array. Each slice is capped at its one value,
+// so appending to it (Header.Add) copies it rather than overwrite its neighbour. The
+// names are canonical, so nothing is canonicalized on the way.
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	v := make([]string, jsonHeaders)
 	setJSONHeaders(w.Header(), v, len(body))
@@ -42,10 +42,10 @@ func setJSONHeaders(hdr http.Header, v []string, length int) {
 	hdr["X-Content-Type-Options"] = v[3:4:4]
 }
 
-// writeUnauthenticated writes the one 401 of the contract. Every credential failure
-// (absent, malformed, unknown, revoked, expired, wrong secret) goes through here and
-// nowhere else, so that nothing in the status, headers or body tells them apart.
-// It is called before any RateLimit header is set.
+// writeUnauthenticated writes the one 401. Every credential failure goes through
+// here and nowhere else: absent, malformed, unknown, revoked, expired, wrong secret.
+// So nothing in the status, headers or body tells them apart. It is called before
+// any RateLimit field is set.
 func writeUnauthenticated(w http.ResponseWriter) {
 	v := make([]string, jsonHeaders+1)
 	hdr := w.Header()
@@ -56,8 +56,8 @@ func writeUnauthenticated(w http.ResponseWriter) {
 	_, _ = w.Write(bodyUnauthenticated)
 }
 
-// statusBody returns the JSON error body for an HTTP status the module did not choose
-// itself (an upstream failure, or an upstream error answered in another format):
+// statusBody returns the JSON error body of a status the module did not choose: an
+// upstream failure, or an upstream error in another format. It is
 // {"error":"<status text in snake_case>"}, for example {"error":"bad_gateway"}.
 func statusBody(status int) []byte {
 	switch status {
@@ -81,8 +81,8 @@ func statusBody(status int) []byte {
 	return append(b, `"}`...)
 }
 
-// appendSnake appends text in lower snake_case: letters and digits kept and
-// lowercased, every run of anything else one underscore ("I'm a teapot" →
+// appendSnake appends text in lower snake_case. Letters and digits are kept and
+// lowercased. Every run of anything else is one underscore ("I'm a teapot" →
 // "i_m_a_teapot").
 func appendSnake(b []byte, text string) []byte {
 	under, started := false, false

@@ -1,9 +1,9 @@
 package caddymodule
 
-// Slow and hung dependencies (CONTRACT §8), against the real PostgreSQL and Redis made
-// slow or hung by internal/latencyproxy. Its hang mode stands in for SIGSTOP: nothing
-// is forwarded until Resume, and what was sent meanwhile is delivered then, but the
-// servers other packages' tests share are left alone.
+// Slow and hung dependencies (docs/dependencies.md), against the real PostgreSQL and
+// Redis, made slow or hung by internal/latencyproxy. Its hang mode stands in for
+// SIGSTOP. Nothing is forwarded until Resume, and what was sent meanwhile is
+// delivered then. But the servers other packages' tests share are left alone.
 
 import (
 	"context"
@@ -35,10 +35,10 @@ func newLatencyProxy(t *testing.T, target string) *latencyproxy.Proxy {
 	return p
 }
 
-// slowGateway starts a gateway, with a test upstream, whose PostgreSQL (d's database,
-// dbParams appended to its URL) and Redis answer through latency proxies that delay
-// them by pgDelay and rdDelay from before it starts. options are the handler's other
-// options.
+// slowGateway starts a gateway with a test upstream. Its PostgreSQL (d's database,
+// dbParams appended to its URL) and Redis answer through latency proxies. They delay
+// them by pgDelay and rdDelay from before the gateway starts. options are the
+// handler's other options.
 func slowGateway(t *testing.T, d *db, dbParams string, pgDelay, rdDelay time.Duration, options map[string]any) (gw *gateway, pg, rd *latencyproxy.Proxy) {
 	t.Helper()
 	pg = newLatencyProxy(t, hostOf(t, d.url))
@@ -53,8 +53,8 @@ func slowGateway(t *testing.T, d *db, dbParams string, pgDelay, rdDelay time.Dur
 	return gw, pg, rd
 }
 
-// statuses sends n concurrent GETs and counts their statuses, and how many 200s came
-// without RateLimit headers (let through uncounted).
+// statuses sends n concurrent GETs and counts their statuses. It also counts the
+// 200s that came without RateLimit headers: let through uncounted.
 func statuses(t *testing.T, gw *gateway, n int, path, key string) (byStatus map[int]int, uncounted int) {
 	t.Helper()
 	var mu sync.Mutex
@@ -79,9 +79,9 @@ func statuses(t *testing.T, gw *gateway, n int, path, key string) (byStatus map[
 
 func TestSlowDependenciesInsideTheirTimeoutsAreExact(t *testing.T) {
 	// PostgreSQL and Redis both answer in a bit more than half their timeouts, from
-	// before the gateway starts. Once the gateway has opened its connections by itself,
-	// under load, a limit of 20 lets exactly 20 of 60 concurrent requests through,
-	// every one counted, and no request answers 503.
+	// before the gateway starts. The gateway opens its connections by itself, under
+	// load. Then a limit of 20 lets exactly 20 of 60 concurrent requests through, every
+	// one counted. No request answers 503.
 	d := newDB(t)
 	d.plan("small", 20)
 	key, _ := d.key(d.org("small"), keystore.RoleEditor)
@@ -186,9 +186,9 @@ func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
 				}
 			}
 			rd.Resume()
-			// Back on Redis: its count goes on from the one request counted before the
-			// hang. The counts the hang held back reach Redis on resume, late, and the
-			// script refuses them; had they been written, fewer would remain.
+			// Back on Redis: its count goes on from the one request counted before the hang.
+			// The counts the hang held back reach Redis on resume, late, and the script refuses
+			// them. Had they been written, fewer would remain.
 			var first *http.Response
 			eventually(t, 5*time.Second, func() bool {
 				res, _ := gw.get(t, "/v1/me", key)
@@ -257,8 +257,8 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 		}
 	}
 	pg.Resume()
-	// The module's own lines; Caddy's (the reverse proxy's, the access log) are the
-	// log filter's job, tested with the example Caddyfile.
+	// The module's own lines. Caddy's lines (the reverse proxy's, the access log) are
+	// the log filter's job, tested with the example Caddyfile.
 	var log string
 	for _, line := range strings.Split(live.logText(t), "\n") {
 		if strings.Contains(line, `"logger":"http.handlers.v1_gateway"`) {
@@ -273,9 +273,9 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 }
 
 func TestALateLookupKeepsItsConnection(t *testing.T) {
-	// A lookup whose context ends while its answer is on the way: with pgx's default
-	// the connection is broken and the next lookup dials a new one (several round
-	// trips on a slow database); with tunePostgres's CancelRequest handling it
+	// A lookup whose context ends while its answer is on the way. With pgx's default,
+	// the connection is broken, and the next lookup dials a new one: several round trips
+	// on a slow database. With tunePostgres's CancelRequest handling, the connection
 	// survives when the answer comes within a quarter timeout more.
 	d, key, _ := newDBWithKey(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
@@ -320,12 +320,12 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 }
 
 func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
-	// Lone requests, one after the other. Batched, each lookup runs on its request's
-	// goroutine (keystore.Batcher, inline) and must end at database_timeout, not a
-	// grace later as a batch's cancelled query may (tunePostgres: a quarter timeout,
-	// here 200ms). With disable_lookup_batching the Store's lookup is bounded by
-	// database_timeout (storeWithin) and its cancelled query keeps its connection that
-	// grace, so a 503 comes between the two, never later.
+	// Lone requests, one after the other. Batched, each lookup runs inline on its
+	// request's goroutine (keystore.Batcher). It must end at database_timeout, not a
+	// grace later, as a batch's cancelled query may (tunePostgres: a quarter timeout,
+	// here 200ms). With disable_lookup_batching, database_timeout bounds the Store's
+	// lookup (storeWithin). Its cancelled query keeps its connection for that grace. So
+	// a 503 comes between the two, never later.
 	const timeout = 800 * time.Millisecond
 	d, key, _ := newDBWithKey(t)
 	for _, tc := range []struct {
@@ -362,11 +362,11 @@ func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 
 func TestAColdStartBehindSlowDependenciesReachesAnExactSteadyState(t *testing.T) {
 	// The gateway starts while PostgreSQL answers at 40% of database_timeout and Redis
-	// at 65% of redis_timeout, and nothing opens a connection for it: opening one (the
-	// startup and statement preparation; HELLO, CLIENT SETINFO, the scripts and the
-	// clock) takes more round trips than one request's timeout holds. Within 10 s of
-	// load it counts every request exactly and answers no 503; and again after both
-	// drop every connection, as when they restart behind the slow link.
+	// at 65% of redis_timeout, and nothing opens a connection for it. Opening one takes
+	// more round trips than one request's timeout holds: the startup and statement
+	// preparation; HELLO, CLIENT SETINFO, the scripts and the clock. Within 10 s of load
+	// the gateway counts every request exactly and answers no 503. It does again after
+	// both drop every connection, as when they restart behind the slow link.
 	d := newDB(t)
 	d.plan("small", 20)
 	loadKey, _ := d.key(d.org("pro"), keystore.RoleEditor)
@@ -394,10 +394,10 @@ func TestAColdStartBehindSlowDependenciesReachesAnExactSteadyState(t *testing.T)
 	}
 }
 
-// steadyWithin sends GET /v1/me with key from clients concurrent clients, each
-// sending its next request when its last is answered, until the last 3*clients
-// answers in a row were 200s that were counted (RateLimit headers), or limit passes.
-// It reports whether they were.
+// steadyWithin sends GET /v1/me with key from clients concurrent clients. Each sends
+// its next request when its last is answered. It stops when the last 3*clients
+// answers in a row were 200s that were counted (RateLimit headers), or when limit
+// passes. It reports whether they were.
 func steadyWithin(t *testing.T, gw *gateway, key string, clients int, limit time.Duration) bool {
 	t.Helper()
 	var (
@@ -440,10 +440,10 @@ func steadyWithin(t *testing.T, gw *gateway, key string, clients int, limit time
 }
 
 func TestGoRedisThrowsAwayAConnectionWhoseCommandTimedOut(t *testing.T) {
-	// What go-redis does when a command's deadline passes while Redis is slow but live:
-	// the connection is closed and leaves the pool (its reply could still have been
-	// read). The gateway cannot keep it, so the warmer opens another on its own budget
-	// (docs/dependencies.md); this test notices if go-redis starts keeping it.
+	// What go-redis does when a command's deadline passes while Redis is slow but live.
+	// The connection is closed and leaves the pool, though its reply could still have
+	// been read. The gateway cannot keep it, so the warmer opens another on its own
+	// budget (docs/dependencies.md). This test notices if go-redis starts keeping it.
 	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
 	client, _, err := newRedisClient(redisModeSingle, withHost(t, redisURL(t), rd.Addr()), "", time.Second, time.Second)
 	if err != nil {
@@ -468,12 +468,12 @@ func TestGoRedisThrowsAwayAConnectionWhoseCommandTimedOut(t *testing.T) {
 func TestAColdGatewayBehindASlowPostgresAnswersNo503OnceWarm(t *testing.T) {
 	// PostgreSQL answers every reply 800ms late, 40% of database_timeout, from before
 	// the gateway starts. After 3 s of warm-up under six clients in a closed loop, 10 s
-	// more of the same answer no 503: every batch of lookups finds a warm connection,
-	// and none opens one (a startup and a preparation: three round trips, more than
-	// the timeout) on its requests' time. Three cold starts in a row, each on a pool
-	// of its own. The delay dwarfs what a loaded machine adds to a lookup, so the
-	// waits stay well inside the timeout: a lane's batch, or a tenth of the timeout
-	// waiting for one, plus one round trip.
+	// more of the same answer no 503. Every batch of lookups finds a warm connection.
+	// None opens one on its requests' time: a startup and a preparation, three round
+	// trips, more than the timeout. Three cold starts in a row, each on a pool of its
+	// own. The delay dwarfs what a loaded machine adds to a lookup. So the waits stay
+	// well inside the timeout: a lane's batch, or a tenth of the timeout waiting for
+	// one, plus one round trip.
 	const (
 		delay   = 800 * time.Millisecond
 		clients = 6
@@ -494,8 +494,8 @@ func TestAColdGatewayBehindASlowPostgresAnswersNo503OnceWarm(t *testing.T) {
 	}
 }
 
-// closedLoop sends GET /v1/me with key from clients concurrent clients, each sending
-// its next request when its last is answered, for d, and counts the statuses.
+// closedLoop sends GET /v1/me with key from clients concurrent clients, for d, and
+// counts the statuses. Each client sends its next request when its last is answered.
 func closedLoop(t *testing.T, gw *gateway, key string, clients int, d time.Duration) map[int]int {
 	t.Helper()
 	var mu sync.Mutex

@@ -100,8 +100,8 @@ func TestRateLimit(t *testing.T) {
 	}
 }
 
-// checkRateLimitHeaders checks the RateLimit header fields of CONTRACT §5 and returns
-// their t.
+// checkRateLimitHeaders checks the RateLimit header fields of a counted request
+// (README.md, the decision order's step 4). It returns their t.
 func checkRateLimitHeaders(t *testing.T, res *http.Response, limit, remaining int) int {
 	t.Helper()
 	if got, want := res.Header.Values("Ratelimit-Policy"), `"default";q=`+strconv.Itoa(limit)+`;w=60`; len(got) != 1 || got[0] != want {
@@ -148,9 +148,8 @@ func TestSlowPostgresAnswers503WithinTheTimeout(t *testing.T) {
 	for range cap(answers) {
 		go func() {
 			var a answer
-			// Deferred, so that a request failing in gw.get (which ends this
-			// goroutine) still answers, as status 0, instead of leaving the loop
-			// below waiting.
+			// Deferred, so that a request failing in gw.get still answers, as status 0. The
+			// failure ends this goroutine, and would leave the loop below waiting.
 			defer func() { answers <- a }()
 			a.took = timed(func() {
 				res, body := gw.get(t, "/v1/monitors", key)
@@ -221,8 +220,8 @@ func TestLogsNeverShowKeys(t *testing.T) {
 }
 
 func TestLogCredentialsWouldShowTheKey(t *testing.T) {
-	// Why the operator must not turn log_credentials on under /v1, and the proof
-	// that the test above would catch a key in the log.
+	// Why the operator must not turn log_credentials on under /v1. And the proof that
+	// the test above would catch a key in the log.
 	d := newDB(t)
 	org := d.org("pro")
 	key, _ := d.key(org, keystore.RoleEditor)
@@ -245,9 +244,9 @@ func mustRequest(t testing.TB, url, key string) *http.Request {
 }
 
 func TestReverseProxyLogsTheGatewaySecretWithoutTheFilter(t *testing.T) {
-	// Why Caddyfile.example filters X-Gateway-Secret out of the logs: the reverse
-	// proxy logs the headers it sent upstream when it aborts a response (and at debug
-	// level), and Caddy redacts only Authorization, Cookie and the like.
+	// Why Caddyfile.example filters X-Gateway-Secret out of the logs. The reverse proxy
+	// logs the headers it sent upstream when it aborts a response, and at debug level.
+	// Caddy redacts only Authorization, Cookie and the like.
 	d, key, _ := newDBWithKey(t)
 	gw := startGateway(t, gatewayConfig{handler: gatewayOptions(d.url, nil), upstream: newUpstream(t).addr()})
 	if res, err := gw.client.Do(mustRequest(t, gw.base+"/v1/invalid-json", key)); err == nil {
@@ -261,15 +260,15 @@ func TestReverseProxyLogsTheGatewaySecretWithoutTheFilter(t *testing.T) {
 }
 
 // BenchmarkTellingAWrongSecretFromAnUnknownKey times pairs of requests through
-// ServeHTTP, in turn in either order, over the real PostgreSQL and a Batcher, as an
-// attacker would who wants to learn whether a key id is live: a live key's id with a
-// wrong secret, and an unknown id, both with a valid checksum so that both are looked
-// up. The attacker guesses that the slower of a pair is the live id; %told-apart is
-// the share of pairs where that is right (50 is chance), µs-apart the difference of
-// their medians. "revoked" pairs a revoked key's id with an unknown id the same way:
-// what a wrong secret should cost is what a revoked key does (docs/security.md). Run
-// with -benchtime 3000x or more: a pair is two round trips to PostgreSQL, and the
-// machine's noise is in the share.
+// ServeHTTP, over the real PostgreSQL and a Batcher. It runs each pair in turn in
+// either order. It is what an attacker would do to learn whether a key id is live. A
+// pair is a live key's id with a wrong secret, and an unknown id. Both have a valid
+// checksum, so both are looked up. The attacker guesses that the slower of a pair is
+// the live id. %told-apart is the share of pairs where that is right (50 is chance).
+// µs-apart is the difference of their medians. "revoked" pairs a revoked key's id
+// with an unknown id the same way. A wrong secret should cost what a revoked key does
+// (docs/security.md). Run with -benchtime 3000x or more. A pair is two round trips to
+// PostgreSQL, and the machine's noise is in the share.
 func BenchmarkTellingAWrongSecretFromAnUnknownKey(b *testing.B) {
 	pool, _ := schematest.NewPool(b)
 	store := keystore.New(pool, keystoretest.Format(b, "mon"))

@@ -3,7 +3,7 @@ package caddymodule
 // The harness of the in-process tests: a fresh PostgreSQL database, a test upstream,
 // Caddy loaded in this process with a JSON config, and TCP fault injection.
 //
-// Caddy has one running config per process, so the tests that load one do not run in
+// Caddy has one running config per process. So the tests that load one do not run in
 // parallel.
 
 import (
@@ -56,8 +56,9 @@ func newDB(t *testing.T) *db {
 	return &db{t: t, pool: pool, url: url, store: keystore.New(pool, keystoretest.Format(t, "mon"))}
 }
 
-// newDBWithKey returns a fresh database holding an org on plan pro with an Editor key,
-// and the key in full with its id: what a test of one key needs before it starts.
+// newDBWithKey returns a fresh database holding an org on plan pro with an Editor
+// key. It returns the key in full, with its id: what a test of one key needs before
+// it starts.
 func newDBWithKey(t *testing.T) (d *db, key, id string) {
 	t.Helper()
 	d = newDB(t)
@@ -258,7 +259,7 @@ func newUpstream(t *testing.T) *testUpstream {
 	})
 	mux.HandleFunc("/v1/stream", func(w http.ResponseWriter, r *http.Request) {
 		// 2 MB of monitors, then a pause until the test has read the start of the
-		// response: a gateway that buffered the whole body would never send it.
+		// response. A gateway that buffered the whole body would never send it.
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"data":[`+monitorJSON)
 		for range 2000 {
@@ -310,8 +311,8 @@ type gatewayConfig struct {
 	proxyTimeout string         // the reverse proxy's response_header_timeout
 	accessLog    bool           // enable the server's access log
 	logCreds     bool           // should_log_credentials
-	// filterSecret deletes X-Gateway-Secret from logged request headers, as the
-	// example Caddyfile does (the reverse proxy logs the headers it sends upstream).
+	// filterSecret deletes X-Gateway-Secret from logged request headers, as the example
+	// Caddyfile does. The reverse proxy logs the headers it sends upstream.
 	filterSecret bool
 	// metrics serves Caddy's metrics handler at /metrics, beside /v1 (metrics_test.go).
 	metrics bool
@@ -330,9 +331,9 @@ type gateway struct {
 	client  *http.Client
 }
 
-// caddyConfig builds the JSON config of the tests: /v1/* through v1_gateway then the
-// reverse proxy, everything else straight to the reverse proxy, as the example
-// Caddyfile does.
+// caddyConfig builds the JSON config of the tests, as the example Caddyfile does.
+// /v1/* goes through v1_gateway, then the reverse proxy. Everything else goes
+// straight to the reverse proxy.
 func caddyConfig(listen, logPath string, gc gatewayConfig) []byte {
 	handler := map[string]any{"handler": "v1_gateway"}
 	for k, v := range gc.handler {
@@ -401,8 +402,8 @@ func caddyConfig(listen, logPath string, gc gatewayConfig) []byte {
 	return b
 }
 
-// reload loads cfg into the running Caddy, as a config reload does, and makes the
-// gateway's client start on fresh connections: a reload closes the old server's idle
+// reload loads cfg into the running Caddy, as a config reload does. It makes the
+// gateway's client start on fresh connections. A reload closes the old server's idle
 // keep-alive connections, and a client reusing one races with that close (connection
 // reset, EOF). That is Caddy's reload, not what the tests are about.
 func (g *gateway) reload(t testing.TB, cfg []byte) {
@@ -411,8 +412,8 @@ func (g *gateway) reload(t testing.TB, cfg []byte) {
 		t.Fatalf("reloading: %v", err)
 	}
 	g.client.CloseIdleConnections()
-	// A connection caught in the listener's handover is reset too: wait until a
-	// request gets an HTTP answer (any status) from the new config.
+	// A connection caught in the listener's handover is reset too. Wait until a request
+	// gets an HTTP answer, of any status, from the new config.
 	for attempt := 0; ; attempt++ {
 		res, err := g.client.Get(g.base + "/")
 		if err == nil {

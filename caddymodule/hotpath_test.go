@@ -1,10 +1,11 @@
 package caddymodule
 
-// The hot path of ServeHTTP, request by request, as Caddy calls it (a replacer and
-// the extra log fields in the context): a Verifier double, limiter.NewLocal, the usage
-// record in memory and a next handler writing a small JSON body. BenchmarkServeHTTP reports allocations per
-// request (go test -bench ServeHTTP -benchmem ./caddymodule); TestServeHTTPAllocs
-// holds them. PostgreSQL and Redis costs are make bench's (scripts/bench.sh).
+// The hot path of ServeHTTP, request by request, as Caddy calls it: a replacer and
+// the extra log fields in the context. It runs on a Verifier double, limiter.NewLocal,
+// the usage record in memory and a next handler writing a small JSON body. BenchmarkServeHTTP reports
+// allocations per request (go test -bench ServeHTTP -benchmem ./caddymodule), and
+// TestServeHTTPAllocs holds them. PostgreSQL and Redis costs are make bench's
+// (scripts/bench.sh).
 
 import (
 	"context"
@@ -51,8 +52,8 @@ var hotNext = caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request)
 	return err
 })
 
-// discardWriter is a ResponseWriter that keeps its header map from one request to the
-// next, like a server's connection does not; it counts what it is given.
+// discardWriter is a ResponseWriter that keeps its header map from one request to
+// the next, as a server's connection does not. It counts what it is given.
 type discardWriter struct {
 	hdr    http.Header
 	status int
@@ -63,8 +64,8 @@ func (w *discardWriter) Header() http.Header         { return w.hdr }
 func (w *discardWriter) WriteHeader(status int)      { w.status = status }
 func (w *discardWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p), nil }
 
-// hotRequest is one request through ServeHTTP, reusing its parts between runs the way
-// a test can: what the handler allocates is what is left.
+// hotRequest is one request through ServeHTTP. It reuses its parts between runs, as
+// a test can. So what the handler allocates is what is left.
 type hotRequest struct {
 	h    *Handler
 	r    *http.Request
@@ -75,7 +76,7 @@ type hotRequest struct {
 func newHotRequest(tb testing.TB, method, path, auth string) *hotRequest {
 	tb.Helper()
 	h := newTestHandler(tb, hotVerifier{}, "")
-	h.limiter = limiter.NewLocal()
+	h.counts = localCounts(limiter.NewLocal(), h.metrics)
 	h.usage = keystore.NewUsage(nil, keystore.UsageOptions{}) // counted as by default; never flushed here
 	r := httptest.NewRequest(method, "http://gw"+path, nil)
 	repl := caddy.NewReplacer()
@@ -129,9 +130,9 @@ func BenchmarkServeHTTP(b *testing.B) {
 }
 
 // maxHotAllocs is the allocations per request each hot path may make, as measured by
-// BenchmarkServeHTTP -benchmem: lower them when the code gets better, never raise them
-// to let a regression through. The ExtraLogFields of the test outlive a request, so
-// its growth is not counted.
+// BenchmarkServeHTTP -benchmem. Lower them when the code gets better. Never raise
+// them to let a regression through. The ExtraLogFields of the test outlive a
+// request, so its growth is not counted.
 var maxHotAllocs = map[string]float64{
 	"proxied":       12,
 	"me":            9,

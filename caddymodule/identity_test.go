@@ -80,7 +80,7 @@ func TestAProxiedRequestCarriesASignedIdentityAndNeverTheClients(t *testing.T) {
 
 func TestAClientsConnectionHeaderCannotRemoveTheGatewaysFields(t *testing.T) {
 	// The reverse proxy deletes the fields a request's Connection header names, after
-	// the module has set its own: the client's names of them are dropped first. Its
+	// the module has set its own. So the client's names of them are dropped first. Its
 	// other names still work as hop-by-hop names do.
 	d := newDB(t)
 	org := d.org("pro")
@@ -174,9 +174,9 @@ func TestUnmarshalJWKSCaddyfile(t *testing.T) {
 }
 
 func TestAnUpstreamRefusingTheIdentityIsLoggedAtMostOnceAMinute(t *testing.T) {
-	// The gateway signs for identity_audience billing; the service behind it verifies
-	// with gatewayauth for the default audience and answers every request 401. The
-	// client sees only "api key unauthenticated"; the gateway's log says why, once.
+	// The gateway signs for identity_audience billing. The service behind it verifies
+	// with gatewayauth for the default audience, and answers every request 401. The
+	// client sees only "api key unauthenticated". The gateway's log says why, once.
 	d := newDB(t)
 	key, _ := d.key(d.org("pro"), keystore.RoleEditor)
 	priv, keyFile := gatewayauthtest.NewKey(t)

@@ -19,18 +19,18 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("v1_gateway_jwks", httpcaddyfile.Before, "respond")
 }
 
-// JWKS answers every request with the JSON Web Key Set (RFC 7517) of the public halves
-// of the gateway's identity keys, for upstreams to verify X-Gateway-Identity with
-// (package gatewayauth). During a rotation it lists the old key beside the new one,
-// until the old one's assertions have expired (a minute after it stopped signing).
-// It never holds a private part.
+// JWKS is the module v1_gateway_jwks. It answers every request with the JSON Web
+// Key Set (RFC 7517) of the public halves of the gateway's identity keys. Upstreams
+// verify X-Gateway-Identity with it (package gatewayauth). During a rotation it
+// lists the old key beside the new one, until the old one's assertions have expired:
+// a minute after it stopped signing. It never holds a private part.
 //
 //	handle /.well-known/jwks.json {
 //		v1_gateway_jwks /etc/keygate/identity-new.pem /etc/keygate/identity-old.pem
 //	}
 type JWKS struct {
-	// Files are PEM files of Ed25519 keys, private (PKCS#8) or public (PKIX); the public
-	// half of each is published. Placeholders are replaced at load. Required.
+	// Files are PEM files of Ed25519 keys, private (PKCS#8) or public (PKIX). The
+	// public half of each is published. Placeholders are replaced at load. Required.
 	Files []string `json:"files,omitempty"`
 
 	body []byte
@@ -44,8 +44,8 @@ func (JWKS) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision reads the keys once; a reload reads them again. It warns when the handler
-// is under no path matcher.
+// Provision reads the keys once; a reload reads them again. It warns when the
+// handler is under no path matcher.
 func (j *JWKS) Provision(ctx caddy.Context) error {
 	if len(j.Files) == 0 {
 		return fmt.Errorf("v1_gateway_jwks: at least one key file is required")
@@ -82,8 +82,8 @@ func (j *JWKS) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Han
 //
 //	v1_gateway_jwks <pem file>...
 //
-// It takes no matcher, so that an absolute path (/etc/keygate/identity.pem) is read as
-// a file rather than as a path matcher: place it in a handle or route block.
+// It takes no matcher, so that an absolute path (/etc/keygate/identity.pem) is read
+// as a file rather than as a path matcher. Place it in a handle or route block.
 func (j *JWKS) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	j.Files = d.RemainingArgs()

@@ -13,23 +13,23 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// minLastUsedInterval is the shortest last_used_interval: short enough for tests,
-// long enough that the flushes stay batches.
+// minLastUsedInterval is the shortest last_used_interval. It is short enough for
+// tests, and long enough that the flushes stay batches.
 const minLastUsedInterval = time.Second
 
-// recorder notes that a key was used; a *keystore.LastUsed does, in memory, and
+// recorder notes that a key was used. A *keystore.LastUsed notes it in memory, and
 // writes last_used_at later.
 type recorder interface{ Record(keyID string) }
 
 // lastUsedEntry is a keystore.LastUsed in pools, with the goroutine that flushes it.
-// It is shared by every handler with the same database_url, last_used_interval and
-// metrics setting, across config reloads, so that a reload neither loses the ids
-// noted so far nor starts a second flusher.
+// Every handler with the same database_url, last_used_interval and metrics setting
+// shares it, across config reloads. So a reload neither loses the ids noted so far
+// nor starts a second flusher.
 //
-// It writes through the PostgreSQL pool of the same database_url without a reference
-// of its own: every handler holding the entry holds that pool too, and gives the entry
-// back before the pool (Cleanup goes through poolKeys backwards), so the last flush,
-// when the last such handler goes, still has its pool.
+// It writes through the PostgreSQL pool of the same database_url, without a
+// reference of its own. Every handler holding the entry holds that pool too. It
+// gives the entry back before the pool: Cleanup goes through poolKeys backwards. So
+// the last flush, when the last such handler goes, still has its pool.
 type lastUsedEntry struct {
 	lu     *keystore.LastUsed
 	logger *atomic.Pointer[zap.Logger] // the logger of the newest config using it
@@ -48,9 +48,9 @@ func lastUsedKey(url string, interval time.Duration, withMetrics bool) string {
 	return "lastused\x00" + url + "\x00" + interval.String() + "\x00" + strconv.FormatBool(withMetrics)
 }
 
-// loadLastUsed returns the shared recorder of h's database and interval, writing
-// through pool (h's, from loadPostgres), starting its flusher if needed, and the key to
-// give back to pools.
+// loadLastUsed returns the shared recorder of h's database and interval, and the key
+// to give back to pools. The recorder writes through pool, h's. loadLastUsed starts
+// its flusher if needed.
 func (h *Handler) loadLastUsed(pool *pgxpool.Pool) (recorder, string) {
 	interval := time.Duration(h.LastUsedInterval)
 	m := h.metrics
@@ -88,8 +88,8 @@ func (h *Handler) loadLastUsed(pool *pgxpool.Pool) (recorder, string) {
 	return e.lu, key
 }
 
-// flushFailures logs failed flushes at most once a minute, with how many failed since
-// the last line. Only the flusher's goroutine uses it.
+// flushFailures logs failed flushes at most once a minute, with how many failed
+// since the last line. Only the flusher's goroutine uses it.
 type flushFailures struct {
 	last   time.Time
 	failed int

@@ -17,8 +17,8 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// idVerifier is a Verifier double that knows key ids, whatever the secret, and
-// counts its lookups: the checksum and legacy checks happen before it or not at all.
+// idVerifier is a Verifier double that knows key ids, whatever the secret, and counts
+// its lookups. The checksum and legacy checks happen before it, or not at all.
 type idVerifier struct {
 	known map[string]keystore.Key
 	calls int
@@ -76,8 +76,7 @@ func TestKeyFormatDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 			h.metrics = newMetrics()
-			h.verifier = v
-			h.limiter = limiter.NewLocal()
+			withDoubles(h, v, limiter.NewLocal())
 			rec := &recorded{}
 			h.lastUsed = rec
 			r := httptest.NewRequest(http.MethodGet, "http://gw/v1/me", nil)

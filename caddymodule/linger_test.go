@@ -9,10 +9,10 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// TestBatchLingerGathersBusyTrafficAndStaysExact: with batch_linger, 16 clients sending
-// back to back, each its next request when it has its answer, share their lookups (a
-// batch waits until they pause, that is until all of them wait), and every key's limit
-// still lets exactly its number through, each counted.
+// TestBatchLingerGathersBusyTrafficAndStaysExact: with batch_linger, 16 clients
+// sending back to back share their lookups. Each sends its next request when it has
+// its answer. A batch waits until they pause, that is until all of them wait. Every
+// key's limit still lets exactly its number through, each counted.
 func TestBatchLingerGathersBusyTrafficAndStaysExact(t *testing.T) {
 	d := newDB(t)
 	d.plan("six", 6)
@@ -26,8 +26,8 @@ func TestBatchLingerGathersBusyTrafficAndStaysExact(t *testing.T) {
 				opts["batch_linger"] = linger
 			}
 			gw := startGateway(t, gatewayConfig{metrics: true, handler: gatewayOptions(d.url, opts), upstream: up.addr()})
-			// sendAll has each client send each requests, back to back, with a key of
-			// its own on plan, and counts the statuses.
+			// sendAll has each client send each requests, back to back, with a key of its own
+			// on plan. It counts the statuses.
 			sendAll := func(plan string) (byStatus map[int]int, uncounted int) {
 				var mu sync.Mutex
 				byStatus = map[int]int{}
@@ -63,10 +63,10 @@ func TestBatchLingerGathersBusyTrafficAndStaysExact(t *testing.T) {
 			batches := after[`keygate_key_lookup_batch_size_count`] - before[`keygate_key_lookup_batch_size_count`]
 			lookups := after[`keygate_key_lookup_batch_size_sum`] - before[`keygate_key_lookup_batch_size_sum`]
 			t.Logf("%v lookups in %v batches: %.1f a batch", lookups, batches, lookups/batches)
-			// Ten batches of all 16 at best; without a linger they go three or four at a
-			// time (fifty batches on an idle machine). A client that the scheduler holds
-			// back past the pause splits a batch: on two cores shared with the other
-			// packages' tests that happens a few times a run, hence twice the best.
+			// Ten batches of all 16 at best. Without a linger they go three or four at a time:
+			// fifty batches on an idle machine. A client that the scheduler holds back past the
+			// pause splits a batch. On two cores shared with the other packages' tests, that
+			// happens a few times a run: hence twice the best.
 			if linger == "" {
 				unlingered = batches
 			} else if batches > 2*each || batches > unlingered/2 {

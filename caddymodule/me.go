@@ -18,9 +18,9 @@ func writeMe(w http.ResponseWriter, key keystore.Key) {
 	writeJSON(w, http.StatusOK, b)
 }
 
-// appendJSONString appends s as a JSON string. It escapes what JSON requires and
-// the characters HTML-sensitive decoders care about; the values it writes (UUIDs,
-// roles) never need it, but the output stays valid whatever the database holds.
+// appendJSONString appends s as a JSON string. It escapes what JSON requires, and
+// the characters HTML-sensitive decoders care about. The values it writes, UUIDs
+// and roles, never need it. But the output stays valid whatever the database holds.
 func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')

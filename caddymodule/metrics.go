@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -17,8 +16,9 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// outcome is what the gateway decided for a request (CONTRACT §10): the label of
-// keygate_requests_total and the "outcome" field of the access log.
+// outcome is what the gateway decided for a request: the label of
+// keygate_requests_total, and the "outcome" field of the access log
+// (docs/operations.md, Metrics).
 type outcome uint8
 
 const (
@@ -40,7 +40,8 @@ var outcomeNames = [numOutcomes]string{
 
 func (o outcome) String() string { return outcomeNames[o] }
 
-// The names of the series, as CONTRACT §10 fixes them.
+// The names of the series. docs/operations.md lists them, and the Grafana dashboard
+// (deploy/grafana) queries them.
 const (
 	metricRequests        = "keygate_requests_total"
 	metricLookupDuration  = "keygate_key_lookup_duration_seconds"
@@ -54,14 +55,14 @@ const (
 	metricUsageErrors     = "keygate_usage_flush_errors_total"
 )
 
-// latencyBuckets suit a lookup or a count that takes about a millisecond and is cut
-// off at database_timeout (2s) or redis_timeout (200ms).
+// latencyBuckets suit a lookup or a count that takes about a millisecond. Either is
+// cut off at its timeout: database_timeout (2s) or redis_timeout (200ms).
 var latencyBuckets = []float64{.00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
 
 // metrics are the gateway's Prometheus collectors. One set lives in pools, shared by
-// every handler and carried across config reloads: Caddy makes a new registry for
-// every config it loads, and each new config registers the same collectors in it, so
-// that the counters go on from where they were instead of starting again at zero.
+// every handler and carried across config reloads. Caddy makes a new registry for
+// every config it loads, and each new config registers the same collectors in it.
+// So the counters go on from where they were instead of starting again at zero.
 //
 // No label holds a key id, an org id or a path: their number is unbounded.
 type metrics struct {
@@ -83,9 +84,9 @@ type metrics struct {
 	redis     depGauge
 }
 
-// depGauge is one dependency's keygate_dependency_up, created by its first Set: a
-// gateway that has not tried PostgreSQL yet, or counts in process and never uses
-// Redis, shows no series rather than a false 0.
+// depGauge is one dependency's keygate_dependency_up, created by its first Set. A
+// gateway that has not tried PostgreSQL yet shows no series, rather than a false 0.
+// Nor does one that counts in process show one for Redis.
 type depGauge struct {
 	vec  *prometheus.GaugeVec
 	name string
@@ -99,9 +100,10 @@ func (d *depGauge) Set(v float64) {
 }
 
 // attempted sets the gauge from a request's call, made under ctx, that ended in err.
-// Two calls say nothing of the dependency and leave it alone: one abandoned because
-// the client went away, and one the breaker refused (the failures that opened it set
-// 0, and its probe sets 1 when it closes, see breakerChanged).
+// Two calls say nothing of the dependency and leave it alone. One is a call
+// abandoned because the client went away. The other is a call the breaker refused:
+// the failures that opened it set 0, and its probe sets 1 when it closes (see
+// breakerChanged).
 func (d *depGauge) attempted(ctx context.Context, err error) {
 	switch {
 	case err == nil:
@@ -143,8 +145,8 @@ func newMetrics() *metrics {
 		usageFlushErrors: newCounter(metricUsageErrors,
 			"Writes of the usage record that failed or timed out; their counts are held for the next one, up to usage_buffer rows."),
 	}
-	// Every outcome is there from the start, at 0, so that rate() and alerts see the
-	// first request of each.
+	// Every outcome is there from the start, at 0, so that rate() and alerts see
+	// the first request of each.
 	for o := range numOutcomes {
 		m.byOutcome[o] = m.requests.WithLabelValues(o.String())
 	}
@@ -153,8 +155,8 @@ func newMetrics() *metrics {
 	return m
 }
 
-// newCounter and newHistogram make the collectors that have no labels, whose options
-// are only a name, a help text and, for a histogram, its buckets.
+// newCounter and newHistogram make the collectors that have no labels. Their
+// options are a name, a help text and, for a histogram, its buckets.
 func newCounter(name, help string) prometheus.Counter {
 	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 }
@@ -168,8 +170,8 @@ func (m *metrics) collectors() []prometheus.Collector {
 		m.lastUsedDropped, m.lastUsedFlushErrors, m.usageDropped, m.usageFlushErrors}
 }
 
-// register adds m's collectors to reg. A collector already there (another handler of
-// the same config registered it) is fine; a different collector under one of our
+// register adds m's collectors to reg. A collector already there is fine: another
+// handler of the same config registered it. A different collector under one of our
 // names is an error.
 func (m *metrics) register(reg *prometheus.Registry) error {
 	for _, c := range m.collectors() {
@@ -207,15 +209,18 @@ func loadMetrics(ctx caddy.Context) (*metrics, string, error) {
 	return m, metricsKey, nil
 }
 
-// The hooks below are what ServeHTTP calls. Each tolerates h.metrics == nil
-// (disable_metrics).
+// record is what ServeHTTP calls once per request. It tolerates h.metrics == nil
+// (disable_metrics). dependencies.go times the lookups and the counts.
 
-// record notes the decision of a request: its counter, and the access log's outcome,
-// key_id and org_id fields, if its server writes an access log. key is nil while the
-// key is not known.
+// record notes the decision of a request: its counter, the usage record of its key
+// (countDecided), and the access log's outcome, key_id and org_id fields, if its
+// server writes an access log. key is nil while the key is not known.
 func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
 	if h.metrics != nil {
 		h.metrics.byOutcome[o].Inc()
+	}
+	if key != nil {
+		h.countDecided(key, o)
 	}
 	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
 	if !ok || !accessLogged(r) {
@@ -228,10 +233,10 @@ func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
 	extra.Set(zap.Field{Key: logFieldsKey, Type: zapcore.InlineMarshalerType, Interface: lf})
 }
 
-// accessLogged tells whether r's server writes access logs (Caddy's Server.Logs, the
-// log directive): without them nothing reads the extra log fields, and setting them
-// costs a request four allocations (the fields, the slice of them, and two for the
-// clear of Caddy's handler cache). A request without a server in its context counts
+// accessLogged tells whether r's server writes access logs (Caddy's Server.Logs,
+// the log directive). Without them nothing reads the extra log fields. Setting them
+// costs a request four allocations: the fields, the slice of them, and two for the
+// clear of Caddy's handler cache. A request without a server in its context counts
 // as logged.
 func accessLogged(r *http.Request) bool {
 	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
@@ -242,18 +247,18 @@ func accessLogged(r *http.Request) bool {
 // same request replaces it. The name itself is never logged: the field is inline.
 const logFieldsKey = "keygate"
 
-// logFields are the access log fields of record: outcome, and key_id and org_id once
-// the key is known. They go in as one inline field, written at the top level of the
-// entry as three: one allocation, where three fields would grow the slice of extra
-// fields three times and clear Caddy's handler cache three times.
+// logFields are the access log fields of record: outcome, and key_id and org_id
+// once the key is known. They go in as one inline field, written at the top level of
+// the entry as three. That is one allocation. Three fields would grow the slice of
+// extra fields three times, and clear Caddy's handler cache three times.
 type logFields struct {
 	outcome      outcome
 	hasKey       bool
 	keyID, orgID string
 }
 
-// outcomeOnly are the logFields of the requests decided before their key is known,
-// shared (never written to) so that the flood of 401s allocates none.
+// outcomeOnly are the logFields of the requests decided before their key is known.
+// They are shared and never written to, so the flood of 401s allocates none.
 var outcomeOnly = func() (lf [numOutcomes]logFields) {
 	for o := range numOutcomes {
 		lf[o].outcome = o
@@ -269,40 +274,6 @@ func (f *logFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 	}
 	return nil
 }
-
-// startTimer returns the time to pass to the observe functions, or the zero time
-// without metrics (which then skip the clock altogether).
-func (h *Handler) startTimer() time.Time {
-	if h.metrics == nil {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// observeLookup records a key lookup begun at start.
-func (h *Handler) observeLookup(r *http.Request, start time.Time, err error) {
-	if h.metrics == nil {
-		return
-	}
-	h.metrics.lookupDuration.Observe(time.Since(start).Seconds())
-	h.metrics.postgres.attempted(r.Context(), err)
-}
-
-// observeCount records a rate-limit count begun at start.
-func (h *Handler) observeCount(r *http.Request, start time.Time, err error) {
-	if h.metrics == nil {
-		return
-	}
-	h.metrics.limiterDuration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		h.metrics.limiterErrors.Inc()
-	}
-}
-
-// observeRedis sets Redis's keygate_dependency_up from a count made under the
-// request's context ctx; redisLimiter calls it, as only a Redis count says anything
-// of Redis.
-func (m *metrics) observeRedis(ctx context.Context, err error) { m.redis.attempted(ctx, err) }
 
 // observeBatch is the Batcher's OnBatch.
 func (m *metrics) observeBatch(size int) { m.batchSize.Observe(float64(size)) }

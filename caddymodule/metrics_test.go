@@ -28,7 +28,7 @@ func (g *gateway) scrape(t testing.TB) map[string]float64 {
 	return promtest.Scrape(t, g.base+"/metrics")
 }
 
-// wantSeries checks the difference of every named series between two scrapes; a
+// wantSeries checks the difference of every named series between two scrapes. A
 // series named with "=" is checked for its value in after instead.
 func wantSeries(t *testing.T, before, after map[string]float64, want map[string]float64) {
 	t.Helper()
@@ -91,8 +91,8 @@ func newOutcomeTraffic(t *testing.T, gc gatewayConfig) *outcomeTraffic {
 	}, gc.handler))
 	gc.upstream = up.addr()
 	o.gw = startGateway(t, gc)
-	// Cleanups run last first: the proxies forward again before Caddy stops, so that
-	// closing the pools does not wait on hung connections.
+	// Cleanups run last first. The proxies forward again before Caddy stops, so closing
+	// the pools does not wait on hung connections.
 	t.Cleanup(func() { o.pg.Resume(); o.redis.Resume() })
 	return o
 }
@@ -163,9 +163,9 @@ func (o *outcomeTraffic) recover(t *testing.T) {
 }
 
 // TestMetricsCountEveryOutcome scrapes Caddy's metrics handler after one request of
-// every outcome: each counter goes up by exactly its number of requests, the
-// histograms count every lookup, batch and count, and dependency_up follows
-// PostgreSQL and Redis down and back up.
+// every outcome. Each counter goes up by exactly its number of requests. The
+// histograms count every lookup, batch and count. dependency_up follows PostgreSQL
+// and Redis down and back up.
 func TestMetricsCountEveryOutcome(t *testing.T) {
 	o := newOutcomeTraffic(t, gatewayConfig{metrics: true})
 	before := o.gw.scrape(t)
@@ -236,9 +236,9 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 	})
 }
 
-// TestDependencyUpFollowsTheBreakers: a dependency whose breaker opened is 0; the
-// requests the breaker refuses are no attempts and leave it so, and the probe that
-// closes the breaker again sets it to 1 before any request has got through.
+// TestDependencyUpFollowsTheBreakers: a dependency whose breaker opened is 0. The
+// requests the breaker refuses are no attempts, and leave it so. The probe that
+// closes the breaker again sets it to 1, before any request has got through.
 func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
@@ -277,9 +277,9 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 	}
 }
 
-// TestAccessLogCarriesTheDecision reads the access log line of every outcome: it has
-// the outcome and, once the key is known, key_id and org_id, top-level; no line holds
-// a key or its secret.
+// TestAccessLogCarriesTheDecision reads the access log line of every outcome. It has
+// the outcome, and once the key is known, key_id and org_id, all top-level. No line
+// holds a key or its secret.
 func TestAccessLogCarriesTheDecision(t *testing.T) {
 	o := newOutcomeTraffic(t, gatewayConfig{accessLog: true, filterSecret: true, handler: map[string]any{"disable_metrics": true}})
 	o.run(t)
@@ -325,8 +325,8 @@ func TestAccessLogCarriesTheDecision(t *testing.T) {
 	}
 }
 
-// TestMetricsSurviveAReload: a new config registers the same collectors in Caddy's new
-// registry without an error, and the counters go on from where they were.
+// TestMetricsSurviveAReload: a new config registers the same collectors in Caddy's
+// new registry without an error. The counters go on from where they were.
 func TestMetricsSurviveAReload(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	up := newUpstream(t)
@@ -406,8 +406,8 @@ func exportedSeries(t *testing.T, reg *prometheus.Registry) map[string]bool {
 }
 
 // TestGrafanaDashboardQueriesOnlyExportedGatewaySeries: every keygate_ series of the
-// gateway that deploy/grafana/keygate.json queries is one this package exports, and
-// the dashboard shows every one of them. (The upstream's are checked in upstream.)
+// gateway that deploy/grafana/keygate.json queries is one this package exports. The
+// dashboard shows every one of them. (The upstream's are checked in upstream.)
 func TestGrafanaDashboardQueriesOnlyExportedGatewaySeries(t *testing.T) {
 	m := newMetrics()
 	m.postgres.Set(1) // the vectors' series exist once they have a child
@@ -448,18 +448,16 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 			if on {
 				h.metrics = newMetrics()
 			}
+			lookups := newLookups(nil, nil, h.metrics)
+			counts := redisCounts(nil, nil, nil, h.metrics)
 			r := httptest.NewRequest(http.MethodGet, "/v1/monitors", nil)
+			ctx := r.Context()
 			key := keystore.Key{ID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: "o"}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					start := h.startTimer()
-					h.observeLookup(r, start, nil)
-					start = h.startTimer()
-					h.observeCount(r, start, nil)
-					if h.metrics != nil {
-						h.metrics.observeRedis(r.Context(), nil)
-					}
+					lookups.dep.observe(ctx, lookups.dep.start(), nil)
+					counts.dep.observe(ctx, counts.dep.start(), nil)
 					h.record(r, outcomeProxied, &key)
 				}
 			})
@@ -467,8 +465,8 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 	}
 }
 
-// TestTheLogFieldsAreSetOnlyWhenTheServerWritesAnAccessLog holds accessLogged: a
-// server without an access log gets no extra log fields, one with a log gets them.
+// TestTheLogFieldsAreSetOnlyWhenTheServerWritesAnAccessLog holds accessLogged. A
+// server without an access log gets no extra log fields; one with a log gets them.
 func TestTheLogFieldsAreSetOnlyWhenTheServerWritesAnAccessLog(t *testing.T) {
 	key := keystore.Key{ID: "k", OrgID: "o"}
 	for _, logged := range []bool{false, true} {

@@ -9,22 +9,23 @@ import (
 	"go.uber.org/zap"
 )
 
-// Two placements of the module's handlers are valid to Caddy and wrong: each fails
-// quietly on every request, so Provision warns about them (and `caddy validate`, which
-// provisions, shows the warning). Where a handler sits is read from the config Caddy
-// is provisioning: the server's routes and the subroutes around the handler.
+// This file holds the warnings about two placements of the module's handlers. Both
+// are valid to Caddy and wrong: each fails quietly on every request. So Provision
+// warns about them, and `caddy validate`, which provisions, shows the warning. Where
+// a handler sits is read from the config Caddy is provisioning: the server's routes,
+// and the subroutes around the handler.
 
 // routeLevel is one route list on the way from a server to the handler being
-// provisioned, and the index of the route in it that leads there.
+// provisioned, with the index of the route in it that leads there.
 type routeLevel struct {
 	routes caddyhttp.RouteList
 	i      int
 }
 
 // placement returns the route lists from the server down to the handler ctx is
-// provisioning, outermost first. ok is false where it cannot tell: a handler outside
-// the server's primary routes (an error or named route), or inside a handler that is
-// not a subroute.
+// provisioning, outermost first. ok is false where it cannot tell. That is a handler
+// outside the server's primary routes (an error or named route), or inside a handler
+// that is not a subroute.
 func placement(ctx caddy.Context) (levels []routeLevel, ok bool) {
 	if ctx.Context == nil { // a handler provisioned outside Caddy, by a test
 		return nil, false
@@ -56,7 +57,7 @@ func placement(ctx caddy.Context) (levels []routeLevel, ok bool) {
 }
 
 // provisioning returns the index of the route of routes whose handlers Caddy is
-// provisioning, or -1: Caddy provisions a list's handlers in order, and clears a
+// provisioning, or -1. Caddy provisions a list's handlers in order, and clears a
 // route's HandlersRaw once they are loaded.
 func provisioning(routes caddyhttp.RouteList) int {
 	for i := range routes {
@@ -67,8 +68,8 @@ func provisioning(routes caddyhttp.RouteList) int {
 	return -1
 }
 
-// warnUnmatchedJWKS warns when v1_gateway_jwks is under no path matcher: it would
-// answer every request that reaches it (the dashboard's, /v1's) with the key set.
+// warnUnmatchedJWKS warns when v1_gateway_jwks is under no path matcher. It would
+// answer every request that reaches it with the key set: the dashboard's, /v1's.
 func warnUnmatchedJWKS(ctx caddy.Context) {
 	levels, ok := placement(ctx)
 	if !ok {
@@ -103,8 +104,8 @@ func matchesPath(r caddyhttp.Route) bool {
 	return true
 }
 
-// warnStrippedPath warns when a rewrite before v1_gateway strips /v1 from the path, as
-// `handle_path /v1/*` does: the module and the upstream need the full path, so /v1/me
+// warnStrippedPath warns when a rewrite before v1_gateway strips /v1 from the path,
+// as `handle_path /v1/*` does. The module and the upstream need the full path. /v1/me
 // would go to the upstream as /me, and every proxied path would answer 404.
 func warnStrippedPath(ctx caddy.Context, logger *zap.Logger) {
 	levels, _ := placement(ctx)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -19,15 +18,15 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// pools holds what must outlive one loaded config: PostgreSQL pools, Redis clients
-// and the in-process limiter. Caddy provisions a new config before it cleans up the
-// old one, so on a reload with unchanged settings the new handlers take a reference
-// to the same pool before the old handlers let go of theirs: nothing is closed, nothing
-// is dialed again, and in-process rate-limit counts carry over. An entry is closed
-// when its last handler is cleaned up.
+// pools holds what must outlive one loaded config: PostgreSQL pools, Redis clients,
+// the in-process limiter, the metrics and the last-used flushers. Caddy provisions a
+// new config before it cleans up the old one. So on a reload with unchanged settings,
+// the new handlers take the same entry before the old handlers let go of it. Nothing
+// is closed, nothing is dialed again, and in-process rate-limit counts carry over.
+// An entry is closed when its last handler is cleaned up.
 //
-// It is package-level because it has to be: it is the one thing that lives across
-// the module instances of successive configs.
+// It is package-level because it has to be: it is the one thing that lives across the
+// module instances of successive configs.
 var pools = caddy.NewUsagePool()
 
 // pgEntry is a shared PostgreSQL pool.
@@ -54,8 +53,8 @@ type localEntry struct{ lim *limiter.Local }
 
 func (localEntry) Destruct() error { return nil }
 
-// The keys of pools. Each holds every setting its value was built with, so a
-// changed setting builds a new value instead of reusing one built differently.
+// The keys of pools. Each holds every setting its value was built with. So a changed
+// setting builds a new value instead of reusing one built differently.
 func postgresPoolKey(url string, s connSetup) string {
 	return "postgres\x00" + url + "\x00" + s.key()
 }
@@ -64,8 +63,8 @@ func redisPoolKey(mode, url, caFile string, timeout time.Duration, s connSetup) 
 	return "redis\x00" + mode + "\x00" + url + "\x00" + caFile + "\x00" + timeout.String() + "\x00" + s.key()
 }
 
-// connSetup is how a pool opens connections: on a budget of its own (dial_timeout),
-// and how many it keeps open (the floor: database_min_conns, redis_min_conns). See
+// connSetup is how a pool opens connections: within dialTimeout, a budget of its
+// own, and minConns of them kept open (database_min_conns, redis_min_conns). See
 // warm.go.
 type connSetup struct {
 	dialTimeout time.Duration
@@ -77,10 +76,11 @@ func (s connSetup) key() string { return s.dialTimeout.String() + "\x00" + strco
 const localLimiterKey = "limiter\x00local"
 
 // loadPostgres returns the shared pool for url, creating it if needed, and the key to
-// give back to pools.Delete. Pool settings (pool_max_conns, …) come from the URL.
+// give back to pools.Delete. The URL holds the pool's settings (pool_max_conns, …).
 //
-// A PostgreSQL that cannot be reached is not an error here: the gateway starts, logs a
-// warning, and answers 503 until the database is back. A URL that cannot be parsed is.
+// A PostgreSQL that cannot be reached is not an error here. The gateway starts, logs
+// a warning, and answers 503 until the database is back. A URL that cannot be parsed
+// is an error.
 func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger *zap.Logger) (*pgxpool.Pool, string, error) {
 	key := postgresPoolKey(url, setup)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -116,7 +116,7 @@ func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger
 }
 
 // setsPoolMaxConns reports whether a database URL (or keyword/value string) sets
-// pgxpool's pool_max_conns, which pgxpool.ParseConfig does not tell.
+// pgxpool's pool_max_conns. pgxpool.ParseConfig does not tell.
 func setsPoolMaxConns(url string) bool {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
@@ -126,27 +126,22 @@ func setsPoolMaxConns(url string) bool {
 	return ok
 }
 
-// tunePostgres sets the pool up for a database that may be slow (CONTRACT §8).
+// tunePostgres sets the pool up for a database that may be slow.
 //
-// pgxpool pings a connection idle for more than a second before handing it out: a
-// second round trip on nearly every lookup of a quiet gateway, which a database
-// answering in over half of database_timeout cannot fit. A dead connection (after a
-// PostgreSQL restart) fails its lookup at once instead, and the key store retries
-// that once on another connection; so only connections idle for a minute are pinged.
+// pgxpool pings a connection idle for more than a second before handing it out. That
+// is a second round trip on nearly every lookup of a quiet gateway. A database
+// answering in over half of database_timeout cannot fit it. So only connections idle
+// for a minute are pinged. A dead connection (after a PostgreSQL restart) fails its
+// lookup at once instead, and the key store retries that once on another connection.
 //
-// A lookup whose context ends mid-query would by default set the connection's
-// deadline to now, which breaks the connection: under a slow database every late
-// lookup then costs a new connection (several round trips more), and late lookups
-// breed more. Instead PostgreSQL is asked to cancel the query, and the connection is
-// only given up if it has not answered a fraction of the timeout later. The exception
-// is a lookup a keystore.Batcher runs on its request's goroutine (keystore.RequestLookup):
-// the request answers when that lookup returns, so it ends at its deadline, as with
-// pgx's default. Such a lookup only runs on a lane with no batch in flight, so a slow
-// database gives up at most one connection per lane (lookup_lanes) a timeout that way.
+// A lookup whose context ends mid-query would, by pgx's default, break its
+// connection. Instead PostgreSQL is asked to cancel the query (lookupCancel). The
+// connection is kept if it answers within a quarter of timeout, at least 50ms. See
+// docs/dependencies.md, What the libraries do when a request gives up.
 //
-// A new connection is opened within setup's dial_timeout (unless the URL's
-// connect_timeout says otherwise) and has its lookups prepared before any request
-// uses it; the pool keeps setup's floor of connections open, topping it up every few
+// A new connection opens within setup's dialTimeout, unless the URL's
+// connect_timeout says otherwise. Its lookups are prepared before any request uses
+// it. The pool keeps setup's floor of connections open, topping it up every few
 // seconds (see warm.go). The URL's pool_min_conns, when larger, wins.
 func tunePostgres(cfg *pgxpool.Config, timeout time.Duration, setup connSetup) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
@@ -170,8 +165,13 @@ func tunePostgres(cfg *pgxpool.Config, timeout time.Duration, setup connSetup) {
 // minConnsCheckEvery is how often, at most, pgxpool tops a pool up to its floor.
 const minConnsCheckEvery = 5 * time.Second
 
-// lookupCancel is the context watcher handler of tunePostgres: CancelRequest handling,
-// but a deadline now for a request's own lookup.
+// lookupCancel is the context watcher handler of tunePostgres. It asks PostgreSQL to
+// cancel the query, as pgconn.CancelRequestContextWatcherHandler does. The exception
+// is a lookup a keystore.Batcher runs on its request's goroutine
+// (keystore.RequestLookup). The request answers when that lookup returns, so the
+// lookup ends at its deadline, as with pgx's default. Such a lookup only runs on a
+// lane with no batch in flight. So a slow database gives up at most one connection
+// per lane (lookup_lanes) per timeout that way.
 type lookupCancel struct {
 	cancel pgconn.CancelRequestContextWatcherHandler
 	conn   *pgconn.PgConn
@@ -198,10 +198,11 @@ func (h *lookupCancel) HandleUnwatchAfterCancel() {
 // loadRedis returns the shared Redis client for url, creating it if needed, and its
 // key in pools.
 //
-// timeout bounds every part of a command: the dial, the wait for a pooled
-// connection, the write and the read. Commands are not retried: a dead Redis must
-// cost a request one timeout, not several. As with PostgreSQL, a Redis that is down at
-// start is a warning, not an error.
+// timeout bounds every part of a command: the wait for a pooled connection, the
+// write and the read. setup's dialTimeout bounds a dial (see commandLimits).
+// Commands are not retried: a dead Redis must cost a request one timeout, not
+// several. As with PostgreSQL, a Redis that is down at start is a warning, not an
+// error.
 func loadRedis(mode, url, caFile string, timeout time.Duration, setup connSetup, logger *zap.Logger) (redisEntry, string, error) {
 	key := redisPoolKey(mode, url, caFile, timeout, setup)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -224,43 +225,8 @@ func loadRedis(mode, url, caFile string, timeout time.Duration, setup connSetup,
 	return v.(redisEntry), key, nil
 }
 
-// redactUserinfo removes from msg the user information of rawURL (user:password):
-// whole, its password alone, and every piece of it, raw or escaped.
-func redactUserinfo(msg, rawURL string) string {
-	// Everything up to the last @ is taken for user information: a password with an
-	// unescaped / or @ makes the URL ambiguous, and too much redacted beats too little.
-	_, rest, ok := strings.Cut(rawURL, "://")
-	if !ok {
-		rest = rawURL
-	}
-	at := strings.LastIndex(rest, "@")
-	if at < 0 {
-		return msg
-	}
-	userinfo := rest[:at]
-	secrets := []string{userinfo}
-	if _, password, ok := strings.Cut(userinfo, ":"); ok && password != "" {
-		secrets = append(secrets, password, percentDecode(password))
-	}
-	// A parser that misreads the URL may quote any piece of it (a password with a /
-	// in it becomes a host and a port).
-	for _, piece := range strings.FieldsFunc(userinfo, func(r rune) bool { return strings.ContainsRune(":/@?#", r) }) {
-		if len(piece) >= 3 {
-			secrets = append(secrets, piece)
-		}
-	}
-	for _, s := range secrets {
-		if s == "" {
-			continue
-		}
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-		msg = strings.ReplaceAll(msg, strconv.Quote(s)[1:len(strconv.Quote(s))-1], "xxxxx")
-	}
-	return msg
-}
-
 // loadLocalLimiter returns the in-process limiter shared by every handler without a
-// redis_url, so that a reload does not hand every key a fresh budget.
+// redis_url. So a reload does not hand every key a fresh budget.
 func loadLocalLimiter() (*limiter.Local, string) {
 	v, _, _ := pools.LoadOrNew(localLimiterKey, func() (caddy.Destructor, error) {
 		return localEntry{limiter.NewLocal()}, nil

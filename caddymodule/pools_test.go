@@ -28,8 +28,8 @@ func withParam(u, name, value string) string {
 	return u + sep + name + "=" + value
 }
 
-// ownURL returns d's URL with an application_name no other test uses: the gateway
-// shares a pool among the configs with the same settings, so this URL's pool is the
+// ownURL returns d's URL with an application_name no other test uses. The gateway
+// shares a pool among the configs with the same settings. So this URL's pool is the
 // test's own, and its connections can be told apart in pg_stat_activity.
 func (d *db) ownURL(t testing.TB) string {
 	return withParam(d.url, "application_name", randomName(t))
@@ -67,8 +67,8 @@ func sharedPool(url string) *pgxpool.Pool {
 	return p
 }
 
-// sharedRedis returns the Redis client pools holds under url and timeout (single
-// mode, no CA file, the default dial timeout and floor), or nil.
+// sharedRedis returns the Redis client pools holds under url and timeout, or nil. It
+// looks for single mode, no CA file, and the default dial timeout and floor.
 func sharedRedis(url string, timeout time.Duration) *redis.Client {
 	var c *redis.Client
 	pools.Range(func(key, value any) bool {
@@ -113,9 +113,9 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	}
 	busy := func() {
 		t.Helper()
-		// Concurrent requests, so that the pools hold several connections. The
-		// goroutines report errors rather than call t.Fatal, which would end them
-		// without an answer and leave this loop waiting.
+		// Concurrent requests, so that the pools hold several connections. The goroutines
+		// report errors rather than call t.Fatal. That would end them without an answer, and
+		// leave this loop waiting.
 		done := make(chan string, 8)
 		for range cap(done) {
 			go func() {
@@ -125,9 +125,9 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 					return
 				}
 				req.Header.Set("Authorization", "Bearer "+key)
-				// Caddy hands its listener over to the new config during a reload,
-				// and a connection caught in the handover is reset: a transport
-				// error, never an HTTP answer. Try such a request again, a few times.
+				// Caddy hands its listener over to the new config during a reload. A connection
+				// caught in the handover is reset: a transport error, never an HTTP answer. Try such
+				// a request again, a few times.
 				var res *http.Response
 				for attempt := 0; ; attempt++ {
 					res, err = gw.client.Do(req)
@@ -224,12 +224,12 @@ func TestChangedSettingsBuildANewPool(t *testing.T) {
 }
 
 func TestThePoolKeepsAWarmConnectionForEveryBatchInFlight(t *testing.T) {
-	// While PostgreSQL is slow, a batch that has waited a tenth of database_timeout
-	// for a lane goes out on its own, so up to nine overlap the lanes' (keystore.Batcher).
+	// While PostgreSQL is slow, a batch that has waited a tenth of database_timeout for
+	// a lane goes out on its own (keystore.Batcher). So up to nine overlap the lanes'.
 	// Each must find a connection open: opening one takes several round trips. So the
-	// pool keeps lookup_lanes + 10 open (the last_used_at writes need one), and grows
-	// past pgxpool's default size (4, or the number of CPUs) for them; a pool_max_conns
-	// in the URL is kept, and the log says what it costs.
+	// pool keeps lookup_lanes + 10 open; the last_used_at writes need one. It grows past
+	// pgxpool's default size (4, or the number of CPUs) for them. A pool_max_conns in the
+	// URL is kept, and the log says what it costs.
 	d := newDB(t)
 	up := newUpstream(t)
 	pgxDefault := int32(max(4, runtime.NumCPU()))

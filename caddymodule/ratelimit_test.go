@@ -10,7 +10,7 @@ import (
 
 func TestRateLimitHeaders(t *testing.T) {
 	hdr := http.Header{}
-	setRateLimitHeaders(hdr, limiter.Result{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42})
+	setRateLimit(hdr, rateCount{limiter.Result{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42}, true})
 	if got := hdr.Get("RateLimit-Policy"); got != `"default";q=600;w=60` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
@@ -18,7 +18,7 @@ func TestRateLimitHeaders(t *testing.T) {
 		t.Errorf("RateLimit %q", got)
 	}
 	rec := httptest.NewRecorder()
-	writeRateLimited(rec, limiter.Result{Limit: 600, ResetAfter: 9})
+	writeRateLimited(rec, rateCount{limiter.Result{Limit: 600, ResetAfter: 9}, true})
 	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9}` || rec.Header().Get("Retry-After") != "9" {
 		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}
@@ -26,11 +26,11 @@ func TestRateLimitHeaders(t *testing.T) {
 
 func TestRateLimitHeadersWithoutACountRemoveAnyUpstreamSet(t *testing.T) {
 	hdr := http.Header{"Ratelimit": {`"default";r=999;t=1`}, "Ratelimit-Policy": {`"default";q=999;w=60`}, "X-Other": {"kept"}}
-	rateLimitHeaders(hdr, nil)
+	setRateLimit(hdr, rateCount{})
 	if len(hdr) != 1 || hdr.Get("X-Other") != "kept" {
 		t.Errorf("without a count: %q; want only X-Other", hdr)
 	}
-	rateLimitHeaders(hdr, &limiter.Result{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5})
+	setRateLimit(hdr, rateCount{limiter.Result{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5}, true})
 	if hdr.Get("Ratelimit") != `"default";r=0;t=5` || hdr.Get("Ratelimit-Policy") != `"default";q=3;w=60` {
 		t.Errorf("with a count: %q", hdr)
 	}

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -15,52 +16,26 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
+// This file keeps secrets out of logs: the keygate_redact log filter, and the user
+// information of a URL quoted in an error message (redactUserinfo).
+
 func init() {
 	caddy.RegisterModule(RedactFilter{})
 }
 
-// percentDecode decodes every valid %XX in s and leaves anything else as it is
-// (redactUserinfo's; keystore.Redact decodes keys the same way).
-func percentDecode(s string) string {
-	if !strings.Contains(s, "%") {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s))
-	for i := 0; i < len(s); i++ {
-		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
-			i += 2
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
-}
-
 // RedactFilter is the log field filter keygate_redact
 // (caddy.logging.encoders.filter.keygate_redact). On a string field (request>uri,
-// request>host, request>method) it replaces the secret of every API key, percent-encoded
-// or not, by REDACTED (keystore.Redact). On a header object (request>headers,
-// resp_headers) it does the same in the name and the values of every header, whatever
-// its name (Api-Key, X-Auth-Token, Referer …), redacts every value of a header whose
-// values hold a key only together (a key split over two values), and replaces
-// X-Gateway-Secret and X-Gateway-Identity (an upstream's credential for a minute),
-// which the reverse proxy logs among the headers it sent upstream.
-// Caddy's own redaction of Authorization, Cookie and Set-Cookie still applies.
+// request>host, request>method), it replaces the secret of every API key by REDACTED,
+// percent-encoded or not (keystore.Redact). On a header object (request>headers,
+// resp_headers), it does the same in the name and the values of every header,
+// whatever its name: Api-Key, X-Auth-Token, Referer and so on. It redacts every value
+// of a header whose values hold a key only together: a key split over two values. It
+// replaces X-Gateway-Secret and X-Gateway-Identity, an upstream's credential for a
+// minute, which the reverse proxy logs among the headers it sent upstream. Caddy's
+// own redaction of Authorization, Cookie and Set-Cookie still applies.
 //
-// Caddy's filter encoder names fields exactly (request>headers>Api-Key); it has no
-// wildcard for "every header", which is why this filter takes the whole object.
+// Caddy's filter encoder names fields exactly (request>headers>Api-Key). It has no
+// wildcard for "every header", so this filter takes the whole object.
 //
 //	log {
 //		format filter {
@@ -125,9 +100,9 @@ func redactHeader(h caddyhttp.LoggableHTTPHeader) caddyhttp.LoggableHTTPHeader {
 	return out
 }
 
-// redactValues redacts each of a header's values, and every one of them when only
-// their concatenation, as they come or with a dot between them, holds a key: a key
-// split over two values of one header is a key in the log all the same.
+// redactValues redacts each of a header's values. It redacts every one of them when
+// only their concatenation holds a key, as they come or with a dot between them. A
+// key split over two values of one header is a key in the log all the same.
 func redactValues(values []string) []string {
 	out := make([]string, len(values))
 	for i, v := range values {
@@ -145,6 +120,71 @@ func redactValues(values []string) []string {
 		}
 	}
 	return out
+}
+
+// redactUserinfo removes from msg the user information of rawURL (user:password).
+// It removes it whole, its password alone, and every piece of it, raw or escaped.
+// go-redis's errors may quote a URL, password and all.
+func redactUserinfo(msg, rawURL string) string {
+	// Everything up to the last @ is taken for user information. A password with an
+	// unescaped / or @ makes the URL ambiguous. Too much redacted beats too little.
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		rest = rawURL
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return msg
+	}
+	userinfo := rest[:at]
+	secrets := []string{userinfo}
+	if _, password, ok := strings.Cut(userinfo, ":"); ok && password != "" {
+		secrets = append(secrets, password, percentDecode(password))
+	}
+	// A parser that misreads the URL may quote any piece of it: a password with a /
+	// in it becomes a host and a port.
+	for _, piece := range strings.FieldsFunc(userinfo, func(r rune) bool { return strings.ContainsRune(":/@?#", r) }) {
+		if len(piece) >= 3 {
+			secrets = append(secrets, piece)
+		}
+	}
+	for _, s := range secrets {
+		if s == "" {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+		msg = strings.ReplaceAll(msg, strconv.Quote(s)[1:len(strconv.Quote(s))-1], "xxxxx")
+	}
+	return msg
+}
+
+// percentDecode decodes every valid %XX in s, and leaves anything else as it is.
+// keystore.Redact decodes keys the same way.
+func percentDecode(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
+			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+			i += 2
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
 }
 
 // Interface guards

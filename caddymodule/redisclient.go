@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -10,16 +9,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/keygate/keygate/limiter"
 )
 
 // commandLimits returns the settings that bound every command of a client, in every
-// redis_mode: timeout on each of its parts (wait for a pooled connection, write, read),
-// the caller's context deadline honoured as well, no retries (MaxRetries -1) and
-// one dial attempt per command (DialerRetries 1), so that a Redis that hangs costs a
-// request one timeout, not several (see loadRedis). A dial is bounded by dialTimeout:
-// a request's dial by its own deadline as well, the warmer's by dialTimeout alone.
+// redis_mode. timeout bounds each part: the wait for a pooled connection, the write,
+// the read. The caller's context deadline is honoured as well. There are no retries
+// (MaxRetries -1) and one dial attempt per command (DialerRetries 1). So a Redis that
+// hangs costs a request one timeout, not several. dialTimeout bounds a dial: a
+// request's dial by its own deadline as well, the warmer's by dialTimeout alone.
 func commandLimits(timeout, dialTimeout time.Duration) (dial, read, write, pool time.Duration, contextTimeout bool, maxRetries, dialerRetries int) {
 	return dialTimeout, timeout, timeout, timeout, true, -1, 1
 }
@@ -32,10 +29,9 @@ const (
 )
 
 // newRedisClient builds the client redis_url describes in mode, with go-redis's own
-// URL parsers (ParseURL, ParseClusterURL, ParseFailoverURL), and the limits of
-// loadRedis: timeout on every part of a command, no retries. caFile, when set,
-// is a PEM file of the CAs that rediss:// server certificates must chain to.
-// It returns the client and the address to name in a log line.
+// URL parsers (ParseURL, ParseClusterURL, ParseFailoverURL) and commandLimits.
+// caFile, when set, is a PEM file of the CAs that rediss:// server certificates must
+// chain to. It returns the client and the address to name in a log line.
 func newRedisClient(mode, url, caFile string, timeout, dialTimeout time.Duration) (redis.UniversalClient, string, error) {
 	var pool *x509.CertPool
 	if caFile != "" {
@@ -99,37 +95,4 @@ func newRedisClient(mode, url, caFile string, timeout, dialTimeout time.Duration
 	default:
 		return nil, "", fmt.Errorf("redis_mode %q: must be single, cluster or sentinel", mode)
 	}
-}
-
-// redisLimiter is the Redis limiter as the handler counts in it: behind Redis's
-// circuit breaker, and noted in keygate_dependency_up. lim bounds each count by
-// redis_timeout itself (limiter.WithTimeout: the one request-level bound on Redis; the
-// client's own timeouts bound its parts, see newRedisClient). The in-process limiter
-// needs none of this, so the handler counts in either without asking which.
-type redisLimiter struct {
-	lim     limiter.Limiter
-	breaker *breaker
-	warmer  *redisWarmer // kicked when a count fails; nil in tests without one
-	metrics *metrics     // nil with disable_metrics
-}
-
-// Allow counts one request of key, unless the breaker is open.
-func (l *redisLimiter) Allow(ctx context.Context, key string, limit int) (limiter.Result, error) {
-	rl, err := l.allow(ctx, key, limit)
-	if l.metrics != nil {
-		l.metrics.observeRedis(ctx, err)
-	}
-	return rl, err
-}
-
-func (l *redisLimiter) allow(ctx context.Context, key string, limit int) (limiter.Result, error) {
-	if !l.breaker.allow() {
-		return limiter.Result{}, errBreakerOpen
-	}
-	rl, err := l.lim.Allow(ctx, key, limit)
-	l.breaker.done(resultOf(ctx, err))
-	if err != nil && l.warmer != nil {
-		l.warmer.kick()
-	}
-	return rl, err
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // TestNewRedisClientModes checks that each redis_mode builds its kind of client from
-// go-redis's own URL parser, and that a bad combination is an error naming the option.
+// go-redis's own URL parser. A bad combination is an error naming the option.
 // Nothing is dialed: go-redis connects on the first command.
 func TestNewRedisClientModes(t *testing.T) {
 	dir := t.TempDir()

@@ -17,9 +17,9 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// TestClusterSharesOneExactBudget: three clients (as three gateways would have) on the
-// real 3-master Cluster count keys that live on every master; under concurrency each
-// key allows exactly its limit.
+// TestClusterSharesOneExactBudget: three clients, as three gateways would have, on
+// the real 3-master Cluster. They count keys that live on every master. Under
+// concurrency, each key allows exactly its limit.
 func TestClusterSharesOneExactBudget(t *testing.T) {
 	url := testenv.GetenvOrSkip(t, "REDIS_CLUSTER_URL")
 	const limit, perClient, nKeys = 30, 20, 12
@@ -76,8 +76,8 @@ func TestClusterSharesOneExactBudget(t *testing.T) {
 	}
 }
 
-// TestTLSRedisWithCA: rediss:// with the throwaway CA counts; with a CA that did not
-// sign the server's certificate every count fails with a certificate error.
+// TestTLSRedisWithCA: rediss:// with the throwaway CA counts. With a CA that did not
+// sign the server's certificate, every count fails with a certificate error.
 func TestTLSRedisWithCA(t *testing.T) {
 	url := testenv.GetenvOrSkip(t, "REDIS_TLS_URL")
 	ca, wrong := testenv.GetenvOrSkip(t, "REDIS_TLS_CA"), testenv.GetenvOrSkip(t, "REDIS_TLS_WRONG_CA")
@@ -111,9 +111,10 @@ func TestTLSRedisWithCA(t *testing.T) {
 	}
 }
 
-// TestSentinelFailoverKeepsCounting: a client on the Sentinels counts, the primary is
-// killed (SIGKILL), counts fail only while no primary is promoted, then succeed again
-// on the promoted replica. It kills the stack's Sentinel primary, so it runs once.
+// TestSentinelFailoverKeepsCounting: a client on the Sentinels counts, and the
+// primary is killed (SIGKILL). Counts fail only while no primary is promoted, then
+// succeed again on the promoted replica. It kills the stack's Sentinel primary, so it
+// runs once.
 func TestSentinelFailoverKeepsCounting(t *testing.T) {
 	url := testenv.GetenvOrSkip(t, "REDIS_SENTINEL_URL")
 	pidfile := testenv.GetenvOrSkip(t, "REDIS_SENTINEL_PRIMARY_PIDFILE")

@@ -17,11 +17,14 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/keystore"
-	"github.com/keygate/keygate/limiter"
 )
 
-// writerMode is what a proxyWriter does with the body, decided when the response
-// header is written.
+// This file holds the response of step 7: the proxyWriter, its hand-off to the JSON
+// filter, its one error writer and its one list of headers to drop. request.go holds
+// the request.
+
+// writerMode is what a proxyWriter does with the body. It is decided when the
+// response header is written.
 type writerMode uint8
 
 const (
@@ -32,34 +35,32 @@ const (
 	modeDiscard                // replaced by a body of the module's: the upstream's is dropped
 )
 
-// proxyWriter is the ResponseWriter the next handler (the reverse proxy) writes to in
-// the proxy step. When the response header is written it:
+// proxyWriter is the ResponseWriter the next handler, the reverse proxy, writes to
+// in step 7. When the response header is written, it:
 //
-//   - sets the RateLimit header fields of a counted request (overriding any the
-//     upstream sent),
-//   - makes an ETag weak, since the body may be rewritten,
+//   - sets the request's RateLimit fields, replacing any the upstream sent;
+//   - makes an ETag weak, since the body may be rewritten;
 //   - for any body a status may have: removes Content-Length and Accept-Ranges,
-//     decodes gzip or deflate, and streams the body through the JSON filter, which
-//     filters it if it is labelled JSON or, whatever its label, starts (after an
-//     optional UTF-8 BOM and whitespace) with { or [, and passes it untouched
-//     otherwise; any other Content-Encoding is answered 502 rather than let
-//     unfiltered fields through,
+//     decodes gzip or deflate, and streams the body through the JSON filter. The
+//     filter filters a body labelled JSON, and sniffs any other (sniff.go). Any
+//     other Content-Encoding is answered 502, rather than let unfiltered fields
+//     through;
 //   - replaces the body of an error (status >= 400) that is not JSON by
 //     {"error":"<status text>"}, so that every /v1 error is JSON.
 //
-// Anything else passes through unchanged, streamed (Flush and ReadFrom work). An
+// Anything else passes through unchanged, streamed: Flush and ReadFrom work. An
 // upstream that fails before answering gets the same JSON error (nextFailed). A
-// request body the client breaks (malformed chunking, a hang-up mid-upload, over a
-// size limit) is the client's failure, not the upstream's (see clientBody).
+// request body the client breaks is the client's failure, not the upstream's (see
+// clientBody). That is malformed chunking, a hang-up mid-upload, or a body over a
+// size limit.
 type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
 	r       *http.Request
-	rl      limiter.Result // the request's count, for the RateLimit headers, if counted
-	counted bool           // whether rl holds a count
-	fields  *fieldSet      // strip_fields
-	log     *zap.Logger    // the handler's rate-limited logger
-	// refusedLog logs an upstream's 401: the upstream refuses the credentials of a
+	count   rateCount   // the request's count, for the RateLimit fields
+	fields  *fieldSet   // strip_fields
+	log     *zap.Logger // the handler's rate-limited logger
+	// refusedLog logs an upstream's 401: the upstream refused the credentials of a
 	// request the gateway authenticated (upstreamRefusedLog).
 	refusedLog *zap.Logger
 
@@ -67,22 +68,19 @@ type proxyWriter struct {
 	mode   writerMode
 	status int
 	filter *jsonFilter
-	// In modeDecode, the handler writes the compressed body to pipe; a goroutine
-	// decodes it into filter and sends its outcome on done.
+	// In modeDecode, the handler writes the compressed body to pipe. A goroutine
+	// decodes it into filter, and sends its outcome on done.
 	pipe *io.PipeWriter
 	done chan error
 }
 
-func newProxyWriter(w http.ResponseWriter, r *http.Request, rl *limiter.Result, fields *fieldSet, log *zap.Logger) *proxyWriter {
+func newProxyWriter(w http.ResponseWriter, r *http.Request, count rateCount, fields *fieldSet, log *zap.Logger) *proxyWriter {
 	pw := &proxyWriter{
 		wrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		r:       r,
+		count:   count,
 		fields:  fields,
 		log:     log,
-	}
-	if rl != nil {
-		// A copy, so that the handler's Result stays on its stack.
-		pw.rl, pw.counted = *rl, true
 	}
 	pw.ResponseWriterWrapper = &pw.wrapper
 	if r.Body != nil && r.Body != http.NoBody {
@@ -90,14 +88,6 @@ func newProxyWriter(w http.ResponseWriter, r *http.Request, rl *limiter.Result, 
 		r.Body = &pw.body
 	}
 	return pw
-}
-
-// count is the request's count, or nil when it was not counted.
-func (pw *proxyWriter) count() *limiter.Result {
-	if !pw.counted {
-		return nil
-	}
-	return &pw.rl
 }
 
 // WriteHeader decides what to do with the body; see proxyWriter.
@@ -121,12 +111,11 @@ func (pw *proxyWriter) WriteHeader(status int) {
 			zap.String("path", keystore.Redact(pw.r.URL.Path)))
 	}
 	hdr := pw.Header()
-	rateLimitHeaders(hdr, pw.count())
+	setRateLimit(hdr, pw.count)
 	weakenETag(hdr)
 
 	// Any Content-Type value saying JSON makes the body JSON. Every other body is
-	// sniffed: filtered if it turns out to be a JSON document, whatever its label
-	// (text/plain, application/octet-stream, none), passed through untouched if not.
+	// sniffed, whatever its label: text/plain, application/octet-stream, none.
 	isJSON := false
 	for _, ct := range hdr.Values("Content-Type") {
 		isJSON = isJSON || isJSONType(ct)
@@ -146,8 +135,8 @@ func (pw *proxyWriter) WriteHeader(status int) {
 		return
 	}
 
-	// A JSON body, or a body of no Content-Type that may be JSON: filtered. Its
-	// length changes, so it goes out chunked.
+	// A JSON body, or a body that may be JSON, is filtered. Its length changes, so
+	// it goes out chunked.
 	hdr.Del("Content-Length")
 	hdr.Del("Accept-Ranges")
 	encoding := strings.ToLower(strings.TrimSpace(hdr.Get("Content-Encoding")))
@@ -178,9 +167,10 @@ func (pw *proxyWriter) passthrough(status int) {
 	pw.ResponseWriter.WriteHeader(status)
 }
 
-// upstreamRefusedLog returns the logger of an upstream's 401, with what the gateway
-// sends it: at most one line a minute, since a wrong identity_audience, key or secret
-// fails every request alike, and the client sees only the 401.
+// upstreamRefusedLog returns the logger of an upstream's 401, with the credentials
+// the gateway sends it. It writes at most one line a minute. A wrong
+// identity_audience, key or secret fails every request alike, and the client sees
+// only the 401.
 func (h *Handler) upstreamRefusedLog() *zap.Logger {
 	var fields []zap.Field
 	if h.signer != nil {
@@ -194,25 +184,25 @@ func (h *Handler) upstreamRefusedLog() *zap.Logger {
 	}))
 }
 
-// upstreamBodyHeaders are the upstream's header fields that describe its body: a
+// upstreamBodyHeaders are the upstream's header fields that describe its body. A
 // body of the module's in its place drops them.
 var upstreamBodyHeaders = []string{"Content-Encoding", "Content-Range", "Accept-Ranges", "Etag", "Last-Modified", "Content-Disposition"}
 
 // writeError answers status with the module's JSON body for it (statusBody), with
-// the request's RateLimit fields; the upstream's body, if any, is discarded.
+// the request's RateLimit fields. The upstream's body, if any, is discarded.
 func (pw *proxyWriter) writeError(status int) {
 	pw.mode, pw.status = modeDiscard, status
 	hdr := pw.Header()
-	rateLimitHeaders(hdr, pw.count())
+	setRateLimit(hdr, pw.count)
 	for _, name := range upstreamBodyHeaders {
 		delete(hdr, name)
 	}
 	writeJSON(pw.ResponseWriter, status, statusBody(status))
 }
 
-// nextFailed turns an error returned by the next handler (a dead or slow upstream)
-// into the contract's JSON answer, if nothing has been written yet; otherwise a
-// response is already under way and the error goes back to Caddy.
+// nextFailed turns an error returned by the next handler, a dead or slow upstream,
+// into the module's JSON answer. Once something has been written, a response is
+// under way, and the error goes back to Caddy.
 func (pw *proxyWriter) nextFailed(err error) error {
 	if pw.mode != modeUndecided {
 		return err
@@ -221,8 +211,8 @@ func (pw *proxyWriter) nextFailed(err error) error {
 		pw.clientFailed()
 		return nil
 	}
-	// The reverse proxy's errors carry their status (502 for an upstream it cannot
-	// reach, 504 for one that timed out); any other error is the server's own.
+	// The reverse proxy's errors carry their status: 502 for an upstream it cannot
+	// reach, 504 for one that timed out. Any other error is the server's own.
 	status := http.StatusInternalServerError
 	if he, ok := errors.AsType[caddyhttp.HandlerError](err); ok && he.StatusCode != 0 {
 		status = he.StatusCode
@@ -238,14 +228,14 @@ func (pw *proxyWriter) nextFailed(err error) error {
 	return nil
 }
 
-// statusClientClosed is Caddy's status for a client that went away: the reverse
+// statusClientClosed is Caddy's status for a client that went away. The reverse
 // proxy answers it when its round trip ends in context.Canceled.
 const statusClientClosed = 499
 
-// clientFailed answers a request whose body the client broke: 400 bad_request for a
-// body that is not valid HTTP (malformed chunking), 413 for one over a request_body
-// limit, and 499 (nobody is there to read it) for a client that hung up mid-upload. It
-// is logged as the client's doing, at info level, or debug for a hang-up.
+// clientFailed answers a request whose body the client broke. A body that is not
+// valid HTTP (malformed chunking) gets 400 bad_request. One over a request_body
+// limit gets 413. A client that hung up mid-upload gets 499, which nobody reads. The
+// failure is logged as the client's doing: at info level, or debug for a hang-up.
 func (pw *proxyWriter) clientFailed() {
 	err := pw.body.failed()
 	status, lvl := http.StatusBadRequest, zapcore.InfoLevel
@@ -262,12 +252,12 @@ func (pw *proxyWriter) clientFailed() {
 	pw.writeError(status)
 }
 
-// clientBody is the request body as the reverse proxy reads it. The first error of
-// the client's (not io.EOF) is kept, and goes on to the reverse proxy as
-// context.Canceled too: Caddy treats that as the client's doing, and neither retries
-// the request nor counts it against the upstream's passive health, which a client
-// could otherwise drive down by breaking its uploads. The reverse proxy then answers
-// 499, which the proxyWriter turns into the answer for the failure (clientFailed).
+// clientBody is the request body as the reverse proxy reads it. It keeps the
+// client's first error (not io.EOF), and hands it on as context.Canceled too. Caddy
+// treats that as the client's doing: it neither retries the request nor counts it
+// against the upstream's passive health. A client could otherwise drive that down
+// by breaking its uploads. The reverse proxy then answers 499, which the proxyWriter
+// turns into the answer for the failure (clientFailed).
 type clientBody struct {
 	io.ReadCloser
 	err atomic.Pointer[error] // set once; read after the round trip
@@ -290,7 +280,7 @@ func (b *clientBody) failed() error {
 	return nil
 }
 
-// errClientBody is a read error of the client's body, which is also context.Canceled
+// errClientBody is a read error of the client's body. It is also context.Canceled
 // (see clientBody).
 type errClientBody struct{ err error }
 
@@ -361,7 +351,7 @@ func (pw *proxyWriter) startDecoder(encoding string) {
 			}
 			zr.Close()
 		}
-		// Unblock the writer: with the error when decoding failed, so that the proxy
+		// Unblock the writer. With the error when decoding failed, so that the proxy
 		// stops copying; with io.EOF-like closing otherwise.
 		pr.CloseWithError(errors.Join(err, errDecodingDone))
 		pw.done <- err
@@ -370,9 +360,9 @@ func (pw *proxyWriter) startDecoder(encoding string) {
 
 var errDecodingDone = errors.New("response body fully decoded")
 
-// finish completes the body after the next handler returned without error: the
-// filter checks that the JSON ended where JSON may end. An error means the client got
-// a truncated body; the caller must abort the response.
+// finish completes the body after the next handler returned without error. The
+// filter checks that the JSON ended where JSON may end. An error means the client
+// got a truncated body, and the caller must abort the response.
 func (pw *proxyWriter) finish() error {
 	switch pw.mode {
 	case modeFilter:
@@ -383,15 +373,15 @@ func (pw *proxyWriter) finish() error {
 		pw.pipe, pw.done = nil, nil
 		return err
 	case modeUndecided:
-		// Nothing written: the server answers 200 with the header as it is, which
-		// must carry the request's RateLimit fields.
-		rateLimitHeaders(pw.Header(), pw.count())
+		// Nothing written: the server answers 200 with the header as it is. It must
+		// carry the request's RateLimit fields.
+		setRateLimit(pw.Header(), pw.count)
 	}
 	return nil
 }
 
-// release frees the filter and, should the next handler have panicked (the reverse
-// proxy aborts a response that way), stops the decoding goroutine. It must run,
+// release frees the filter. It stops the decoding goroutine, should the next
+// handler have panicked: the reverse proxy aborts a response that way. It must run,
 // deferred, after finish or instead of it.
 func (pw *proxyWriter) release() {
 	if pw.done != nil {
@@ -407,9 +397,9 @@ func (pw *proxyWriter) release() {
 
 var errAborted = errors.New("response aborted")
 
-// weakenETag makes a strong ETag weak: the body may be filtered, so it is no longer
-// byte-identical to the upstream's, but it is equivalent for a given upstream body,
-// and If-None-Match (which compares weakly) keeps working.
+// weakenETag makes a strong ETag weak. The body may be filtered, so it is no longer
+// byte-identical to the upstream's. It is still equivalent for a given upstream
+// body, and If-None-Match, which compares weakly, keeps working.
 func weakenETag(hdr http.Header) {
 	vals := hdr["Etag"]
 	if len(vals) != 1 || strings.HasPrefix(vals[0], "W/") {
@@ -419,7 +409,7 @@ func weakenETag(hdr http.Header) {
 }
 
 // bodyAllowedForStatus reports whether a response with the given status may include
-// a body, per RFC 9110 §6.4.1.
+// a body (RFC 9110, section 6.4.1).
 func bodyAllowedForStatus(status int) bool {
 	switch {
 	case status >= 100 && status <= 199:
@@ -430,17 +420,10 @@ func bodyAllowedForStatus(status int) bool {
 	return true
 }
 
-// Interface guards
-var (
-	_ http.ResponseWriter = (*proxyWriter)(nil)
-	_ http.Flusher        = (*proxyWriter)(nil)
-	_ io.ReaderFrom       = (*proxyWriter)(nil)
-)
-
 // isJSONType reports whether a Content-Type names a JSON body: application/json,
 // any +json suffix (application/problem+json), and the JSON streaming types
-// (application/x-ndjson, application/jsonl, application/json-seq). Anything whose
-// media type mentions json counts: when in doubt the body is filtered.
+// (application/x-ndjson, application/jsonl, application/json-seq). Any media type
+// that mentions json counts: when in doubt, the body is filtered.
 func isJSONType(ct string) bool {
 	if i := strings.IndexByte(ct, ';'); i >= 0 {
 		ct = ct[:i]
@@ -452,3 +435,10 @@ func isJSONType(ct string) bool {
 	}
 	return false
 }
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*proxyWriter)(nil)
+	_ http.Flusher        = (*proxyWriter)(nil)
+	_ io.ReaderFrom       = (*proxyWriter)(nil)
+)

@@ -131,7 +131,7 @@ func TestUpstreamFailuresAnswerJSON(t *testing.T) {
 
 func TestABodyTheClientBreaksIsTheClientsFailure(t *testing.T) {
 	// An authenticated write whose body the client breaks is answered as the client's
-	// failure, JSON, and logged as the client's: never a 502 bad_gateway with an
+	// failure, in JSON, and logged as the client's. It is never a 502 bad_gateway with an
 	// "upstream failed" error line. Nor is it held against the upstream: with passive
 	// health checks that take it out after one failure, it still serves.
 	db := newDB(t)
@@ -183,8 +183,8 @@ func TestABodyTheClientBreaksIsTheClientsFailure(t *testing.T) {
 	}
 }
 
-// rawExchange writes request to addr as it is, closes the connection's write side
-// (the client sends nothing more) and reads the answer.
+// rawExchange writes request to addr as it is, and closes the connection's write
+// side: the client sends nothing more. Then it reads the answer.
 func rawExchange(t *testing.T, addr, request string) (*http.Response, []byte) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
@@ -240,7 +240,7 @@ func TestLargeResponsesAreStreamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	// The upstream holds the end of the body back until we have read the start: a
+	// The upstream holds the end of the body back until we have read the start. A
 	// gateway that buffered the whole response would deadlock here.
 	br := bufio.NewReader(res.Body)
 	start := make([]byte, 64<<10)

@@ -1,8 +1,8 @@
 package caddymodule
 
-// The handler's decisions as tables over ServeHTTP, without servers: a Verifier
-// double, limiter.NewLocal on a fixed clock, and a next handler standing in for the
-// reverse proxy. PostgreSQL and Redis behaviour is the keystore, limiter and
+// The handler's decisions as tables over ServeHTTP, without servers. They run on a
+// Verifier double, limiter.NewLocal on a fixed clock, and a next handler standing in
+// for the reverse proxy. PostgreSQL and Redis behaviour is the keystore, limiter and
 // integration suites'.
 
 import (
@@ -71,9 +71,10 @@ func (failingLimiter) Allow(context.Context, string, int) (limiter.Result, error
 // testNow is the limiter's clock: 15 seconds into a minute, so every window has 45s left.
 var testNow = time.Date(2030, 1, 2, 3, 4, 15, 0, time.UTC)
 
-// newTestHandler is a configured Handler without pools: the Verifier double, the
-// in-process limiter on testNow, metrics that are not registered anywhere.
-// limiterFailure, when set, puts a Redis that cannot count in front, with that policy.
+// newTestHandler is a configured Handler without pools. It has the Verifier double,
+// the in-process limiter on testNow, and metrics not registered anywhere.
+// limiterFailure, when set, puts a Redis that cannot count in front, with that
+// policy.
 func newTestHandler(t testing.TB, v Verifier, limiterFailure string) *Handler {
 	t.Helper()
 	h := &Handler{DatabaseURL: "postgres://unused", GatewaySecret: testSecret, LimiterFailure: limiterFailure}
@@ -81,18 +82,24 @@ func newTestHandler(t testing.TB, v Verifier, limiterFailure string) *Handler {
 		t.Fatal(err)
 	}
 	h.metrics = newMetrics()
-	h.verifier = v
-	h.limiter = limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow }))
+	withDoubles(h, v, limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow })))
 	if limiterFailure != "" {
-		h.limiter = &redisLimiter{lim: failingLimiter{}, breaker: newBreaker(nil, nil), metrics: h.metrics}
-		if h.failLocal {
+		h.counts = redisCounts(failingLimiter{}, newBreaker(nil, nil), nil, h.metrics)
+		if h.failMode == failLocal {
 			h.fallback = limiter.NewLocal(limiter.WithClock(func() time.Time { return testNow }))
 		}
 	}
 	return h
 }
 
-// upstream is what the next handler (the reverse proxy's stand-in) does; the default
+// withDoubles gives h the request path Provision builds, on v and lim. The lookups
+// go behind a PostgreSQL breaker, and the counts are in process.
+func withDoubles(h *Handler, v Verifier, lim limiter.Limiter) {
+	h.lookups = newLookups(v, newBreaker(nil, h.breakerChanged("postgres")), h.metrics)
+	h.counts = localCounts(lim, h.metrics)
+}
+
+// upstream is what the next handler, the reverse proxy's stand-in, does. The default
 // answers JSON with a field strip_fields removes.
 type upstream func(w http.ResponseWriter, r *http.Request) error
 
@@ -140,7 +147,7 @@ func (d decision) run(t *testing.T) {
 		r.Header["Authorization"] = d.auth
 		if keyID, _, ok := bearerKey(r.Header, h.format); ok {
 			for range d.used {
-				if _, err := h.limiter.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
+				if _, err := h.counts.lim.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -319,7 +326,7 @@ func jsonConflict(w http.ResponseWriter, _ *http.Request) error {
 	return err
 }
 
-// failWith is a reverse proxy that could not get an answer: it returns the error
+// failWith is a reverse proxy that could not get an answer. It returns the error
 // Caddy's reverse proxy does, having written nothing.
 func failWith(status int) upstream {
 	return func(http.ResponseWriter, *http.Request) error {
@@ -409,8 +416,8 @@ func TestProxyStripsClientCredentialsAndAssertsTheKeysIdentity(t *testing.T) {
 }
 
 func TestTheDecisionTableNeedsNoServer(t *testing.T) {
-	// The point of the tables above: the handler decides without PostgreSQL, Redis or
-	// a listener, so its decisions are tested in milliseconds.
+	// The point of the tables above: the handler decides without PostgreSQL, Redis or a
+	// listener. So its decisions are tested in milliseconds.
 	start := time.Now()
 	for range 200 {
 		h := newTestHandler(t, &fakeVerifier{}, "")

@@ -33,6 +33,27 @@ func (h *Handler) countUsage(key *keystore.Key, outcome string, status int) {
 	}
 }
 
+// decidedUsage are the usage record's outcome and status of the answers ServeHTTP
+// writes itself once the key is known. A proxied request has none here: countProxied
+// counts it with the status the client got.
+var decidedUsage = [numOutcomes]struct {
+	outcome string
+	status  int
+}{
+	outcomeFeatureGated:       {keystore.OutcomeFeatureGated, http.StatusForbidden},
+	outcomeRateLimited:        {keystore.OutcomeRateLimited, http.StatusTooManyRequests},
+	outcomeForbidden:          {keystore.OutcomeForbidden, http.StatusForbidden},
+	outcomeMe:                 {keystore.OutcomeMe, http.StatusOK},
+	outcomeLimiterUnavailable: {keystore.OutcomeLimiterUnavailable, http.StatusServiceUnavailable},
+}
+
+// countDecided counts a request of key that ServeHTTP answers itself with outcome o.
+func (h *Handler) countDecided(key *keystore.Key, o outcome) {
+	if u := decidedUsage[o]; u.outcome != "" {
+		h.countUsage(key, u.outcome, u.status)
+	}
+}
+
 // countProxied counts a proxied request once its answer is over, with the status the
 // client got (proxyWriter.sentStatus). ServeHTTP defers it, so that a response the
 // reverse proxy aborts mid-body (a panic) is counted too.

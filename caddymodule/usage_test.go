@@ -135,7 +135,7 @@ func TestUsageCountsEveryAnswerOfAnIdentifiedKey(t *testing.T) {
 			}
 			if keyID, _, ok := bearerKey(r.Header, h.format); ok {
 				for range tc.used {
-					if _, err := h.limiter.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
+					if _, err := h.counts.lim.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -12,33 +12,23 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// Connection setup runs on a budget of its own, never on a request's deadline
-// (CONTRACT §13). A request's deadline is a promise about one request: a connection
-// that takes longer to open than a request may wait (TCP and TLS, HELLO, PostgreSQL
-// startup, statement preparation, script loading) would otherwise never open while
-// the dependency is slow, every request starting over and giving up.
-//
-// PostgreSQL: pgxpool already opens a connection a request asked for on a goroutine
-// of its own, under none of the request's deadline, and adds it to the pool when the
-// request has given up (puddle's Acquire). tunePostgres bounds that by dial_timeout
-// (ConnectTimeout), prepares the lookups on it (AfterConnect), and keeps
-// database_min_conns open (MinConns).
-//
-// Redis: go-redis opens a connection on the goroutine of the command that needs one
-// and sends HELLO and CLIENT SETINFO under that command's deadline; a command that
-// times out throws its connection away. So a redisWarmer keeps redis_min_idle_conns
-// connections opened, greeted and pooled, on its own goroutine and budget, and the
-// limiter's scripts and clock are read the same way (limiter.Redis.Prepare).
+// This file holds connection setup, which runs on a budget of its own, never on a
+// request's deadline (docs/dependencies.md, Connection setup has its own budget). A
+// connection slower to open than a request may wait would otherwise never open while
+// the dependency is slow. For PostgreSQL, pgxpool already opens connections off the
+// request's deadline, and tunePostgres (pools.go) bounds and prepares them. For
+// Redis, a redisWarmer keeps redis_min_conns connections opened and greeted. The
+// breakers' probes run on the same budgets.
 
 // warmEvery is how often a redisWarmer checks its pool's floor.
 const warmEvery = 250 * time.Millisecond
 
-// redisWarmer keeps at least floor connections in a Redis client's pool (in each
-// primary's pool, on a Cluster), opened and greeted on a budget of its own.
+// redisWarmer keeps at least floor connections in a Redis client's pool, in each
+// primary's pool on a Cluster. It opens and greets them on a budget of its own.
 type redisWarmer struct {
 	client redis.UniversalClient
 	floor  int
-	budget time.Duration // dial_timeout: the bound on one round of warming
+	budget time.Duration // dial_timeout plus redis_timeout: the bound on one round of warming
 	kicks  chan struct{} // a count failed: warm now, and PING every pooled connection
 	stop   chan struct{}
 	done   chan struct{}
@@ -73,9 +63,9 @@ func (w *redisWarmer) run() {
 	}
 }
 
-// kick has the warmer check its pools now rather than at its next tick: a count
-// failed, and the connection it used may have been thrown away, or be one of many a
-// restarted Redis left dead in the pool. It never blocks.
+// kick has the warmer check its pools now rather than at its next tick. A count
+// failed, so the connection it used may have been thrown away. Or it may be one of
+// many a restarted Redis left dead in the pool. kick never blocks.
 func (w *redisWarmer) kick() {
 	select {
 	case w.kicks <- struct{}{}:
@@ -90,7 +80,7 @@ func (w *redisWarmer) close() {
 }
 
 // warm opens connections until each pool holds floor of them, or ctx ends. With
-// always it sends floor PINGs to each pool even when it holds enough: a probe
+// always, it sends floor PINGs to each pool even when it holds enough: a probe
 // (redisProbe) wants an answer, not a count. It reports whether every PING was
 // answered.
 func (w *redisWarmer) warm(ctx context.Context, always bool) bool {
@@ -105,9 +95,9 @@ func (w *redisWarmer) warm(ctx context.Context, always bool) bool {
 	return warmPool(ctx, w.client, w.floor, always)
 }
 
-// warmPool sends floor PINGs at once through c, unless its pool already holds floor
-// connections and not always: each PING takes a connection of its own, opening one
-// if the pool has none idle, and gives it back greeted.
+// warmPool sends floor PINGs at once through c, unless c's pool already holds floor
+// connections and not always. Each PING takes a connection of its own, opening one
+// if none is idle, and gives it back greeted.
 func warmPool(ctx context.Context, c redis.UniversalClient, floor int, always bool) bool {
 	if !always && int(c.PoolStats().TotalConns) >= floor {
 		return true
@@ -135,9 +125,10 @@ type preparer interface {
 	Prepare(ctx context.Context) error
 }
 
-// redisProbe is the probe of Redis's breaker: on dial_timeout plus redis_timeout, the
-// warmer's PINGs through every pool and the limiter's preparation (scripts and clock,
-// which a restarted Redis has lost).
+// redisProbe is the probe of Redis's breaker. On dial_timeout plus redis_timeout, it
+// sends the warmer's PINGs through every pool. Then it prepares the limiter again:
+// its scripts and its reading of Redis's clock. A restarted Redis has lost the
+// scripts.
 func redisProbe(w *redisWarmer, lim preparer, budget time.Duration) func() bool {
 	return func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
@@ -146,12 +137,12 @@ func redisProbe(w *redisWarmer, lim preparer, budget time.Duration) func() bool 
 	}
 }
 
-// postgresProbe is the probe of PostgreSQL's breaker: on dial_timeout plus
-// database_timeout, pings through the pool's floor of connections (at least one),
-// again until every one is answered. A PostgreSQL that restarted leaves dead
-// connections in the pool, each of which fails one ping and is then thrown away, and
-// the breaker closes only once the floor is open again, not with one connection for
-// requests to queue on while the pool tops itself up.
+// postgresProbe is the probe of PostgreSQL's breaker. On dial_timeout plus
+// database_timeout, it pings through the pool's floor of connections (at least one),
+// again until every one answers. A PostgreSQL that restarted leaves dead connections
+// in the pool. Each fails one ping and is then thrown away. So the breaker closes
+// only once the floor is open again, not with one connection for requests to queue
+// on.
 func postgresProbe(pool *pgxpool.Pool, budget time.Duration) func() bool {
 	return func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
@@ -172,7 +163,7 @@ func postgresProbe(pool *pgxpool.Pool, budget time.Duration) func() bool {
 
 // pingConns holds n connections of pool at once, opening those it lacks, and pings
 // each. It reports whether every one answered. A connection whose ping failed is
-// closed, and so leaves the pool when it is given back.
+// closed, so it leaves the pool when it is given back.
 func pingConns(ctx context.Context, pool *pgxpool.Pool, n int) bool {
 	var (
 		held   sync.WaitGroup // every connection taken and pinged
@@ -207,8 +198,8 @@ func pingConns(ctx context.Context, pool *pgxpool.Pool, n int) bool {
 	return !failed
 }
 
-// prepareLookups is pgxpool's AfterConnect for the gateway's pool: the lookups
-// prepared on a new connection within budget, before any request uses it.
+// prepareLookups is pgxpool's AfterConnect for the gateway's pool. It prepares the
+// lookups on a new connection within budget, before any request uses it.
 func prepareLookups(budget time.Duration) func(context.Context, *pgx.Conn) error {
 	return func(ctx context.Context, conn *pgx.Conn) error {
 		ctx, cancel := context.WithTimeout(ctx, budget)

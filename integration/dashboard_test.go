@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,10 +223,13 @@ func TestDashboardInABrowser(t *testing.T) {
 	owner.logIn(o.Email, o.Password)
 	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
 
-	// Create a key through the form and read it once.
+	// Create a key through the form, with its own limit and networks (the loopback
+	// ones, from which this test calls /v1), and read it once.
 	owner.do("create a key",
 		chromedp.SendKeys(tid("create-key-name"), "deploy bot"),
 		chromedp.SetValue(tid("create-key-role"), "Editor"),
+		chromedp.SendKeys(tid("create-key-rate-limit"), "50"),
+		chromedp.SendKeys(tid("create-key-cidrs"), "127.0.0.0/8,\n::1\n192.0.2.0/24"),
 		chromedp.Click(tid("create-key-submit")),
 		chromedp.WaitVisible(tid("new-key")),
 	)
@@ -245,10 +249,25 @@ func TestDashboardInABrowser(t *testing.T) {
 	if html := owner.html(); strings.Contains(html, secret) || strings.Contains(html, `data-testid="new-key"`) {
 		t.Fatalf("the secret is on the page after a reload:\n%s", html)
 	}
+	row := chromedp.CSS(`tr[data-key-id="` + oldID + `"] `)
+	s.wantSettings(owner, row, "50", "127.0.0.0/8 ::1/128 192.0.2.0/24")
 	owner.screenshot("keys")
 
+	// Change the key's limit and networks in its settings form.
+	owner.do("edit the settings",
+		chromedp.Click(row+tid("edit-settings")),
+		chromedp.WaitVisible(row+tid("save-settings")),
+		chromedp.SetValue(row+tid("edit-rate-limit"), "40"),
+		chromedp.SetValue(row+tid("edit-cidrs"), "127.0.0.1, ::1/128"),
+	)
+	owner.screenshot("key-settings")
+	owner.do("save the settings", chromedp.Click(row+tid("save-settings")), chromedp.WaitVisible(tid("create-key-name")))
+	s.wantSettings(owner, row, "40", "127.0.0.1/32 ::1/128")
+	if got := bearer(t, base, "/v1/me", key); got != 200 {
+		t.Fatalf("/v1/me with the key after its settings changed: %d", got)
+	}
+
 	// Roll it with a grace period: both keys work.
-	row := chromedp.CSS(`tr[data-key-id="` + oldID + `"] `)
 	owner.do("roll",
 		chromedp.SetValue(row+tid("roll-grace"), "600"),
 		chromedp.Click(row+tid("roll")),
@@ -256,6 +275,8 @@ func TestDashboardInABrowser(t *testing.T) {
 	)
 	rolled := get(owner, "read the rolled key", chromedp.Text(tid("new-key")))
 	s.neverLog(rolled)
+	rolledRow := chromedp.CSS(`tr[data-key-id="` + strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_") + `"] `)
+	s.wantSettings(owner, rolledRow, "40", "127.0.0.1/32 ::1/128")
 	owner.screenshot("rolled")
 	if rolled == key || bearer(t, base, "/v1/me", rolled) != 200 || bearer(t, base, "/v1/me", key) != 200 {
 		t.Fatalf("after the roll with grace: new %d, old %d", bearer(t, base, "/v1/me", rolled), bearer(t, base, "/v1/me", key))
@@ -285,13 +306,17 @@ func TestDashboardInABrowser(t *testing.T) {
 
 	// The audit trail, and the keys page at 320 px: nothing wider than the screen.
 	owner.do("audit", chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/audit"), chromedp.WaitVisible(tid("audit-row")))
-	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 3 {
-		t.Errorf("audit trail: %d events, want 3 (created, rolled, revoked)", n)
+	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 4 {
+		t.Errorf("audit trail: %d events, want 4 (created, updated, rolled, revoked)", n)
+	}
+	if got := get(owner, "the update's changes", chromedp.Text(tid("audit-changes"))); got != "rate limit: 50 a minute → 40 a minute; allowed networks: 127.0.0.0/8, ::1/128, 192.0.2.0/24 → 127.0.0.1/32, ::1/128" {
+		t.Errorf("the audit trail says %q", got)
 	}
 	owner.screenshot("audit")
-	owner.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("key-row")))
+	owner.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("key-row")),
+		chromedp.Click(rolledRow+tid("edit-settings")), chromedp.WaitVisible(rolledRow+tid("save-settings")))
 	if w := get(owner, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 320 {
-		t.Errorf("at 320 px the page is %d px wide", w)
+		t.Errorf("at 320 px the page, a settings form open, is %d px wide", w)
 	}
 	owner.screenshot("keys-320px")
 	owner.do("wide again", chromedp.EmulateViewport(1100, 800))
@@ -323,7 +348,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	viewer := newTab(t, b, base)
 	viewer.logIn(email, pw)
 	viewer.do("the viewer's keys", chromedp.WaitVisible(tid("key-row")))
-	for _, control := range []string{"revoke", "roll", "create-key-submit", "create-key-name"} {
+	for _, control := range []string{"revoke", "roll", "create-key-submit", "create-key-name", "edit-settings", "create-key-rate-limit"} {
 		if n := len(get(viewer, control, chromedp.Nodes(all(tid(control)), chromedp.AtLeast(0)))); n != 0 {
 			t.Errorf("a Viewer sees %d %s", n, control)
 		}
@@ -336,6 +361,17 @@ func TestDashboardInABrowser(t *testing.T) {
 		http.Header{"Content-Type": {"application/x-www-form-urlencoded"}, "Sec-Fetch-Site": {"cross-site"}})
 	if cross.Status != http.StatusForbidden {
 		t.Errorf("cross-site login form through the gateway: %d, want 403", cross.Status)
+	}
+}
+
+// wantSettings checks the keys page's limit and networks cells of the row.
+func (s *Stack) wantSettings(tb *tab, row chromedp.CSS, limit, cidrs string) {
+	s.t.Helper()
+	if got := get(tb, "the key's limit", chromedp.Text(row+tid("key-rate-limit"))); got != limit {
+		s.t.Errorf("the key's limit shows %q, want %q", got, limit)
+	}
+	if got := strings.Join(strings.Fields(get(tb, "the key's networks", chromedp.Text(row+tid("key-cidrs")))), " "); got != cidrs {
+		s.t.Errorf("the key's networks show %q, want %q", got, cidrs)
 	}
 }
 
@@ -355,6 +391,10 @@ func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
 		usageRow{rolledID, now, keystore.OutcomeProxied, 502, 1},
 	)
 	recorded := map[string]int64{oldID: 46, rolledID: 41}
+	// A plan with a monthly quota: the page shows the month's use against it.
+	s.cli("", "plan", "put", "--name", "metered", "--api-rate-limit", "600", "--max-monitors", "100", "--min-interval", "60",
+		"--locations", "us-east", "--check-types", "http", "--api-requests-per-month", "100000")
+	s.cli("", "org", "set-plan", "--org", o.ID, "--plan", "metered")
 
 	tb.do("the usage page", chromedp.Navigate(tb.origin+"/dashboard"), chromedp.Click(tid("usage-link")),
 		chromedp.WaitVisible(tid("usage-chart")))
@@ -395,6 +435,10 @@ func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
 		}
 	}
 	checkUsage("hour", 24)
+	month := get(tb, "the month", chromedp.Text(tid("usage-month")))
+	if !regexp.MustCompile(`^\d+ of 100000 requests in \d{4}-\d{2} \(UTC\), \d+ %\. It starts afresh on `).MatchString(month) {
+		s.t.Errorf("the usage page says of the month: %q", month)
+	}
 	tb.screenshot("usage")
 	tb.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Reload(), chromedp.WaitVisible(tid("usage-chart")))
 	if w := get(tb, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 320 {

@@ -1,6 +1,6 @@
 package integration
 
-// The gateway's half of the key lifecycle (CONTRACT §12): checksummed keys refused
+// The gateway's half of the key lifecycle (docs/security.md, Keys): checksummed keys refused
 // before any query, legacy_keys, and last_used_at written off the request path.
 
 import (

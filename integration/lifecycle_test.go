@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The key lifecycle of CONTRACT §12 through the built binaries: roll with and without
+// The key lifecycle of docs/security.md (Keys) through the built binaries: roll with and without
 // grace, the audit trail, leak reports.
 
 // leakToken is the --leak-report-token of the stacks that serve leak reports.

@@ -17,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -310,6 +311,16 @@ func TestTheDocumentsRefuseTheBodiesTheServerRefuses(t *testing.T) {
 		{"a key name with a control character", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "a\u0000b", "role": "Admin"}},
 		{"a key with an unknown field", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "colour": "red"}},
 		{"a roll with an unknown field", "POST", "/orgs/" + org.ID + "/api-keys/" + keyID + "/roll", map[string]any{"grace_seconds": 1, "colour": "red"}},
+		{"a key with a rate limit of 0", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "rate_limit": 0}},
+		{"a key with a fractional rate limit", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "rate_limit": 1.5}},
+		{"a key with networks as a string", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "allowed_cidrs": "10.0.0.0/8"}},
+		{"a key with a network that is a word", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "allowed_cidrs": []string{"office"}}},
+		{"a key with a network twice", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "allowed_cidrs": []string{"10.0.0.0/8", "10.0.0.0/8"}}},
+		{"a key with 33 networks", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "allowed_cidrs": networks(33)}},
+		{"an empty key update", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{}},
+		{"a key update with an unknown field", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit": 5, "name": "x"}},
+		{"a key update with a negative rate limit", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit": -1}},
+		{"a key update with a network as a number", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"allowed_cidrs": []any{10}}},
 		{"a login with an empty email", "POST", "/auth/login", map[string]any{"email": "", "password": "x"}},
 		{"a leak report without url", "POST", "/security/leaked-keys", []any{map[string]any{"token": "x"}}},
 		{"a leak report with an empty token", "POST", "/security/leaked-keys", []any{map[string]any{"token": "", "url": "https://example.com"}}},
@@ -351,6 +362,25 @@ func TestTheDocumentsRefuseTheBodiesTheServerRefuses(t *testing.T) {
 	if r := owner.do("POST", "/orgs/"+org.ID+"/api-keys", map[string]any{"name": "k", "role": "Viewer", "expires_at": nil}, nil); r.Status != http.StatusCreated {
 		t.Errorf("a key with expires_at null: %d %s", r.Status, r.Body)
 	}
+	for _, body := range []map[string]any{
+		{"rate_limit": nil, "allowed_cidrs": networks(32)},
+		{"rate_limit": 2147483647},
+		{"allowed_cidrs": []string{"::", "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255", "0.0.0.0/0", "2001:DB8::/32"}},
+		{"allowed_cidrs": []string{}},
+	} {
+		if r := owner.do("PATCH", "/orgs/"+org.ID+"/api-keys/"+keyID, body, nil); r.Status != http.StatusOK {
+			t.Errorf("update %v: %d %s", body, r.Status, r.Body)
+		}
+	}
+}
+
+// networks returns n distinct IPv4 CIDRs.
+func networks(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("10.%d.0.0/16", i)
+	}
+	return out
 }
 
 func TestAGoClientGeneratedFromTheDocumentsWorks(t *testing.T) {

@@ -10,7 +10,10 @@
 // (Key{}, false, err). The first is a 401, the second a 503.
 package keystore
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Role is the role a key is bound to for its whole life.
 type Role string
@@ -52,6 +55,12 @@ type Record struct {
 	// LastUsedAt is when a gateway last flushed a use of the key (see LastUsed). It is
 	// nil if none did.
 	LastUsedAt *time.Time
+	// RateLimit is the key's own requests a minute; nil: its plan's api_rate_limit.
+	// The gateway applies the smaller of the two.
+	RateLimit *int
+	// AllowedCIDRs are the networks the key may be used from, in canonical form; empty:
+	// anywhere.
+	AllowedCIDRs []netip.Prefix
 }
 
 // NewKey is what a person supplies to create a key.
@@ -65,4 +74,10 @@ type NewKey struct {
 	// key.created audit event. It is optional: a key made by a program, without a
 	// user, is not audited.
 	CreatedBy string
+	// RateLimit is optional: the key's own requests a minute, from 1 to its plan's
+	// api_rate_limit (any positive number on an unlimited plan). Nil: the plan's.
+	RateLimit *int
+	// AllowedCIDRs is optional: the networks the key may be used from, at most
+	// MaxAllowedCIDRs, each as ParseCIDR returns it. Empty: anywhere.
+	AllowedCIDRs []netip.Prefix
 }

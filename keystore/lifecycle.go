@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -16,6 +17,7 @@ const (
 	ActionRolled  = "key.rolled"
 	ActionRevoked = "key.revoked"
 	ActionLeaked  = "key.leaked"
+	ActionUpdated = "key.updated"
 )
 
 // ActorLeakReport is the actor of the key.leaked events: a leak report, not a person.
@@ -44,21 +46,33 @@ type Event struct {
 	NewKeyID string
 	// URL is where a leaked key was found (ActionLeaked only).
 	URL string
-	At  time.Time
+	// Changes is what an update changed (ActionUpdated only).
+	Changes *Changes
+	At      time.Time
 }
 
-// audit appends e to the audit trail within tx.
+// audit appends e to the audit trail within tx. The changes travel as JSON text cast in
+// SQL: through PgBouncer the exec and simple_protocol modes send parameters without a
+// described type, and pgx can encode a struct only against one.
 func audit(ctx context.Context, tx pgx.Tx, e Event) error {
-	_, err := tx.Exec(ctx, `INSERT INTO audit_events (org_id, action, key_id, actor, new_key_id, url)
-VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''))`, e.OrgID, e.Action, e.KeyID, e.Actor, e.NewKeyID, e.URL)
+	var changes *string
+	if e.Changes != nil {
+		b, err := json.Marshal(e.Changes)
+		if err != nil {
+			return fmt.Errorf("auditing %s: %w", e.Action, err)
+		}
+		changes = new(string(b))
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO audit_events (org_id, action, key_id, actor, new_key_id, url, changes)
+VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), $7::text::jsonb)`, e.OrgID, e.Action, e.KeyID, e.Actor, e.NewKeyID, e.URL, changes)
 	if err != nil {
 		return fmt.Errorf("auditing %s: %w", e.Action, err)
 	}
 	return nil
 }
 
-// Roll replaces the live key keyID of orgID: it creates a key of the same name, role
-// and expiry, and makes the old key expire after grace (0..MaxGrace), never later than
+// Roll replaces the live key keyID of orgID: it creates a key of the same name, role,
+// expiry, rate limit and allowed networks, and makes the old key expire after grace (0..MaxGrace), never later than
 // it already would, auditing key.rolled by actor, all in one transaction. It answers
 // ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
 // or expired key.
@@ -81,8 +95,8 @@ func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Durati
 
 	nk := NewKey{OrgID: orgID, CreatedBy: actor}
 	var role string
-	err = tx.QueryRow(ctx, `SELECT name, role, expires_at FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
-		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt)
+	err = tx.QueryRow(ctx, `SELECT name, role, expires_at, rate_limit, allowed_cidrs FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
+		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt, &nk.RateLimit, &nk.AllowedCIDRs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, "", ErrNotFound
 	}
@@ -240,7 +254,7 @@ RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
 // Events returns up to limit events of orgID's audit trail, newest first. When
 // before > 0, it returns those with an id below before.
 func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, key_id, actor, COALESCE(new_key_id, ''), COALESCE(url, ''), at
+	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, key_id, actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
 FROM audit_events
 WHERE org_id = $1 AND ($2 = 0 OR id < $2)
 ORDER BY id DESC LIMIT $3`, orgID, before, limit)
@@ -249,7 +263,7 @@ ORDER BY id DESC LIMIT $3`, orgID, before, limit)
 	}
 	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
 		var e Event
-		err := row.Scan(&e.ID, &e.OrgID, &e.Action, &e.KeyID, &e.Actor, &e.NewKeyID, &e.URL, &e.At)
+		err := row.Scan(&e.ID, &e.OrgID, &e.Action, &e.KeyID, &e.Actor, &e.NewKeyID, &e.URL, &e.Changes, &e.At)
 		return e, err
 	})
 	if err != nil {

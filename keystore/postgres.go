@@ -278,7 +278,8 @@ func retryable(ctx context.Context, err error) bool {
 
 // Create makes a new key and returns its record and the full key, which is never
 // readable again. A key with a creator (NewKey.CreatedBy) is audited as key.created,
-// in the same transaction.
+// in the same transaction. Settings that break their rules are a *SettingError. The
+// rate limit is checked against the organisation's plan within the transaction.
 func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if !nk.Role.Valid() {
 		return Record{}, "", fmt.Errorf("invalid role %q", nk.Role)
@@ -288,6 +289,9 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 		return Record{}, "", fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx)
+	if err := checkNewSettings(ctx, tx, nk.OrgID, nk.RateLimit, nk.AllowedCIDRs); err != nil {
+		return Record{}, "", err
+	}
 	r, full, err := s.insertKey(ctx, tx, nk)
 	if err != nil {
 		return Record{}, "", err
@@ -317,11 +321,12 @@ func (s *Store) insertKey(ctx context.Context, tx pgx.Tx, nk NewKey) (Record, st
 		}
 		sum := HashSecret(secret)
 		r := Record{ID: keyID, OrgID: nk.OrgID, Name: nk.Name, Role: nk.Role}
-		err = tx.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+		err = tx.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at, rate_limit, allowed_cidrs)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (key_id) DO NOTHING
-RETURNING created_at, expires_at`,
-			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt).Scan(&r.CreatedAt, &r.ExpiresAt)
+RETURNING created_at, expires_at, rate_limit, allowed_cidrs`,
+			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt, nk.RateLimit, nonNil(nk.AllowedCIDRs)).
+			Scan(&r.CreatedAt, &r.ExpiresAt, &r.RateLimit, &r.AllowedCIDRs)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -336,22 +341,29 @@ RETURNING created_at, expires_at`,
 // List returns every key of an organisation, revoked and expired ones included,
 // oldest first.
 func (s *Store) List(ctx context.Context, orgID string) ([]Record, error) {
-	rows, err := s.pool.Query(ctx, `SELECT key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at
+	rows, err := s.pool.Query(ctx, `SELECT `+recordColumns+`
 FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
-		var r Record
-		var role string
-		err := row.Scan(&r.ID, &r.OrgID, &r.Name, &role, &r.CreatedAt, &r.ExpiresAt, &r.RevokedAt, &r.LastUsedAt)
-		r.Role = Role(role)
-		return r, err
-	})
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
 	if err != nil {
 		return nil, fmt.Errorf("listing keys: %w", err)
 	}
 	return recs, nil
+}
+
+// recordColumns are the columns of api_keys that make a Record, in scanRecord's order.
+const recordColumns = `key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at, rate_limit, allowed_cidrs`
+
+// scanRecord scans a row of recordColumns.
+func scanRecord(row pgx.Row) (Record, error) {
+	var r Record
+	var role string
+	err := row.Scan(&r.ID, &r.OrgID, &r.Name, &role, &r.CreatedAt, &r.ExpiresAt, &r.RevokedAt, &r.LastUsedAt,
+		&r.RateLimit, &r.AllowedCIDRs)
+	r.Role = Role(role)
+	return r, err
 }
 
 // Revoke revokes the key keyID of organisation orgID from now on. In the same

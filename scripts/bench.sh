@@ -206,7 +206,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $tiny_ke
 [ "$code" = 429 ] || { echo "bench: the key over its limit answered $code, not 429" >&2; exit 1; }
 
 # Random well-formed keys, for (c401): a new key id and secret on every request, in
-# today's format (43 base64url characters and a 6-character checksum, CONTRACT §12).
+# today's format (43 base64url characters and a 6-character checksum; docs/security.md).
 # Their checksums are random too, so all but one in 62^6 fail it: the flood an attacker
 # can send, which the gateway answers without a database query.
 cat >"$stack/random-key.lua" <<'EOF'

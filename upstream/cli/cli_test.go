@@ -63,6 +63,32 @@ func idOf(t *testing.T, stdout string) string {
 	return v.ID
 }
 
+func TestPlanPutStoresTheBudgetsAndResetsThoseLeftOut(t *testing.T) {
+	pool, dbURL := schematest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+	budgets := func() (org int, month int64) {
+		t.Helper()
+		if err := pool.QueryRow(context.Background(), `SELECT org_rate_limit, api_requests_per_month FROM plans WHERE name = 'team'`).Scan(&org, &month); err != nil {
+			t.Fatal(err)
+		}
+		return org, month
+	}
+	put := []string{"plan", "put", "--name", "team", "--api-rate-limit", "100", "--max-monitors", "1", "--min-interval", "60", "--locations", "us-east", "--check-types", "http"}
+	if code, _, stderr := run(t, env, "", append(put, "--org-rate-limit", "250", "--api-requests-per-month", "3000000000")...); code != 0 {
+		t.Fatalf("plan put: %d %s", code, stderr)
+	}
+	if org, month := budgets(); org != 250 || month != 3000000000 {
+		t.Errorf("stored org_rate_limit %d, api_requests_per_month %d; want 250, 3000000000", org, month)
+	}
+	// plan put replaces every limit: the budgets left out are none again.
+	if code, _, stderr := run(t, env, "", put...); code != 0 {
+		t.Fatalf("plan put: %d %s", code, stderr)
+	}
+	if org, month := budgets(); org != -1 || month != -1 {
+		t.Errorf("after a put without them: org_rate_limit %d, api_requests_per_month %d; want -1, -1", org, month)
+	}
+}
+
 func TestOperatorCommands(t *testing.T) {
 	_, dbURL := schematest.NewPool(t)
 	env := map[string]string{"DATABASE_URL": dbURL}
@@ -93,9 +119,23 @@ func TestOperatorCommands(t *testing.T) {
 		stderr string
 	}{
 		{"plan put creates", []string{"plan", "put", "--name", "team", "--api-rate-limit", "120", "--max-monitors", "20", "--min-interval", "30", "--locations", "us-east,eu-central", "--check-types", "http,icmp"}, "", 0,
-			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east","eu-central"],"check_types":["http","icmp"]}`, ""},
+			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east","eu-central"],"check_types":["http","icmp"],"org_rate_limit":-1,"api_requests_per_month":-1}`, ""},
+		{"plan put with budgets", []string{"plan", "put", "--name", "team", "--api-rate-limit", "120", "--max-monitors", "20", "--min-interval", "30", "--locations", "us-east", "--check-types", "http", "--org-rate-limit", "300", "--api-requests-per-month", "5000000000"}, "", 0,
+			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east"],"check_types":["http"],"org_rate_limit":300,"api_requests_per_month":5000000000}`, ""},
 		{"plan put replaces", []string{"plan", "put", "--name", "team", "--api-rate-limit", "-1", "--max-monitors", "-1", "--min-interval", "10", "--locations", "us-west", "--check-types", "dns"}, "", 0,
-			`{"name":"team","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-west"],"check_types":["dns"]}`, ""},
+			`{"name":"team","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-west"],"check_types":["dns"],"org_rate_limit":-1,"api_requests_per_month":-1}`, ""},
+		{"plan put with an org rate limit of 0", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http", "--org-rate-limit", "0"}, "", 2,
+			"", "upstream plan put: --org-rate-limit: must be -1 (none) or a number of requests a minute from 1 to 2147483647"},
+		{"plan put with an org rate limit of -2", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http", "--org-rate-limit", "-2"}, "", 2,
+			"", "upstream plan put: --org-rate-limit: must be -1 (none) or a number of requests a minute from 1 to 2147483647"},
+		{"plan put with an org rate limit over 32 bits", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http", "--org-rate-limit", "2147483648"}, "", 2,
+			"", "upstream plan put: --org-rate-limit: must be -1 (none) or a number of requests a minute from 1 to 2147483647"},
+		{"plan put with a monthly quota of 0", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http", "--api-requests-per-month", "0"}, "", 2,
+			"", "upstream plan put: --api-requests-per-month: must be -1 (none) or a positive number of requests a month"},
+		{"plan put with a monthly quota of -5", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http", "--api-requests-per-month", "-5"}, "", 2,
+			"", "upstream plan put: --api-requests-per-month: must be -1 (none) or a positive number of requests a month"},
+		{"plan put with a monthly quota that is no number", []string{"plan", "put", "--name", "x", "--api-requests-per-month", "1e6"}, "", 2,
+			"", `upstream plan put: usage: invalid value "1e6" for flag -api-requests-per-month: parse error (see --help)`},
 		{"plan put with a missing flag", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east"}, "", 2,
 			"", "upstream plan put: usage: --check-types is required (see --help)"},
 		{"plan put with an unknown location", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "mars", "--check-types", "http"}, "", 2,
@@ -276,12 +316,12 @@ func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret}
 
 	code, _, stderr := run(t, env, "", "serve", "--addr", "127.0.0.1:0")
-	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 4: run `upstream migrate` first (or serve --migrate)\n" {
+	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 5: run `upstream migrate` first (or serve --migrate)\n" {
 		t.Errorf("serve on an empty database: exit %d, stderr %q", code, stderr)
 	}
 	for range 2 {
 		code, stdout, stderr := run(t, env, "", "migrate")
-		if code != 0 || stdout != `{"schema_version":4}`+"\n" || stderr != "" {
+		if code != 0 || stdout != `{"schema_version":5}`+"\n" || stderr != "" {
 			t.Errorf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 		}
 	}

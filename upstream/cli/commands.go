@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -75,8 +76,8 @@ func (c *cli) migrate(name string, args []string) error {
 
 func (c *cli) planPut(name string, args []string) error {
 	fs := c.flags(name,
-		"--name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y",
-		"Creates plan P, or replaces all the limits of an existing plan P. Prints the plan as JSON.")
+		"--name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y [--org-rate-limit N] [--api-requests-per-month N]",
+		"Creates plan P, or replaces all the limits of an existing plan P: an optional limit left out is -1 (none), whatever it was. Prints the plan as JSON.")
 	var p store.Plan
 	var locations, checkTypes string
 	fs.StringVar(&p.Name, "name", "", "plan name `P`, [a-z][a-z0-9_-]{0,62} (required)")
@@ -85,6 +86,8 @@ func (c *cli) planPut(name string, args []string) error {
 	fs.IntVar(&p.MinIntervalSeconds, "min-interval", 0, "smallest monitor interval in seconds, `S`: 10..86400 (required)")
 	fs.StringVar(&locations, "locations", "", "comma-separated probe locations, `a,b`: "+strings.Join(store.MonitorLocations, ",")+" (required)")
 	fs.StringVar(&checkTypes, "check-types", "", "comma-separated check types, `x,y`: "+strings.Join(store.MonitorTypes, ",")+" (required)")
+	fs.IntVar(&p.OrgRateLimit, "org-rate-limit", -1, "API requests per minute of all an organisation's keys together, `N`: -1 none")
+	fs.Int64Var(&p.APIRequestsPerMonth, "api-requests-per-month", -1, "API requests per UTC calendar month of all an organisation's keys together, `N`: -1 none")
 	if err := c.parse(fs, args, "name", "api-rate-limit", "max-monitors", "min-interval", "locations", "check-types"); err != nil {
 		return err
 	}
@@ -187,6 +190,10 @@ func checkPlan(p store.Plan) error {
 		return apperr.Invalid("--max-monitors", "must be -1 (no cap) or a number of monitors")
 	case p.MinIntervalSeconds < store.MinInterval || p.MinIntervalSeconds > store.MaxInterval:
 		return apperr.Invalid("--min-interval", "must be from %d to %d seconds", store.MinInterval, store.MaxInterval)
+	case p.OrgRateLimit != -1 && (p.OrgRateLimit < 1 || p.OrgRateLimit > math.MaxInt32):
+		return apperr.Invalid("--org-rate-limit", "must be -1 (none) or a number of requests a minute from 1 to %d", math.MaxInt32)
+	case p.APIRequestsPerMonth != -1 && p.APIRequestsPerMonth < 1:
+		return apperr.Invalid("--api-requests-per-month", "must be -1 (none) or a positive number of requests a month")
 	}
 	if err := checkList("--locations", p.Locations, store.MonitorLocations); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/netip"
 
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
@@ -19,6 +20,15 @@ type keyJSON struct {
 	RevokedAt  *string `json:"revoked_at"`
 	LastUsedAt *string `json:"last_used_at"`
 	MaskedKey  string  `json:"masked_key"`
+	keySettingsJSON
+}
+
+// keySettingsJSON is a key's own settings, as every answer with a key shows them.
+type keySettingsJSON struct {
+	// RateLimit is null for the plan's.
+	RateLimit *int `json:"rate_limit"`
+	// AllowedCIDRs is [] for anywhere, never null.
+	AllowedCIDRs []netip.Prefix `json:"allowed_cidrs"`
 }
 
 // createdKeyJSON is the answer to a key's creation or roll. It is the one answer with
@@ -30,6 +40,16 @@ type createdKeyJSON struct {
 	CreatedAt string  `json:"created_at"`
 	ExpiresAt *string `json:"expires_at"`
 	Key       string  `json:"key"`
+	keySettingsJSON
+}
+
+// keySettings returns rec's settings as the answers show them.
+func keySettings(rec keystore.Record) keySettingsJSON {
+	cidrs := rec.AllowedCIDRs
+	if cidrs == nil {
+		cidrs = []netip.Prefix{}
+	}
+	return keySettingsJSON{RateLimit: rec.RateLimit, AllowedCIDRs: cidrs}
 }
 
 // checkAPIAccess returns apperr.ErrAPIFeatureGated when the plan of p's organisation
@@ -76,9 +96,11 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p princ
 // createKey creates a key of p's organisation, as p. It returns the key's record and
 // its full text.
 func (s *Server) createKey(ctx context.Context, p principal, in createKeyInput) (keystore.Record, string, error) {
-	return s.keys.Create(ctx, keystore.NewKey{
+	rec, full, err := s.keys.Create(ctx, keystore.NewKey{
 		OrgID: p.orgID, CreatedBy: p.userID, Name: in.Name, Role: in.Role, ExpiresAt: in.ExpiresAt,
+		RateLimit: in.RateLimit, AllowedCIDRs: in.AllowedCIDRs,
 	})
+	return rec, full, settingError(err)
 }
 
 // createdKey is the answer to a key's creation or roll.
@@ -90,6 +112,8 @@ func createdKey(rec keystore.Record, full string) createdKeyJSON {
 		CreatedAt: timeJSON(rec.CreatedAt),
 		ExpiresAt: optionalTimeJSON(rec.ExpiresAt),
 		Key:       full,
+
+		keySettingsJSON: keySettings(rec),
 	}
 }
 
@@ -102,21 +126,69 @@ func (s *Server) handleListKeys(w http.ResponseWriter, r *http.Request, p princi
 	}
 	data := make([]keyJSON, 0, len(recs))
 	for _, rec := range recs {
-		data = append(data, keyJSON{
-			ID:         rec.ID,
-			Name:       rec.Name,
-			Role:       string(rec.Role),
-			CreatedAt:  timeJSON(rec.CreatedAt),
-			ExpiresAt:  optionalTimeJSON(rec.ExpiresAt),
-			RevokedAt:  optionalTimeJSON(rec.RevokedAt),
-			LastUsedAt: optionalTimeJSON(rec.LastUsedAt),
-			MaskedKey:  s.format.Mask(rec.ID),
-		})
+		data = append(data, s.keyJSON(rec))
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Data []keyJSON `json:"data"`
 	}{data})
 	return nil
+}
+
+// keyJSON is rec as the list shows it.
+func (s *Server) keyJSON(rec keystore.Record) keyJSON {
+	return keyJSON{
+		ID:         rec.ID,
+		Name:       rec.Name,
+		Role:       string(rec.Role),
+		CreatedAt:  timeJSON(rec.CreatedAt),
+		ExpiresAt:  optionalTimeJSON(rec.ExpiresAt),
+		RevokedAt:  optionalTimeJSON(rec.RevokedAt),
+		LastUsedAt: optionalTimeJSON(rec.LastUsedAt),
+		MaskedKey:  s.format.Mask(rec.ID),
+
+		keySettingsJSON: keySettings(rec),
+	}
+}
+
+// handleUpdateKey answers PATCH /orgs/{orgId}/api-keys/{id} with 200 and the key as
+// the list shows it. The body sets rate_limit, allowed_cidrs or both. A bad value is
+// 400, checked before the key; a key that is not the org's is 404, a revoked or
+// expired one 409.
+func (s *Server) handleUpdateKey(w http.ResponseWriter, r *http.Request, p principal) error {
+	body, err := readBody(w, r)
+	if err != nil {
+		return err
+	}
+	u, err := decodeUpdateKey(body)
+	if err != nil {
+		return err
+	}
+	rec, err := s.updateKey(r.Context(), p, r.PathValue("id"), u)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.keyJSON(rec))
+	return nil
+}
+
+// errKeyNotChangeable is the update of a revoked or expired key.
+var errKeyNotChangeable = &apperr.Error{Code: apperr.ECONFLICT, Message: "the key is revoked or expired and cannot be changed"}
+
+// updateKey changes the settings u sets of the key keyID of p's organisation, as p,
+// audited as key.updated when something changes. The rate limit is checked against
+// the plan of the moment. A key that is not the org's is apperr.ErrNotFound; a revoked
+// or expired one is errKeyNotChangeable.
+func (s *Server) updateKey(ctx context.Context, p principal, keyID string, u keystore.Update) (keystore.Record, error) {
+	rec, err := s.keys.Update(ctx, p.orgID, keyID, u, p.userID)
+	switch {
+	case errors.Is(err, keystore.ErrNotFound):
+		return keystore.Record{}, apperr.ErrNotFound
+	case errors.Is(err, keystore.ErrNotLive):
+		return keystore.Record{}, errKeyNotChangeable
+	case errors.Is(err, keystore.ErrNoChange):
+		return keystore.Record{}, errNoSetting
+	}
+	return rec, settingError(err)
 }
 
 // handleRevokeKey answers DELETE /orgs/{orgId}/api-keys/{id} with 204, also for a key
@@ -166,7 +238,7 @@ func (s *Server) handleRollKey(w http.ResponseWriter, r *http.Request, p princip
 }
 
 // rollKey rolls the key keyID of p's organisation, as p. The new key takes the old
-// one's name, role and expiry. The old key expires after the grace, never later than
+// one's name, role, expiry, rate limit and allowed networks. The old key expires after the grace, never later than
 // it would have. A key that is not the org's is apperr.ErrNotFound; a revoked or
 // expired one is errKeyNotLive.
 func (s *Server) rollKey(ctx context.Context, p principal, keyID string, in rollKeyInput) (keystore.Record, string, error) {

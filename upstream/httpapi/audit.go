@@ -9,15 +9,17 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// eventJSON is one audit event. new_key_id appears on key.rolled, url on key.leaked.
+// eventJSON is one audit event. new_key_id appears on key.rolled, url on key.leaked,
+// changes on key.updated.
 type eventJSON struct {
-	ID       string `json:"id"`
-	Action   string `json:"action"`
-	KeyID    string `json:"key_id"`
-	Actor    string `json:"actor"`
-	NewKeyID string `json:"new_key_id,omitempty"`
-	URL      string `json:"url,omitempty"`
-	At       string `json:"at"`
+	ID       string            `json:"id"`
+	Action   string            `json:"action"`
+	KeyID    string            `json:"key_id"`
+	Actor    string            `json:"actor"`
+	NewKeyID string            `json:"new_key_id,omitempty"`
+	URL      string            `json:"url,omitempty"`
+	Changes  *keystore.Changes `json:"changes,omitempty"`
+	At       string            `json:"at"`
 }
 
 // handleListAuditEvents answers GET /orgs/{orgId}/audit-events?limit=&cursor= with
@@ -64,6 +66,7 @@ func toEventJSON(e keystore.Event) eventJSON {
 		Actor:    e.Actor,
 		NewKeyID: e.NewKeyID,
 		URL:      e.URL,
+		Changes:  e.Changes,
 		At:       timeJSON(e.At),
 	}
 }

@@ -2,6 +2,11 @@ package httpapi
 
 import (
 	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 // auditPageSize is the number of audit events on one page of the dashboard's trail.
@@ -33,9 +38,43 @@ func (s *Server) pageAudit(w http.ResponseWriter, r *http.Request) error {
 		j := toEventJSON(e)
 		data.Events = append(data.Events, eventView{
 			At: pageTime(&e.At, ""), Action: j.Action, KeyID: j.KeyID, NewKeyID: j.NewKeyID,
-			URL: j.URL, Actor: j.Actor,
+			URL: j.URL, Actor: j.Actor, Changes: changesWords(e.Changes),
 		})
 	}
 	s.render(w, http.StatusOK, "audit", data)
 	return nil
+}
+
+// changesWords says what a key.updated changed, each setting before and after:
+// "rate limit: plan's → 25 a minute; allowed networks: anywhere → 192.0.2.0/24".
+func changesWords(c *keystore.Changes) string {
+	if c == nil {
+		return ""
+	}
+	var parts []string
+	if rl := c.RateLimit; rl != nil {
+		parts = append(parts, "rate limit: "+limitWords(rl.From)+" → "+limitWords(rl.To))
+	}
+	if nets := c.AllowedCIDRs; nets != nil {
+		parts = append(parts, "allowed networks: "+networksWords(nets.From)+" → "+networksWords(nets.To))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func limitWords(n *int) string {
+	if n == nil {
+		return "plan's"
+	}
+	return strconv.Itoa(*n) + " a minute"
+}
+
+func networksWords(list []netip.Prefix) string {
+	if len(list) == 0 {
+		return "anywhere"
+	}
+	s := make([]string, len(list))
+	for i, p := range list {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
 }

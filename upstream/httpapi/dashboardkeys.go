@@ -2,17 +2,21 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
+	"github.com/keygate/keygate/upstream/store"
 )
 
-// The dashboard's keys page and its forms: create, roll and revoke. Each form runs the
-// checks and the operation of its JSON route (apikeys.go). It decodes into the same
-// input type (keyinput.go).
+// The dashboard's keys page and its forms: create, roll, revoke and a key's settings.
+// Each form runs the checks and the operation of its JSON route (apikeys.go). It
+// decodes into the same input type (keyinput.go).
 
 // pageKeys answers GET /dashboard/orgs/{orgId}: the org's keys, with the controls for
 // those who may manage them.
@@ -34,7 +38,7 @@ func (s *Server) showKeys(w http.ResponseWriter, r *http.Request, p principal, d
 }
 
 // listKeys adds the keys of p's organisation to data, each with its requests in the
-// last 24 hours.
+// last 24 hours, and the plan's budgets.
 func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) error {
 	recs, err := s.keys.List(ctx, p.orgID)
 	if err != nil {
@@ -44,13 +48,42 @@ func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) erro
 	if err != nil {
 		return err
 	}
+	budgets, err := s.store.PlanBudgets(ctx, p.orgID)
+	if err != nil {
+		return err
+	}
+	data.Plan = newPlanView(budgets)
 	now := s.now()
 	for _, rec := range recs {
 		kv := s.keyView(rec, now)
 		kv.Requests = requests[rec.ID]
+		if e := data.Edit; e != nil && e.ID == rec.ID {
+			kv.LimitValue, kv.CIDRsText, kv.EditOpen = e.RateLimit, e.CIDRs, true
+		}
 		data.Keys = append(data.Keys, kv)
 	}
 	return nil
+}
+
+// newPlanView says b in words.
+func newPlanView(b store.Budgets) *planView {
+	v := &planView{}
+	switch {
+	case b.APIRateLimit == 0:
+		v.PerKey = "no API access"
+	case b.APIRateLimit < 0:
+		v.PerKey = "unlimited requests a minute per key"
+	default:
+		v.PerKey = fmt.Sprintf("%d requests a minute per key", b.APIRateLimit)
+		v.MaxKeyLimit = b.APIRateLimit
+	}
+	if b.OrgRateLimit > 0 {
+		v.PerOrg = fmt.Sprintf("%d a minute for all keys together", b.OrgRateLimit)
+	}
+	if b.APIRequestsPerMonth > 0 {
+		v.PerMonth = fmt.Sprintf("%d a month (UTC)", b.APIRequestsPerMonth)
+	}
+	return v
 }
 
 // keysError returns a form's err to show on the keys page. An error of the server
@@ -68,7 +101,7 @@ func (s *Server) keysError(ctx context.Context, p principal, data *pageData, err
 
 // keyView shows rec as of now.
 func (s *Server) keyView(rec keystore.Record, now time.Time) keyView {
-	return keyView{
+	kv := keyView{
 		ID: rec.ID, Name: rec.Name, Role: string(rec.Role), Masked: s.format.Mask(rec.ID),
 		Created:  pageTime(&rec.CreatedAt, ""),
 		Expires:  pageTime(rec.ExpiresAt, "never"),
@@ -76,6 +109,14 @@ func (s *Server) keyView(rec keystore.Record, now time.Time) keyView {
 		Revoked:  pageTime(rec.RevokedAt, "no"),
 		Live:     rec.RevokedAt == nil && (rec.ExpiresAt == nil || rec.ExpiresAt.After(now)),
 	}
+	if rec.RateLimit != nil {
+		kv.RateLimit = strconv.Itoa(*rec.RateLimit)
+	}
+	for _, p := range rec.AllowedCIDRs {
+		kv.CIDRs = append(kv.CIDRs, p.String())
+	}
+	kv.LimitValue, kv.CIDRsText = kv.RateLimit, strings.Join(kv.CIDRs, "\n")
+	return kv
 }
 
 // pageCreateKey answers the create form as POST /orgs/{orgId}/api-keys does. The keys
@@ -86,7 +127,8 @@ func (s *Server) pageCreateKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	data.Form = keyForm{Name: form.Get("name"), Role: form.Get("role"), Expires: form.Get("expires_at")}
+	data.Form = keyForm{Name: form.Get("name"), Role: form.Get("role"), Expires: form.Get("expires_at"),
+		RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs)}
 	rec, full, err := s.createKeyFromForm(r.Context(), p, form)
 	if err != nil {
 		return s.keysError(r.Context(), p, data, err)
@@ -133,6 +175,34 @@ func (s *Server) rollKeyFromForm(ctx context.Context, p principal, keyID string,
 		return keystore.Record{}, "", err
 	}
 	return s.rollKey(ctx, p, keyID, in)
+}
+
+// pageUpdateKey answers a row's settings form as PATCH /orgs/{orgId}/api-keys/{id}
+// does, with both settings: an empty field is the plan's limit, or anywhere. Then it
+// goes back to the keys. An error is shown on the keys page, the form open with what
+// was typed.
+func (s *Server) pageUpdateKey(w http.ResponseWriter, r *http.Request) error {
+	p, data, form, err := s.managerForm(w, r)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if err := s.updateKeyFromForm(r.Context(), p, id, form); err != nil {
+		data.Edit = &keyEdit{ID: id, RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs)}
+		return s.keysError(r.Context(), p, data, err)
+	}
+	seeOther(w, "/dashboard/orgs/"+p.orgID)
+	return nil
+}
+
+// updateKeyFromForm reads a settings form and updates the key keyID.
+func (s *Server) updateKeyFromForm(ctx context.Context, p principal, keyID string, form url.Values) error {
+	u, err := updateKeyForm(form)
+	if err != nil {
+		return err
+	}
+	_, err = s.updateKey(ctx, p, keyID, u)
+	return err
 }
 
 // pageConfirmRevoke answers a row's revoke button with a page asking to confirm.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
@@ -29,6 +30,18 @@ type usageView struct {
 	Chart   usageChart
 	Keys    []usageKeyView
 	All     classCounts
+	Month   *monthView // nil when the plan has no monthly quota
+}
+
+// monthView is the month's use of the plan's monthly quota.
+type monthView struct {
+	Name          string // "2026-11"
+	Used, Quota   int64
+	Percent       int64 // of the quota used, rounded down
+	Spent         bool  // nothing more passes this month
+	UsedInMeter   int64 // Used, at most Quota, for the <meter>
+	High          int64 // 90 % of Quota: the <meter> warns from there
+	ResetsOnWords string
 }
 
 // usageKeyView is a key's row of the usage page.
@@ -66,13 +79,38 @@ func (s *Server) pageUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	month, err := s.monthUse(r.Context(), p.orgID)
+	if err != nil {
+		return err
+	}
 	data.Usage = &usageView{
-		Range: rangeName, Words: pr.words, Keys: keys, All: all,
+		Range: rangeName, Words: pr.words, Keys: keys, All: all, Month: month,
 		APIPath: "/orgs/" + p.orgID + "/usage?granularity=" + pr.granularity,
 		Chart:   buildUsageChart("Requests of "+data.Org.Name+" over "+pr.words+" (UTC)", q.From, q.To, g, sums),
 	}
 	s.render(w, http.StatusOK, "usage", data)
 	return nil
+}
+
+// monthUse returns the use of orgID's monthly quota in the current UTC month, as the
+// usage record has it (keystore's MonthUsed: the requests that passed every budget),
+// or nil when its plan has no quota.
+func (s *Server) monthUse(ctx context.Context, orgID string) (*monthView, error) {
+	b, err := s.store.PlanBudgets(ctx, orgID)
+	if err != nil || b.APIRequestsPerMonth <= 0 {
+		return nil, err
+	}
+	now := s.now().UTC()
+	used, err := s.keys.MonthUsed(ctx, orgID, now)
+	if err != nil {
+		return nil, err
+	}
+	next := time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, time.UTC)
+	return &monthView{
+		Name: now.Format("2006-01"), Used: used, Quota: b.APIRequestsPerMonth,
+		Percent: used * 100 / b.APIRequestsPerMonth, Spent: used >= b.APIRequestsPerMonth,
+		UsedInMeter: min(used, b.APIRequestsPerMonth), High: b.APIRequestsPerMonth * 9 / 10, ResetsOnWords: next.Format("2 January 2006"),
+	}, nil
 }
 
 // usageByKey returns the rows of the usage page's key table for q, and the sums of

@@ -53,6 +53,20 @@ type pageData struct {
 	Events     []eventView
 	NextCursor string
 	Usage      *usageView
+	Plan       *planView // keys: the plan's budgets
+	Edit       *keyEdit  // keys: a settings form sent back with an error
+}
+
+// planView is what the keys page says of the plan's budgets.
+type planView struct {
+	PerKey, PerOrg, PerMonth string // PerOrg and PerMonth are empty without that budget
+	// MaxKeyLimit is the highest rate limit a key may have, 0 for no bound.
+	MaxKeyLimit int
+}
+
+// keyEdit is a key's settings form as it was sent, shown again after an error.
+type keyEdit struct {
+	ID, RateLimit, CIDRs string
 }
 
 // keyView is a key's row: masked, times in words.
@@ -61,6 +75,14 @@ type keyView struct {
 	Created, Expires, LastUsed, Revoked string
 	Live                                bool
 	Requests                            int64 // in the last 24 hours (keys page)
+	// RateLimit is the key's own limit, "" for the plan's; CIDRs its networks, none
+	// for anywhere. LimitValue and CIDRsText are the values of its settings form.
+	RateLimit  string
+	CIDRs      []string
+	LimitValue string
+	CIDRsText  string
+	// EditOpen opens the key's settings form: it was sent back with an error.
+	EditOpen bool
 }
 
 // newKeyView is a key just created or rolled. Its page is the one that shows it in
@@ -72,12 +94,12 @@ type newKeyView struct {
 
 // keyForm is what the create form was sent with, shown again after an error.
 type keyForm struct {
-	Name, Role, Expires string
+	Name, Role, Expires, RateLimit, CIDRs string
 }
 
-// eventView is an audit event's row.
+// eventView is an audit event's row. Changes says a key.updated's changes in words.
 type eventView struct {
-	At, Action, KeyID, NewKeyID, URL, Actor string
+	At, Action, KeyID, NewKeyID, URL, Actor, Changes string
 }
 
 // render writes the page tmpl with data as status. The page goes to a buffer first,

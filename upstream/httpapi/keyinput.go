@@ -3,23 +3,31 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// The inputs of a key's creation and roll. The API's JSON body and the dashboard's
-// form decode into the same types. The two decoders share the check of each field. So
-// a bad value gets the same message at both doors.
+// The inputs of a key's creation, roll and update. The API's JSON body and the
+// dashboard's form decode into the same types. The two decoders share the check of
+// each field. So a bad value gets the same message at both doors. The rules of a key's
+// own settings (rate_limit, allowed_cidrs) are package keystore's, said in its words
+// (settingError); the rate limit is checked against the plan when the key is written.
 
 // createKeyInput is what a key's creation takes (createKey).
 type createKeyInput struct {
 	Name      string
 	Role      keystore.Role
 	ExpiresAt *time.Time // nil: the key lives until revoked
+	RateLimit *int       // nil: the plan's
+	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
+	AllowedCIDRs []netip.Prefix
 }
 
 // rollKeyInput is what a key's roll takes (rollKey).
@@ -56,6 +64,10 @@ func decodeCreateKey(body []byte, now time.Time) (createKeyInput, error) {
 			if t, err = decodeTime(name, raw); err == nil {
 				in.ExpiresAt, err = keyExpiry(t, now)
 			}
+		case keystore.FieldRateLimit:
+			in.RateLimit, err = decodeKeyRateLimit(raw)
+		case keystore.FieldAllowedCIDRs:
+			in.AllowedCIDRs, err = decodeKeyCIDRs(raw)
 		default:
 			err = apperr.Invalid(name, "unknown field")
 		}
@@ -64,7 +76,8 @@ func decodeCreateKey(body []byte, now time.Time) (createKeyInput, error) {
 }
 
 // createKeyForm reads the dashboard's create form. Its fields are checked in the order
-// expires_at, name, role. An empty expires_at means the key never expires.
+// expires_at, name, role, rate_limit, allowed_cidrs. An empty expires_at means the key
+// never expires, an empty rate_limit the plan's limit, an empty allowed_cidrs anywhere.
 func createKeyForm(form url.Values, now time.Time) (createKeyInput, error) {
 	var in createKeyInput
 	if v := form.Get("expires_at"); v != "" {
@@ -85,7 +98,136 @@ func createKeyForm(form url.Values, now time.Time) (createKeyInput, error) {
 		return createKeyInput{}, err
 	}
 	in.Role = role
+	if in.RateLimit, err = formRateLimit(form); err != nil {
+		return createKeyInput{}, err
+	}
+	if in.AllowedCIDRs, err = formCIDRs(form); err != nil {
+		return createKeyInput{}, err
+	}
 	return in, nil
+}
+
+// decodeKeyRateLimit decodes a key's rate_limit: an integer, or null for the plan's.
+// Its range depends on the plan (keystore checks it when the key is written).
+func decodeKeyRateLimit(raw json.RawMessage) (*int, error) {
+	if string(raw) == "null" {
+		return nil, nil
+	}
+	n, err := decodeInt(keystore.FieldRateLimit, raw)
+	if err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// decodeKeyCIDRs decodes a key's allowed_cidrs: an array of strings, each an IPv4 or
+// IPv6 CIDR or address (keystore.ParseAllowedCIDRs).
+func decodeKeyCIDRs(raw json.RawMessage) ([]netip.Prefix, error) {
+	const name = keystore.FieldAllowedCIDRs
+	if len(raw) == 0 || raw[0] != '[' {
+		return nil, apperr.Invalid(name, "must be an array of strings, not %s", kindOf(raw))
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, apperr.Invalid(name, "must be an array of strings")
+	}
+	list := make([]string, 0, len(elems))
+	for _, e := range elems {
+		s, err := decodeString(name, e)
+		if err != nil {
+			return nil, apperr.Invalid(name, "must be an array of strings")
+		}
+		list = append(list, s)
+	}
+	cidrs, err := keystore.ParseAllowedCIDRs(list)
+	return cidrs, settingError(err)
+}
+
+// formRateLimit reads a form's rate_limit: empty is the plan's limit.
+func formRateLimit(form url.Values) (*int, error) {
+	v := strings.TrimSpace(form.Get(keystore.FieldRateLimit))
+	if v == "" {
+		return nil, nil
+	}
+	n, err := strconv.Atoi(v)
+	switch {
+	case err != nil:
+		return nil, apperr.Invalid(keystore.FieldRateLimit, "must be a whole number of requests a minute")
+	case n != int(int32(n)):
+		// The bound decodeInt puts on every JSON integer.
+		return nil, apperr.Invalid(keystore.FieldRateLimit, "must be an integer")
+	}
+	return &n, nil
+}
+
+// formCIDRs reads a form's allowed_cidrs: networks separated by commas, line breaks or
+// both, white space around each ignored. Empty is anywhere.
+func formCIDRs(form url.Values) ([]netip.Prefix, error) {
+	fields := strings.FieldsFunc(form.Get(keystore.FieldAllowedCIDRs), func(r rune) bool {
+		return r == ',' || r == '\n' || r == '\r'
+	})
+	list := make([]string, 0, len(fields))
+	for _, f := range fields {
+		if f = strings.TrimSpace(f); f != "" {
+			list = append(list, f)
+		}
+	}
+	cidrs, err := keystore.ParseAllowedCIDRs(list)
+	return cidrs, settingError(err)
+}
+
+// settingError returns a keystore.SettingError as the apperr.EINVALID error naming its
+// field, and any other err as it is.
+func settingError(err error) error {
+	var se *keystore.SettingError
+	if errors.As(err, &se) {
+		return apperr.Invalid(se.Field, "%s", se.Reason)
+	}
+	return err
+}
+
+// errNoSetting is an update that sets neither setting.
+var errNoSetting = apperr.Invalid("body", "must set rate_limit, allowed_cidrs or both")
+
+// decodeUpdateKey decodes an update body {"rate_limit"?,"allowed_cidrs"?}, which sets
+// at least one of them. A null rate_limit is the plan's; an empty allowed_cidrs is
+// anywhere.
+func decodeUpdateKey(body []byte) (keystore.Update, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return keystore.Update{}, errNoSetting
+	}
+	u, err := decodeObjectInto(body, "", nil, func(u *keystore.Update, name string, raw json.RawMessage) error {
+		var err error
+		switch name {
+		case keystore.FieldRateLimit:
+			u.SetRateLimit = true
+			u.RateLimit, err = decodeKeyRateLimit(raw)
+		case keystore.FieldAllowedCIDRs:
+			u.SetAllowedCIDRs = true
+			u.AllowedCIDRs, err = decodeKeyCIDRs(raw)
+		default:
+			err = apperr.Invalid(name, "unknown field")
+		}
+		return err
+	})
+	if err == nil && !u.SetRateLimit && !u.SetAllowedCIDRs {
+		err = errNoSetting
+	}
+	return u, err
+}
+
+// updateKeyForm reads a key's settings form, which sets both: an empty rate_limit is
+// the plan's, an empty allowed_cidrs anywhere.
+func updateKeyForm(form url.Values) (keystore.Update, error) {
+	u := keystore.Update{SetRateLimit: true, SetAllowedCIDRs: true}
+	var err error
+	if u.RateLimit, err = formRateLimit(form); err != nil {
+		return keystore.Update{}, err
+	}
+	if u.AllowedCIDRs, err = formCIDRs(form); err != nil {
+		return keystore.Update{}, err
+	}
+	return u, nil
 }
 
 // keyRole checks the role of a new key.

@@ -68,7 +68,7 @@ func TestUnknownRoutesAndWrongMethodsAnswerJSON(t *testing.T) {
 		{"PUT login", e.Anon(), "PUT", "/auth/login", "POST"},
 		{"PUT monitors", e.Anon(), "PUT", "/orgs/" + org + "/monitors", "GET, HEAD, POST"},
 		{"POST a monitor id", e.Anon(), "POST", "/orgs/" + org + "/monitors/x", "DELETE, GET, HEAD, PATCH"},
-		{"GET a key id", e.Anon(), "GET", "/orgs/" + org + "/api-keys/x", "DELETE"},
+		{"GET a key id", e.Anon(), "GET", "/orgs/" + org + "/api-keys/x", "DELETE, PATCH"},
 		{"PUT /v1 monitor", gw, "PUT", "/v1/monitors/x", "DELETE, GET, HEAD, PATCH"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -25,6 +25,11 @@ type Plan struct {
 	MinIntervalSeconds int      `json:"min_interval_seconds"`
 	Locations          []string `json:"locations"`
 	CheckTypes         []string `json:"check_types"`
+	// OrgRateLimit is the requests a minute of all an organisation's keys together,
+	// and APIRequestsPerMonth those of a UTC calendar month. -1 is none; 0 is not a
+	// value either takes.
+	OrgRateLimit        int   `json:"org_rate_limit"`
+	APIRequestsPerMonth int64 `json:"api_requests_per_month"`
 }
 
 // Org is an organisation as `org create` and `org set-plan` print it.
@@ -50,16 +55,20 @@ type Member struct {
 
 // PutPlan creates the plan p.Name or replaces its limits.
 func (s *Store) PutPlan(ctx context.Context, p Plan) (Plan, error) {
-	_, err := s.pool.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types)
-VALUES ($1, $2, $3, $4, $5, $6)
+	_, err := s.pool.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
+	org_rate_limit, api_requests_per_month)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (name) DO UPDATE SET
 	api_rate_limit = EXCLUDED.api_rate_limit,
 	max_monitors = EXCLUDED.max_monitors,
 	min_interval_seconds = EXCLUDED.min_interval_seconds,
 	locations = EXCLUDED.locations,
 	check_types = EXCLUDED.check_types,
+	org_rate_limit = EXCLUDED.org_rate_limit,
+	api_requests_per_month = EXCLUDED.api_requests_per_month,
 	updated_at = now()`,
-		p.Name, p.APIRateLimit, p.MaxMonitors, p.MinIntervalSeconds, p.Locations, p.CheckTypes)
+		p.Name, p.APIRateLimit, p.MaxMonitors, p.MinIntervalSeconds, p.Locations, p.CheckTypes,
+		p.OrgRateLimit, p.APIRequestsPerMonth)
 	if err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}

@@ -55,3 +55,27 @@ func (s *Store) APIRateLimit(ctx context.Context, orgID string) (int, error) {
 	}
 	return rateLimit, nil
 }
+
+// Budgets are the API budgets of an organisation's plan: each key's requests a minute
+// (0 no API access, -1 unlimited), all its keys' requests a minute and a UTC month
+// together (-1 none).
+type Budgets struct {
+	APIRateLimit        int
+	OrgRateLimit        int
+	APIRequestsPerMonth int64
+}
+
+// PlanBudgets returns the budgets of orgID's plan. It returns apperr.ErrNotFound when
+// the org no longer exists.
+func (s *Store) PlanBudgets(ctx context.Context, orgID string) (Budgets, error) {
+	var b Budgets
+	err := s.pool.QueryRow(ctx, `SELECT p.api_rate_limit, p.org_rate_limit, p.api_requests_per_month
+FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.id = $1`, orgID).Scan(&b.APIRateLimit, &b.OrgRateLimit, &b.APIRequestsPerMonth)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Budgets{}, apperr.ErrNotFound
+	}
+	if err != nil {
+		return Budgets{}, fmt.Errorf("looking up plan: %w", err)
+	}
+	return b, nil
+}

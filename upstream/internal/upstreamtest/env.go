@@ -118,9 +118,16 @@ func (e *Env) Org(planName string) string {
 	return o.ID
 }
 
-// Plan creates or replaces a plan.
+// Plan creates or replaces a plan. An OrgRateLimit or APIRequestsPerMonth of 0, which
+// no plan has, is taken as -1 (none), so that a test names only the budgets it sets.
 func (e *Env) Plan(p store.Plan) {
 	e.T.Helper()
+	if p.OrgRateLimit == 0 {
+		p.OrgRateLimit = -1
+	}
+	if p.APIRequestsPerMonth == 0 {
+		p.APIRequestsPerMonth = -1
+	}
 	if _, err := e.Store.PutPlan(context.Background(), p); err != nil {
 		e.T.Fatalf("putting plan: %v", err)
 	}

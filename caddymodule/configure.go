@@ -1,0 +1,145 @@
+package caddymodule
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
+)
+
+// This file holds what Provision does before it takes a pool: the options' defaults,
+// their placeholders, and the state derived from them.
+
+// Defaults of the options.
+const (
+	defaultDatabaseTimeout = 2 * time.Second
+	defaultRedisTimeout    = 200 * time.Millisecond
+	defaultLookupLanes     = 1
+	defaultDialTimeout     = 5 * time.Second
+	// defaultRedisMinConns covers the pipelined rounds that overlap while Redis is
+	// slow (docs/dependencies.md, A floor of warm connections).
+	defaultRedisMinConns = 10
+	// lookupOverflow is how many batches of key lookups may be in flight beside the
+	// lanes' while PostgreSQL is slow. A batch that has waited a tenth of
+	// database_timeout for a lane goes out on its own (keystore.Batcher). The default
+	// floor of connections covers them (docs/dependencies.md, A floor of warm
+	// connections).
+	lookupOverflow   = 9
+	legacyKeysAccept = "accept"
+	legacyKeysReject = "reject"
+)
+
+// defaultStripFields are the monitor fields /v1 never returns (README.md, the
+// decision order's step 7).
+var defaultStripFields = []string{"config", "assertions", "config_version", "paused_reason", "org_id", "deleted_at"}
+
+// configure is Provision without the pools. It applies the defaults, replaces the
+// placeholders, checks the options (Validate) and builds the state that needs no
+// dependency. Tests call it to build a handler without servers.
+func (h *Handler) configure(logger *zap.Logger) error {
+	h.logger = logger
+	h.floodLog = h.logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, 1, 0)
+	}))
+
+	h.applyDefaults()
+
+	// ReplaceKnown, not ReplaceAll: a password with braces in it is not a
+	// placeholder and must survive.
+	repl := caddy.NewReplacer()
+	h.databaseURL = repl.ReplaceKnown(h.DatabaseURL, "")
+	h.redisURL = repl.ReplaceKnown(h.RedisURL, "")
+	h.secret = repl.ReplaceKnown(h.GatewaySecret, "")
+	identityKey := repl.ReplaceKnown(h.IdentityKey, "")
+
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	h.format, _ = keystore.NewFormat(h.KeyPrefix) // valid: checked by Validate
+	if h.LegacyKeys == legacyKeysReject {
+		h.format = h.format.RejectingLegacy()
+	}
+	h.fields = newFieldSet(h.StripFields)
+	h.failMode, _ = parseLimiterFailure(h.LimiterFailure) // valid: checked by Validate
+	if h.failMode == failLocal {
+		h.fallback = limiter.NewLocal()
+	}
+	if identityKey != "" {
+		priv, err := gatewayauth.ReadPrivateKey(identityKey)
+		if err != nil {
+			return fmt.Errorf("identity_key: %v", err)
+		}
+		if h.signer, err = gatewayauth.NewSigner(priv, h.IdentityAudience); err != nil {
+			return fmt.Errorf("identity_key: %v", err)
+		}
+	} else if h.IdentityKey != "" {
+		return fmt.Errorf("identity_key %q is empty once its placeholders are replaced (is the environment variable set?)", h.IdentityKey)
+	}
+	h.refusedLog = h.upstreamRefusedLog()
+	for _, name := range defaultStripFields {
+		if !slices.Contains(h.StripFields, name) {
+			h.logger.Warn("strip_fields leaves out a default field; /v1 responses will carry it",
+				zap.String("field", name))
+		}
+	}
+	return nil
+}
+
+// applyDefaults gives every option left unset its default (see Handler).
+func (h *Handler) applyDefaults() {
+	if h.KeyPrefix == "" {
+		h.KeyPrefix = keystore.DefaultPrefix
+	}
+	if h.LimiterFailure == "" {
+		h.LimiterFailure = failOpen.String()
+	}
+	if h.DatabaseTimeout == 0 {
+		h.DatabaseTimeout = caddy.Duration(defaultDatabaseTimeout)
+	}
+	if h.RedisTimeout == 0 {
+		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)
+	}
+	if h.StripFields == nil {
+		h.StripFields = slices.Clone(defaultStripFields)
+	}
+	if h.LookupLanes == 0 {
+		h.LookupLanes = defaultLookupLanes
+	}
+	if h.DatabaseDialTimeout == 0 {
+		h.DatabaseDialTimeout = caddy.Duration(defaultDialTimeout)
+	}
+	if h.RedisDialTimeout == 0 {
+		h.RedisDialTimeout = caddy.Duration(defaultDialTimeout)
+	}
+	if h.DatabaseMinConns == 0 {
+		h.DatabaseMinConns = h.LookupLanes + lookupOverflow + 1
+		if h.DisableLookupBatching {
+			h.DatabaseMinConns = 4
+		}
+	}
+	if h.RedisMinConns == 0 {
+		h.RedisMinConns = defaultRedisMinConns
+	}
+	if h.LegacyKeys == "" {
+		h.LegacyKeys = legacyKeysAccept
+	}
+	if h.LastUsedInterval == 0 {
+		h.LastUsedInterval = caddy.Duration(keystore.DefaultLastUsedInterval)
+	}
+	if h.UsageFlushInterval == 0 {
+		h.UsageFlushInterval = caddy.Duration(keystore.DefaultUsageInterval)
+	}
+	if h.UsageBuffer == 0 {
+		h.UsageBuffer = keystore.DefaultUsageMaxPending
+	}
+	if h.IdentityAudience == "" {
+		h.IdentityAudience = gatewayauth.DefaultAudience
+	}
+}

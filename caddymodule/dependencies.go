@@ -1,0 +1,265 @@
+package caddymodule
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
+)
+
+// This file holds the request path's two dependencies, behind one wrapper:
+// PostgreSQL's key lookups (lookups, step 2) and Redis's counts (counts, step 4).
+// The wrapper, dependency, puts every call behind the dependency's circuit breaker,
+// keeps its keygate_dependency_up gauge, and times the request's wait. Provision
+// builds both here.
+
+// dependency is what the request path puts around every call to a dependency. Its
+// methods are called in this order: start, allow, done (if allowed), observe.
+type dependency struct {
+	breaker  *breaker             // nil: calls always go through (the in-process limiter)
+	up       *depGauge            // keygate_dependency_up; nil without metrics or without Redis
+	waited   prometheus.Histogram // the request's wait; nil without metrics
+	failures prometheus.Counter   // calls that failed; nil where they are not counted
+}
+
+// start returns when a call starts. Without metrics it is the zero time, and the
+// clock is not read.
+func (d *dependency) start() time.Time {
+	if d.waited == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// allow reports whether the breaker lets a call through. A call let through must be
+// followed by exactly one done. A call refused fails with errBreakerOpen.
+func (d *dependency) allow() bool {
+	return d.breaker == nil || d.breaker.allow()
+}
+
+// done tells the breaker what a call made under the request's context ctx came to.
+func (d *dependency) done(ctx context.Context, err error) {
+	if d.breaker != nil {
+		d.breaker.done(resultOf(ctx, err))
+	}
+}
+
+// observe records a call begun at start that ended in err: the wait, the failure,
+// and the gauge. It does nothing without metrics.
+func (d *dependency) observe(ctx context.Context, start time.Time, err error) {
+	if d.waited == nil {
+		return
+	}
+	d.waited.Observe(time.Since(start).Seconds())
+	if err != nil && d.failures != nil {
+		d.failures.Inc()
+	}
+	if d.up != nil {
+		d.up.attempted(ctx, err)
+	}
+}
+
+// resultOf tells a breaker what a call under the request's context ctx came to. A
+// client that went away says nothing about the dependency.
+func resultOf(ctx context.Context, err error) callResult {
+	switch {
+	case err == nil:
+		return callSucceeded
+	case ctx.Err() != nil:
+		return callIgnored
+	}
+	return callFailed
+}
+
+// lookups are the request path's PostgreSQL: each key lookup goes through verifier,
+// behind PostgreSQL's breaker.
+type lookups struct {
+	dep      dependency
+	verifier Verifier
+}
+
+func newLookups(v Verifier, b *breaker, m *metrics) lookups {
+	l := lookups{dep: dependency{breaker: b}, verifier: v}
+	if m != nil {
+		l.dep.up, l.dep.waited = &m.postgres, m.lookupDuration
+	}
+	return l
+}
+
+// verify looks the key up, unless the breaker is open. The verifier bounds the wait
+// by database_timeout itself.
+func (l *lookups) verify(ctx context.Context, keyID, secret string) (key keystore.Key, ok bool, err error) {
+	start := l.dep.start()
+	if l.dep.allow() {
+		key, ok, err = l.verifier.VerifyParsed(ctx, keyID, secret)
+		l.dep.done(ctx, err)
+	} else {
+		err = errBreakerOpen
+	}
+	l.dep.observe(ctx, start, err)
+	return key, ok, err
+}
+
+// counts are the request path's Redis: each rate-limit count goes through lim,
+// behind Redis's breaker. Without redis_url, lim is the in-process limiter, with no
+// breaker and no gauge.
+type counts struct {
+	dep    dependency
+	lim    limiter.Limiter
+	warmer *redisWarmer // kicked when a count fails; nil in process
+}
+
+// redisCounts are the counts of a Redis limiter. lim bounds each count by
+// redis_timeout itself (limiter.WithTimeout).
+func redisCounts(lim limiter.Limiter, b *breaker, w *redisWarmer, m *metrics) counts {
+	c := counts{dep: dependency{breaker: b}, lim: lim, warmer: w}
+	if m != nil {
+		c.dep.up, c.dep.waited, c.dep.failures = &m.redis, m.limiterDuration, m.limiterErrors
+	}
+	return c
+}
+
+// localCounts are the counts of the in-process limiter.
+func localCounts(lim limiter.Limiter, m *metrics) counts {
+	c := counts{lim: lim}
+	if m != nil {
+		c.dep.waited, c.dep.failures = m.limiterDuration, m.limiterErrors
+	}
+	return c
+}
+
+// allow counts one request of key against limit, unless the breaker is open.
+func (c *counts) allow(ctx context.Context, key string, limit int) (rl limiter.Result, err error) {
+	start := c.dep.start()
+	if c.dep.allow() {
+		rl, err = c.lim.Allow(ctx, key, limit)
+		c.dep.done(ctx, err)
+		if err != nil && c.warmer != nil {
+			c.warmer.kick()
+		}
+	} else {
+		err = errBreakerOpen
+	}
+	c.dep.observe(ctx, start, err)
+	return rl, err
+}
+
+// provisionLookups takes the shared PostgreSQL pool and builds the lookups on it:
+// batched (keystore.Batcher), or one query per request with disable_lookup_batching
+// (storeWithin). It returns the pool, for what else writes to the database.
+func (h *Handler) provisionLookups() (*pgxpool.Pool, error) {
+	pgSetup := connSetup{time.Duration(h.DatabaseDialTimeout), h.DatabaseMinConns}
+	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
+	if err != nil {
+		return nil, err
+	}
+	h.poolKeys = append(h.poolKeys, key)
+	store := keystore.New(pool, h.format)
+	var v Verifier = storeWithin{store, time.Duration(h.DatabaseTimeout)}
+	if !h.DisableLookupBatching {
+		// Timeout bounds both a request's wait and the batch's query. The query
+		// serves many requests, so it runs under none of their contexts: a request
+		// giving up must not cancel the others' query.
+		opts := keystore.BatcherOptions{
+			Lanes:   h.LookupLanes,
+			Timeout: time.Duration(h.DatabaseTimeout),
+			Linger:  time.Duration(h.BatchLinger),
+		}
+		if h.metrics != nil {
+			opts.OnBatch = h.metrics.observeBatch
+		}
+		v = keystore.NewBatcher(store, opts)
+	}
+	probe := postgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
+	h.lookups = newLookups(v, newBreaker(probe, h.breakerChanged("postgres")), h.metrics)
+	return pool, nil
+}
+
+// provisionCounts takes the shared Redis client and builds the counts on it, or on
+// the shared in-process limiter without redis_url.
+func (h *Handler) provisionCounts() error {
+	if h.redisURL == "" {
+		lim, key := loadLocalLimiter()
+		h.poolKeys = append(h.poolKeys, key)
+		h.counts = localCounts(lim, h.metrics)
+		return nil
+	}
+	setup := connSetup{time.Duration(h.RedisDialTimeout), h.RedisMinConns}
+	rd, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), setup, h.logger)
+	if err != nil {
+		return err
+	}
+	h.poolKeys = append(h.poolKeys, key)
+	opts := []limiter.Option{limiter.WithTimeout(time.Duration(h.RedisTimeout))}
+	if !h.DisableCountPipelining {
+		opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)), limiter.WithLinger(time.Duration(h.BatchLinger)))
+	}
+	lim := limiter.NewRedis(rd.client, opts...)
+	budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
+	b := newBreaker(redisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
+	h.counts = redisCounts(lim, b, rd.warmer, h.metrics)
+	// The scripts and Redis's clock are read before the first count needs them. A
+	// Redis that does not answer now is prepared by the breaker's probe later.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		_ = lim.Prepare(ctx)
+	}()
+	return nil
+}
+
+// storeWithin is the Verifier of disable_lookup_batching: a Store whose every lookup
+// is bounded by database_timeout, as a Batcher's are by its Timeout.
+type storeWithin struct {
+	store   *keystore.Store
+	timeout time.Duration
+}
+
+func (s storeWithin) VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.store.VerifyParsed(ctx, keyID, secret)
+}
+
+// breakerChanged returns the hook of a dependency's breaker. It logs the breaker
+// opening and closing. It sets the dependency's keygate_dependency_up: 0 when the
+// breaker opens, 1 when its probe closes it.
+func (h *Handler) breakerChanged(dependency string) func(from, to breakerState) {
+	return func(from, to breakerState) {
+		switch {
+		case to == breakerOpen && from == breakerClosed:
+			h.logger.Warn("circuit breaker open: answering at once without waiting on the dependency",
+				zap.String("dependency", dependency))
+		case to == breakerClosed:
+			h.logger.Info("circuit breaker closed: the dependency answers again",
+				zap.String("dependency", dependency))
+		}
+		if h.metrics == nil {
+			return
+		}
+		switch to {
+		case breakerOpen:
+			h.metrics.dependency(dependency).Set(0)
+		case breakerClosed:
+			h.metrics.dependency(dependency).Set(1)
+		}
+	}
+}
+
+// lookupFailed logs a key lookup that PostgreSQL could not answer, at most once a
+// second: a dead database fails every request.
+func (h *Handler) lookupFailed(r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away; not PostgreSQL's fault
+	}
+	if c := h.floodLog.Check(zapcore.ErrorLevel, "key lookup failed; answering 503"); c != nil {
+		c.Write(zap.Error(err))
+	}
+}

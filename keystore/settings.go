@@ -1,0 +1,288 @@
+package keystore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A key's own settings, which narrow what its plan allows: its rate limit and the
+// networks it may be used from. The rules of both live here, so that every program
+// that writes them (the upstream's two doors, a Go caller) refuses the same values
+// with the same words (docs/configuration.md, Budgets and restricted keys).
+
+// The names of the settings, as the API and the audit trail spell them.
+const (
+	FieldRateLimit    = "rate_limit"
+	FieldAllowedCIDRs = "allowed_cidrs"
+)
+
+// MaxAllowedCIDRs is the most networks a key's AllowedCIDRs may list.
+const MaxAllowedCIDRs = 32
+
+// SettingError is a value of a key's setting that breaks its rule. Field is
+// FieldRateLimit or FieldAllowedCIDRs; Reason says what is wrong, in words fit for
+// the person who sent it.
+type SettingError struct {
+	Field  string
+	Reason string
+}
+
+func (e *SettingError) Error() string { return "keystore: " + e.Field + ": " + e.Reason }
+
+func invalidSetting(field, format string, args ...any) *SettingError {
+	return &SettingError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// checkRateLimit checks a key's own rate limit n against planLimit, the api_rate_limit
+// of its organisation's plan: n is from 1 to planLimit, any positive 32-bit number on
+// an unlimited plan (-1), and nothing on a plan without API access (0).
+func checkRateLimit(n, planLimit int) error {
+	switch {
+	case planLimit == 0:
+		return invalidSetting(FieldRateLimit, "must be null: the plan has no API access")
+	case planLimit < 0 && (n < 1 || n > math.MaxInt32):
+		return invalidSetting(FieldRateLimit, "must be a positive integer")
+	case planLimit > 0 && (n < 1 || n > planLimit):
+		return invalidSetting(FieldRateLimit, "must be from 1 to %d, the plan's api_rate_limit", planLimit)
+	}
+	return nil
+}
+
+// ParseAllowedCIDRs parses the list of networks a key may be used from, in their
+// order, each in its canonical form (a bare address is its one-address network). It
+// refuses more than MaxAllowedCIDRs entries, an entry ParseCIDR refuses, and a network
+// listed twice.
+func ParseAllowedCIDRs(list []string) ([]netip.Prefix, error) {
+	if len(list) > MaxAllowedCIDRs {
+		return nil, tooManyCIDRs()
+	}
+	out := make([]netip.Prefix, 0, len(list))
+	for _, s := range list {
+		p, err := ParseCIDR(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	if err := checkAllowedCIDRs(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ParseCIDR parses one network of a key's allowed list: an IPv4 or IPv6 CIDR
+// (192.0.2.0/24, 2001:db8::/32), or a bare address, which is the network of that one
+// address (/32 or /128). It refuses bits set after the prefix length (10.0.0.1/8: a
+// typo for 10.0.0.1/32 would otherwise silently allow the whole /8), an IPv4-mapped
+// IPv6 network (the gateway sees IPv4 clients as IPv4, so it would match nothing), a
+// zone, and white space.
+func ParseCIDR(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		a, aerr := netip.ParseAddr(s)
+		if aerr != nil || a.Zone() != "" {
+			return netip.Prefix{}, invalidSetting(FieldAllowedCIDRs, "%q is not an IPv4 or IPv6 CIDR such as 192.0.2.0/24", s)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if err := checkCIDR(p); err != nil {
+		return netip.Prefix{}, err
+	}
+	return p, nil
+}
+
+// checkCIDR checks one network of an allowed list: valid, without bits set after its
+// prefix length, and not IPv4-mapped IPv6.
+func checkCIDR(p netip.Prefix) error {
+	switch {
+	case !p.IsValid():
+		return invalidSetting(FieldAllowedCIDRs, "lists an invalid network")
+	case p.Addr().Is4In6():
+		return invalidSetting(FieldAllowedCIDRs, "%s is an IPv4-mapped IPv6 network: write it as IPv4", p)
+	case p.Masked() != p:
+		return invalidSetting(FieldAllowedCIDRs, "%s has bits set after its prefix length: write %s for the network, or %s for the one address",
+			p, p.Masked(), netip.PrefixFrom(p.Addr(), p.Addr().BitLen()))
+	}
+	return nil
+}
+
+// checkAllowedCIDRs checks a whole allowed list: at most MaxAllowedCIDRs networks, each
+// one checkCIDR accepts, none twice.
+func checkAllowedCIDRs(list []netip.Prefix) error {
+	if len(list) > MaxAllowedCIDRs {
+		return tooManyCIDRs()
+	}
+	for i, p := range list {
+		if err := checkCIDR(p); err != nil {
+			return err
+		}
+		if slices.Contains(list[:i], p) {
+			return invalidSetting(FieldAllowedCIDRs, "lists %s more than once", p)
+		}
+	}
+	return nil
+}
+
+func tooManyCIDRs() error {
+	return invalidSetting(FieldAllowedCIDRs, "must list at most %d networks", MaxAllowedCIDRs)
+}
+
+// lockPlanRateLimit returns the api_rate_limit of orgID's plan, and share-locks the
+// org's row and its plan's until tx ends, so that neither a plan change nor a move to
+// another plan commits between this check and the write it guards. It answers
+// ErrNotFound for an org that does not exist.
+func lockPlanRateLimit(ctx context.Context, tx pgx.Tx, orgID string) (int, error) {
+	var limit int
+	err := tx.QueryRow(ctx, `SELECT p.api_rate_limit FROM orgs o JOIN plans p ON p.name = o.plan
+WHERE o.id = $1 FOR SHARE OF o, p`, orgID).Scan(&limit)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNotFound
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the plan's rate limit: %w", err)
+	}
+	return limit, nil
+}
+
+// checkNewSettings checks the settings a key is created or updated with, in tx: the
+// list of networks, then the rate limit against the plan of orgID at this moment. A
+// nil rateLimit (the plan's) needs no plan and reads none.
+func checkNewSettings(ctx context.Context, tx pgx.Tx, orgID string, rateLimit *int, cidrs []netip.Prefix) error {
+	if err := checkAllowedCIDRs(cidrs); err != nil {
+		return err
+	}
+	if rateLimit == nil {
+		return nil
+	}
+	planLimit, err := lockPlanRateLimit(ctx, tx, orgID)
+	if err != nil {
+		return err
+	}
+	return checkRateLimit(*rateLimit, planLimit)
+}
+
+// Update is a change of a key's own settings. A setting it does not set is left as
+// it is.
+type Update struct {
+	// SetRateLimit says that RateLimit is the key's new own limit; nil is the plan's.
+	SetRateLimit bool
+	RateLimit    *int
+	// SetAllowedCIDRs says that AllowedCIDRs is the key's new list; empty is anywhere.
+	SetAllowedCIDRs bool
+	AllowedCIDRs    []netip.Prefix
+}
+
+// Changes is what a key.updated event changed: each setting that changed, before and
+// after. It is stored as the event's JSON, in this form.
+type Changes struct {
+	RateLimit    *RateLimitChange `json:"rate_limit,omitempty"`
+	AllowedCIDRs *CIDRsChange     `json:"allowed_cidrs,omitempty"`
+}
+
+// RateLimitChange is a key's own rate limit before and after; nil is the plan's.
+type RateLimitChange struct {
+	From *int `json:"from"`
+	To   *int `json:"to"`
+}
+
+// CIDRsChange is a key's allowed networks before and after; empty is anywhere.
+type CIDRsChange struct {
+	From []netip.Prefix `json:"from"`
+	To   []netip.Prefix `json:"to"`
+}
+
+// ErrNoChange is an Update that sets no setting.
+var ErrNoChange = errors.New("keystore: the update sets no setting")
+
+// Update changes the settings of the live key keyID of orgID that u sets, in one
+// transaction, and returns the key's record. It checks them first (a *SettingError),
+// the rate limit against the organisation's plan at this moment, then answers
+// ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
+// or expired key. The settings that change are audited as one key.updated by actor,
+// with what changed; an Update that changes nothing audits nothing.
+func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor string) (Record, error) {
+	if !u.SetRateLimit && !u.SetAllowedCIDRs {
+		return Record{}, ErrNoChange
+	}
+	if u.SetAllowedCIDRs && u.AllowedCIDRs == nil {
+		u.AllowedCIDRs = []netip.Prefix{}
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Record{}, fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	var rateLimit *int
+	if u.SetRateLimit {
+		rateLimit = u.RateLimit
+	}
+	if err := checkNewSettings(ctx, tx, orgID, rateLimit, u.AllowedCIDRs); err != nil {
+		return Record{}, err
+	}
+	if !ValidKeyID(keyID) {
+		return Record{}, ErrNotFound
+	}
+
+	var (
+		live     bool
+		oldLimit *int
+		oldCIDRs []netip.Prefix
+	)
+	err = tx.QueryRow(ctx, `SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()), rate_limit, allowed_cidrs
+FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(&live, &oldLimit, &oldCIDRs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("locking key: %w", err)
+	}
+	if !live {
+		return Record{}, ErrNotLive
+	}
+
+	var ch Changes
+	newLimit, newCIDRs := oldLimit, oldCIDRs
+	if u.SetRateLimit && !equalLimits(oldLimit, u.RateLimit) {
+		ch.RateLimit = &RateLimitChange{From: oldLimit, To: u.RateLimit}
+		newLimit = u.RateLimit
+	}
+	if u.SetAllowedCIDRs && !slices.Equal(oldCIDRs, u.AllowedCIDRs) {
+		ch.AllowedCIDRs = &CIDRsChange{From: nonNil(oldCIDRs), To: u.AllowedCIDRs}
+		newCIDRs = u.AllowedCIDRs
+	}
+	var rec Record
+	if ch.RateLimit == nil && ch.AllowedCIDRs == nil {
+		rec, err = scanRecord(tx.QueryRow(ctx, `SELECT `+recordColumns+` FROM api_keys WHERE key_id = $1`, keyID))
+	} else {
+		rec, err = scanRecord(tx.QueryRow(ctx, `UPDATE api_keys SET rate_limit = $2, allowed_cidrs = $3
+WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs)))
+		if err == nil {
+			err = audit(ctx, tx, Event{OrgID: orgID, Action: ActionUpdated, KeyID: keyID, Actor: actor, Changes: &ch})
+		}
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("updating key: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Record{}, fmt.Errorf("committing key update: %w", err)
+	}
+	return rec, nil
+}
+
+func equalLimits(a, b *int) bool {
+	return (a == nil && b == nil) || (a != nil && b != nil && *a == *b)
+}
+
+// nonNil returns list, or an empty list for nil: the JSON of a list is never null.
+func nonNil(list []netip.Prefix) []netip.Prefix {
+	if list == nil {
+		return []netip.Prefix{}
+	}
+	return list
+}
