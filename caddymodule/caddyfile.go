@@ -52,6 +52,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    disable_count_pipelining
 //	    disable_metrics
 //	    last_used_interval <duration>|off
+//	    usage_flush_interval <duration>
+//	    usage_buffer     <rows>
+//	    usage            on|off
 //	}
 //
 // database_url and gateway_secret (or identity_key) are required, typically as {env.DATABASE_URL} and
@@ -64,6 +67,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr() // options go in the block
 	}
 
+	usageGiven := false // usage on leaves no trace in the Handler
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		var err error
 		switch opt := d.Val(); opt {
@@ -91,6 +95,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "last_used_interval":
 			err = lastUsedIntervalArg(d, &h.LastUsedInterval)
+		case "usage_flush_interval":
+			if err = durationArg(d, &h.UsageFlushInterval); err == nil && h.UsageFlushInterval < caddy.Duration(minUsageFlushInterval) {
+				return d.Errf("usage_flush_interval must be at least %s", minUsageFlushInterval)
+			}
+		case "usage_buffer":
+			err = positiveIntArg(d, &h.UsageBuffer)
+		case "usage":
+			err = usageArg(d, &h.DisableUsage, &usageGiven)
 		case "gateway_secret":
 			h.GatewaySecret, err = oneArg(d, h.GatewaySecret != "")
 		case "identity_key":
@@ -208,6 +220,19 @@ func lastUsedIntervalArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 		return d.Errf("last_used_interval must be at least %s, or off", minLastUsedInterval)
 	}
 	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// usageArg reads usage: on (the default) or off, which sets disable.
+func usageArg(d *caddyfile.Dispenser, disable, given *bool) error {
+	arg, err := oneArg(d, *given)
+	if err != nil {
+		return err
+	}
+	if arg != "on" && arg != "off" {
+		return d.Errf("usage must be on or off, not %q", arg)
+	}
+	*disable, *given = arg == "off", true
 	return nil
 }
 

@@ -61,10 +61,16 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				disable_count_pipelining
 				legacy_keys      reject
 				last_used_interval 30s
+				usage_flush_interval 5s
+				usage_buffer     5000
+				usage            off
 			}`,
 			want: Handler{
 				LegacyKeys:             "reject",
 				LastUsedInterval:       caddy.Duration(30 * time.Second),
+				UsageFlushInterval:     caddy.Duration(5 * time.Second),
+				UsageBuffer:            5000,
+				DisableUsage:           true,
 				DatabaseURL:            "{env.DATABASE_URL}",
 				RedisURL:               "rediss://127.0.0.1:6379/0?addr=127.0.0.1:6380",
 				RedisMode:              "cluster",
@@ -130,6 +136,14 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 			}`,
 			want: Handler{LastUsedInterval: caddy.Duration(time.Second)},
 		},
+		{
+			name: "usage on, as by default",
+			input: `v1_gateway {
+				usage on
+				usage_flush_interval 1s
+			}`,
+			want: Handler{UsageFlushInterval: caddy.Duration(time.Second)},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got Handler
@@ -164,20 +178,25 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"last_used_interval too short", "v1_gateway {\n\tlast_used_interval 500ms\n}", "last_used_interval must be at least 1s, or off", 2},
 		{"last_used_interval zero", "v1_gateway {\n\tlast_used_interval 0\n}", "last_used_interval must be at least 1s, or off", 2},
 		{"last_used_interval not a duration", "v1_gateway {\n\tlast_used_interval never\n}", "parsing last_used_interval", 2},
+		{"usage neither on nor off", "v1_gateway {\n\tusage maybe\n}", `usage must be on or off, not "maybe"`, 2},
+		{"usage without argument", "v1_gateway {\n\tusage\n}", "wrong argument count", 2},
+		{"usage_flush_interval too short", "v1_gateway {\n\tusage_flush_interval 500ms\n}", "usage_flush_interval must be at least 1s", 2},
+		{"usage_flush_interval off", "v1_gateway {\n\tusage_flush_interval off\n}", "parsing usage_flush_interval", 2},
 		{"duplicate switch", "v1_gateway {\n\tdisable_count_pipelining\n\tdisable_count_pipelining\n}", "disable_count_pipelining already specified", 3},
 	}
 	// An option given twice, with two valid values, is refused at its second line.
 	for _, dup := range []string{
 		"gateway_secret a b", "database_url a b", "redis_timeout 1s 2s", "redis_dial_timeout 1s 2s",
 		"batch_linger 1ms 2ms", "lookup_lanes 1 2", "redis_mode cluster single", "redis_tls_ca a.pem b.pem",
-		"legacy_keys accept reject", "last_used_interval off 1m",
+		"legacy_keys accept reject", "last_used_interval off 1m", "usage off on", "usage on on",
+		"usage_flush_interval 5s 10s", "usage_buffer 10 20",
 	} {
 		f := strings.Fields(dup)
 		cases = append(cases, errorCase{"duplicate " + f[0],
 			"v1_gateway {\n\t" + f[0] + " " + f[1] + "\n\t" + f[0] + " " + f[2] + "\n}", f[0] + " already specified", 3})
 	}
 	// A count must be a whole number above zero, and the message quotes what it got.
-	for _, bad := range []string{"lookup_lanes many", "lookup_lanes 0", "redis_min_conns 0", "database_min_conns few"} {
+	for _, bad := range []string{"lookup_lanes many", "lookup_lanes 0", "redis_min_conns 0", "database_min_conns few", "usage_buffer 0", "usage_buffer -5"} {
 		opt, arg, _ := strings.Cut(bad, " ")
 		cases = append(cases, errorCase{bad, "v1_gateway {\n\t" + bad + "\n}",
 			opt + " must be a positive whole number, not " + strconv.Quote(arg), 2})

@@ -133,6 +133,12 @@ func (h *Handler) applyDefaults() {
 	if h.LastUsedInterval == 0 {
 		h.LastUsedInterval = caddy.Duration(keystore.DefaultLastUsedInterval)
 	}
+	if h.UsageFlushInterval == 0 {
+		h.UsageFlushInterval = caddy.Duration(keystore.DefaultUsageInterval)
+	}
+	if h.UsageBuffer == 0 {
+		h.UsageBuffer = keystore.DefaultUsageMaxPending
+	}
 	if h.IdentityAudience == "" {
 		h.IdentityAudience = gatewayauth.DefaultAudience
 	}

@@ -150,8 +150,8 @@ type Handler struct {
 	// several round trips for a new one. The pool grows to the floor unless the URL sets
 	// a smaller pool_max_conns. The URL's pool_min_conns, when larger, wins.
 	// Default: lookup_lanes + 10 (the lanes' queries, up to nine batches that went out
-	// on their own while PostgreSQL is slow, and the last_used_at writes), or 4 with
-	// disable_lookup_batching
+	// on their own while PostgreSQL is slow, and the last_used_at and usage writes),
+	// or 4 with disable_lookup_batching
 	DatabaseMinConns int `json:"database_min_conns,omitempty"`
 
 	// RedisDialTimeout bounds opening a Redis connection: TCP, TLS, HELLO/AUTH and
@@ -205,6 +205,24 @@ type Handler struct {
 	// Default: 1m
 	LastUsedInterval caddy.Duration `json:"last_used_interval,omitempty"`
 
+	// UsageFlushInterval is how often the gateway writes the usage record. It counts
+	// the requests of each identified key in memory, per UTC minute, outcome and
+	// status, and adds them to PostgreSQL with one INSERT, off the request path
+	// (docs/operations.md, Usage). A process killed without warning loses at most this
+	// much. A graceful stop or a reload writes what it holds first. At least 1s.
+	// Default: 10s
+	UsageFlushInterval caddy.Duration `json:"usage_flush_interval,omitempty"`
+
+	// UsageBuffer is the most rows of the usage record held in memory. A row is a key,
+	// a minute, an outcome and a status. They are the rows counted since the last
+	// write, and those PostgreSQL could not take yet. Beyond it, the requests of new
+	// rows are dropped and counted in keygate_usage_dropped_total. Default: 100000
+	UsageBuffer int `json:"usage_buffer,omitempty"`
+
+	// DisableUsage turns the usage record off: no request is counted or written
+	// (Caddyfile: usage off). Default: false
+	DisableUsage bool `json:"disable_usage,omitempty"`
+
 	// The runtime state, built by Provision.
 	databaseURL string // DatabaseURL with placeholders replaced
 	redisURL    string
@@ -218,6 +236,7 @@ type Handler struct {
 	fallback    *limiter.Local // failLocal: this instance's counts while Redis cannot count
 	metrics     *metrics       // nil with DisableMetrics
 	lastUsed    recorder       // nil with last_used_interval off
+	usage       usageRecorder  // nil with usage off
 	poolKeys    []string       // what to give back to pools in Cleanup
 	logger      *zap.Logger    // from ctx.Logger()
 	floodLog    *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
@@ -263,10 +282,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	poolKey := h.poolKeys[len(h.poolKeys)-1] // the pool's, which the usage record writes through
 	if h.LastUsedInterval > 0 {
 		lu, key := h.loadLastUsed(pool)
 		h.poolKeys = append(h.poolKeys, key)
 		h.lastUsed = lu
+	}
+	if !h.DisableUsage {
+		u, key := h.loadUsage(pool, poolKey)
+		h.poolKeys = append(h.poolKeys, key)
+		h.usage = u
 	}
 	return h.provisionCounts()
 }
@@ -329,6 +354,12 @@ func (h *Handler) Validate() error {
 	}
 	if h.LastUsedInterval > 0 && time.Duration(h.LastUsedInterval) < minLastUsedInterval {
 		return fmt.Errorf("last_used_interval %s: must be at least %s, or off", time.Duration(h.LastUsedInterval), minLastUsedInterval)
+	}
+	if time.Duration(h.UsageFlushInterval) < minUsageFlushInterval {
+		return fmt.Errorf("usage_flush_interval %s: must be at least %s", time.Duration(h.UsageFlushInterval), minUsageFlushInterval)
+	}
+	if h.UsageBuffer < 0 {
+		return fmt.Errorf("usage_buffer %d: must be positive", h.UsageBuffer)
 	}
 	if len(h.StripFields) == 0 {
 		return errors.New("strip_fields: at least one name is required")

@@ -1,8 +1,8 @@
 package caddymodule
 
 // The hot path of ServeHTTP, request by request, as Caddy calls it: a replacer and
-// the extra log fields in the context. It runs on a Verifier double, limiter.NewLocal
-// and a next handler writing a small JSON body. BenchmarkServeHTTP reports
+// the extra log fields in the context. It runs on a Verifier double, limiter.NewLocal,
+// the usage record in memory and a next handler writing a small JSON body. BenchmarkServeHTTP reports
 // allocations per request (go test -bench ServeHTTP -benchmem ./caddymodule), and
 // TestServeHTTPAllocs holds them. PostgreSQL and Redis costs are make bench's
 // (scripts/bench.sh).
@@ -77,6 +77,7 @@ func newHotRequest(tb testing.TB, method, path, auth string) *hotRequest {
 	tb.Helper()
 	h := newTestHandler(tb, hotVerifier{}, "")
 	h.counts = localCounts(limiter.NewLocal(), h.metrics)
+	h.usage = keystore.NewUsage(nil, keystore.UsageOptions{}) // counted as by default; never flushed here
 	r := httptest.NewRequest(method, "http://gw"+path, nil)
 	repl := caddy.NewReplacer()
 	ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)

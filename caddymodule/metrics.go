@@ -51,6 +51,8 @@ const (
 	metricDependencyUp    = "keygate_dependency_up"
 	metricLastUsedDropped = "keygate_last_used_dropped_total"
 	metricLastUsedErrors  = "keygate_last_used_flush_errors_total"
+	metricUsageDropped    = "keygate_usage_dropped_total"
+	metricUsageErrors     = "keygate_usage_flush_errors_total"
 )
 
 // latencyBuckets suit a lookup or a count that takes about a millisecond. Either is
@@ -73,6 +75,8 @@ type metrics struct {
 
 	lastUsedDropped     prometheus.Counter
 	lastUsedFlushErrors prometheus.Counter
+	usageDropped        prometheus.Counter
+	usageFlushErrors    prometheus.Counter
 
 	// The children of the vectors, resolved once: the hot path does not hash labels.
 	byOutcome [numOutcomes]prometheus.Counter
@@ -136,6 +140,10 @@ func newMetrics() *metrics {
 			"Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached."),
 		lastUsedFlushErrors: newCounter(metricLastUsedErrors,
 			"Writes of last_used_at that failed or timed out; their keys are written by the next one."),
+		usageDropped: newCounter(metricUsageDropped,
+			"Requests left out of the usage record because usage_buffer rows were held (PostgreSQL not taking the writes)."),
+		usageFlushErrors: newCounter(metricUsageErrors,
+			"Writes of the usage record that failed or timed out; their counts are held for the next one, up to usage_buffer rows."),
 	}
 	// Every outcome is there from the start, at 0, so that rate() and alerts see
 	// the first request of each.
@@ -159,7 +167,7 @@ func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.limiterDuration, m.limiterErrors, m.dependencyUp,
-		m.lastUsedDropped, m.lastUsedFlushErrors}
+		m.lastUsedDropped, m.lastUsedFlushErrors, m.usageDropped, m.usageFlushErrors}
 }
 
 // register adds m's collectors to reg. A collector already there is fine: another
@@ -204,12 +212,15 @@ func loadMetrics(ctx caddy.Context) (*metrics, string, error) {
 // record is what ServeHTTP calls once per request. It tolerates h.metrics == nil
 // (disable_metrics). dependencies.go times the lookups and the counts.
 
-// record notes the decision of a request: its counter, and the access log's
-// outcome, key_id and org_id fields, if its server writes an access log. key is nil
-// while the key is not known.
+// record notes the decision of a request: its counter, the usage record of its key
+// (countDecided), and the access log's outcome, key_id and org_id fields, if its
+// server writes an access log. key is nil while the key is not known.
 func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
 	if h.metrics != nil {
 		h.metrics.byOutcome[o].Inc()
+	}
+	if key != nil {
+		h.countDecided(key, o)
 	}
 	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
 	if !ok || !accessLogged(r) {

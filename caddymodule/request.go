@@ -24,12 +24,14 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// Ed25519 signing does not fail with a valid key. Should it, the request
 		// does not go on unsigned.
 		h.logger.Error("signing the identity assertion", zap.Error(err))
+		h.countUsage(&key, keystore.OutcomeProxied, http.StatusInternalServerError)
 		writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
 		return nil
 	}
 	pw := newProxyWriter(w, r, count, h.fields, h.floodLog)
 	pw.refusedLog = h.refusedLog
 	defer pw.release()
+	defer h.countProxied(&key, pw) // once answered, however: the status the client got
 	if err := next.ServeHTTP(pw, r); err != nil {
 		return pw.nextFailed(err)
 	}

@@ -191,7 +191,7 @@ var upstreamBodyHeaders = []string{"Content-Encoding", "Content-Range", "Accept-
 // writeError answers status with the module's JSON body for it (statusBody), with
 // the request's RateLimit fields. The upstream's body, if any, is discarded.
 func (pw *proxyWriter) writeError(status int) {
-	pw.mode = modeDiscard
+	pw.mode, pw.status = modeDiscard, status
 	hdr := pw.Header()
 	setRateLimit(hdr, pw.count)
 	for _, name := range upstreamBodyHeaders {

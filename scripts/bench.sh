@@ -26,6 +26,8 @@
 #       of its own, ROUNDS alternating runs each (bench_pair below)
 #   (i) the cost of signed identity: the gateway with identity_key and with
 #       gateway_secret alone, the same way (bench_pair below)
+#   (u) the cost of the usage record: the gateway with it on (the default) and with
+#       usage off, the same way; BENCH_ONLY=usage runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
 #       key lookups on PostgreSQL and through PgBouncer, counts on one Redis and on a
@@ -48,8 +50,8 @@
 # FAULT_DURATION (5s, each run of (f)), BENCH_LINGER ((cL)'s batch_linger, 2ms; off skips
 # (cL)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
-# MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY and
-# BENCH_CLUSTER (1; 0 skips (m), (i) or (k)); BENCH_CAPACITY and BENCH_ONLY above, the
+# MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE
+# and BENCH_CLUSTER (1; 0 skips (m), (i), (u) or (k)); BENCH_CAPACITY and BENCH_ONLY above, the
 # capacity section's own CAP_* in scripts/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
@@ -66,8 +68,8 @@ ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
 need_tools wrk curl openssl
 case ${BENCH_ONLY:-} in
-"" | capacity) ;;
-*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity runs alone" >&2; exit 1 ;;
+"" | capacity | usage) ;;
+*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity or usage runs alone" >&2; exit 1 ;;
 esac
 [ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
@@ -352,6 +354,107 @@ cpu_header() {
 	printf '    %-24s %8s %8s %8s %8s %8s %8s %8s\n' "" "" "" "" "us/req" "us/req" "us/req" "us/req"
 }
 
+verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
+
+# ---- (m), (i) and (u): one option on and off ---------------------------------------
+# bench_pair VAR TITLE LABEL_A OPTION_A LABEL_B OPTION_B [RATIO [CPU]] runs one Caddy
+# with two gateway sites that differ only in one option line (empty: none), measures
+# them ROUNDS times alternating, Caddy's and PostgreSQL's CPU per request included, and
+# sets VAR to a report with the A/B throughput ratio (target: at least RATIO, 0.95) and
+# Caddy's CPU per request A - B (target: at most CPU us, when given). Both sites share
+# one process, one PostgreSQL pool and one Redis client, so the only difference is the
+# option's work.
+#   (m) metrics on against disable_metrics: what the metrics bookkeeping costs.
+#   (i) identity_key against gateway_secret alone: what signing X-Gateway-Identity
+#       costs (the upstream checks the shared secret in both; verifying the assertion
+#       is the upstream's cost, not the gateway's).
+#   (u) the usage record on (the default) against usage off: what counting every
+#       request and writing the counts every usage_flush_interval cost.
+# BENCH_METRICS=0, BENCH_IDENTITY=0 and BENCH_USAGE=0 skip them; BENCH_ONLY=usage runs
+# (u) alone, right after the setup, and replaces it in OUT.
+metrics_site() { gateway_site "$@"; } # ADDR [OPTION]
+bench_pair() {
+	local -n _report=$1
+	local title=$2 label_a=$3 opt_a=$4 label_b=$5 opt_b=$6 want_ratio=${7:-0.95} want_cpu=${8:-}
+	local a b pid addr round
+	a="127.0.0.1:$(bench_port)"
+	b="127.0.0.1:$(bench_port)"
+	{
+		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
+		metrics_site "$a" ${opt_a:+"$opt_a"}
+		metrics_site "$b" ${opt_b:+"$opt_b"}
+	} >"$stack/Caddyfile.pair"
+	bin/caddy run --config "$stack/Caddyfile.pair" --adapter caddyfile >"$stack/caddy-pair.log" 2>&1 &
+	pid=$!
+	pids+=($pid)
+	for addr in "$a" "$b"; do
+		wait_http "http://$addr/v1/me" || { tail -n 20 "$stack/caddy-pair.log" >&2; exit 1; }
+		wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$addr/v1/monitors/$monitor" >/dev/null
+	done
+	# cpu_snapshot reads caddy_pid: this Caddy's, for these runs.
+	local caddy_pid=$pid a_runs=() b_runs=()
+	# Odd rounds measure A first, even rounds B first, so that neither always has the
+	# warmer (or the more disturbed) slot.
+	for round in $(seq 1 "$ROUNDS"); do
+		echo "measuring $title, round $round…" >&2
+		if ((round % 2)); then
+			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
+			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
+		else
+			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
+			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
+		fi
+	done
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	local a_rps a_p99 a_cpu a_pg b_rps b_p99 b_cpu b_pg ratio runs_a runs_b cpu_diff pg_diff cpu_rounds cpu_verdict=""
+	a_rps=$(FIELD=1 mean "${a_runs[@]}") a_p99=$(FIELD=3 mean "${a_runs[@]}") a_cpu=$(FIELD=4 mean "${a_runs[@]}")
+	b_rps=$(FIELD=1 mean "${b_runs[@]}") b_p99=$(FIELD=3 mean "${b_runs[@]}") b_cpu=$(FIELD=4 mean "${b_runs[@]}")
+	a_pg=$(FIELD=6 mean "${a_runs[@]}") b_pg=$(FIELD=6 mean "${b_runs[@]}")
+	ratio=$(awk -v a="$a_rps" -v b="$b_rps" 'BEGIN {printf "%.3f", a / b}')
+	cpu_diff=$(awk -v a="$a_cpu" -v b="$b_cpu" 'BEGIN {printf "%+.1f", a - b}')
+	pg_diff=$(awk -v a="$a_pg" -v b="$b_pg" 'BEGIN {printf "%+.1f", a - b}')
+	cpu_rounds=$(per_round 4 - %+.1f a_runs b_runs | paste -sd' ')
+	[ -z "$want_cpu" ] || cpu_verdict="   (<= +$want_cpu: $(verdict "$cpu_diff <= $want_cpu"))"
+	runs_a=$(printf '%s\n' "${a_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
+	runs_b=$(printf '%s\n' "${b_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
+	_report=$'\n\n'$(
+		cat <<EOF
+$title, mean of $ROUNDS alternating runs      req/s      p99 ms  caddy us/req
+    $(printf '%-34s %9.0f %11.3f %11.1f' "$label_a" "$a_rps" "$a_p99" "$a_cpu")
+    $(printf '%-34s %9.0f %11.3f %11.1f' "$label_b" "$b_rps" "$b_p99" "$b_cpu")
+    A/B throughput ratio               $ratio   (>= $want_ratio: $(verdict "$ratio >= $want_ratio"))
+    Caddy CPU A - B                    $cpu_diff us/req$cpu_verdict; rounds $cpu_rounds
+    PostgreSQL CPU A - B               $pg_diff us/req
+    runs (req/s): A $runs_a; B $runs_b
+EOF
+	)
+}
+# bench_usage sets usage_report: (u), the usage record on against usage off.
+bench_usage() {
+	bench_pair usage_report "(u) usage record" "A: gateway, usage on (default)" "" "B: gateway, usage off" "usage off" 0.97 3
+}
+usage_report=""
+if [ "${BENCH_ONLY:-}" = usage ]; then
+	bench_usage
+	echo "$usage_report"
+	# Replace the (u) paragraph of OUT, up to its blank line, or add it at the end.
+	printf '%s\n' "$usage_report" | sed '/./,$!d' >"$OUT.block"
+	if [ -f "$OUT" ] && grep -q '^(u) usage record' "$OUT"; then
+		awk -v bf="$OUT.block" 'index($0, "(u) usage record") == 1 {while ((getline l < bf) > 0) print l; skip = 1; next}
+			skip && /^$/ {skip = 0} !skip' "$OUT" >"$OUT.tmp"
+		mv "$OUT.tmp" "$OUT"
+	else
+		{
+			[ ! -s "$OUT" ] || echo
+			cat "$OUT.block"
+		} >>"$OUT"
+	fi
+	rm -f "$OUT.block"
+	echo "(written to $OUT)"
+	exit 0
+fi
+
 if [ "${BENCH_ONLY:-}" = capacity ]; then
 	source scripts/capacity.sh
 	capacity_main replace
@@ -539,70 +642,8 @@ cpu_report=$(
 )
 # ---- end of CPU per request -----------------------------------------------------------
 cpu_report+=$matched_report
-verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 
-# ---- (m) and (i): one option on and off -----------------------------------------
-# bench_pair VAR TITLE LABEL_A OPTION_A LABEL_B OPTION_B runs one Caddy with two
-# gateway sites that differ only in one option line (empty: none), measures them
-# ROUNDS times alternating, Caddy's CPU per request included, and sets VAR to a
-# report with the A/B throughput ratio. Both sites share one process, one PostgreSQL
-# pool and one Redis client, so the only difference is the option's work.
-#   (m) metrics on against disable_metrics: what the metrics bookkeeping costs.
-#   (i) identity_key against gateway_secret alone: what signing X-Gateway-Identity
-#       costs (the upstream checks the shared secret in both; verifying the assertion
-#       is the upstream's cost, not the gateway's).
-# BENCH_METRICS=0 and BENCH_IDENTITY=0 skip them.
-metrics_site() { gateway_site "$@"; } # ADDR [OPTION]
-bench_pair() {
-	local -n _report=$1
-	local title=$2 label_a=$3 opt_a=$4 label_b=$5 opt_b=$6
-	local a b pid addr round
-	a="127.0.0.1:$(bench_port)"
-	b="127.0.0.1:$(bench_port)"
-	{
-		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
-		metrics_site "$a" ${opt_a:+"$opt_a"}
-		metrics_site "$b" ${opt_b:+"$opt_b"}
-	} >"$stack/Caddyfile.pair"
-	bin/caddy run --config "$stack/Caddyfile.pair" --adapter caddyfile >"$stack/caddy-pair.log" 2>&1 &
-	pid=$!
-	pids+=($pid)
-	for addr in "$a" "$b"; do
-		wait_http "http://$addr/v1/me" || { tail -n 20 "$stack/caddy-pair.log" >&2; exit 1; }
-		wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$addr/v1/monitors/$monitor" >/dev/null
-	done
-	# cpu_snapshot reads caddy_pid: this Caddy's, for these runs.
-	local caddy_pid=$pid a_runs=() b_runs=()
-	# Odd rounds measure A first, even rounds B first, so that neither always has the
-	# warmer (or the more disturbed) slot.
-	for round in $(seq 1 "$ROUNDS"); do
-		echo "measuring $title, round $round…" >&2
-		if ((round % 2)); then
-			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
-			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
-		else
-			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
-			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
-		fi
-	done
-	kill "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-	local a_rps a_p99 a_cpu b_rps b_p99 b_cpu ratio runs_a runs_b
-	a_rps=$(FIELD=1 mean "${a_runs[@]}") a_p99=$(FIELD=3 mean "${a_runs[@]}") a_cpu=$(FIELD=4 mean "${a_runs[@]}")
-	b_rps=$(FIELD=1 mean "${b_runs[@]}") b_p99=$(FIELD=3 mean "${b_runs[@]}") b_cpu=$(FIELD=4 mean "${b_runs[@]}")
-	ratio=$(awk -v a="$a_rps" -v b="$b_rps" 'BEGIN {printf "%.3f", a / b}')
-	runs_a=$(printf '%s\n' "${a_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
-	runs_b=$(printf '%s\n' "${b_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
-	_report=$'\n\n'$(
-		cat <<EOF
-$title, mean of $ROUNDS alternating runs      req/s      p99 ms  caddy us/req
-    $(printf '%-34s %9.0f %11.3f %11.1f' "$label_a" "$a_rps" "$a_p99" "$a_cpu")
-    $(printf '%-34s %9.0f %11.3f %11.1f' "$label_b" "$b_rps" "$b_p99" "$b_cpu")
-    A/B throughput ratio               $ratio   (>= 0.95: $(verdict "$ratio >= 0.95"))
-    runs (req/s): A $runs_a; B $runs_b
-EOF
-	)
-}
+# ---- (m), (i) and (u), measured with bench_pair (above) ----------------------------
 metrics_report="" identity_report=""
 if [ "${BENCH_METRICS:-1}" = 1 ]; then
 	bench_pair metrics_report "(m) metrics" "A: gateway, metrics on" "" "B: gateway, disable_metrics" disable_metrics
@@ -612,7 +653,8 @@ if [ "${BENCH_IDENTITY:-1}" = 1 ]; then
 	bench_pair identity_report "(i) signed identity" "A: gateway, identity_key" "identity_key $stack/identity.pem" \
 		"B: gateway, gateway_secret alone" ""
 fi
-# ---- end of (m) ----------------------------------------------------------------------
+if [ "${BENCH_USAGE:-1}" = 1 ]; then bench_usage; fi
+# ---- end of (m), (i) and (u) ---------------------------------------------------------
 
 # (e) The 50 MB list, on a Caddy of its own so that its peak RSS is the filter's alone.
 echo "measuring (e) 50 MB list through the filter…" >&2
@@ -734,7 +776,7 @@ targets:
   PostgreSQL hung, 503s/s   $(printf '%.0f' "$f_pg_503")   (>= 100: $(verdict "$f_pg_503 >= 100"))
 EOF
 )
-report+=$metrics_report$identity_report
+report+=$metrics_report$identity_report$usage_report
 echo "$report"
 echo "$report" >"$OUT"
 echo "(written to $OUT)"
