@@ -38,9 +38,34 @@ type Key struct {
 	OrgID string
 	// Role is the key's role.
 	Role Role
-	// RateLimit is the api_rate_limit of the organisation's plan at the lookup: 0 no
-	// API access, N requests a minute, -1 unlimited.
+	// RateLimit is the key's minute limit at the lookup: its plan's api_rate_limit,
+	// or the key's own rate_limit when that is smaller. 0 no API access, N requests a
+	// minute, -1 unlimited.
 	RateLimit int
+	// OrgRateLimit is the plan's org_rate_limit: requests a minute across all the
+	// organisation's keys. -1: none.
+	OrgRateLimit int
+	// MonthlyQuota is the plan's api_requests_per_month: requests a UTC calendar month
+	// across all the organisation's keys. -1: none.
+	MonthlyQuota int64
+	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
+	AllowedCIDRs []netip.Prefix
+}
+
+// AllowsAddr reports whether a request from addr may use k: k has no allowed
+// networks, or one of them holds addr. An IPv4-mapped IPv6 address counts as its
+// IPv4 one, since stored networks are never IPv4-mapped (ParseAllowedCIDRs).
+func (k *Key) AllowsAddr(addr netip.Addr) bool {
+	if len(k.AllowedCIDRs) == 0 {
+		return true
+	}
+	addr = addr.Unmap()
+	for _, p := range k.AllowedCIDRs {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
 }
 
 // Record is a key as the dashboard shows it: never its secret nor its hash.

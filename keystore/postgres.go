@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -27,10 +28,16 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 	return &Store{pool: pool, format: format}
 }
 
-// lookupSelect finds the live keys with their plans' rate limits. lookupOf completes
-// its condition on the key id, then lookupDigest its condition on the digest. The
-// database's clock decides revocation and expiry, on this very request.
-const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash, p.api_rate_limit
+// lookupSelect finds the live keys with their budgets and allowed networks. The key's
+// minute limit is the smaller of its own and its plan's; a plan without API access
+// keeps 0 whatever the key says. lookupOf completes its condition on the key id, then
+// lookupDigest its condition on the digest. The database's clock decides revocation
+// and expiry, on this very request.
+const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
+CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit
+	WHEN p.api_rate_limit < 0 THEN k.rate_limit
+	ELSE least(k.rate_limit, p.api_rate_limit) END,
+p.org_rate_limit, p.api_requests_per_month, k.allowed_cidrs
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
@@ -236,12 +243,15 @@ func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, error
 	}
 	out := make(map[string]row, l.ids)
 	var (
-		id, org, role string
-		hash          []byte
-		limit         int
+		id, org, role   string
+		hash            []byte
+		limit, orgLimit int
+		quota           int64
+		cidrs           []netip.Prefix
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit}, func() error {
-		out[id] = row{orgID: org, role: Role(role), hash: hash, rateLimit: limit}
+	_, err = pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit, &orgLimit, &quota, &cidrs}, func() error {
+		out[id] = row{orgID: org, role: Role(role), hash: hash, rateLimit: limit, orgRateLimit: orgLimit, monthlyQuota: quota, cidrs: cidrs}
+		cidrs = nil // the next row's scan makes its own
 		return nil
 	})
 	return out, err
@@ -249,10 +259,13 @@ func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, error
 
 // row is what a lookup finds of a live key.
 type row struct {
-	orgID     string
-	role      Role
-	hash      []byte
-	rateLimit int
+	orgID        string
+	role         Role
+	hash         []byte
+	rateLimit    int
+	orgRateLimit int
+	monthlyQuota int64
+	cidrs        []netip.Prefix
 }
 
 // check compares a presented secret's digest with what the lookup found, in constant
@@ -265,7 +278,8 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 	if subtle.ConstantTimeCompare(sum[:], stored) != 1 || !found {
 		return Key{}, false
 	}
-	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit}, true
+	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit,
+		OrgRateLimit: r.orgRateLimit, MonthlyQuota: r.monthlyQuota, AllowedCIDRs: r.cidrs}, true
 }
 
 // retryable reports whether a failed lookup should be tried once more. The lookup is a

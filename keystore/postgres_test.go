@@ -96,7 +96,7 @@ func testVerifyOutcomes(t *testing.T, kind string) {
 	if err != nil || !ok {
 		t.Fatalf("Verify(valid) = %v, %v", ok, err)
 	}
-	if want := (keystore.Key{ID: rec.ID, OrgID: org, Role: keystore.RoleEditor, RateLimit: 600}); k != want {
+	if want := (keystore.Key{ID: rec.ID, OrgID: org, Role: keystore.RoleEditor, RateLimit: 600, OrgRateLimit: -1, MonthlyQuota: -1}); !sameKey(k, want) {
 		t.Errorf("Verify(valid) = %+v, want %+v", k, want)
 	}
 
