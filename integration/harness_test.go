@@ -147,6 +147,9 @@ type Stack struct {
 	redisMode  string // redis_mode of the gateways
 	redisTLSCA string // redis_tls_ca of the gateways started from now on
 	gwOptions  string // more v1_gateway option lines for the gateways started from now on
+	// globalOptions are more lines of the global options block of the gateways started
+	// from now on (e.g. servers { trusted_proxies … }).
+	globalOptions string
 	// identityKey, if set, is the identity_key of the gateways, which then send no
 	// gateway_secret; the upstream has no GATEWAY_SECRET and verifies with
 	// --gateway-jwks against the JWKS of gateway 0, at jwksAddr.
@@ -190,6 +193,9 @@ type stackOptions struct {
 	// identityKey is a PEM file of an Ed25519 key: the gateways sign the caller's
 	// identity with it instead of sending the shared secret (Stack.identityKey).
 	identityKey string
+	// gwOptions and globalOptions are the gateways' Stack.gwOptions and
+	// Stack.globalOptions (none).
+	gwOptions, globalOptions string
 }
 
 // newStackWith is newStack with options.
@@ -212,6 +218,7 @@ func newStackWith(t *testing.T, o stackOptions) *Stack {
 		keyPrefix:  "mon",
 		secrets:    []string{gatewaySecret},
 	}
+	s.gwOptions, s.globalOptions = o.gwOptions, o.globalOptions
 	if o.databaseVia != nil {
 		s.dbURL = o.databaseVia(s.dbURL)
 	}
@@ -285,6 +292,7 @@ var caddyfileTmpl = template.Must(template.New("caddyfile").Parse(`{
 	auto_https off
 	persist_config off
 	order v1_gateway before reverse_proxy
+	{{.Global}}
 	# The logging of Caddyfile.example.
 	log {
 		format filter {
@@ -341,6 +349,7 @@ func (s *Stack) startGateway(mode string) *gateway {
 	caddyfileTmpl.Execute(&cfg, map[string]any{
 		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": mode, "Upstream": s.upAddr,
 		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": s.gwOptions, "IdentityKey": s.identityKey,
+		"Global": s.globalOptions,
 	})
 	dir := s.t.TempDir()
 	g.config = filepath.Join(dir, "Caddyfile")
