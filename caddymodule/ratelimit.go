@@ -42,8 +42,8 @@ func parseLimiterFailure(v string) (m limiterFailure, ok bool) {
 // zero value is a request not counted: an unlimited key without organisation budgets,
 // or a count Redis could not make under limiter_failure open.
 type rateCount struct {
-	limiter.Result // the key's minute
-	counted bool   // the key's minute counted the request
+	limiter.Result      // the key's minute
+	counted        bool // the key's minute counted the request
 	// org is the organisation's minute, and month its month; Limit 0 when the plan
 	// has none, or the request was not counted.
 	org     limiter.Result
