@@ -286,6 +286,12 @@ func lim(perMinute, orgPerMinute, perMonth, used int64) string {
 	return fmt.Sprintf(`{"per_minute":%s,"org_per_minute":%s,"per_month":%s,"used_this_month":%s}`, v(perMinute), v(orgPerMinute), v(perMonth), v(used))
 }
 
+// proMe is the GET /v1/me body of a key with role of orgID on the pro plan: its
+// minute limit, and no organisation budget.
+func proMe(orgID, role string) string {
+	return fmt.Sprintf(`{"org_id":%q,"role":%q,"limits":%s}`, orgID, role, lim(600, -1, -1, -1))
+}
+
 // wantMeLimits checks a GET /v1/me 200: the whole body, its limits as lim gives them.
 func wantMeLimits(t *testing.T, what string, a answer, orgID, role, limits string) {
 	t.Helper()

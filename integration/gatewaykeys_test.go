@@ -281,7 +281,7 @@ func TestLegacyKeysAcceptOrReject(t *testing.T) {
 	const lookups = "keygate_key_lookup_duration_seconds_count"
 
 	for name, gw := range map[string]int{"default": 0, "accept": accept} {
-		if r := s.api(legacy, gw).do("GET", "/v1/me", nil); r.Status != http.StatusOK || !jsonEqual(r.Body, []byte(`{"org_id":"`+o.ID+`","role":"Editor"}`)) {
+		if r := s.api(legacy, gw).do("GET", "/v1/me", nil); r.Status != http.StatusOK || !jsonEqual(r.Body, []byte(proMe(o.ID, "Editor"))) {
 			t.Errorf("legacy key, %s: %d %s", name, r.Status, r.Body)
 		}
 	}

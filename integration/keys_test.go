@@ -41,7 +41,7 @@ func TestKeyLifeCycleAsAPersonDoesIt(t *testing.T) {
 	if me.Status != http.StatusOK {
 		t.Fatalf("GET /v1/me: %d %s", me.Status, me.Body)
 	}
-	if want := `{"org_id":"` + org.ID + `","role":"Editor"}`; !jsonEqual(me.Body, []byte(want)) {
+	if want := proMe(org.ID, "Editor"); !jsonEqual(me.Body, []byte(want)) {
 		t.Errorf("GET /v1/me = %s, want %s", me.Body, want)
 	}
 

@@ -45,11 +45,11 @@ func (c *Client) roll(orgID, id string, grace int) (newID, key string) {
 	return newID, key
 }
 
-// wantMe asserts that key answers GET /v1/me with its org and role.
+// wantMe asserts that key, of a pro org, answers GET /v1/me with its org and role.
 func wantMe(t *testing.T, s *Stack, key, orgID, role string) {
 	t.Helper()
 	r := s.api(key, 0).do("GET", "/v1/me", nil)
-	if want := `{"org_id":"` + orgID + `","role":"` + role + `"}`; r.Status != http.StatusOK || !jsonEqual(r.Body, []byte(want)) {
+	if want := proMe(orgID, role); r.Status != http.StatusOK || !jsonEqual(r.Body, []byte(want)) {
 		t.Errorf("GET /v1/me = %d %s, want 200 %s", r.Status, r.Body, want)
 	}
 }

@@ -52,7 +52,7 @@ func TestRolesOnV1(t *testing.T) {
 	if r := v.do("GET", "/v1/monitors/"+ids[0], nil); r.Status != 200 {
 		t.Errorf("Viewer read: %d %s", r.Status, r.Body)
 	}
-	if r := v.do("GET", "/v1/me", nil); r.Status != 200 || !jsonEqual(r.Body, []byte(`{"org_id":"`+org.ID+`","role":"Viewer"}`)) {
+	if r := v.do("GET", "/v1/me", nil); r.Status != 200 || !jsonEqual(r.Body, []byte(proMe(org.ID, "Viewer"))) {
 		t.Errorf("Viewer /v1/me: %d %s", r.Status, r.Body)
 	}
 	for _, rq := range []struct{ method, path string }{

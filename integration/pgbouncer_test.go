@@ -61,7 +61,7 @@ func keysAndMonitorsScenario(t *testing.T, s *Stack) {
 	}
 
 	id, key := owner.createKey(org.ID, "through pgbouncer", "Editor", nil)
-	want := `{"org_id":"` + org.ID + `","role":"Editor"}`
+	want := proMe(org.ID, "Editor")
 	for i := range 2 {
 		if r := s.api(key, i).do("GET", "/v1/me", nil); r.Status != 200 || !jsonEqual(r.Body, []byte(want)) ||
 			!rateLimitRE.MatchString(r.Header.Get("RateLimit")) {
