@@ -412,7 +412,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		writeUnauthenticated(w)
 		return nil
 	}
-	if !key.AllowsAddr(clientAddr(r)) {
+	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(clientAddr(r)) {
 		// The very answer of an unknown key: a stolen key tells its thief nothing.
 		h.record(r, outcomeIPDenied, &key)
 		writeUnauthenticated(w)

@@ -88,7 +88,7 @@ func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger
 		if err != nil {
 			return nil, fmt.Errorf("parsing database_url: %v", err)
 		}
-		if !setsPoolMaxConns(url) {
+		if !setsPoolParam(url, "pool_max_conns") {
 			// pgxpool's default size (4, or the number of CPUs) is below the floor.
 			cfg.MaxConns = max(cfg.MaxConns, cfg.MinConns, int32(setup.minConns))
 		} else if cfg.MaxConns < int32(setup.minConns) {
@@ -96,6 +96,12 @@ func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger
 				zap.Int32("pool_max_conns", cfg.MaxConns), zap.Int("database_min_conns", setup.minConns))
 		}
 		tunePostgres(cfg, pingTimeout, setup)
+		if !setsPoolParam(url, "pool_max_conn_lifetime_jitter") {
+			// The floor's connections open together at start. Without jitter they
+			// would all retire together, every pool_max_conn_lifetime (1h), and the
+			// lookups of that moment would wait for new ones.
+			cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4
+		}
 		// The pool outlives this config, so it is not bound to the config's context.
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
@@ -115,14 +121,14 @@ func loadPostgres(url string, pingTimeout time.Duration, setup connSetup, logger
 	return v.(pgEntry).pool, key, nil
 }
 
-// setsPoolMaxConns reports whether a database URL (or keyword/value string) sets
-// pgxpool's pool_max_conns. pgxpool.ParseConfig does not tell.
-func setsPoolMaxConns(url string) bool {
+// setsPoolParam reports whether a database URL (or keyword/value string) sets
+// pgxpool's parameter name. pgxpool.ParseConfig does not tell.
+func setsPoolParam(url, name string) bool {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
 		return false
 	}
-	_, ok := cfg.RuntimeParams["pool_max_conns"]
+	_, ok := cfg.RuntimeParams[name]
 	return ok
 }
 

@@ -268,6 +268,35 @@ func TestThePoolKeepsAWarmConnectionForEveryBatchInFlight(t *testing.T) {
 	}
 }
 
+// TestThePoolsConnectionsDoNotAllRetireTogether: the floor's connections open together,
+// so their lifetimes get a jitter of a quarter of theirs, unless the URL sets one.
+func TestThePoolsConnectionsDoNotAllRetireTogether(t *testing.T) {
+	d := newDB(t)
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		params   string
+		lifetime time.Duration
+		jitter   time.Duration
+	}{
+		{"", time.Hour, 15 * time.Minute},
+		{"&pool_max_conn_lifetime=20m", 20 * time.Minute, 5 * time.Minute},
+		{"&pool_max_conn_lifetime_jitter=0s", time.Hour, 0},
+		{"&pool_max_conn_lifetime_jitter=2m", time.Hour, 2 * time.Minute},
+	} {
+		t.Run(tc.params, func(t *testing.T) {
+			url := d.ownURL(t) + tc.params
+			startGateway(t, gatewayConfig{handler: gatewayOptions(url, nil), upstream: up.addr()})
+			pool := sharedPool(url)
+			if pool == nil {
+				t.Fatalf("no shared pool; pools: %v", poolEntries())
+			}
+			if cfg := pool.Config(); cfg.MaxConnLifetime != tc.lifetime || cfg.MaxConnLifetimeJitter != tc.jitter {
+				t.Errorf("lifetime %v, jitter %v; want %v, %v", cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter, tc.lifetime, tc.jitter)
+			}
+		})
+	}
+}
+
 func TestInvalidConfigIsRefusedAtLoad(t *testing.T) {
 	d := newDB(t)
 	up := newUpstream(t)

@@ -142,12 +142,14 @@ func redisProbe(w *redisWarmer, lim preparer, budget time.Duration) func() bool 
 // again until every one answers. A PostgreSQL that restarted leaves dead connections
 // in the pool. Each fails one ping and is then thrown away. So the breaker closes
 // only once the floor is open again, not with one connection for requests to queue
-// on.
+// on. The probe leaves one connection of a full pool to the usage and last_used_at
+// writes: holding them all, it would wait for a write that waits for a connection.
 func postgresProbe(pool *pgxpool.Pool, budget time.Duration) func() bool {
 	return func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
-		n := max(int(pool.Config().MinConns), 1)
+		cfg := pool.Config()
+		n := max(min(int(cfg.MinConns), int(cfg.MaxConns)-1), 1)
 		for {
 			if pingConns(ctx, pool, n) {
 				return true

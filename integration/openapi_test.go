@@ -87,8 +87,7 @@ func documentFor(path string) string {
 }
 
 // decidedBeforeRouting are the answers the gateway gives on any path under /v1, before
-// a route is looked up: the key, the plan, the rate limit, the monthly quota, the role,
-// its database.
+// a route is looked up: the key, the plan, the budgets, the role, its database.
 var decidedBeforeRouting = map[int]bool{
 	http.StatusUnauthorized: true, http.StatusForbidden: true, http.StatusPaymentRequired: true,
 	http.StatusTooManyRequests: true, http.StatusServiceUnavailable: true,
