@@ -186,7 +186,8 @@ func TestTheDocumentCheckBites(t *testing.T) {
 	// Exchanges made up here, each broken in one way, must each be caught; the unbroken
 	// ones must pass. Without this, a check that lets everything through would look
 	// like a suite that matches its documents.
-	me := `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Editor"}`
+	limits := `"limits":{"per_minute":600,"org_per_minute":null,"per_month":null,"used_this_month":null}`
+	me := `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Editor",` + limits + `}`
 	monitor := `{"id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","name":"a","type":"http","target":"https://example.com",` +
 		`"interval_seconds":60,"locations":["us-east"],"paused":false,"created_at":"2026-01-01T00:00:00Z","updated_at":"2026-01-01T00:00:00Z"}`
 	jsonHeader := http.Header{"Content-Type": {"application/json"}}
@@ -199,8 +200,8 @@ func TestTheDocumentCheckBites(t *testing.T) {
 		wantErr      bool
 	}{
 		{"GET /v1/me as documented", "GET", "/v1/me", "", 200, me, false},
-		{"GET /v1/me without role", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11"}`, true},
-		{"GET /v1/me with a role the document lacks", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Owner"}`, true},
+		{"GET /v1/me without role", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11",` + limits + `}`, true},
+		{"GET /v1/me with a role the document lacks", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Owner",` + limits + `}`, true},
 		{"GET /v1/me with an undocumented status", "GET", "/v1/me", "", http.StatusTeapot, `{"error":"teapot"}`, true},
 		{"a 429 without retryAfter", "GET", "/v1/me", "", 429, `{"error":"rate_limited"}`, true},
 		{"a route the document lacks, answered", "GET", "/v1/keys", "", 200, `{"data":[]}`, true},
@@ -208,7 +209,8 @@ func TestTheDocumentCheckBites(t *testing.T) {
 		{"a monitor created as documented", "POST", "/v1/monitors", `{"name":"a","type":"http","target":"https://example.com"}`, 201, monitor, false},
 		{"a create accepted without its name", "POST", "/v1/monitors", `{"type":"http","target":"https://example.com"}`, 201, monitor, true},
 		{"a bad create refused", "POST", "/v1/monitors", `{"type":"http"}`, 400, `{"error":"invalid_request","message":"name: required"}`, false},
-		{"an unknown field in an answer is fine", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Admin","new":1}`, false},
+		{"an unknown field in an answer is fine", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Admin",` + limits + `,"new":1}`, false},
+		{"GET /v1/me without limits", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Admin"}`, true},
 		{"usage as documented", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/usage", "", 200,
 			`{"granularity":"hour","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","data":[{"key_id":"abcdefghijklmnop","start":"2026-01-01T00:00:00Z","outcome":"proxied","status":200,"count":1}]}`, false},
 		{"a usage row with an outcome the document lacks", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/usage", "", 200,
