@@ -332,6 +332,8 @@ per_round() {
 	done
 }
 
+# FIELD=F mean LINE... prints the mean of field F of the lines.
+mean() { printf '%s\n' "$@" | awk -v f="$FIELD" '{s += $f} END {printf "%.2f", s / NR}'; }
 # median FIELD LINE... prints the median of field FIELD of the lines; spread prints
 # "min..max".
 median() {
@@ -584,7 +586,6 @@ read -r c0_rps c0_p50 c0_p99 < <(measure "http://$unbatched/v1/monitors/$monitor
 echo "measuring (d) /v1/me…" >&2
 read -r d_rps d_p50 d_p99 < <(measure "http://$gw/v1/me" "${auth[@]}")
 
-mean() { printf '%s\n' "$@" | awk -v f="$FIELD" '{s += $f} END {printf "%.2f", s / NR}'; }
 # medians LINE... prints the median of each of the 7 fields of measure_cpu's lines.
 medians() {
 	local f out=""
