@@ -67,8 +67,8 @@ func TestSeededKeysVerify(t *testing.T) {
 	orgs := map[string]bool{}
 	for i := range 50 {
 		k, ok, err := store.Verify(ctx, FullKey(i))
-		if err != nil || !ok || k.ID != KeyID(i) {
-			t.Fatalf("Verify(FullKey(%d)) = %+v, %v, %v", i, k, ok, err)
+		if err != nil || !ok || k.ID != KeyID(i) || k.OrgID != OrgID(i%7) {
+			t.Fatalf("Verify(FullKey(%d)) = %+v, %v, %v; want org %s", i, k, ok, err, OrgID(i%7))
 		}
 		orgs[k.OrgID] = true
 		wrong := KeyPrefix + "_live_" + KeyID(i) + "." + Secret(i+1)
@@ -285,6 +285,55 @@ func TestCountsThroughPipelines(t *testing.T) {
 				t.Errorf("W=1: %d calls in %d round trips", lv.Items, lv.Rounds)
 			}
 		})
+	}
+}
+
+// TestCountsWithBudgets: with Orgs, every count goes through the budgets of its key's
+// org (Seed's), so the orgs' month counters hold every count made.
+func TestCountsWithBudgets(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	const orgs = 3
+	var months []string
+	for n := range orgs {
+		found, err := rdb.Keys(ctx, "keygate:rl:{o:"+OrgID(n)+"}:M:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		months = append(months, found...)
+	}
+	if len(months) > 0 {
+		if err := rdb.Del(ctx, months...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := Counts{RedisURL: redistest.URL(t), Keys: 30, Orgs: orgs, Timeout: 2 * time.Second}
+	levels, err := c.Run(ctx, testRunner(t, 2), []int{1, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops uint64
+	for _, lv := range levels {
+		if lv.Ops == 0 || lv.Errors != 0 || lv.Rounds == 0 {
+			t.Errorf("W=%d: %+v", lv.Waiters, lv)
+		}
+		ops += lv.Ops
+	}
+	var counted int64
+	for n := range orgs {
+		found, err := rdb.Keys(ctx, "keygate:rl:{o:"+OrgID(n)+"}:M:*").Result()
+		if err != nil || len(found) != 1 {
+			t.Fatalf("org %d: month counters %q, %v; want one", n, found, err)
+		}
+		v, err := rdb.Get(ctx, found[0]).Int64()
+		if err != nil || v == 0 {
+			t.Fatalf("org %d: month %d, %v", n, v, err)
+		}
+		counted += v
+	}
+	// The months hold the warm-ups' counts too, and the windows' own.
+	if counted < int64(ops) {
+		t.Errorf("the orgs' months hold %d counts, the windows measured %d", counted, ops)
 	}
 }
 

@@ -158,12 +158,16 @@ func countsCommand(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&cs.RedisURL, "redis-url", "", "the Redis (with -cluster, the Cluster)")
 	fs.BoolVar(&cs.Cluster, "cluster", false, "the Redis is a Cluster")
 	fs.DurationVar(&cs.Timeout, "timeout", 200*time.Millisecond, "the limiter's timeout (redis_timeout)")
+	fs.IntVar(&cs.Orgs, "orgs", 0, "count with organisation budgets, the keys spread over this many orgs (0: the key's minute alone)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	r, waiters, err := c.runner()
 	if err != nil {
 		return err
+	}
+	if cs.Orgs < 0 {
+		return errors.New("-orgs must be at least 0")
 	}
 	cs.Keys = c.keys
 	primaries, err := cs.Primaries(ctx)
@@ -178,8 +182,13 @@ func countsCommand(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	c.heading(stdout, "a limiter.Redis with pipelining on a client of its own")
-	fmt.Fprintf(stdout, "    %d primar%s; every count a key's own counter, hash-tagged by its key id\n",
-		len(primaries), map[bool]string{true: "y", false: "ies"}[len(primaries) == 1])
+	what := "every count a key's own counter, hash-tagged by its key id"
+	if cs.Orgs > 0 {
+		what = fmt.Sprintf("every count the budgets of a plan with an org ceiling and a monthly quota: the key's minute, "+
+			"its org's minute and month in one script call, hash-tagged by the org's id; the keys spread over %d orgs", cs.Orgs)
+	}
+	fmt.Fprintf(stdout, "    %d primar%s; %s\n",
+		len(primaries), map[bool]string{true: "y", false: "ies"}[len(primaries) == 1], what)
 	WriteCounts(stdout, levels, len(primaries))
 	return nil
 }
