@@ -491,6 +491,21 @@ bench_budgets() {
 	*'"org"'*) ;;
 	*) budgets_report+=" (no org budget: this build counts A's key like B's)" ;;
 	esac
+	# Redis's side, on its own: internal/capacity's workers counting random keys the
+	# plain way (Allow, the key's minute) and then through the org budgets
+	# (AllowBudgets: the key's minute, the org's minute and month in one script call),
+	# as capacity.sh's (s1) does.
+	local tool="$stack/capacity" orgs=${CAP_ORGS:-10000} waiters=${BUDGETS_WAITERS:-1,16,256} part
+	go build -o "$tool" ./internal/capacity/cmd/capacity
+	local common=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "${CAP_WARMUP:-2s}"
+		-duration "${CAP_DURATION:-5s}" -waiters "$waiters" -redis-url "$REDIS_URL")
+	for part in "(o1) counts on one Redis, the key's minute alone" "(o2) counts on one Redis, the org budgets"; do
+		echo "measuring $part…" >&2
+		local extra=()
+		[[ $part != "(o2)"* ]] || extra=(-orgs "$orgs")
+		budgets_report+=$'\n'"$("$tool" counts -label "${part%% *}" -title "${part#* }" "${common[@]}" "${extra[@]}" |
+			sed '/^$/d; s/^/    /')"
+	done
 }
 # only_run VAR PREFIX prints VAR's report and replaces the paragraph of OUT that starts
 # with PREFIX, up to its blank line, with it (or adds it at the end): BENCH_ONLY's ending.
