@@ -27,11 +27,16 @@
 #   (i) the cost of signed identity: the gateway with identity_key and with
 #       gateway_secret alone, the same way (bench_pair below)
 #   (u) the cost of the usage record: the gateway with it on (the default) and with
-#       usage off, the same way; BENCH_ONLY=usage runs it alone and replaces it in OUT
+#       usage off, the same way; then (u1) PostgreSQL's CPU per row written and rolled
+#       up and per month read (internal/capacity); BENCH_ONLY=usage runs it alone and
+#       replaces it in OUT
 #   (o) the cost of organisation budgets: one gateway site, a key whose plan has an
 #       organisation ceiling and a monthly quota (too large to refuse) against the bench
-#       key, whose plan has neither, the same way (pair_run below); BENCH_ONLY=budgets
-#       runs it alone and replaces it in OUT
+#       key, whose plan has neither, the same way (pair_run below); then Redis's CPU per
+#       count, (o1) the key's minute alone against (o2) the budgets' script, at
+#       BUDGETS_WAITERS (1,16,256) goroutines per process (internal/capacity, with
+#       capacity.sh's CAP_KEYS, CAP_ORGS, CAP_PROCS, CAP_WARMUP, CAP_DURATION);
+#       BENCH_ONLY=budgets runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
 #       key lookups on PostgreSQL and through PgBouncer, counts on one Redis and on a
@@ -451,9 +456,19 @@ bench_pair() {
 	pair_run "$var" "$title" "$PAIR_PID" "$label_a" "http://$a/v1/monitors/$monitor" "$key" \
 		"$label_b" "http://$b/v1/monitors/$monitor" "$key" "${@:7}"
 }
-# bench_usage sets usage_report: (u), the usage record on against usage off.
+# capacity_tool builds internal/capacity's command as $stack/capacity, once.
+capacity_tool() {
+	[ -x "$stack/capacity" ] || go build -o "$stack/capacity" ./internal/capacity/cmd/capacity
+}
+# bench_usage sets usage_report: (u), the usage record on against usage off, and then
+# PostgreSQL's side on its own (u1): internal/capacity writing and rolling up rows of
+# the usage record and reading months, in a database of its own (keygate_usage).
 bench_usage() {
 	bench_pair usage_report "(u) usage record" "A: gateway, usage on (default)" "" "B: gateway, usage off" "usage off" 0.97 3
+	echo "measuring (u1) the usage record on PostgreSQL…" >&2
+	capacity_tool
+	usage_report+=$'\n'"$("$stack/capacity" usage -label "(u1)" -orgs "${CAP_ORGS:-10000}" -sizes 1000,100000 -per-size 100000 \
+		-database-url "$(sed -E 's#^([a-z]+://[^/]*)/[^?]*#\1/keygate_usage#' <<<"$DATABASE_URL")" | sed '/^$/d; s/^/    /')"
 }
 # bench_budgets sets budgets_report: (o), one gateway site and two keys, the bench key
 # (its plan has no organisation budget: one count a request, as in (c)) and a key of
@@ -496,7 +511,7 @@ bench_budgets() {
 	# (AllowBudgets: the key's minute, the org's minute and month in one script call),
 	# as capacity.sh's (s1) does.
 	local tool="$stack/capacity" orgs=${CAP_ORGS:-10000} waiters=${BUDGETS_WAITERS:-1,16,256} part
-	go build -o "$tool" ./internal/capacity/cmd/capacity
+	capacity_tool
 	local common=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "${CAP_WARMUP:-2s}"
 		-duration "${CAP_DURATION:-5s}" -waiters "$waiters" -redis-url "$REDIS_URL")
 	for part in "(o1) counts on one Redis, the key's minute alone" "(o2) counts on one Redis, the org budgets"; do

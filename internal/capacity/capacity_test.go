@@ -360,6 +360,35 @@ func TestLastUsedWrites(t *testing.T) {
 	}
 }
 
+func TestUsageWrites(t *testing.T) {
+	ctx := context.Background()
+	url := schematest.NewDatabase(t)
+	w := UsageWrites{DatabaseURL: url, Orgs: 7, Sizes: []int{10, 60}, PerSize: 100}
+	sizes, err := w.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10 rows: 10 minutes after the first; 60 rows: the two minutes at least.
+	if len(sizes) != 2 || sizes[0].Minutes != 10 || sizes[1].Minutes != 2 || sizes[0].Reads != 7 || sizes[1].Reads != 7 {
+		t.Fatalf("sizes %+v", sizes)
+	}
+	// Every row counted once by each flush: the first minute once, the others twice;
+	// all of it rolled up into the days.
+	var minutes, days int
+	if err := pgxConnQueryInt(ctx, url, `SELECT sum(count)::int FROM usage_minutes WHERE count = rolled`, &minutes); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgxConnQueryInt(ctx, url, `SELECT sum(count)::int FROM usage_days`, &days); err != nil {
+		t.Fatal(err)
+	}
+	if want := 10 + 10*10*2 + 60 + 2*60*2; minutes != want || days != want {
+		t.Errorf("minutes rolled up %d, days %d; want %d", minutes, days, want)
+	}
+	if _, err := (UsageWrites{DatabaseURL: url, Orgs: 7, Sizes: []int{0}, PerSize: 1}).Run(ctx); err == nil {
+		t.Error("flushing 0 rows: no error")
+	}
+}
+
 func pgxConnQueryInt(ctx context.Context, url, sql string, v *int) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -378,6 +407,7 @@ func TestMainRefusesBadUsage(t *testing.T) {
 		{"lookups", "-waiters", "1,x"},
 		{"counts", "-waiters", "0"},
 		{"lastused", "-sizes", "-3"},
+		{"usage", "-sizes", "1,x"},
 		{"worker", "lookups", "-keys", "0"},
 	} {
 		if err := Main(context.Background(), args, strings.NewReader(""), io.Discard); err == nil {
