@@ -11,7 +11,6 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
-	"github.com/keygate/keygate/limiter"
 )
 
 // This file holds what Provision does before it takes a pool: the options' defaults,
@@ -68,9 +67,6 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	}
 	h.fields = newFieldSet(h.StripFields)
 	h.failMode, _ = parseLimiterFailure(h.LimiterFailure) // valid: checked by Validate
-	if h.failMode == failLocal {
-		h.fallback = limiter.NewLocal()
-	}
 	if identityKey != "" {
 		priv, err := gatewayauth.ReadPrivateKey(identityKey)
 		if err != nil {

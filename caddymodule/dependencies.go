@@ -112,13 +112,13 @@ func (l *lookups) verify(ctx context.Context, keyID, secret string) (key keystor
 // breaker and no gauge.
 type counts struct {
 	dep    dependency
-	lim    limiter.Limiter
+	lim    limiter.BudgetLimiter
 	warmer *redisWarmer // kicked when a count fails; nil in process
 }
 
 // redisCounts are the counts of a Redis limiter. lim bounds each count by
 // redis_timeout itself (limiter.WithTimeout).
-func redisCounts(lim limiter.Limiter, b *breaker, w *redisWarmer, m *metrics) counts {
+func redisCounts(lim limiter.BudgetLimiter, b *breaker, w *redisWarmer, m *metrics) counts {
 	c := counts{dep: dependency{breaker: b}, lim: lim, warmer: w}
 	if m != nil {
 		c.dep.up, c.dep.waited, c.dep.failures = &m.redis, m.limiterDuration, m.limiterErrors
@@ -127,7 +127,7 @@ func redisCounts(lim limiter.Limiter, b *breaker, w *redisWarmer, m *metrics) co
 }
 
 // localCounts are the counts of the in-process limiter.
-func localCounts(lim limiter.Limiter, m *metrics) counts {
+func localCounts(lim limiter.BudgetLimiter, m *metrics) counts {
 	c := counts{lim: lim}
 	if m != nil {
 		c.dep.waited, c.dep.failures = m.limiterDuration, m.limiterErrors
@@ -149,6 +149,22 @@ func (c *counts) allow(ctx context.Context, key string, limit int) (rl limiter.R
 	}
 	c.dep.observe(ctx, start, err)
 	return rl, err
+}
+
+// allowBudgets counts one request against b, unless the breaker is open.
+func (c *counts) allowBudgets(ctx context.Context, b limiter.Budgets) (res limiter.BudgetsResult, err error) {
+	start := c.dep.start()
+	if c.dep.allow() {
+		res, err = c.lim.AllowBudgets(ctx, b)
+		c.dep.done(ctx, err)
+		if err != nil && c.warmer != nil {
+			c.warmer.kick()
+		}
+	} else {
+		err = errBreakerOpen
+	}
+	c.dep.observe(ctx, start, err)
+	return res, err
 }
 
 // provisionLookups takes the shared PostgreSQL pool and builds the lookups on it:
@@ -183,8 +199,10 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, error) {
 }
 
 // provisionCounts takes the shared Redis client and builds the counts on it, or on
-// the shared in-process limiter without redis_url.
-func (h *Handler) provisionCounts() error {
+// the shared in-process limiter without redis_url. An organisation's month that
+// Redis lost starts again from seed, its count in the usage record
+// (docs/operations.md, An organisation's budgets).
+func (h *Handler) provisionCounts(seed limiter.MonthSeed) error {
 	if h.redisURL == "" {
 		lim, key := loadLocalLimiter()
 		h.poolKeys = append(h.poolKeys, key)
@@ -197,7 +215,7 @@ func (h *Handler) provisionCounts() error {
 		return err
 	}
 	h.poolKeys = append(h.poolKeys, key)
-	opts := []limiter.Option{limiter.WithTimeout(time.Duration(h.RedisTimeout))}
+	opts := []limiter.Option{limiter.WithTimeout(time.Duration(h.RedisTimeout)), limiter.WithMonthSeed(seed)}
 	if !h.DisableCountPipelining {
 		opts = append(opts, limiter.WithPipelining(time.Duration(h.RedisTimeout)), limiter.WithLinger(time.Duration(h.BatchLinger)))
 	}
@@ -205,6 +223,9 @@ func (h *Handler) provisionCounts() error {
 	budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
 	b := newBreaker(redisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
 	h.counts = redisCounts(lim, b, rd.warmer, h.metrics)
+	if h.failMode == failLocal {
+		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed))
+	}
 	// The scripts and Redis's clock are read before the first count needs them. A
 	// Redis that does not answer now is prepared by the breaker's probe later.
 	go func() {
@@ -213,6 +234,17 @@ func (h *Handler) provisionCounts() error {
 		_ = lim.Prepare(ctx)
 	}()
 	return nil
+}
+
+// monthSeed returns the month's count of an organisation in the usage record, from
+// used, bounded by database_timeout: the limiter runs it under no request's deadline.
+func (h *Handler) monthSeed(used limiter.MonthSeed) limiter.MonthSeed {
+	timeout := time.Duration(h.DatabaseTimeout)
+	return func(ctx context.Context, org string, month time.Time) (int64, error) {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return used(ctx, org, month)
+	}
 }
 
 // storeWithin is the Verifier of disable_lookup_batching: a Store whose every lookup

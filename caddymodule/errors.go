@@ -11,6 +11,7 @@ var (
 	bodyUnauthenticated    = []byte(`{"error":"api key unauthenticated"}`)
 	bodyFeatureGated       = []byte(`{"error":"feature_gated","feature":"api","upgrade":true}`)
 	bodyForbidden          = []byte(`{"error":"forbidden"}`)
+	bodyQuotaExceeded      = []byte(`{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`)
 	bodyServiceUnavailable = []byte(`{"error":"service_unavailable"}`)
 	bodyBadGateway         = []byte(`{"error":"bad_gateway"}`)
 	bodyGatewayTimeout     = []byte(`{"error":"gateway_timeout"}`)

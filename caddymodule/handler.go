@@ -288,12 +288,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.poolKeys = append(h.poolKeys, key)
 		h.lastUsed = lu
 	}
+	// The record of this instance includes what it has not written yet.
+	used := keystore.New(pool, h.format).MonthUsed
 	if !h.DisableUsage {
 		u, key := h.loadUsage(pool, poolKey)
 		h.poolKeys = append(h.poolKeys, key)
 		h.usage = u
+		used = u.MonthUsed
 	}
-	return h.provisionCounts()
+	return h.provisionCounts(h.monthSeed(used))
 }
 
 // Validate checks the options. Caddy calls it after Provision, which has applied the
@@ -409,6 +412,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		writeUnauthenticated(w)
 		return nil
 	}
+	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(clientAddr(r)) {
+		// The very answer of an unknown key: a stolen key tells its thief nothing.
+		h.record(r, outcomeIPDenied, &key)
+		writeUnauthenticated(w)
+		return nil
+	}
 	setIdentityPlaceholders(r, key)
 	if h.lastUsed != nil {
 		h.lastUsed.Record(key.ID) // in memory; written later, off the request path
@@ -440,7 +449,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		h.record(r, outcomeMe, &key)
 		setRateLimit(w.Header(), count)
-		writeMe(w, key)
+		writeMe(w, key, count)
 		return nil
 	}
 

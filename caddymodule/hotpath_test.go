@@ -135,7 +135,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 // request, so its growth is not counted.
 var maxHotAllocs = map[string]float64{
 	"proxied":       12,
-	"me":            9,
+	"me":            10, // its body, with limits, is over 99 bytes: Content-Length is no small string of strconv's
 	"unknown_key":   2,
 	"malformed_key": 2,
 	"over_limit":    10,

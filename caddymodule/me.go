@@ -2,20 +2,43 @@ package caddymodule
 
 import (
 	"net/http"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/keygate/keygate/keystore"
 )
 
-// writeMe answers GET /v1/me: {"org_id":"…","role":"…"}.
-func writeMe(w http.ResponseWriter, key keystore.Key) {
-	b := make([]byte, 0, 96)
+// writeMe answers GET /v1/me: {"org_id":"…","role":"…","limits":{…}}, the limits
+// being the key's budgets (null: none) and its organisation's use of the month so far,
+// this request included (null without a monthly quota).
+func writeMe(w http.ResponseWriter, key keystore.Key, count rateCount) {
+	b := make([]byte, 0, 192)
 	b = append(b, `{"org_id":`...)
 	b = appendJSONString(b, key.OrgID)
 	b = append(b, `,"role":`...)
 	b = appendJSONString(b, string(key.Role))
-	b = append(b, '}')
+	b = append(b, `,"limits":{"per_minute":`...)
+	b = appendBudget(b, int64(key.RateLimit))
+	b = append(b, `,"org_per_minute":`...)
+	b = appendBudget(b, int64(key.OrgRateLimit))
+	b = append(b, `,"per_month":`...)
+	b = appendBudget(b, key.MonthlyQuota)
+	b = append(b, `,"used_this_month":`...)
+	if key.MonthlyQuota > 0 && count.month.Limit > 0 {
+		b = strconv.AppendInt(b, count.month.Used, 10)
+	} else {
+		b = append(b, "null"...) // no quota, or a month Redis could not count
+	}
+	b = append(b, "}}"...)
 	writeJSON(w, http.StatusOK, b)
+}
+
+// appendBudget appends a budget's limit, or null for none (0 or less).
+func appendBudget(b []byte, limit int64) []byte {
+	if limit <= 0 {
+		return append(b, "null"...)
+	}
+	return strconv.AppendInt(b, limit, 10)
 }
 
 // appendJSONString appends s as a JSON string. It escapes what JSON requires, and

@@ -30,12 +30,15 @@ const (
 	outcomeProxied                           // handed to the next handler, whatever it answered
 	outcomeLookupUnavailable                 // 503: PostgreSQL did not answer in time
 	outcomeLimiterUnavailable                // 503: Redis did not count, limiter_failure closed
+	outcomeQuotaExceeded                     // 402: the organisation's month is spent
+	outcomeIPDenied                          // 401: a key used from outside its allowed networks
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{
 	"unauthenticated", "feature_gated", "rate_limited", "forbidden",
 	"me", "proxied", "lookup_unavailable", "limiter_unavailable",
+	"quota_exceeded", "ip_denied",
 }
 
 func (o outcome) String() string { return outcomeNames[o] }

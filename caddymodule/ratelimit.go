@@ -39,22 +39,66 @@ func parseLimiterFailure(v string) (m limiterFailure, ok bool) {
 }
 
 // rateCount is a request's count, as the RateLimit fields of its answer show it. The
-// zero value is a request not counted: an unlimited key, or a count Redis could not
-// make under limiter_failure open.
+// zero value is a request not counted: an unlimited key without organisation budgets,
+// or a count Redis could not make under limiter_failure open.
 type rateCount struct {
-	limiter.Result
-	counted bool
+	limiter.Result      // the key's minute
+	counted        bool // the key's minute counted the request
+	// org is the organisation's minute, and month its month; Limit 0 when the plan
+	// has none, or the request was not counted.
+	org     limiter.Result
+	month   limiter.Quota
+	refused limiter.Stage // the budget that refused the request; StageNone if none did
+	// retryAfter is the seconds until the refusing minute window ends.
+	retryAfter int
 }
 
-// rateLimit is step 4. It counts a request of key, unless the key is unlimited. When
-// Redis cannot count, h.failMode decides. rateLimit answers the request itself when
-// the key is over its limit (429), or when limiter_failure closed refuses it (503).
-// answered then tells ServeHTTP to stop. Otherwise the count goes on to the answer.
+// keyCount is the count of a key whose plan has no organisation budget.
+func keyCount(rl limiter.Result) rateCount {
+	c := rateCount{Result: rl, counted: true, retryAfter: rl.ResetAfter}
+	if !rl.Allowed {
+		c.refused = limiter.StageKey
+	}
+	return c
+}
+
+// budgetsCount is the count of a key whose plan has an organisation budget.
+func budgetsCount(res limiter.BudgetsResult) rateCount {
+	return rateCount{Result: res.Key, counted: res.Key.Limit > 0, org: res.Org, month: res.Month,
+		refused: res.RefusedAt, retryAfter: res.RetryAfter()}
+}
+
+// budgetsOf returns key's budgets, or false when its plan has no organisation budget:
+// the key's minute is then counted as it always was, on the same counter.
+func budgetsOf(key *keystore.Key) (limiter.Budgets, bool) {
+	if key.OrgRateLimit <= 0 && key.MonthlyQuota <= 0 {
+		return limiter.Budgets{}, false
+	}
+	return limiter.Budgets{Key: key.ID, KeyLimit: key.RateLimit, Org: key.OrgID,
+		OrgLimit: key.OrgRateLimit, MonthLimit: key.MonthlyQuota}, true
+}
+
+// rateLimit is step 4. It counts a request of key against its budgets, in the order
+// README.md gives: the key's minute, the organisation's minute, its month. An
+// unlimited key without organisation budgets is not counted. When Redis cannot
+// count, h.failMode decides. rateLimit answers the request itself when a budget
+// refuses it (429 or 402), or when limiter_failure closed refuses it (503). answered
+// then tells ServeHTTP to stop. Otherwise the count goes on to the answer.
 func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystore.Key) (count rateCount, answered bool) {
-	if key.RateLimit <= 0 {
+	b, orgWide := budgetsOf(key)
+	if key.RateLimit <= 0 && !orgWide {
 		return rateCount{}, false // unlimited: not counted
 	}
-	rl, err := h.counts.allow(r.Context(), key.ID, key.RateLimit)
+	var err error
+	if orgWide {
+		var res limiter.BudgetsResult
+		res, err = h.counts.allowBudgets(r.Context(), b)
+		count = budgetsCount(res)
+	} else {
+		var rl limiter.Result
+		rl, err = h.counts.allow(r.Context(), key.ID, key.RateLimit)
+		count = keyCount(rl)
+	}
 	if err != nil {
 		h.limiterFailed(key, err)
 		switch h.failMode {
@@ -65,20 +109,40 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
 			return rateCount{}, true
 		case failLocal:
-			// Local.Allow fails only for a limit below 1, which does not get here.
-			rl, _ = h.fallback.Allow(r.Context(), key.ID, key.RateLimit)
+			count = h.countLocally(r, key, b, orgWide)
 		}
 	}
-	count = rateCount{rl, true}
-	if !rl.Allowed {
+	switch count.refused {
+	case limiter.StageKey, limiter.StageOrg:
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
-			c.Write(zap.String("key_id", key.ID), zap.Int("limit", rl.Limit))
+			c.Write(zap.String("key_id", key.ID), zap.String("budget", count.refused.String()))
 		}
 		h.record(r, outcomeRateLimited, key)
 		writeRateLimited(w, count)
 		return count, true
+	case limiter.StageMonth:
+		h.record(r, outcomeQuotaExceeded, key)
+		setRateLimit(w.Header(), count)
+		writeJSON(w, http.StatusPaymentRequired, bodyQuotaExceeded)
+		return count, true
 	}
 	return count, false
+}
+
+// countLocally counts a request in this instance, under limiter_failure local. The
+// in-process limiter fails only when the month's seed cannot be read: the request
+// then goes through uncounted, as under limiter_failure open.
+func (h *Handler) countLocally(r *http.Request, key *keystore.Key, b limiter.Budgets, orgWide bool) rateCount {
+	if !orgWide {
+		// Local.Allow fails only for a limit below 1, which does not get here.
+		rl, _ := h.fallback.Allow(r.Context(), key.ID, key.RateLimit)
+		return keyCount(rl)
+	}
+	res, err := h.fallback.AllowBudgets(r.Context(), b)
+	if err != nil {
+		return rateCount{}
+	}
+	return budgetsCount(res)
 }
 
 // limiterFailureLogs are the messages of limiterFailed, by mode.
@@ -95,41 +159,74 @@ func (h *Handler) limiterFailed(key *keystore.Key, err error) {
 	}
 }
 
-// writeRateLimited writes the 429 of a key over its limit. Retry-After and the body's
-// retryAfter both carry the seconds left in the window.
+// writeRateLimited writes the 429 of a request over a minute budget. Retry-After and
+// the body's retryAfter both carry the seconds left in the refusing window.
 func writeRateLimited(w http.ResponseWriter, count rateCount) {
 	var buf [64]byte
 	b := append(buf[:0], `{"error":"rate_limited","retryAfter":`...)
-	b = strconv.AppendInt(b, int64(count.ResetAfter), 10)
+	b = strconv.AppendInt(b, int64(count.retryAfter), 10)
 	b = append(b, '}')
 	hdr := w.Header()
 	setRateLimit(hdr, count)
-	hdr["Retry-After"] = []string{strconv.Itoa(count.ResetAfter)}
+	hdr["Retry-After"] = []string{strconv.Itoa(count.retryAfter)}
 	writeJSON(w, http.StatusTooManyRequests, b)
 }
 
 // setRateLimit makes hdr carry the request's count and no other. A counted request
-// gets RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11). A
-// request not counted gets neither. The fields are set, not added, so an upstream's
-// own are replaced: only the gateway counts.
+// gets RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11), with
+// one item per minute budget that counted it: "default", the key's, then "org", the
+// organisation's. A request not counted gets neither. The fields are set, not added,
+// so an upstream's own are replaced: only the gateway counts.
 func setRateLimit(hdr http.Header, count rateCount) {
-	if !count.counted {
+	if !count.counted && count.org.Limit == 0 {
 		delete(hdr, "Ratelimit")
 		delete(hdr, "Ratelimit-Policy")
 		return
 	}
 	// Both values are built in one buffer and become one string. Their slices share
 	// one backing array, each capped at its value (see writeJSON).
-	var buf [96]byte
-	b := append(buf[:0], `"default";q=`...)
-	b = strconv.AppendInt(b, int64(count.Limit), 10)
-	b = append(b, ";w=60"...)
+	var buf [192]byte
+	b := buf[:0]
+	if count.counted {
+		b = appendPolicy(b, "default", count.Limit)
+	}
+	if count.org.Limit > 0 {
+		if count.counted {
+			b = append(b, ", "...)
+		}
+		b = appendPolicy(b, "org", count.org.Limit)
+	}
 	split := len(b)
-	b = append(b, `"default";r=`...)
-	b = strconv.AppendInt(b, int64(max(count.Remaining, 0)), 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, int64(count.ResetAfter), 10)
+	if count.counted {
+		b = appendState(b, "default", count.Result)
+	}
+	if count.org.Limit > 0 {
+		if count.counted {
+			b = append(b, ", "...)
+		}
+		b = appendState(b, "org", count.org)
+	}
 	both := string(b)
 	v := []string{both[:split], both[split:]}
 	hdr["Ratelimit-Policy"], hdr["Ratelimit"] = v[0:1:1], v[1:2:2]
+}
+
+// appendPolicy appends the RateLimit-Policy item of a one-minute budget of limit.
+func appendPolicy(b []byte, name string, limit int) []byte {
+	b = append(b, '"')
+	b = append(b, name...)
+	b = append(b, `";q=`...)
+	b = strconv.AppendInt(b, int64(limit), 10)
+	return append(b, ";w=60"...)
+}
+
+// appendState appends the RateLimit item of a budget's window: what it has left, and
+// the seconds until it ends.
+func appendState(b []byte, name string, rl limiter.Result) []byte {
+	b = append(b, '"')
+	b = append(b, name...)
+	b = append(b, `";r=`...)
+	b = strconv.AppendInt(b, int64(max(rl.Remaining, 0)), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, int64(rl.ResetAfter), 10)
 }

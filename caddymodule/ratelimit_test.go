@@ -10,7 +10,7 @@ import (
 
 func TestRateLimitHeaders(t *testing.T) {
 	hdr := http.Header{}
-	setRateLimit(hdr, rateCount{limiter.Result{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42}, true})
+	setRateLimit(hdr, keyCount(limiter.Result{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42}))
 	if got := hdr.Get("RateLimit-Policy"); got != `"default";q=600;w=60` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
@@ -18,7 +18,7 @@ func TestRateLimitHeaders(t *testing.T) {
 		t.Errorf("RateLimit %q", got)
 	}
 	rec := httptest.NewRecorder()
-	writeRateLimited(rec, rateCount{limiter.Result{Limit: 600, ResetAfter: 9}, true})
+	writeRateLimited(rec, keyCount(limiter.Result{Limit: 600, ResetAfter: 9}))
 	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9}` || rec.Header().Get("Retry-After") != "9" {
 		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}
@@ -30,8 +30,50 @@ func TestRateLimitHeadersWithoutACountRemoveAnyUpstreamSet(t *testing.T) {
 	if len(hdr) != 1 || hdr.Get("X-Other") != "kept" {
 		t.Errorf("without a count: %q; want only X-Other", hdr)
 	}
-	setRateLimit(hdr, rateCount{limiter.Result{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5}, true})
+	setRateLimit(hdr, keyCount(limiter.Result{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5}))
 	if hdr.Get("Ratelimit") != `"default";r=0;t=5` || hdr.Get("Ratelimit-Policy") != `"default";q=3;w=60` {
 		t.Errorf("with a count: %q", hdr)
+	}
+}
+
+// TestRateLimitHeadersListEachMinuteBudget: the key's minute first, as "default", then
+// the organisation's, as "org"; an unlimited key's count shows the org's alone.
+func TestRateLimitHeadersListEachMinuteBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		res           limiter.BudgetsResult
+		policy, limit string
+		retryAfter    int
+	}{
+		{"both", limiter.BudgetsResult{Allowed: true,
+			Key: limiter.Result{Allowed: true, Limit: 20, Remaining: 19, ResetAfter: 42},
+			Org: limiter.Result{Allowed: true, Limit: 100, Remaining: 57, ResetAfter: 42}},
+			`"default";q=20;w=60, "org";q=100;w=60`, `"default";r=19;t=42, "org";r=57;t=42`, 0},
+		{"refused by the org", limiter.BudgetsResult{RefusedAt: limiter.StageOrg,
+			Key: limiter.Result{Allowed: true, Limit: 20, Remaining: 3, ResetAfter: 8},
+			Org: limiter.Result{Limit: 100, Remaining: -4, ResetAfter: 8}},
+			`"default";q=20;w=60, "org";q=100;w=60`, `"default";r=3;t=8, "org";r=0;t=8`, 8},
+		{"an unlimited key", limiter.BudgetsResult{Allowed: true,
+			Org: limiter.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: 30}},
+			`"org";q=100;w=60`, `"org";r=99;t=30`, 0},
+		{"a month alone", limiter.BudgetsResult{Allowed: true,
+			Key:   limiter.Result{Allowed: true, Limit: 20, Remaining: 10, ResetAfter: 5},
+			Month: limiter.Quota{Limit: 1000, Used: 7, Remaining: 993, ResetAfter: 86400}},
+			`"default";q=20;w=60`, `"default";r=10;t=5`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			count := budgetsCount(tc.res)
+			hdr := http.Header{}
+			setRateLimit(hdr, count)
+			if got := hdr.Get("RateLimit-Policy"); got != tc.policy {
+				t.Errorf("RateLimit-Policy %q, want %q", got, tc.policy)
+			}
+			if got := hdr.Get("RateLimit"); got != tc.limit {
+				t.Errorf("RateLimit %q, want %q", got, tc.limit)
+			}
+			if count.retryAfter != tc.retryAfter {
+				t.Errorf("retryAfter %d, want %d", count.retryAfter, tc.retryAfter)
+			}
+		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,6 +38,13 @@ var testKeys = map[string]keystore.Key{
 	"UnlimitedViewer0000001": {ID: "UnlimitedViewer0000001", OrgID: "org-4", Role: keystore.RoleViewer, RateLimit: -1},
 	"UnlimitedAdmin00000001": {ID: "UnlimitedAdmin00000001", OrgID: "org-4", Role: keystore.RoleAdmin, RateLimit: -1},
 	"OddRoleOddRoleOddRole1": {ID: "OddRoleOddRoleOddRole1", OrgID: "org-1", Role: "Owner", RateLimit: 600},
+	"OrgCeilingViewer000001": {ID: "OrgCeilingViewer000001", OrgID: "org-5", Role: keystore.RoleViewer, RateLimit: 600, OrgRateLimit: 3, MonthlyQuota: -1},
+	"QuotaViewerQuotaView01": {ID: "QuotaViewerQuotaView01", OrgID: "org-6", Role: keystore.RoleViewer, RateLimit: 5, OrgRateLimit: -1, MonthlyQuota: 2},
+	"OrgCeilingUnlimited001": {ID: "OrgCeilingUnlimited001", OrgID: "org-7", Role: keystore.RoleViewer, RateLimit: -1, OrgRateLimit: 4, MonthlyQuota: -1},
+	"RestrictedAdminRestr01": {ID: "RestrictedAdminRestr01", OrgID: "org-1", Role: keystore.RoleAdmin, RateLimit: 600,
+		AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
+	"NearbyAdminNearbyAdm01": {ID: "NearbyAdminNearbyAdm01", OrgID: "org-1", Role: keystore.RoleAdmin, RateLimit: 600,
+		AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.0/24")}},
 }
 
 // bearer returns the Authorization value of a test key id.
@@ -68,6 +76,10 @@ func (failingLimiter) Allow(context.Context, string, int) (limiter.Result, error
 	return limiter.Result{}, errors.New("redis: connection refused")
 }
 
+func (failingLimiter) AllowBudgets(context.Context, limiter.Budgets) (limiter.BudgetsResult, error) {
+	return limiter.BudgetsResult{}, errors.New("redis: connection refused")
+}
+
 // testNow is the limiter's clock: 15 seconds into a minute, so every window has 45s left.
 var testNow = time.Date(2030, 1, 2, 3, 4, 15, 0, time.UTC)
 
@@ -94,7 +106,7 @@ func newTestHandler(t testing.TB, v Verifier, limiterFailure string) *Handler {
 
 // withDoubles gives h the request path Provision builds, on v and lim. The lookups
 // go behind a PostgreSQL breaker, and the counts are in process.
-func withDoubles(h *Handler, v Verifier, lim limiter.Limiter) {
+func withDoubles(h *Handler, v Verifier, lim limiter.BudgetLimiter) {
 	h.lookups = newLookups(v, newBreaker(nil, h.breakerChanged("postgres")), h.metrics)
 	h.counts = localCounts(lim, h.metrics)
 }
@@ -146,8 +158,15 @@ func (d decision) run(t *testing.T) {
 	if len(d.auth) > 0 {
 		r.Header["Authorization"] = d.auth
 		if keyID, _, ok := bearerKey(r.Header, h.format); ok {
+			key := testKeys[keyID]
 			for range d.used {
-				if _, err := h.counts.lim.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
+				var err error
+				if b, ok := budgetsOf(&key); ok {
+					_, err = h.counts.lim.AllowBudgets(r.Context(), b)
+				} else {
+					_, err = h.counts.lim.Allow(r.Context(), keyID, key.RateLimit)
+				}
+				if err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -221,7 +240,24 @@ const (
 	unlimViewer           = "UnlimitedViewer0000001"
 	unlimAdmin            = "UnlimitedAdmin00000001"
 	oddRole               = "OddRoleOddRoleOddRole1"
+	orgCeiling, quotaKey  = "OrgCeilingViewer000001", "QuotaViewerQuotaView01"
+	orgUnlimited          = "OrgCeilingUnlimited001"
+	restricted, nearby    = "RestrictedAdminRestr01", "NearbyAdminNearbyAdm01" // httptest's client is 192.0.2.1
 )
+
+// noLimits is the limits member of /v1/me for a key of rate limit perMinute on a plan
+// without organisation budgets.
+func noLimits(perMinute string) string {
+	return `"limits":{"per_minute":` + perMinute + `,"org_per_minute":null,"per_month":null,"used_this_month":null}`
+}
+
+// orgHeaders are the RateLimit fields of a key of 600 a minute under an org ceiling.
+func orgHeaders(keyLeft, orgLimit, orgLeft int) http.Header {
+	return http.Header{
+		"Ratelimit-Policy": {`"default";q=600;w=60, "org";q=` + strconv.Itoa(orgLimit) + `;w=60`},
+		"Ratelimit":        {`"default";r=` + strconv.Itoa(keyLeft) + `;t=45, "org";r=` + strconv.Itoa(orgLeft) + `;t=45`},
+	}
+}
 
 func TestDecisions(t *testing.T) {
 	rl600 := rateLimitHeader(600, 599)
@@ -238,7 +274,7 @@ func TestDecisions(t *testing.T) {
 		{name: "no API access", path: "/v1/monitors", auth: []string{bearer(freeAdmin)}, status: 403, body: wantFeatureGated, headers: merge(ownJSON(nil), noRateLimit), outcome: outcomeFeatureGated},
 		{name: "no API access on /v1/me too", path: "/v1/me", auth: []string{bearer(freeAdmin)}, status: 403, body: wantFeatureGated, headers: merge(ownJSON(nil), noRateLimit), outcome: outcomeFeatureGated},
 		// 4. The rate limit, before the role and /v1/me.
-		{name: "last request of the budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 2, status: 200, body: `{"org_id":"org-2","role":"Viewer"}`, headers: rateLimitHeader(3, 0), outcome: outcomeMe},
+		{name: "last request of the budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 2, status: 200, body: `{"org_id":"org-2","role":"Viewer",` + noLimits("3") + `}`, headers: rateLimitHeader(3, 0), outcome: outcomeMe},
 		{name: "over budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 3, status: 429, body: `{"error":"rate_limited","retryAfter":45}`,
 			headers: merge(ownJSON(rateLimitHeader(3, 0)), http.Header{"Retry-After": {"45"}}), outcome: outcomeRateLimited},
 		{name: "rate limit before the role", method: "POST", path: "/v1/monitors", auth: []string{bearer(tinyViewer)}, used: 5, status: 429, body: `{"error":"rate_limited","retryAfter":45}`,
@@ -251,11 +287,11 @@ func TestDecisions(t *testing.T) {
 		{name: "a Viewer OPTIONS", method: "OPTIONS", path: "/v1/monitors", auth: []string{bearer(viewer)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
 		{name: "an Editor writes", method: "POST", path: "/v1/monitors", auth: []string{bearer(editor)}, status: 200, body: `{"id":"m1"}`, headers: rl600, proxied: true, outcome: outcomeProxied},
 		// 6. /v1/me.
-		{name: "GET /v1/me", path: "/v1/me", auth: []string{bearer(editor)}, status: 200, body: `{"org_id":"org-1","role":"Editor"}`,
-			headers: ownJSON(merge(rl600, http.Header{"Content-Length": {"34"}})), outcome: outcomeMe},
-		{name: "GET /v1/me of a Viewer", path: "/v1/me", auth: []string{bearer(viewer)}, status: 200, body: `{"org_id":"org-1","role":"Viewer"}`, outcome: outcomeMe},
+		{name: "GET /v1/me", path: "/v1/me", auth: []string{bearer(editor)}, status: 200, body: `{"org_id":"org-1","role":"Editor",` + noLimits("600") + `}`,
+			headers: ownJSON(merge(rl600, http.Header{"Content-Length": {"124"}})), outcome: outcomeMe},
+		{name: "GET /v1/me of a Viewer", path: "/v1/me", auth: []string{bearer(viewer)}, status: 200, body: `{"org_id":"org-1","role":"Viewer",` + noLimits("600") + `}`, outcome: outcomeMe},
 		{name: "HEAD /v1/me", method: "HEAD", path: "/v1/me", auth: []string{bearer(admin)}, status: 200, bodyAny: true,
-			headers: ownJSON(http.Header{"Content-Length": {"33"}}), outcome: outcomeMe},
+			headers: ownJSON(http.Header{"Content-Length": {"123"}}), outcome: outcomeMe},
 		{name: "POST /v1/me is the upstream's", method: "POST", path: "/v1/me", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied},
 		{name: "an upstream that writes nothing: 200 with the RateLimit fields", path: "/v1/monitors", auth: []string{bearer(admin)},
 			upstream: func(http.ResponseWriter, *http.Request) error { return nil }, status: 200, body: "", headers: rl600, proxied: true, outcome: outcomeProxied},
@@ -278,6 +314,29 @@ func TestDecisions(t *testing.T) {
 			status: 504, body: `{"error":"gateway_timeout"}`, headers: merge(ownJSON(nil), noRateLimit), proxied: true, outcome: outcomeProxied},
 		{name: "an upstream JSON error is the upstream's, filtered", path: "/v1/x", auth: []string{bearer(admin)}, upstream: jsonConflict,
 			status: 409, body: `{"error":"conflict"}`, headers: rl600, proxied: true, outcome: outcomeProxied},
+		// 4. An organisation's budgets, after the key's own.
+		{name: "an org ceiling: both minute budgets in the fields", path: "/v1/monitors", auth: []string{bearer(orgCeiling)},
+			status: 200, body: `{"id":"m1"}`, headers: orgHeaders(599, 3, 2), proxied: true, outcome: outcomeProxied},
+		{name: "an org ceiling spent: 429 until the org's window ends", path: "/v1/monitors", auth: []string{bearer(orgCeiling)}, used: 3,
+			status: 429, body: `{"error":"rate_limited","retryAfter":45}`,
+			headers: ownJSON(merge(orgHeaders(596, 3, 0), http.Header{"Retry-After": {"45"}})), outcome: outcomeRateLimited},
+		{name: "an unlimited key under an org ceiling: the org's fields alone", path: "/v1/monitors", auth: []string{bearer(orgUnlimited)},
+			status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied,
+			headers: http.Header{"Ratelimit-Policy": {`"org";q=4;w=60`}, "Ratelimit": {`"org";r=3;t=45`}}},
+		{name: "a month spent: 402 quota_exceeded, no Retry-After", path: "/v1/monitors", auth: []string{bearer(quotaKey)}, used: 2,
+			status: 402, body: `{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`,
+			headers: ownJSON(merge(rateLimitHeader(5, 2), http.Header{"Retry-After": {}})), outcome: outcomeQuotaExceeded},
+		{name: "GET /v1/me shows the budgets and the month's use", path: "/v1/me", auth: []string{bearer(quotaKey)}, used: 1, status: 200,
+			body:    `{"org_id":"org-6","role":"Viewer","limits":{"per_minute":5,"org_per_minute":null,"per_month":2,"used_this_month":2}}`,
+			headers: rateLimitHeader(5, 3), outcome: outcomeMe},
+		{name: "GET /v1/me under an org ceiling", path: "/v1/me", auth: []string{bearer(orgCeiling)}, status: 200,
+			body:    `{"org_id":"org-5","role":"Viewer","limits":{"per_minute":600,"org_per_minute":3,"per_month":null,"used_this_month":null}}`,
+			headers: orgHeaders(599, 3, 2), outcome: outcomeMe},
+		// 2. A key's allowed networks.
+		{name: "outside its networks: the unknown key's 401", path: "/v1/monitors", auth: []string{bearer(restricted)},
+			status: 401, body: wantUnauthenticated, headers: unauthHeaders, outcome: outcomeIPDenied},
+		{name: "inside its networks: through", path: "/v1/monitors", auth: []string{bearer(nearby)},
+			status: 200, body: `{"id":"m1"}`, headers: rl600, proxied: true, outcome: outcomeProxied},
 		// Limiter failure modes.
 		{name: "Redis down, open: through without RateLimit fields", path: "/v1/monitors", auth: []string{bearer(admin)}, limiterFailure: "open",
 			status: 200, body: `{"id":"m1"}`, headers: noRateLimit, proxied: true, outcome: outcomeProxied},
@@ -287,6 +346,10 @@ func TestDecisions(t *testing.T) {
 			status: 503, body: wantUnavailable, outcome: outcomeLimiterUnavailable},
 		{name: "Redis down, local: counted here", path: "/v1/monitors", auth: []string{bearer(admin)}, limiterFailure: "local",
 			status: 200, body: `{"id":"m1"}`, headers: rl600, proxied: true, outcome: outcomeProxied},
+		{name: "Redis down, closed: an org's budgets too", path: "/v1/monitors", auth: []string{bearer(orgCeiling)}, limiterFailure: "closed",
+			status: 503, body: wantUnavailable, headers: merge(ownJSON(nil), noRateLimit), outcome: outcomeLimiterUnavailable},
+		{name: "Redis down, local: an org's budgets counted here", path: "/v1/monitors", auth: []string{bearer(orgCeiling)}, limiterFailure: "local",
+			status: 200, body: `{"id":"m1"}`, headers: orgHeaders(599, 3, 2), proxied: true, outcome: outcomeProxied},
 		{name: "Redis down, unlimited key: never asked", path: "/v1/monitors", auth: []string{bearer(unlimAdmin)}, limiterFailure: "closed",
 			status: 200, body: `{"id":"m1"}`, headers: noRateLimit, proxied: true, outcome: outcomeProxied},
 	} {
@@ -442,4 +505,43 @@ func counterValue(t testing.TB, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestARequestFromOutsideItsNetworksSpendsNoBudget: a key used from outside its allowed
+// networks is refused before step 4, so its minute is not counted.
+func TestARequestFromOutsideItsNetworksSpendsNoBudget(t *testing.T) {
+	h := newTestHandler(t, &fakeVerifier{}, "")
+	for range 3 {
+		r := httptest.NewRequest(http.MethodGet, "http://gw/v1/monitors", nil)
+		r.Header.Set("Authorization", bearer(restricted))
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(jsonUpstream)); err != nil || w.Code != http.StatusUnauthorized {
+			t.Fatalf("ServeHTTP = %d, %v; want 401", w.Code, err)
+		}
+	}
+	rl, err := h.counts.lim.Allow(context.Background(), restricted, 600)
+	if err != nil || rl.Remaining != 599 {
+		t.Errorf("the key's minute after 3 denied requests: %+v, %v; want 599 left", rl, err)
+	}
+	if got := counterValue(t, h.metrics.byOutcome[outcomeIPDenied]); got != 3 {
+		t.Errorf("keygate_requests_total{outcome=\"ip_denied\"} = %v, want 3", got)
+	}
+}
+
+// TestTheClientAddressIsCaddys: the address checked is Caddy's client_ip variable,
+// which honours trusted_proxies, and the connection's peer without it.
+func TestTheClientAddressIsCaddys(t *testing.T) {
+	r := httptest.NewRequest(http.MethodGet, "http://gw/v1/me", nil)
+	r.RemoteAddr = "127.0.0.1:5000"
+	if got := clientAddr(r); got != netip.MustParseAddr("127.0.0.1") {
+		t.Errorf("without Caddy's variable: %v, want the peer", got)
+	}
+	ctx := context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "10.1.2.3"})
+	if got := clientAddr(r.WithContext(ctx)); got != netip.MustParseAddr("10.1.2.3") {
+		t.Errorf("with Caddy's variable: %v, want 10.1.2.3", got)
+	}
+	r.RemoteAddr = "not an address"
+	if got := clientAddr(r); got.IsValid() {
+		t.Errorf("an unreadable address: %v, want none", got)
+	}
 }

@@ -45,6 +45,8 @@ var decidedUsage = [numOutcomes]struct {
 	outcomeForbidden:          {keystore.OutcomeForbidden, http.StatusForbidden},
 	outcomeMe:                 {keystore.OutcomeMe, http.StatusOK},
 	outcomeLimiterUnavailable: {keystore.OutcomeLimiterUnavailable, http.StatusServiceUnavailable},
+	outcomeQuotaExceeded:      {keystore.OutcomeQuotaExceeded, http.StatusPaymentRequired},
+	outcomeIPDenied:           {keystore.OutcomeIPDenied, http.StatusUnauthorized},
 }
 
 // countDecided counts a request of key that ServeHTTP answers itself with outcome o.

@@ -118,6 +118,9 @@ func TestUsageCountsEveryAnswerOfAnIdentifiedKey(t *testing.T) {
 		{name: "rate_limited", path: "/v1/me", auth: bearer("TinyViewerTinyViewer01"), used: 3, want: "org-2 TinyViewerTinyViewer01 rate_limited 429"},
 		{name: "limiter_unavailable", path: "/v1/me", auth: bearer("AdminAdminAdminAdmin01"), limiterFailure: "closed",
 			want: "org-1 AdminAdminAdminAdmin01 limiter_unavailable 503"},
+		{name: "quota_exceeded", path: "/v1/monitors", auth: bearer(quotaKey), used: 2, want: "org-6 QuotaViewerQuotaView01 quota_exceeded 402"},
+		{name: "rate_limited by the org's minute", path: "/v1/monitors", auth: bearer(orgCeiling), used: 3, want: "org-5 OrgCeilingViewer000001 rate_limited 429"},
+		{name: "ip_denied", path: "/v1/monitors", auth: bearer(restricted), want: "org-1 RestrictedAdminRestr01 ip_denied 401"},
 		{name: "no key: not counted", path: "/v1/me"},
 		{name: "unknown key: not counted", path: "/v1/me", auth: bearer("UnknownUnknownUnknown1")},
 		{name: "wrong secret: not counted", path: "/v1/me", auth: "Bearer mon_live_AdminAdminAdminAdmin01." + strings.Repeat("x", 43)},
@@ -134,8 +137,15 @@ func TestUsageCountsEveryAnswerOfAnIdentifiedKey(t *testing.T) {
 				r.Header.Set("Authorization", tc.auth)
 			}
 			if keyID, _, ok := bearerKey(r.Header, h.format); ok {
+				key := testKeys[keyID]
 				for range tc.used {
-					if _, err := h.counts.lim.Allow(r.Context(), keyID, testKeys[keyID].RateLimit); err != nil {
+					var err error
+					if b, ok := budgetsOf(&key); ok {
+						_, err = h.counts.lim.AllowBudgets(r.Context(), b)
+					} else {
+						_, err = h.counts.lim.Allow(r.Context(), keyID, key.RateLimit)
+					}
+					if err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -114,7 +114,7 @@ func useMonitors(ctx context.Context, api, readOnly *v1.ClientWithResponses) err
 	if err != nil {
 		return err
 	}
-	if me.JSON200 == nil || me.JSON200.Role != v1.Admin {
+	if me.JSON200 == nil || me.JSON200.Role != v1.Admin || me.JSON200.Limits.PerMinute == nil || *me.JSON200.Limits.PerMinute < 1 {
 		return unexpected("GET /v1/me", me.HTTPResponse, me.Body)
 	}
 
