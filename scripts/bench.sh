@@ -75,6 +75,7 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
+bench_start_load=$(cut -d' ' -f1-3 /proc/loadavg)
 need_tools wrk curl openssl
 case ${BENCH_ONLY:-} in
 "" | capacity | usage | budgets) ;;
@@ -524,9 +525,13 @@ bench_budgets() {
 }
 # only_run VAR PREFIX prints VAR's report and replaces the paragraph of OUT that starts
 # with PREFIX, up to its blank line, with it (or adds it at the end): BENCH_ONLY's ending.
+# The paragraph ends with when, at which commit and on how busy a machine it ran, since
+# the rest of OUT comes from another run.
 only_run() {
 	local -n _only=$1
 	local prefix=$2
+	_only+=$'\n'"    run alone (BENCH_ONLY=$BENCH_ONLY), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown),"
+	_only+=" $(nproc) cores, load average $bench_start_load at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 	echo "$_only"
 	printf '%s\n' "$_only" | sed '/./,$!d' >"$OUT.block"
 	if [ -f "$OUT" ] && grep -qF "$prefix" "$OUT"; then
