@@ -538,6 +538,12 @@ only_run() {
 		awk -v bf="$OUT.block" -v p="$prefix" 'index($0, p) == 1 {while ((getline l < bf) > 0) print l; skip = 1; next}
 			skip && /^$/ {skip = 0} !skip' "$OUT" >"$OUT.tmp"
 		mv "$OUT.tmp" "$OUT"
+	elif [ -f "$OUT" ] && grep -qE '^(\(k\) |capacity of each shared dependency)' "$OUT"; then
+		# Where a whole run puts it: before (k) and the capacity section, which
+		# BENCH_ONLY=capacity replaces up to the end of OUT.
+		awk -v bf="$OUT.block" '!done && /^(\(k\) |capacity of each shared dependency)/ {
+			while ((getline l < bf) > 0) print l; print ""; done = 1 } {print}' "$OUT" >"$OUT.tmp"
+		mv "$OUT.tmp" "$OUT"
 	else
 		{
 			[ ! -s "$OUT" ] || echo
