@@ -34,7 +34,7 @@
 #       organisation ceiling and a monthly quota (too large to refuse) against the bench
 #       key, whose plan has neither, the same way (pair_run below); then Redis's CPU per
 #       count, (o1) the key's minute alone against (o2) the budgets' script, at
-#       BUDGETS_WAITERS (1,16,256) goroutines per process (internal/capacity, with
+#       BUDGETS_WAITERS (1,4,16,64) goroutines per process (internal/capacity, with
 #       capacity.sh's CAP_KEYS, CAP_ORGS, CAP_PROCS, CAP_WARMUP, CAP_DURATION);
 #       BENCH_ONLY=budgets runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
@@ -378,7 +378,8 @@ pair_run() {
 	local -n _report=$1
 	local title=$2 pid=$3 label_a=$4 url_a=$5 key_a=$6 label_b=$7 url_b=$8 key_b=$9
 	local want_ratio=${10:-0.95} want_cpu=${11:-} round
-	local auth_a=(-H "Authorization: Bearer $key_a") auth_b=(-H "Authorization: Bearer $key_b")
+	local auth_a=(-H "Authorization: Bearer $key_a") auth_b=(-H "Authorization: Bearer $key_b") load_start
+	load_start=$(cut -d' ' -f1 /proc/loadavg)
 	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth_a[@]}" "$url_a" >/dev/null
 	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth_b[@]}" "$url_b" >/dev/null
 	# cpu_snapshot reads caddy_pid: this Caddy's, for these runs.
@@ -416,7 +417,7 @@ $title, mean of $ROUNDS alternating runs      req/s      p99 ms  caddy us/req
     A/B throughput ratio               $ratio   (>= $want_ratio: $(verdict "$ratio >= $want_ratio"))
     Caddy CPU A - B                    $cpu_diff us/req$cpu_verdict; rounds $cpu_rounds
     PostgreSQL CPU A - B               $pg_diff us/req
-    runs (req/s): A $runs_a; B $runs_b
+    runs (req/s): A $runs_a; B $runs_b; load average $load_start before the rounds, $(cut -d' ' -f1 /proc/loadavg) after
 EOT
 	)
 }
@@ -511,7 +512,7 @@ bench_budgets() {
 	# plain way (Allow, the key's minute) and then through the org budgets
 	# (AllowBudgets: the key's minute, the org's minute and month in one script call),
 	# as capacity.sh's (s1) does.
-	local tool="$stack/capacity" orgs=${CAP_ORGS:-10000} waiters=${BUDGETS_WAITERS:-1,16,256} part
+	local tool="$stack/capacity" orgs=${CAP_ORGS:-10000} waiters=${BUDGETS_WAITERS:-1,4,16,64} part
 	capacity_tool
 	local common=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "${CAP_WARMUP:-2s}"
 		-duration "${CAP_DURATION:-5s}" -waiters "$waiters" -redis-url "$REDIS_URL")
