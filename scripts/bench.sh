@@ -27,7 +27,16 @@
 #   (i) the cost of signed identity: the gateway with identity_key and with
 #       gateway_secret alone, the same way (bench_pair below)
 #   (u) the cost of the usage record: the gateway with it on (the default) and with
-#       usage off, the same way; BENCH_ONLY=usage runs it alone and replaces it in OUT
+#       usage off, the same way; then (u1) PostgreSQL's CPU per row written and rolled
+#       up and per month read (internal/capacity); BENCH_ONLY=usage runs it alone and
+#       replaces it in OUT
+#   (o) the cost of organisation budgets: one gateway site, a key whose plan has an
+#       organisation ceiling and a monthly quota (too large to refuse) against the bench
+#       key, whose plan has neither, the same way (pair_run below); then Redis's CPU per
+#       count, (o1) the key's minute alone against (o2) the budgets' script, at
+#       BUDGETS_WAITERS (1,4,16,64) goroutines per process (internal/capacity, with
+#       capacity.sh's CAP_KEYS, CAP_ORGS, CAP_PROCS, CAP_WARMUP, CAP_DURATION);
+#       BENCH_ONLY=budgets runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
 #       key lookups on PostgreSQL and through PgBouncer, counts on one Redis and on a
@@ -50,9 +59,9 @@
 # FAULT_DURATION (5s, each run of (f)), BENCH_LINGER ((cL)'s batch_linger, 2ms; off skips
 # (cL)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
-# MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE
-# and BENCH_CLUSTER (1; 0 skips (m), (i), (u) or (k)); BENCH_CAPACITY and BENCH_ONLY above, the
-# capacity section's own CAP_* in scripts/capacity.sh.
+# MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE,
+# BENCH_BUDGETS and BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o) or (k)); BENCH_CAPACITY
+# and BENCH_ONLY above, the capacity section's own CAP_* in scripts/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
 # meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
@@ -66,10 +75,11 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-scripts/bench-results.txt}
+bench_start_load=$(cut -d' ' -f1-3 /proc/loadavg)
 need_tools wrk curl openssl
 case ${BENCH_ONLY:-} in
-"" | capacity | usage) ;;
-*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity or usage runs alone" >&2; exit 1 ;;
+"" | capacity | usage | budgets) ;;
+*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity, usage or budgets runs alone" >&2; exit 1 ;;
 esac
 [ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
@@ -332,6 +342,8 @@ per_round() {
 	done
 }
 
+# FIELD=F mean LINE... prints the mean of field F of the lines.
+mean() { printf '%s\n' "$@" | awk -v f="$FIELD" '{s += $f} END {printf "%.2f", s / NR}'; }
 # median FIELD LINE... prints the median of field FIELD of the lines; spread prints
 # "min..max".
 median() {
@@ -356,41 +368,20 @@ cpu_header() {
 
 verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 
-# ---- (m), (i) and (u): one option on and off ---------------------------------------
-# bench_pair VAR TITLE LABEL_A OPTION_A LABEL_B OPTION_B [RATIO [CPU]] runs one Caddy
-# with two gateway sites that differ only in one option line (empty: none), measures
-# them ROUNDS times alternating, Caddy's and PostgreSQL's CPU per request included, and
-# sets VAR to a report with the A/B throughput ratio (target: at least RATIO, 0.95) and
-# Caddy's CPU per request A - B (target: at most CPU us, when given). Both sites share
-# one process, one PostgreSQL pool and one Redis client, so the only difference is the
-# option's work.
-#   (m) metrics on against disable_metrics: what the metrics bookkeeping costs.
-#   (i) identity_key against gateway_secret alone: what signing X-Gateway-Identity
-#       costs (the upstream checks the shared secret in both; verifying the assertion
-#       is the upstream's cost, not the gateway's).
-#   (u) the usage record on (the default) against usage off: what counting every
-#       request and writing the counts every usage_flush_interval cost.
-# BENCH_METRICS=0, BENCH_IDENTITY=0 and BENCH_USAGE=0 skip them; BENCH_ONLY=usage runs
-# (u) alone, right after the setup, and replaces it in OUT.
-metrics_site() { gateway_site "$@"; } # ADDR [OPTION]
-bench_pair() {
+# ---- (m), (i), (u) and (o): two gateways, or two keys, in one Caddy ---------------------
+# pair_run VAR TITLE PID LABEL_A URL_A KEY_A LABEL_B URL_B KEY_B [RATIO [CPU]] measures
+# URL_A with key KEY_A and URL_B with KEY_B, both served by the Caddy PID, ROUNDS times
+# alternating, Caddy's and PostgreSQL's CPU per request included, stops PID, and sets
+# VAR to a report with the A/B throughput ratio (target: at least RATIO, 0.95) and
+# Caddy's CPU per request A - B (target: at most CPU us, when given).
+pair_run() {
 	local -n _report=$1
-	local title=$2 label_a=$3 opt_a=$4 label_b=$5 opt_b=$6 want_ratio=${7:-0.95} want_cpu=${8:-}
-	local a b pid addr round
-	a="127.0.0.1:$(bench_port)"
-	b="127.0.0.1:$(bench_port)"
-	{
-		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
-		metrics_site "$a" ${opt_a:+"$opt_a"}
-		metrics_site "$b" ${opt_b:+"$opt_b"}
-	} >"$stack/Caddyfile.pair"
-	bin/caddy run --config "$stack/Caddyfile.pair" --adapter caddyfile >"$stack/caddy-pair.log" 2>&1 &
-	pid=$!
-	pids+=($pid)
-	for addr in "$a" "$b"; do
-		wait_http "http://$addr/v1/me" || { tail -n 20 "$stack/caddy-pair.log" >&2; exit 1; }
-		wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth[@]}" "http://$addr/v1/monitors/$monitor" >/dev/null
-	done
+	local title=$2 pid=$3 label_a=$4 url_a=$5 key_a=$6 label_b=$7 url_b=$8 key_b=$9
+	local want_ratio=${10:-0.95} want_cpu=${11:-} round
+	local auth_a=(-H "Authorization: Bearer $key_a") auth_b=(-H "Authorization: Bearer $key_b") load_start
+	load_start=$(cut -d' ' -f1 /proc/loadavg)
+	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth_a[@]}" "$url_a" >/dev/null
+	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth_b[@]}" "$url_b" >/dev/null
 	# cpu_snapshot reads caddy_pid: this Caddy's, for these runs.
 	local caddy_pid=$pid a_runs=() b_runs=()
 	# Odd rounds measure A first, even rounds B first, so that neither always has the
@@ -398,11 +389,11 @@ bench_pair() {
 	for round in $(seq 1 "$ROUNDS"); do
 		echo "measuring $title, round $round…" >&2
 		if ((round % 2)); then
-			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
-			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
+			a_runs+=("$(measure_cpu ok "$url_a" "${auth_a[@]}")")
+			b_runs+=("$(measure_cpu ok "$url_b" "${auth_b[@]}")")
 		else
-			b_runs+=("$(measure_cpu ok "http://$b/v1/monitors/$monitor" "${auth[@]}")")
-			a_runs+=("$(measure_cpu ok "http://$a/v1/monitors/$monitor" "${auth[@]}")")
+			b_runs+=("$(measure_cpu ok "$url_b" "${auth_b[@]}")")
+			a_runs+=("$(measure_cpu ok "$url_a" "${auth_a[@]}")")
 		fi
 	done
 	kill "$pid" 2>/dev/null || true
@@ -419,30 +410,140 @@ bench_pair() {
 	runs_a=$(printf '%s\n' "${a_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
 	runs_b=$(printf '%s\n' "${b_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
 	_report=$'\n\n'$(
-		cat <<EOF
+		cat <<EOT
 $title, mean of $ROUNDS alternating runs      req/s      p99 ms  caddy us/req
     $(printf '%-34s %9.0f %11.3f %11.1f' "$label_a" "$a_rps" "$a_p99" "$a_cpu")
     $(printf '%-34s %9.0f %11.3f %11.1f' "$label_b" "$b_rps" "$b_p99" "$b_cpu")
     A/B throughput ratio               $ratio   (>= $want_ratio: $(verdict "$ratio >= $want_ratio"))
     Caddy CPU A - B                    $cpu_diff us/req$cpu_verdict; rounds $cpu_rounds
     PostgreSQL CPU A - B               $pg_diff us/req
-    runs (req/s): A $runs_a; B $runs_b
-EOF
+    runs (req/s): A $runs_a; B $runs_b; load average $load_start before the rounds, $(cut -d' ' -f1 /proc/loadavg) after
+EOT
 	)
 }
-# bench_usage sets usage_report: (u), the usage record on against usage off.
+# pair_caddy ADDR... starts a Caddy for pair_run on $stack/Caddyfile.pair, sets
+# PAIR_PID, and waits until each ADDR answers.
+pair_caddy() {
+	local addr
+	bin/caddy run --config "$stack/Caddyfile.pair" --adapter caddyfile >"$stack/caddy-pair.log" 2>&1 &
+	PAIR_PID=$!
+	pids+=($PAIR_PID)
+	for addr in "$@"; do
+		wait_http "http://$addr/v1/me" || { tail -n 20 "$stack/caddy-pair.log" >&2; exit 1; }
+	done
+}
+# bench_pair VAR TITLE LABEL_A OPTION_A LABEL_B OPTION_B [RATIO [CPU]] runs one Caddy
+# with two gateway sites that differ only in one option line (empty: none) and measures
+# them with pair_run, the bench key on both. Both sites share one process, one
+# PostgreSQL pool and one Redis client, so the only difference is the option's work.
+#   (m) metrics on against disable_metrics: what the metrics bookkeeping costs.
+#   (i) identity_key against gateway_secret alone: what signing X-Gateway-Identity
+#       costs (the upstream checks the shared secret in both; verifying the assertion
+#       is the upstream's cost, not the gateway's).
+#   (u) the usage record on (the default) against usage off: what counting every
+#       request and writing the counts every usage_flush_interval cost.
+# BENCH_METRICS=0, BENCH_IDENTITY=0 and BENCH_USAGE=0 skip them; BENCH_ONLY=usage runs
+# (u) alone, right after the setup, and replaces it in OUT.
+metrics_site() { gateway_site "$@"; } # ADDR [OPTION]
+bench_pair() {
+	local var=$1 title=$2 label_a=$3 opt_a=$4 label_b=$5 opt_b=$6 a b
+	a="127.0.0.1:$(bench_port)"
+	b="127.0.0.1:$(bench_port)"
+	{
+		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
+		metrics_site "$a" ${opt_a:+"$opt_a"}
+		metrics_site "$b" ${opt_b:+"$opt_b"}
+	} >"$stack/Caddyfile.pair"
+	pair_caddy "$a" "$b"
+	pair_run "$var" "$title" "$PAIR_PID" "$label_a" "http://$a/v1/monitors/$monitor" "$key" \
+		"$label_b" "http://$b/v1/monitors/$monitor" "$key" "${@:7}"
+}
+# capacity_tool builds internal/capacity's command as $stack/capacity, once.
+capacity_tool() {
+	[ -x "$stack/capacity" ] || go build -o "$stack/capacity" ./internal/capacity/cmd/capacity
+}
+# bench_usage sets usage_report: (u), the usage record on against usage off, and then
+# PostgreSQL's side on its own (u1): internal/capacity writing and rolling up rows of
+# the usage record and reading months, in a database of its own (keygate_usage).
 bench_usage() {
 	bench_pair usage_report "(u) usage record" "A: gateway, usage on (default)" "" "B: gateway, usage off" "usage off" 0.97 3
+	echo "measuring (u1) the usage record on PostgreSQL…" >&2
+	capacity_tool
+	usage_report+=$'\n'"$("$stack/capacity" usage -label "(u1)" -orgs "${CAP_ORGS:-10000}" -sizes 1000,100000 -per-size 100000 \
+		-database-url "$(sed -E 's#^([a-z]+://[^/]*)/[^?]*#\1/keygate_usage#' <<<"$DATABASE_URL")" | sed '/^$/d; s/^/    /')"
 }
-usage_report=""
-if [ "${BENCH_ONLY:-}" = usage ]; then
-	bench_usage
-	echo "$usage_report"
-	# Replace the (u) paragraph of OUT, up to its blank line, or add it at the end.
-	printf '%s\n' "$usage_report" | sed '/./,$!d' >"$OUT.block"
-	if [ -f "$OUT" ] && grep -q '^(u) usage record' "$OUT"; then
-		awk -v bf="$OUT.block" 'index($0, "(u) usage record") == 1 {while ((getline l < bf) > 0) print l; skip = 1; next}
+# bench_budgets sets budgets_report: (o), one gateway site and two keys, the bench key
+# (its plan has no organisation budget: one count a request, as in (c)) and a key of
+# another organisation whose plan has an organisation ceiling and a monthly quota, both
+# too large to refuse anything here: what counting the key's minute, the org's minute
+# and the org's month in one script call costs against the key's minute alone. Each
+# key reads a monitor of its own organisation. BENCH_BUDGETS=0 skips it;
+# BENCH_ONLY=budgets runs it alone, right after the setup, and replaces it in OUT.
+bench_budgets() {
+	local site policy budget_key budget_monitor budget_org
+	bin/upstream plan put --name bench-budgets --api-rate-limit 1000000000 --max-monitors -1 --min-interval 10 \
+		--locations us-east,us-west,eu-west,eu-central,ap-southeast --check-types http,tcp,dns,icmp \
+		--org-rate-limit 100000000 --api-requests-per-month 1000000000000 >/dev/null
+	budget_org=$(bin/upstream org create --name bench-budgets --plan bench-budgets | json_field id)
+	bin/upstream member add --org "$budget_org" --email bench@example.com --role Owner >/dev/null
+	budget_key=$(create_key "$budget_org" budgets Admin "$jar" "http://$gw")
+	budget_monitor=$(curl -sf "http://$gw/v1/monitors" -H "Authorization: Bearer $budget_key" -H 'Content-Type: application/json' \
+		-d '{"name":"bench","type":"http","target":"https://example.com","interval_seconds":60,"config":{"a":1}}' | json_field id)
+	[ -n "$budget_monitor" ] || { echo "could not create the budgets monitor" >&2; exit 1; }
+	site="127.0.0.1:$(bench_port)"
+	{
+		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
+		metrics_site "$site"
+	} >"$stack/Caddyfile.pair"
+	pair_caddy "$site"
+	# Whether this build counts the organisation's budgets: its answers then list the
+	# "org" minute budget in RateLimit-Policy.
+	policy=$(curl -sf -D - -o /dev/null -H "Authorization: Bearer $budget_key" "http://$site/v1/me" |
+		awk 'tolower($1) == "ratelimit-policy:" {sub(/^[^:]*: */, ""); sub(/\r$/, ""); print}')
+	pair_run budgets_report "(o) organisation budgets" "$PAIR_PID" \
+		"A: key, org ceiling + month quota" "http://$site/v1/monitors/$budget_monitor" "$budget_key" \
+		"B: key, the plan's minute only" "http://$site/v1/monitors/$monitor" "$key" 0.97
+	budgets_report+=$'\n'"    A's RateLimit-Policy: $policy"
+	case $policy in
+	*'"org"'*) ;;
+	*) budgets_report+=" (no org budget: this build counts A's key like B's)" ;;
+	esac
+	# Redis's side, on its own: internal/capacity's workers counting random keys the
+	# plain way (Allow, the key's minute) and then through the org budgets
+	# (AllowBudgets: the key's minute, the org's minute and month in one script call),
+	# as capacity.sh's (s1) does.
+	local tool="$stack/capacity" orgs=${CAP_ORGS:-10000} waiters=${BUDGETS_WAITERS:-1,4,16,64} part
+	capacity_tool
+	local common=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "${CAP_WARMUP:-2s}"
+		-duration "${CAP_DURATION:-5s}" -waiters "$waiters" -redis-url "$REDIS_URL")
+	for part in "(o1) counts on one Redis, the key's minute alone" "(o2) counts on one Redis, the org budgets"; do
+		echo "measuring $part…" >&2
+		local extra=()
+		[[ $part != "(o2)"* ]] || extra=(-orgs "$orgs")
+		budgets_report+=$'\n'"$("$tool" counts -label "${part%% *}" -title "${part#* }" "${common[@]}" "${extra[@]}" |
+			sed '/^$/d; s/^/    /')"
+	done
+}
+# only_run VAR PREFIX prints VAR's report and replaces the paragraph of OUT that starts
+# with PREFIX, up to its blank line, with it (or adds it at the end): BENCH_ONLY's ending.
+# The paragraph ends with when, at which commit and on how busy a machine it ran, since
+# the rest of OUT comes from another run.
+only_run() {
+	local -n _only=$1
+	local prefix=$2
+	_only+=$'\n'"    run alone (BENCH_ONLY=$BENCH_ONLY), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown),"
+	_only+=" $(nproc) cores, load average $bench_start_load at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+	echo "$_only"
+	printf '%s\n' "$_only" | sed '/./,$!d' >"$OUT.block"
+	if [ -f "$OUT" ] && grep -qF "$prefix" "$OUT"; then
+		awk -v bf="$OUT.block" -v p="$prefix" 'index($0, p) == 1 {while ((getline l < bf) > 0) print l; skip = 1; next}
 			skip && /^$/ {skip = 0} !skip' "$OUT" >"$OUT.tmp"
+		mv "$OUT.tmp" "$OUT"
+	elif [ -f "$OUT" ] && grep -qE '^(\(k\) |capacity of each shared dependency)' "$OUT"; then
+		# Where a whole run puts it: before (k) and the capacity section, which
+		# BENCH_ONLY=capacity replaces up to the end of OUT.
+		awk -v bf="$OUT.block" '!done && /^(\(k\) |capacity of each shared dependency)/ {
+			while ((getline l < bf) > 0) print l; print ""; done = 1 } {print}' "$OUT" >"$OUT.tmp"
 		mv "$OUT.tmp" "$OUT"
 	else
 		{
@@ -452,8 +553,20 @@ if [ "${BENCH_ONLY:-}" = usage ]; then
 	fi
 	rm -f "$OUT.block"
 	echo "(written to $OUT)"
+}
+usage_report="" budgets_report=""
+case ${BENCH_ONLY:-} in
+usage)
+	bench_usage
+	only_run usage_report "(u) usage record"
 	exit 0
-fi
+	;;
+budgets)
+	bench_budgets
+	only_run budgets_report "(o) organisation budgets"
+	exit 0
+	;;
+esac
 
 if [ "${BENCH_ONLY:-}" = capacity ]; then
 	source scripts/capacity.sh
@@ -584,7 +697,6 @@ read -r c0_rps c0_p50 c0_p99 < <(measure "http://$unbatched/v1/monitors/$monitor
 echo "measuring (d) /v1/me…" >&2
 read -r d_rps d_p50 d_p99 < <(measure "http://$gw/v1/me" "${auth[@]}")
 
-mean() { printf '%s\n' "$@" | awk -v f="$FIELD" '{s += $f} END {printf "%.2f", s / NR}'; }
 # medians LINE... prints the median of each of the 7 fields of measure_cpu's lines.
 medians() {
 	local f out=""
@@ -643,7 +755,7 @@ cpu_report=$(
 # ---- end of CPU per request -----------------------------------------------------------
 cpu_report+=$matched_report
 
-# ---- (m), (i) and (u), measured with bench_pair (above) ----------------------------
+# ---- (m), (i), (u) and (o), measured with pair_run (above) -------------------------
 metrics_report="" identity_report=""
 if [ "${BENCH_METRICS:-1}" = 1 ]; then
 	bench_pair metrics_report "(m) metrics" "A: gateway, metrics on" "" "B: gateway, disable_metrics" disable_metrics
@@ -654,7 +766,8 @@ if [ "${BENCH_IDENTITY:-1}" = 1 ]; then
 		"B: gateway, gateway_secret alone" ""
 fi
 if [ "${BENCH_USAGE:-1}" = 1 ]; then bench_usage; fi
-# ---- end of (m), (i) and (u) ---------------------------------------------------------
+if [ "${BENCH_BUDGETS:-1}" = 1 ]; then bench_budgets; fi
+# ---- end of (m), (i), (u) and (o) -----------------------------------------------------
 
 # (e) The 50 MB list, on a Caddy of its own so that its peak RSS is the filter's alone.
 echo "measuring (e) 50 MB list through the filter…" >&2
@@ -776,7 +889,7 @@ targets:
   PostgreSQL hung, 503s/s   $(printf '%.0f' "$f_pg_503")   (>= 100: $(verdict "$f_pg_503 >= 100"))
 EOF
 )
-report+=$metrics_report$identity_report$usage_report
+report+=$metrics_report$identity_report$usage_report$budgets_report
 echo "$report"
 echo "$report" >"$OUT"
 echo "(written to $OUT)"

@@ -67,8 +67,8 @@ func TestSeededKeysVerify(t *testing.T) {
 	orgs := map[string]bool{}
 	for i := range 50 {
 		k, ok, err := store.Verify(ctx, FullKey(i))
-		if err != nil || !ok || k.ID != KeyID(i) {
-			t.Fatalf("Verify(FullKey(%d)) = %+v, %v, %v", i, k, ok, err)
+		if err != nil || !ok || k.ID != KeyID(i) || k.OrgID != OrgID(i%7) {
+			t.Fatalf("Verify(FullKey(%d)) = %+v, %v, %v; want org %s", i, k, ok, err, OrgID(i%7))
 		}
 		orgs[k.OrgID] = true
 		wrong := KeyPrefix + "_live_" + KeyID(i) + "." + Secret(i+1)
@@ -288,6 +288,55 @@ func TestCountsThroughPipelines(t *testing.T) {
 	}
 }
 
+// TestCountsWithBudgets: with Orgs, every count goes through the budgets of its key's
+// org (Seed's), so the orgs' month counters hold every count made.
+func TestCountsWithBudgets(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	const orgs = 3
+	var months []string
+	for n := range orgs {
+		found, err := rdb.Keys(ctx, "keygate:rl:{o:"+OrgID(n)+"}:M:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		months = append(months, found...)
+	}
+	if len(months) > 0 {
+		if err := rdb.Del(ctx, months...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := Counts{RedisURL: redistest.URL(t), Keys: 30, Orgs: orgs, Timeout: 2 * time.Second}
+	levels, err := c.Run(ctx, testRunner(t, 2), []int{1, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops uint64
+	for _, lv := range levels {
+		if lv.Ops == 0 || lv.Errors != 0 || lv.Rounds == 0 {
+			t.Errorf("W=%d: %+v", lv.Waiters, lv)
+		}
+		ops += lv.Ops
+	}
+	var counted int64
+	for n := range orgs {
+		found, err := rdb.Keys(ctx, "keygate:rl:{o:"+OrgID(n)+"}:M:*").Result()
+		if err != nil || len(found) != 1 {
+			t.Fatalf("org %d: month counters %q, %v; want one", n, found, err)
+		}
+		v, err := rdb.Get(ctx, found[0]).Int64()
+		if err != nil || v == 0 {
+			t.Fatalf("org %d: month %d, %v", n, v, err)
+		}
+		counted += v
+	}
+	// The months hold the warm-ups' counts too, and the windows' own.
+	if counted < int64(ops) {
+		t.Errorf("the orgs' months hold %d counts, the windows measured %d", counted, ops)
+	}
+}
+
 func TestLastUsedWrites(t *testing.T) {
 	ctx := context.Background()
 	url := schematest.NewDatabase(t)
@@ -311,6 +360,35 @@ func TestLastUsedWrites(t *testing.T) {
 	}
 }
 
+func TestUsageWrites(t *testing.T) {
+	ctx := context.Background()
+	url := schematest.NewDatabase(t)
+	w := UsageWrites{DatabaseURL: url, Orgs: 7, Sizes: []int{10, 60}, PerSize: 100}
+	sizes, err := w.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10 rows: 10 minutes after the first; 60 rows: the two minutes at least.
+	if len(sizes) != 2 || sizes[0].Minutes != 10 || sizes[1].Minutes != 2 || sizes[0].Reads != 7 || sizes[1].Reads != 7 {
+		t.Fatalf("sizes %+v", sizes)
+	}
+	// Every row counted once by each flush: the first minute once, the others twice;
+	// all of it rolled up into the days.
+	var minutes, days int
+	if err := pgxConnQueryInt(ctx, url, `SELECT sum(count)::int FROM usage_minutes WHERE count = rolled`, &minutes); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgxConnQueryInt(ctx, url, `SELECT sum(count)::int FROM usage_days`, &days); err != nil {
+		t.Fatal(err)
+	}
+	if want := 10 + 10*10*2 + 60 + 2*60*2; minutes != want || days != want {
+		t.Errorf("minutes rolled up %d, days %d; want %d", minutes, days, want)
+	}
+	if _, err := (UsageWrites{DatabaseURL: url, Orgs: 7, Sizes: []int{0}, PerSize: 1}).Run(ctx); err == nil {
+		t.Error("flushing 0 rows: no error")
+	}
+}
+
 func pgxConnQueryInt(ctx context.Context, url, sql string, v *int) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -329,6 +407,7 @@ func TestMainRefusesBadUsage(t *testing.T) {
 		{"lookups", "-waiters", "1,x"},
 		{"counts", "-waiters", "0"},
 		{"lastused", "-sizes", "-3"},
+		{"usage", "-sizes", "1,x"},
 		{"worker", "lookups", "-keys", "0"},
 	} {
 		if err := Main(context.Background(), args, strings.NewReader(""), io.Discard); err == nil {

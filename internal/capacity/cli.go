@@ -16,7 +16,7 @@ import (
 // worker reads its orders from stdin; every command writes its report to stdout.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: capacity seed|lookups|counts|lastused [flags]")
+		return errors.New("usage: capacity seed|lookups|counts|lastused|usage [flags]")
 	}
 	cmd, args := args[0], args[1:]
 	switch cmd {
@@ -28,6 +28,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer)
 		return countsCommand(ctx, args, stdout)
 	case "lastused":
 		return lastUsedCommand(ctx, args, stdout)
+	case "usage":
+		return usageCommand(ctx, args, stdout)
 	case "worker":
 		if len(args) == 0 {
 			return errors.New("usage: capacity worker lookups|counts [flags]")
@@ -158,12 +160,16 @@ func countsCommand(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&cs.RedisURL, "redis-url", "", "the Redis (with -cluster, the Cluster)")
 	fs.BoolVar(&cs.Cluster, "cluster", false, "the Redis is a Cluster")
 	fs.DurationVar(&cs.Timeout, "timeout", 200*time.Millisecond, "the limiter's timeout (redis_timeout)")
+	fs.IntVar(&cs.Orgs, "orgs", 0, "count with organisation budgets, the keys spread over this many orgs (0: the key's minute alone)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	r, waiters, err := c.runner()
 	if err != nil {
 		return err
+	}
+	if cs.Orgs < 0 {
+		return errors.New("-orgs must be at least 0")
 	}
 	cs.Keys = c.keys
 	primaries, err := cs.Primaries(ctx)
@@ -178,8 +184,13 @@ func countsCommand(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	c.heading(stdout, "a limiter.Redis with pipelining on a client of its own")
-	fmt.Fprintf(stdout, "    %d primar%s; every count a key's own counter, hash-tagged by its key id\n",
-		len(primaries), map[bool]string{true: "y", false: "ies"}[len(primaries) == 1])
+	what := "every count a key's own counter, hash-tagged by its key id"
+	if cs.Orgs > 0 {
+		what = fmt.Sprintf("every count the budgets of a plan with an org ceiling and a monthly quota: the key's minute, "+
+			"its org's minute and month in one script call, hash-tagged by the org's id; the keys spread over %d orgs", cs.Orgs)
+	}
+	fmt.Fprintf(stdout, "    %d primar%s; %s\n",
+		len(primaries), map[bool]string{true: "y", false: "ies"}[len(primaries) == 1], what)
 	WriteCounts(stdout, levels, len(primaries))
 	return nil
 }
@@ -209,5 +220,34 @@ func lastUsedCommand(ctx context.Context, args []string, stdout io.Writer) error
 	fmt.Fprintf(stdout, "%s last_used_at writes: one keystore.LastUsed flushing N distinct keys of %d at a time, each key once\n",
 		*label, w.Keys)
 	WriteLastUsed(stdout, flushes)
+	return nil
+}
+
+func usageCommand(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("usage", flag.ContinueOnError)
+	var w UsageWrites
+	label := fs.String("label", "", "the report's label")
+	fs.StringVar(&w.DatabaseURL, "database-url", "", "a database of its own (created, migrated, its usage tables emptied)")
+	fs.IntVar(&w.Orgs, "orgs", 10_000, "organisations the keys belong to")
+	sizes := fs.String("sizes", "1000,100000", "rows per flush, comma-separated")
+	fs.IntVar(&w.PerSize, "per-size", 200_000, "rows to write at each size, at least")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for f := range strings.SplitSeq(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-sizes: %q is not a positive number", f)
+		}
+		w.Sizes = append(w.Sizes, n)
+	}
+	rows, err := w.Run(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s the usage record on PostgreSQL: per minute, one keystore.Usage flushing N rows (a key, proxied, 200) new,\n", *label)
+	fmt.Fprintf(stdout, "    the same N again (a second gateway's), and the upstream's roll-up of them into existing hours and days;\n")
+	fmt.Fprintf(stdout, "    then month reads (the month re-seed's) of orgs with rows, at most %d; keys spread over %d orgs\n", maxMonthReads, w.Orgs)
+	WriteUsage(stdout, rows)
 	return nil
 }

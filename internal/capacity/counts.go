@@ -29,6 +29,11 @@ type Counts struct {
 	RedisURL string
 	Cluster  bool
 	Keys     int
+	// Orgs, when positive, counts as for a plan with organisation budgets: key i
+	// belongs to organisation i mod Orgs (OrgID), and each count is AllowBudgets of
+	// the key's minute, the org's minute and the org's month, none of which any org
+	// reaches. Zero counts the key's minute alone (Allow), as for a plan without them.
+	Orgs int
 	// Timeout is the limiter's and the client's (redis_timeout).
 	Timeout time.Duration
 }
@@ -61,7 +66,8 @@ func (c Counts) Run(ctx context.Context, r Runner, waiters []int) ([]Level, erro
 		}
 		return calls, nil
 	}
-	args := []string{"-redis-url", c.RedisURL, "-keys", fmt.Sprint(c.Keys), "-timeout", c.Timeout.String()}
+	args := []string{"-redis-url", c.RedisURL, "-keys", fmt.Sprint(c.Keys), "-timeout", c.Timeout.String(),
+		"-orgs", fmt.Sprint(c.Orgs)}
 	if c.Cluster {
 		args = append(args, "-cluster")
 	}
@@ -167,11 +173,12 @@ func countWorker(ctx context.Context, args []string, in io.Reader, out io.Writer
 	keys := fs.Int("keys", 0, "how many key ids to count")
 	timeout := fs.Duration("timeout", 200*time.Millisecond, "the limiter's and the client's timeout")
 	waiters := fs.Int("waiters", 1, "goroutines counting")
+	orgs := fs.Int("orgs", 0, "count with organisation budgets, the keys spread over this many orgs (0: the key's minute alone)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *keys <= 0 {
-		return fmt.Errorf("-keys must be positive")
+	if *keys <= 0 || *orgs < 0 {
+		return fmt.Errorf("-keys must be positive, -orgs at least 0")
 	}
 	var h roundHook
 	client, err := countClient(*url, *cluster, *timeout, &h)
@@ -183,10 +190,18 @@ func countWorker(ctx context.Context, args []string, in io.Reader, out io.Writer
 	if err := lim.Prepare(ctx); err != nil {
 		return err
 	}
-	n := *keys
+	n, o := *keys, *orgs
 	count := func(ctx context.Context, rng *rand.Rand) error {
 		_, err := lim.Allow(ctx, KeyID(rng.IntN(n)), 1<<30)
 		return err
+	}
+	if o > 0 {
+		count = func(ctx context.Context, rng *rand.Rand) error {
+			i := rng.IntN(n)
+			_, err := lim.AllowBudgets(ctx, limiter.Budgets{Key: KeyID(i), KeyLimit: 1 << 30,
+				Org: OrgID(i % o), OrgLimit: 1 << 30, MonthLimit: 1 << 50})
+			return err
+		}
 	}
 	rounds := func() (uint64, uint64) { return h.rounds.Load(), h.calls.Load() }
 	return serve(ctx, *waiters, count, rounds, in, out)

@@ -23,6 +23,13 @@ func KeyID(i int) string {
 	return "capacity" + "00000000000000"[len(s):] + s
 }
 
+// OrgID returns the id of organisation n of Seed (orgIDSQL); Seed's key i belongs to
+// organisation i mod its orgs.
+func OrgID(n int) string {
+	s := strconv.Itoa(n)
+	return "cafe0000-0000-4000-8000-" + "000000000000"[len(s):] + s
+}
+
 // Secret returns the secret of key i of Seed: the unpadded base64url of
 // SHA-256("capacity-<i>"), 43 characters. It is a legacy secret, without a checksum,
 // so that SQL can make it (seedKeysSQL); keystore.Format accepts legacy secrets unless

@@ -120,6 +120,18 @@ func WriteLastUsed(w io.Writer, flushes []Flushes) {
 	}
 }
 
+// WriteUsage writes the table of a UsageWrites measurement.
+func WriteUsage(w io.Writer, sizes []UsageRows) {
+	fmt.Fprintf(w, "    %9s %7s %9s %11s %11s %13s %6s %9s %10s\n", "rows/flush", "minutes", "ms/minute",
+		"pg us/new", "pg us/added", "pg us/rolled", "reads", "days/org", "pg us/read")
+	for _, r := range sizes {
+		rows := uint64(r.Rows * r.Minutes)
+		fmt.Fprintf(w, "    %9d %7d %9.1f %11.2f %11.2f %13.2f %6d %9.1f %10.1f\n", r.Rows, r.Minutes,
+			ms(r.Wall)/float64(r.Minutes), µsPer(r.New, rows), µsPer(r.Added, rows), µsPer(r.RolledUp, rows),
+			r.Reads, r.DayRows, µsPer(r.Read, uint64(r.Reads)))
+	}
+}
+
 // writeErrors names the first error of every level that had errors.
 func writeErrors(w io.Writer, levels []Level) {
 	for _, lv := range levels {
