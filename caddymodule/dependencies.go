@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -151,19 +152,26 @@ func (c *counts) allow(ctx context.Context, key string, limit int) (rl limiter.R
 	return rl, err
 }
 
-// allowBudgets counts one request against b, unless the breaker is open.
+// allowBudgets counts one request against b, unless the breaker is open. A month
+// whose count could not be read from the usage record is PostgreSQL's failure, not
+// Redis's: Redis answered, so its breaker and gauge take it as a success.
 func (c *counts) allowBudgets(ctx context.Context, b limiter.Budgets) (res limiter.BudgetsResult, err error) {
 	start := c.dep.start()
+	redisErr := errBreakerOpen
 	if c.dep.allow() {
 		res, err = c.lim.AllowBudgets(ctx, b)
-		c.dep.done(ctx, err)
-		if err != nil && c.warmer != nil {
+		redisErr = err
+		if errors.Is(err, limiter.ErrMonthSeed) {
+			redisErr = nil
+		}
+		c.dep.done(ctx, redisErr)
+		if redisErr != nil && c.warmer != nil {
 			c.warmer.kick()
 		}
 	} else {
 		err = errBreakerOpen
 	}
-	c.dep.observe(ctx, start, err)
+	c.dep.observe(ctx, start, redisErr)
 	return res, err
 }
 

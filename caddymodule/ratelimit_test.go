@@ -1,6 +1,9 @@
 package caddymodule
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -75,5 +78,41 @@ func TestRateLimitHeadersListEachMinuteBudget(t *testing.T) {
 				t.Errorf("retryAfter %d, want %d", count.retryAfter, tc.retryAfter)
 			}
 		})
+	}
+}
+
+// seedFailing is a Redis that answers, for an organisation whose month's count the
+// usage record cannot give; calls counts its calls.
+type seedFailing struct{ calls *int }
+
+func (s seedFailing) Allow(context.Context, string, int) (limiter.Result, error) {
+	return limiter.Result{}, errors.New("not used")
+}
+
+func (s seedFailing) AllowBudgets(context.Context, limiter.Budgets) (limiter.BudgetsResult, error) {
+	*s.calls++
+	return limiter.BudgetsResult{}, fmt.Errorf("counting in redis: seeding the month of org o: %w: %w", limiter.ErrMonthSeed, context.DeadlineExceeded)
+}
+
+// TestAMonthThatCannotBeSeededDoesNotOpenRedissBreaker: PostgreSQL failing to give a
+// month's count is not Redis failing, so Redis's breaker stays closed for every key.
+func TestAMonthThatCannotBeSeededDoesNotOpenRedissBreaker(t *testing.T) {
+	calls := 0
+	c := redisCounts(seedFailing{&calls}, newBreaker(nil, nil), nil, nil)
+	b := limiter.Budgets{Key: "k", KeyLimit: 10, Org: "o", OrgLimit: 100}
+	for range 3 * breakerThreshold {
+		if _, err := c.allowBudgets(context.Background(), b); !errors.Is(err, limiter.ErrMonthSeed) {
+			t.Fatalf("allowBudgets: %v, want the seed's error", err)
+		}
+	}
+	if calls != 3*breakerThreshold {
+		t.Errorf("Redis was asked %d times of %d: its breaker opened", calls, 3*breakerThreshold)
+	}
+	f := redisCounts(failingLimiter{}, newBreaker(nil, nil), nil, nil)
+	for range breakerThreshold {
+		_, _ = f.allowBudgets(context.Background(), b)
+	}
+	if _, err := f.allowBudgets(context.Background(), b); !errors.Is(err, errBreakerOpen) {
+		t.Errorf("after %d failures of Redis itself: %v, want the breaker open", breakerThreshold, err)
 	}
 }

@@ -149,6 +149,11 @@ func WithMonthSeed(seed MonthSeed) Option {
 	return func(o *options) { o.monthSeed = seed }
 }
 
+// ErrMonthSeed is wrapped by the error of an AllowBudgets whose month's seed failed
+// or did not answer in time (see WithMonthSeed). The counter's own store answered: a
+// caller that tracks the store's health does not count it against it.
+var ErrMonthSeed = errors.New("limiter: the month's count could not be read from its record")
+
 // errMonthMissing: the month's counter was missing and no seed was given, so nothing
 // was counted; the caller seeds the month and counts again.
 var errMonthMissing = errors.New("limiter: the month's counter is missing")
@@ -355,7 +360,7 @@ func (l *Local) AllowBudgets(ctx context.Context, b Budgets) (BudgetsResult, err
 		}
 		var err error
 		if call, err = l.seeds.seed(ctx, gather.Deadline(ctx, 0), sent, b.Org, m.start); err != nil {
-			return BudgetsResult{}, fmt.Errorf("seeding the month of org %s: %w", b.Org, err)
+			return BudgetsResult{}, fmt.Errorf("seeding the month of org %s: %w: %w", b.Org, ErrMonthSeed, err)
 		}
 		seed = call.used
 	}

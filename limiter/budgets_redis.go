@@ -66,7 +66,7 @@ func (l *Redis) AllowBudgets(ctx context.Context, b Budgets) (BudgetsResult, err
 		counts, err := l.countBudgets(ctx, by, c)
 		if errors.Is(err, errMonthMissing) {
 			if call, err = l.seeds.seed(ctx, by, sent, b.Org, m.start); err != nil {
-				return BudgetsResult{}, fmt.Errorf("counting in redis: seeding the month of org %s: %w", b.Org, err)
+				return BudgetsResult{}, fmt.Errorf("counting in redis: seeding the month of org %s: %w: %w", b.Org, ErrMonthSeed, err)
 			}
 			c.seed = call.used
 			continue

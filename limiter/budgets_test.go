@@ -618,8 +618,8 @@ func TestASeedFailureIsAnErrorAndCountsNothing(t *testing.T) {
 		rec.err = down
 		rec.mu.Unlock()
 		b := limiter.Budgets{Key: "k", KeyLimit: 1000, Org: "org-10", OrgLimit: 1000, MonthLimit: 100}
-		if _, err := in.a.AllowBudgets(context.Background(), b); !errors.Is(err, down) {
-			t.Errorf("AllowBudgets with a failing seed: %v, want it to wrap %v", err, down)
+		if _, err := in.a.AllowBudgets(context.Background(), b); !errors.Is(err, down) || !errors.Is(err, limiter.ErrMonthSeed) {
+			t.Errorf("AllowBudgets with a failing seed: %v, want it to wrap %v and ErrMonthSeed", err, down)
 		}
 		if in.rdb != nil {
 			if keys := in.keys(t); len(keys) != 0 {
