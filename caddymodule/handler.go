@@ -1,7 +1,7 @@
 // Package caddymodule is the Caddy module v1_gateway (http.handlers.v1_gateway). It
 // enforces the public /v1 API contract at the edge. For every request it checks the
-// API key against PostgreSQL, the organisation's API access, a per-key rate limit and
-// the key's role. It answers GET /v1/me itself. It hands everything else to the next
+// API key against PostgreSQL and the networks it may be used from, the organisation's
+// API access, the key's and the organisation's budgets, and the key's role. It answers GET /v1/me itself. It hands everything else to the next
 // handler, the reverse proxy to the upstream, with the caller's identity asserted in
 // X-Gateway-* headers. It filters the fields named in strip_fields out of every JSON
 // response. README.md gives the decision order; docs/configuration.md the options.
@@ -32,8 +32,8 @@ func init() {
 }
 
 // Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides
-// in the order README.md gives: credentials, the key, API access, the rate limit, the
-// role, GET /v1/me, the proxy. The first step that applies answers. ServeHTTP numbers
+// in the order README.md gives: credentials, the key and its networks, API access, the
+// budgets, the role, GET /v1/me, the proxy. The first step that applies answers. ServeHTTP numbers
 // the steps.
 //
 // The module needs full paths. Use it under `handle /v1/*`, not `handle_path /v1/*`,
@@ -288,7 +288,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.poolKeys = append(h.poolKeys, key)
 		h.lastUsed = lu
 	}
-	// The record of this instance includes what it has not written yet.
+	// An organisation's month that Redis lost starts again from the usage record,
+	// and, with the record on, from what this instance has counted and not written.
 	used := keystore.New(pool, h.format).MonthUsed
 	if !h.DisableUsage {
 		u, key := h.loadUsage(pool, poolKey)
