@@ -431,7 +431,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 
-	// 4. The rate limit.
+	// 4. The budgets: the key's minute, the organisation's minute and month.
 	count, answered := h.rateLimit(w, r, &key)
 	if answered {
 		return nil
