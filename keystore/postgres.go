@@ -30,14 +30,16 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 
 // lookupSelect finds the live keys with their budgets and allowed networks. The key's
 // minute limit is the smaller of its own and its plan's; a plan without API access
-// keeps 0 whatever the key says. lookupOf completes its condition on the key id, then
+// keeps 0 whatever the key says. A key without networks sends NULL rather than an
+// empty array, which costs a batch's decoding more than the rest of its row. lookupOf completes its condition on the key id, then
 // lookupDigest its condition on the digest. The database's clock decides revocation
 // and expiry, on this very request.
 const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
 CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit
 	WHEN p.api_rate_limit < 0 THEN k.rate_limit
 	ELSE least(k.rate_limit, p.api_rate_limit) END,
-p.org_rate_limit, p.api_requests_per_month, k.allowed_cidrs
+p.org_rate_limit, p.api_requests_per_month,
+CASE WHEN cardinality(k.allowed_cidrs) > 0 THEN k.allowed_cidrs END
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
