@@ -216,8 +216,11 @@ func TestServeReportsTheWindow(t *testing.T) {
 	for _, c := range rep.Latency {
 		timed += c
 	}
-	// The 4 operations in flight when stop came are not in the report.
-	if rep.Ops < 300-4 || timed != rep.Ops || rep.Errors == 0 || rep.Rejected == 0 || rep.Errors+rep.Rejected >= rep.Ops {
+	// The report's window opens when the worker reads "go" and closes when it reads
+	// "stop", a little after this loop's: of the 300 counted here, a busy machine may
+	// put a good part outside it. The report must cover the window, whatever its size,
+	// and add up.
+	if rep.Ops < 100 || timed != rep.Ops || rep.Errors == 0 || rep.Rejected == 0 || rep.Errors+rep.Rejected >= rep.Ops {
 		t.Errorf("report %+v (%d timed)", rep, timed)
 	}
 	if rep.Items != 2*rep.Rounds || rep.Rounds == 0 || rep.Error != "broken" {
