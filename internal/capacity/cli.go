@@ -69,13 +69,9 @@ func (c *common) runner() (Runner, []int, error) {
 	if err != nil {
 		return Runner{}, nil, err
 	}
-	var waiters []int
-	for f := range strings.SplitSeq(c.waiters, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return Runner{}, nil, fmt.Errorf("-waiters: %q is not a positive number", f)
-		}
-		waiters = append(waiters, n)
+	waiters, err := positiveList("waiters", c.waiters)
+	if err != nil {
+		return Runner{}, nil, err
 	}
 	if c.procs <= 0 || c.keys <= 0 {
 		return Runner{}, nil, errors.New("-procs and -keys must be positive")
@@ -206,12 +202,9 @@ func lastUsedCommand(ctx context.Context, args []string, stdout io.Writer) error
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	for f := range strings.SplitSeq(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return fmt.Errorf("-sizes: %q is not a positive number", f)
-		}
-		w.Sizes = append(w.Sizes, n)
+	var err error
+	if w.Sizes, err = positiveList("sizes", *sizes); err != nil {
+		return err
 	}
 	flushes, err := w.Run(ctx)
 	if err != nil {
@@ -234,12 +227,9 @@ func usageCommand(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	for f := range strings.SplitSeq(*sizes, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return fmt.Errorf("-sizes: %q is not a positive number", f)
-		}
-		w.Sizes = append(w.Sizes, n)
+	var err error
+	if w.Sizes, err = positiveList("sizes", *sizes); err != nil {
+		return err
 	}
 	rows, err := w.Run(ctx)
 	if err != nil {
@@ -250,4 +240,17 @@ func usageCommand(ctx context.Context, args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "    then month reads (the month re-seed's) of orgs with rows, at most %d; keys spread over %d orgs\n", maxMonthReads, w.Orgs)
 	WriteUsage(stdout, rows)
 	return nil
+}
+
+// positiveList parses the value of flag name: positive numbers, comma-separated.
+func positiveList(name, value string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(value, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-%s: %q is not a positive number", name, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
