@@ -111,6 +111,24 @@ func withDoubles(h *Handler, v Verifier, lim limiter.BudgetLimiter) {
 	h.counts = localCounts(lim, h.metrics)
 }
 
+// spend counts n requests of the test key keyID, as step 4 would: against its
+// organisation's budgets when its plan has any, its minute alone otherwise.
+func spend(t *testing.T, h *Handler, keyID string, n int) {
+	t.Helper()
+	key := testKeys[keyID]
+	for range n {
+		var err error
+		if b, ok := budgetsOf(&key); ok {
+			_, err = h.counts.lim.AllowBudgets(context.Background(), b)
+		} else {
+			_, err = h.counts.lim.Allow(context.Background(), keyID, key.RateLimit)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // upstream is what the next handler, the reverse proxy's stand-in, does. The default
 // answers JSON with a field strip_fields removes.
 type upstream func(w http.ResponseWriter, r *http.Request) error
@@ -158,18 +176,7 @@ func (d decision) run(t *testing.T) {
 	if len(d.auth) > 0 {
 		r.Header["Authorization"] = d.auth
 		if keyID, _, ok := bearerKey(r.Header, h.format); ok {
-			key := testKeys[keyID]
-			for range d.used {
-				var err error
-				if b, ok := budgetsOf(&key); ok {
-					_, err = h.counts.lim.AllowBudgets(r.Context(), b)
-				} else {
-					_, err = h.counts.lim.Allow(r.Context(), keyID, key.RateLimit)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
+			spend(t, h, keyID, d.used)
 		}
 	}
 	var seen *http.Request

@@ -137,18 +137,7 @@ func TestUsageCountsEveryAnswerOfAnIdentifiedKey(t *testing.T) {
 				r.Header.Set("Authorization", tc.auth)
 			}
 			if keyID, _, ok := bearerKey(r.Header, h.format); ok {
-				key := testKeys[keyID]
-				for range tc.used {
-					var err error
-					if b, ok := budgetsOf(&key); ok {
-						_, err = h.counts.lim.AllowBudgets(r.Context(), b)
-					} else {
-						_, err = h.counts.lim.Allow(r.Context(), keyID, key.RateLimit)
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
-				}
+				spend(t, h, keyID, tc.used)
 			}
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 				if tc.upstream != nil {
