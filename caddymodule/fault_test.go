@@ -38,14 +38,17 @@ func newLatencyProxy(t *testing.T, target string) *latencyproxy.Proxy {
 // slowGateway starts a gateway with a test upstream. Its PostgreSQL (d's database,
 // dbParams appended to its URL) and Redis answer through latency proxies. They delay
 // them by pgDelay and rdDelay from before the gateway starts. options are the
-// handler's other options.
+// handler's other options. The Redis is the test's own (redistest.Own): a SCRIPT FLUSH
+// of the shared one by another package's test would cost a round trip that a Redis
+// this slow has no room for.
 func slowGateway(t *testing.T, d *db, dbParams string, pgDelay, rdDelay time.Duration, options map[string]any) (gw *gateway, pg, rd *latencyproxy.Proxy) {
 	t.Helper()
 	pg = newLatencyProxy(t, hostOf(t, d.url))
-	rd = newLatencyProxy(t, hostOf(t, redisURL(t)))
+	redisURL := redistest.Own(t)
+	rd = newLatencyProxy(t, hostOf(t, redisURL))
 	pg.SetDelay(pgDelay)
 	rd.SetDelay(rdDelay)
-	options["redis_url"] = withHost(t, redisURL(t), rd.Addr())
+	options["redis_url"] = withHost(t, redisURL, rd.Addr())
 	gw = startGateway(t, gatewayConfig{
 		handler:  gatewayOptions(withHost(t, d.url, pg.Addr())+dbParams, options),
 		upstream: newUpstream(t).addr(),
@@ -377,7 +380,7 @@ func TestAColdStartBehindSlowDependenciesReachesAnExactSteadyState(t *testing.T)
 			pg.Drop()
 			rd.Drop()
 			// A restarted Redis has lost its scripts too.
-			flush := redistest.Client(t)
+			flush := redistest.Connect(t, "redis://"+rd.Target())
 			if err := flush.ScriptFlush(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}

@@ -20,8 +20,7 @@ func TestBudgetCountsGivenUpOnAreNeverWrittenLater(t *testing.T) {
 	// the script must refuse the commands held meanwhile at every stage: the callers
 	// have already treated them as not counted.
 	const timeout = 300 * time.Millisecond
-	direct := redisClient(t)
-	rdb, proxy := slowRedis(t, timeout)
+	rdb, direct, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 20*time.Second))
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
 		in := instances{a: l, b: l, rdb: direct, prefix: prefix}
@@ -55,8 +54,7 @@ func TestLateBudgetCountsAreRefusedAloneInTheirCall(t *testing.T) {
 	// Redis runs the script: those are ErrLate and not counted at any stage, the
 	// others are counted and numbered as if alone.
 	const timeout = 2 * time.Second
-	rdb, proxy := slowRedis(t, timeout)
-	direct := redisClient(t)
+	rdb, direct, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 30*time.Second))
 	prefix := uniquePrefix(t)
 	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithPipelining(timeout), limiter.WithClock(clock.now))
@@ -193,7 +191,7 @@ func TestAnOrgsCountsOfSeveralKeysShareAScriptCallAndEachGetsItsOwnNumber(t *tes
 	// and each must still get the answer of its own place in the order: per key, per
 	// org and per month, every number is taken once.
 	const timeout = 2 * time.Second
-	rdb, proxy := slowRedis(t, timeout)
+	rdb, _, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 20*time.Second))
 	l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
 		limiter.WithPipelining(timeout))
@@ -276,8 +274,7 @@ func TestABudgetCountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *
 	// while the count is sent and resumes 0.7 ms before the caller's deadline, 20
 	// times.
 	const timeout = 20 * time.Millisecond
-	rdb, proxy := slowRedis(t, timeout)
-	direct := redisClient(t)
+	rdb, direct, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 20*time.Second))
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
 		if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
@@ -319,7 +316,7 @@ func TestALimitChangedMidRoundKeepsOneCount(t *testing.T) {
 	// limits share a round: each count is judged by its own limits, and all of them
 	// share the counters, each number taken once.
 	const timeout = 2 * time.Second
-	rdb, proxy := slowRedis(t, timeout)
+	rdb, direct, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 20*time.Second))
 	for _, tc := range []struct {
 		name     string
@@ -372,7 +369,7 @@ func TestALimitChangedMidRoundKeepsOneCount(t *testing.T) {
 				t.Errorf("allowed %d, refused %v, month used %v", got.allowed, got.refused, used)
 			}
 			// Redis's counters agree with the answers.
-			instances{rdb: redisClient(t)}.checkCounters(t, map[string]int64{
+			instances{rdb: direct}.checkCounters(t, map[string]int64{
 				keyCounter(prefix, "o", "k", base):     40,
 				orgCounter(prefix, "o", base):          int64(40 - got.refused[limiter.StageKey]),
 				monthCounter(prefix, "o", clock.now()): int64(got.allowed),

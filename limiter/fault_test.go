@@ -11,14 +11,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keygate/keygate/internal/latencyproxy"
+	"github.com/keygate/keygate/internal/redistest"
 	"github.com/keygate/keygate/limiter"
 )
 
-// slowRedis returns a client of the test Redis through a latency proxy. The client is
-// set up as the gateway's: no retries, every wait bounded by timeout.
-func slowRedis(t *testing.T, timeout time.Duration) (*redis.Client, *latencyproxy.Proxy) {
+// slowRedis starts a Redis of the test's own (redistest.Own: no other package's SCRIPT
+// FLUSH reaches it). It returns a client of it through a latency proxy, a client
+// straight to it, and the proxy. The first client is set up as the gateway's: no
+// retries, every wait bounded by timeout.
+func slowRedis(t *testing.T, timeout time.Duration) (rdb, direct *redis.Client, p *latencyproxy.Proxy) {
 	t.Helper()
-	direct := redisClient(t)
+	direct = redistest.Connect(t, redistest.Own(t))
 	p, err := latencyproxy.Start(direct.Options().Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -31,9 +34,9 @@ func slowRedis(t *testing.T, timeout time.Duration) (*redis.Client, *latencyprox
 	opt.MaxRetries = -1
 	opt.DialerRetries = 1
 	opt.PoolSize = 256 // so that plain counts (one connection each) do not queue for one
-	c := redis.NewClient(&opt)
-	t.Cleanup(func() { c.Close() })
-	return c, p
+	rdb = redis.NewClient(&opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, direct, p
 }
 
 // burst runs n concurrent Allow calls, each under its own timeout (0: none). It
@@ -76,8 +79,7 @@ func TestASlowRedisInsideTheTimeoutCountsExactly(t *testing.T) {
 	// then for its own: that would take longer than the timeout. A fixed window clock
 	// keeps the burst from straddling a minute.
 	const timeout = 1500 * time.Millisecond
-	rdb, proxy := slowRedis(t, timeout)
-	direct := redisClient(t)
+	rdb, direct, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 20*time.Second))
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
 		// Warm: a pool of connections, then the clock reading at this speed. A new
@@ -116,7 +118,6 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 	// For calls without one, as the gateway's, it is WithTimeout's. The client's own
 	// timeouts are ten times longer, so they do not end the wait.
 	const timeout = 300 * time.Millisecond
-	direct := redisClient(t)
 	for _, tc := range []struct {
 		name                  string
 		ctxTimeout, clientTTL time.Duration
@@ -126,7 +127,7 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 		{"WithTimeout", 0, 10 * timeout, limiter.WithTimeout(timeout)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rdb, proxy := slowRedis(t, tc.clientTTL)
+			rdb, direct, proxy := slowRedis(t, tc.clientTTL)
 			// A fixed clock for the window, so that the test never straddles a minute.
 			// Deadlines use the real clock whatever WithClock says.
 			opts := []limiter.Option{limiter.WithClock(newClock(at(base, 20*time.Second)).now)}
@@ -194,8 +195,7 @@ func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testin
 	// the caller's deadline, 20 times. Without the margin, about one in eight is
 	// written.
 	const timeout = 20 * time.Millisecond
-	rdb, proxy := slowRedis(t, timeout)
-	direct := redisClient(t)
+	rdb, direct, proxy := slowRedis(t, timeout)
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
 		if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
 			t.Fatal(err)

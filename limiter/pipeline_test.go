@@ -79,7 +79,7 @@ func TestPipelinedCountsOfOneKeyShareACallAndEachGetsItsOwnNumber(t *testing.T) 
 	// The counts of one key in a round go as one script call. Each must still get the
 	// answer of its own number.
 	const timeout = 2 * time.Second
-	rdb, proxy := slowRedis(t, timeout)
+	rdb, _, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 20*time.Second))
 	for _, tc := range []struct {
 		name   string
@@ -121,7 +121,7 @@ func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
 	// runs the script. Those are ErrLate and not counted. The others are counted and
 	// numbered as if alone.
 	const timeout = 2 * time.Second
-	rdb, proxy := slowRedis(t, timeout)
+	rdb, _, proxy := slowRedis(t, timeout)
 	// One window throughout, however long the test takes: its counts must add up.
 	mid := time.Now().Truncate(time.Minute).Add(30 * time.Second)
 	l := limiter.NewRedis(rdb, limiter.WithPrefix(uniquePrefix(t)), limiter.WithPipelining(timeout),
@@ -202,7 +202,7 @@ func TestWithLingerBusyCallersShareRoundsAndStayExact(t *testing.T) {
 	// all of them wait. So the counts share a few script calls. Each number is still
 	// counted once.
 	const timeout = 2 * time.Second
-	rdb, _ := slowRedis(t, timeout)
+	rdb, _, _ := slowRedis(t, timeout)
 	const callers, each, limit = 16, 10, 100
 	for _, linger := range []time.Duration{0, 200 * time.Millisecond} {
 		clock := newClock(at(base, 20*time.Second))

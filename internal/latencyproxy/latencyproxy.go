@@ -45,6 +45,9 @@ func Start(target string) (*Proxy, error) {
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
+// Target is the host:port it forwards to.
+func (p *Proxy) Target() string { return p.target }
+
 // SetDelay holds every reply chunk back by d from when it arrived from the target.
 // Chunks keep their order. Delays do not add up along a connection.
 func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
