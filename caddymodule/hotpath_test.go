@@ -21,10 +21,13 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// hotKeys are the keys of the hot path: one whose limit is never reached and one
+// hotKeys are the keys of the hot path: one whose limit is never reached, one of a
+// plan with an organisation ceiling and a monthly quota never reached, and one
 // already over its limit.
 var hotKeys = map[string]keystore.Key{
 	"HotAdminHotAdminHotAd1": {ID: "HotAdminHotAdminHotAd1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30},
+	"HotOrgsHotOrgsHotOrgs1": {ID: "HotOrgsHotOrgsHotOrgs1", OrgID: "22222222-2222-4222-8222-222222222222", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
+		OrgRateLimit: 1 << 30, MonthlyQuota: 1 << 50},
 	"HotOverHotOverHotOver1": {ID: "HotOverHotOverHotOver1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1},
 }
 
@@ -107,6 +110,7 @@ var hotPaths = []struct {
 	status       int
 }{
 	{"proxied", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), http.StatusOK},
+	{"proxied_budgets", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotOrgsHotOrgsHotOrgs1"), http.StatusOK},
 	{"me", http.MethodGet, "/v1/me", bearer("HotAdminHotAdminHotAd1"), http.StatusOK},
 	{"unknown_key", http.MethodGet, "/v1/monitors", bearer("UnknownUnknownUnknown1"), http.StatusUnauthorized},
 	{"malformed_key", http.MethodGet, "/v1/monitors", "Bearer mon_live_nope", http.StatusUnauthorized},
@@ -134,11 +138,12 @@ func BenchmarkServeHTTP(b *testing.B) {
 // them to let a regression through. The ExtraLogFields of the test outlive a
 // request, so its growth is not counted.
 var maxHotAllocs = map[string]float64{
-	"proxied":       12,
-	"me":            10, // its body, with limits, is over 99 bytes: Content-Length is no small string of strconv's
-	"unknown_key":   2,
-	"malformed_key": 2,
-	"over_limit":    10,
+	"proxied":         12,
+	"proxied_budgets": 12,
+	"me":              10, // its body, with limits, is over 99 bytes: Content-Length is no small string of strconv's
+	"unknown_key":     2,
+	"malformed_key":   2,
+	"over_limit":      10,
 }
 
 func TestServeHTTPAllocs(t *testing.T) {
