@@ -9,7 +9,10 @@ import "github.com/redis/go-redis/v9"
 //
 // One call may count several requests of the org (a pipelined round gathers them),
 // of one or several of its keys: each request meets the counts its predecessors in
-// ARGV left. As incrScript does, it counts no request whose deadline has passed, and
+// ARGV left. So at each stage the first requests its limit leaves room for pass, and
+// the script counts each stage's total in one step, with one loop over the requests
+// (reading their deadlines and keys) rather than one per stage. As incrScript does,
+// it counts no request whose deadline has passed, and
 // the caller tells which those were by comparing each deadline with the now returned.
 // The script answers the counts as they stood before the call; from them the caller
 // numbers each request with stages, as the script did. (An answer of four numbers
@@ -42,19 +45,21 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local orgLimit, monthLimit = tonumber(ARGV[4]), tonumber(ARGV[5])
 local first = 4 + #KEYS -- the first request's first argument
-local n = (#ARGV - first + 1) / 2
 
--- A request is counted when its deadline is 0 or not before now.
-local live, keyOf, any = {}, {}, false
-for i = 1, n do
-	local deadline = tonumber(ARGV[first + 2 * i - 1])
-	live[i] = deadline <= 0 or now <= deadline
-	keyOf[i] = tonumber(ARGV[first + 2 * i - 2])
-	any = any or live[i]
+-- The live requests of each key counter (index 0: those without a key budget). A
+-- request is live when its deadline is 0 or not before now.
+local added, live = {}, 0
+for a = first, #ARGV, 2 do
+	local deadline = tonumber(ARGV[a + 1])
+	if deadline <= 0 or now <= deadline then
+		local k = tonumber(ARGV[a])
+		added[k] = (added[k] or 0) + 1
+		live = live + 1
+	end
 end
 
 local month = 0
-if monthLimit > 0 and any then
+if monthLimit > 0 and live > 0 then
 	local v = redis.call("GET", KEYS[2])
 	if v then
 		month = tonumber(v)
@@ -69,72 +74,45 @@ if monthLimit > 0 and any then
 end
 local out = {0, now, 0, month}
 
--- (a) The key's minute counts every request: each key's count is added at once,
--- and its numbers handed out in order below.
-local count, added = {}, {}
-for i = 1, n do
-	local k = keyOf[i]
-	if live[i] and k > 0 then
-		added[k] = (added[k] or 0) + 1
-	end
-end
+-- (a) The key's minute counts every live request; the first of a key's that its limit
+-- leaves room for pass.
+local passed = added[0] or 0
 for k = 3, #KEYS do
-	local before = 0
-	if added[k] then
-		local after = redis.call("INCRBY", KEYS[k], added[k])
-		if after == added[k] then
+	local n, before = added[k], 0
+	if n then
+		local after = redis.call("INCRBY", KEYS[k], n)
+		if after == n then
 			-- The first requests of a window create its counter: make it expire.
 			redis.call("PEXPIRE", KEYS[k], ARGV[1])
 		end
-		before = after - added[k]
+		before = after - n
+		passed = passed + math.min(n, math.max(tonumber(ARGV[3 + k]) - before, 0))
 	end
-	count[k] = before
 	out[#out + 1] = before
 end
-local passed, orgAdded = {}, 0
-for i = 1, n do
-	local k = keyOf[i]
-	if live[i] then
-		passed[i] = true
-		if k > 0 then
-			count[k] = count[k] + 1
-			passed[i] = count[k] <= tonumber(ARGV[3 + k])
-		end
-		if passed[i] then
-			orgAdded = orgAdded + 1
-		end
-	end
-end
 
--- (b) The org's minute counts what the key's let through.
-local org = 0
-if orgLimit > 0 and any then
-	if orgAdded > 0 then
-		org = redis.call("INCRBY", KEYS[1], orgAdded)
-		if org == orgAdded then
+-- (b) The org's minute counts what the key's let through; the first it leaves room for
+-- pass.
+if orgLimit > 0 and live > 0 then
+	local org
+	if passed > 0 then
+		org = redis.call("INCRBY", KEYS[1], passed)
+		if org == passed then
 			redis.call("PEXPIRE", KEYS[1], ARGV[1])
 		end
-		org = org - orgAdded
+		org = org - passed
 	else
 		org = tonumber(redis.call("GET", KEYS[1]) or "0")
 	end
+	out[3] = org
+	passed = math.min(passed, math.max(orgLimit - org, 0))
 end
-out[3] = org
 
 -- (c) The month counts only what it lets through.
 if monthLimit > 0 then
-	local monthAdded = 0
-	for i = 1, n do
-		if passed[i] then
-			org = org + 1
-			if (orgLimit <= 0 or org <= orgLimit) and month < monthLimit then
-				month = month + 1
-				monthAdded = monthAdded + 1
-			end
-		end
-	end
-	if monthAdded > 0 then
-		redis.call("INCRBY", KEYS[2], monthAdded)
+	local n = math.min(passed, math.max(monthLimit - month, 0))
+	if n > 0 then
+		redis.call("INCRBY", KEYS[2], n)
 	end
 end
 return out
