@@ -9,14 +9,13 @@ import "github.com/redis/go-redis/v9"
 //
 // One call may count several requests of the org (a pipelined round gathers them),
 // of one or several of its keys: each request meets the counts its predecessors in
-// ARGV left. So at each stage the first requests its limit leaves room for pass, and
-// the script counts each stage's total in one step, with one loop over the requests
-// (reading their deadlines and keys) rather than one per stage. As incrScript does,
-// it counts no request whose deadline has passed, and
-// the caller tells which those were by comparing each deadline with the now returned.
-// The script answers the counts as they stood before the call; from them the caller
-// numbers each request with stages, as the script did. (An answer of four numbers
-// per request would cost the caller an allocation each.)
+// ARGV left. So at each stage the first requests its limit leaves room for pass. The
+// script reads the requests once and counts each stage's total in one step. As
+// incrScript does, it counts no request whose deadline has passed, and the caller
+// tells which those were by comparing each deadline with the now returned. The script
+// answers the counts as they stood before the call; from them the caller numbers each
+// request with stages, as the script did. (An answer of four numbers per request
+// would cost the caller an allocation each.)
 //
 // A missing month counter is the sign of a new month, or of a Redis that lost its
 // data. Unless told what the month starts from, the script then counts nothing at
