@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/keygate/keygate/internal/gather"
 )
 
@@ -175,8 +173,8 @@ func newBudgetPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redi
 }
 
 // send is the budget pipeline's gather.Flush: one script call per org and month in the
-// round (see budgetCalls), sent as pipeline.send sends Allow's (one pipeline, NOSCRIPT
-// calls again as EVAL, the round bounded by its callers' latest deadline).
+// round (see budgetCalls), sent as pipeline.send sends Allow's (sendCalls, the round
+// bounded by its callers' latest deadline).
 func (p *budgetPipeline) send(ctx context.Context, deadline time.Time, _ bool, round []budgetCount) ([]budgetReply, error) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(p.timeout)
@@ -185,40 +183,12 @@ func (p *budgetPipeline) send(ctx context.Context, deadline time.Time, _ bool, r
 	defer cancel()
 	replies := make([]budgetReply, len(round))
 	calls := budgetCalls(round)
-	todo := make([]int, len(calls))
-	for c := range calls {
-		todo[c] = c
-	}
-	for attempt := 0; attempt < 2 && len(todo) > 0; attempt++ {
-		var pipe redis.Pipeliner
-		var run redis.Scripter = p.rdb
-		if len(todo) > 1 {
-			pipe = p.rdb.Pipeline()
-			run = pipe
-		}
-		cmds := make([]*redis.Cmd, len(todo))
-		for j, c := range todo {
-			if attempt == 0 {
-				cmds[j] = budgetScript.EvalSha(ctx, run, calls[c].keys, calls[c].args...)
-			} else {
-				cmds[j] = budgetScript.Eval(ctx, run, calls[c].keys, calls[c].args...)
-			}
-		}
-		p.calls.Add(uint64(len(todo)))
-		if pipe != nil {
-			pipe.Exec(ctx) // errors are read per command below
-		}
-		var again []int
-		for j, c := range todo {
-			v, err := cmds[j].Int64Slice()
-			if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				again = append(again, c)
-				continue
-			}
-			readBudgets(round, &calls[c], v, err, replies, p.clock)
-		}
-		todo = again
-	}
+	sent := sendCalls(ctx, p.rdb, budgetScript, len(calls), func(c int) ([]string, []any) {
+		return calls[c].keys, calls[c].args
+	}, func(c int, v []int64, err error) {
+		readBudgets(round, &calls[c], v, err, replies, p.clock)
+	})
+	p.calls.Add(uint64(sent))
 	return replies, nil
 }
 

@@ -89,35 +89,53 @@ func (p *pipeline) send(ctx context.Context, deadline time.Time, _ bool, round [
 	replies := make([]countReply, len(round))
 	calls := byCounter(round)
 	keys := make([]string, len(calls)) // each call's KEYS is one of these, sliced
-	todo := make([]int, len(calls))
 	for c := range calls {
-		keys[c], todo[c] = round[calls[c][0]].counterKey, c
+		keys[c] = round[calls[c][0]].counterKey
+	}
+	sent := sendCalls(ctx, p.rdb, incrScript, len(calls), func(c int) ([]string, []any) {
+		var ttl int64 // any member's will do; the longest is safest
+		args := make([]any, 1, 1+len(calls[c]))
+		for _, i := range calls[c] {
+			ttl = max(ttl, round[i].ttl)
+			args = append(args, round[i].redisDeadline)
+		}
+		args[0] = ttl
+		return keys[c : c+1], args
+	}, func(c int, v []int64, err error) {
+		p.number(round, calls[c], v, err, replies)
+	})
+	p.calls.Add(uint64(sent))
+	return replies, nil
+}
+
+// sendCalls sends n calls of script in one pipeline, or as a plain command if n is 1:
+// a pipeline of one costs allocations and bookkeeping for nothing. call(c) gives call
+// c's KEYS and ARGV; read(c, …) gets its answer, once. Calls refused with NOSCRIPT,
+// after a SCRIPT FLUSH or a failover, did not run: they go once more, as EVAL. It
+// returns how many calls it sent, those sent twice counted twice. ctx bounds it all.
+func sendCalls(ctx context.Context, rdb pipeliner, script *redis.Script, n int,
+	call func(c int) (keys []string, args []any), read func(c int, v []int64, err error)) (sent int) {
+	todo := make([]int, n)
+	for c := range todo {
+		todo[c] = c
 	}
 	for attempt := 0; attempt < 2 && len(todo) > 0; attempt++ {
-		// One call goes as a plain command: a pipeline of one costs allocations
-		// and bookkeeping for nothing.
 		var pipe redis.Pipeliner
-		var run redis.Scripter = p.rdb
+		var run redis.Scripter = rdb
 		if len(todo) > 1 {
-			pipe = p.rdb.Pipeline()
+			pipe = rdb.Pipeline()
 			run = pipe
 		}
 		cmds := make([]*redis.Cmd, len(todo))
 		for j, c := range todo {
-			var ttl int64 // any member's will do; the longest is safest
-			args := make([]any, 1, 1+len(calls[c]))
-			for _, i := range calls[c] {
-				ttl = max(ttl, round[i].ttl)
-				args = append(args, round[i].redisDeadline)
-			}
-			args[0] = ttl
+			keys, args := call(c)
 			if attempt == 0 {
-				cmds[j] = incrScript.EvalSha(ctx, run, keys[c:c+1], args...)
+				cmds[j] = script.EvalSha(ctx, run, keys, args...)
 			} else {
-				cmds[j] = incrScript.Eval(ctx, run, keys[c:c+1], args...)
+				cmds[j] = script.Eval(ctx, run, keys, args...)
 			}
 		}
-		p.calls.Add(uint64(len(todo)))
+		sent += len(todo)
 		if pipe != nil {
 			pipe.Exec(ctx) // errors are read per command below
 		}
@@ -128,11 +146,11 @@ func (p *pipeline) send(ctx context.Context, deadline time.Time, _ bool, round [
 				again = append(again, c)
 				continue
 			}
-			p.number(round, calls[c], v, err, replies)
+			read(c, v, err)
 		}
 		todo = again
 	}
-	return replies, nil
+	return sent
 }
 
 // number hands the counts of one script call their replies. members are their
