@@ -16,6 +16,7 @@ import (
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 // run runs the command line with args and stdin against the environment env.
@@ -304,7 +305,7 @@ func TestOperatorCommands(t *testing.T) {
 func TestEveryCommandHasHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"help"}, {"serve", "--help"}, {"migrate", "--help"}, {"plan", "put", "--help"},
-		{"plan", "list", "--help"}, {"plan", "get", "--help"}, {"plan", "set", "--help"},
+		{"version", "--help"}, {"plan", "list", "--help"}, {"plan", "get", "--help"}, {"plan", "set", "--help"},
 		{"org", "create", "--help"}, {"org", "set-plan", "-h"}, {"user", "create", "--help"},
 		{"member", "add", "--help"}, {"org", "--help"},
 	} {
@@ -517,5 +518,20 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	wantExit(t, done, " after cancellation")
 	if !strings.Contains(rest.String(), `"msg":"request"`) || !strings.Contains(rest.String(), `"msg":"stopped"`) {
 		t.Errorf("logs after start:\n%s", rest.String())
+	}
+}
+
+func TestVersionPrintsTheBinarysVersion(t *testing.T) {
+	want := `{"version":"` + version.String() + `"}` + "\n"
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		// No environment: the version needs no database.
+		code, stdout, stderr := run(t, nil, "", args...)
+		if code != 0 || stdout != want || stderr != "" {
+			t.Errorf("upstream %s: exit %d, stdout %q, stderr %q; want 0, %q", args[0], code, stdout, stderr, want)
+		}
+	}
+	code, _, stderr := run(t, nil, "", "version", "extra")
+	if code != 2 || stderr != "upstream version: usage: unexpected argument \"extra\" (see --help)\n" {
+		t.Errorf("upstream version extra: exit %d, stderr %q", code, stderr)
 	}
 }

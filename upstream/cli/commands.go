@@ -13,6 +13,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 // The commands of the command line (docs/configuration.md). Each operator command
@@ -30,6 +31,7 @@ type command struct {
 var commands = []command{
 	{"serve", "serve the upstream's HTTP interface", (*cli).serve},
 	{"migrate", "apply the database schema to DATABASE_URL (idempotent)", (*cli).migrate},
+	{"version", "print the version of this binary", (*cli).version},
 	{"plan list", "print every plan", (*cli).planList},
 	{"plan get", "print one plan", (*cli).planGet},
 	{"plan put", "create a plan or replace its limits", (*cli).planPut},
@@ -76,6 +78,16 @@ func (c *cli) migrate(name string, args []string) error {
 			SchemaVersion int `json:"schema_version"`
 		}{v}, err
 	})
+}
+
+func (c *cli) version(name string, args []string) error {
+	fs := c.flags(name, "", `Prints the version of this binary, {"version":"v0.1.0"}: a release's tag, or the Go pseudo-version of the commit it was built from. Needs no database.`)
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	return c.printJSON(struct {
+		Version string `json:"version"`
+	}{version.String()})
 }
 
 func (c *cli) planList(name string, args []string) error {

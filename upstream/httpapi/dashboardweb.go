@@ -13,6 +13,7 @@ import (
 
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 // The dashboard's web files: its templates, the data they show, and its stylesheet,
@@ -22,8 +23,9 @@ import (
 var webFiles embed.FS
 
 // pages holds the dashboard's templates, one per page ("login", "orgs", "keys",
-// "revoke", "audit", "usage", "error"). Each page shares "head" and "foot".
-var pages = template.Must(template.New("").ParseFS(webFiles, "web/*.html"))
+// "revoke", "audit", "usage", "error"). Each page shares "head" and "foot". "foot"
+// names the version the upstream runs, through the function version.
+var pages = template.Must(template.New("").Funcs(template.FuncMap{"version": version.String}).ParseFS(webFiles, "web/*.html"))
 
 // staticFiles are the stylesheet, script and icon the pages load.
 var staticFiles = func() fs.FS {
