@@ -110,3 +110,29 @@ create_key() {
 json_field() {
 	sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" | head -n1
 }
+
+# stage NAME COMMAND... runs COMMAND as a stage of a long script (make test): it says
+# when the stage starts and, when it ends, how long it took and how long the script
+# has run, so that minutes of go vet or of compiling are never silent. It returns
+# COMMAND's status.
+stage() {
+	local name=$1 start=$SECONDS rc=0
+	shift
+	echo "==> $name"
+	"$@" || rc=$?
+	if [ "$rc" = 0 ]; then
+		echo "==> $name: done in $(duration $((SECONDS - start))) ($(duration "$SECONDS") in all)"
+	else
+		echo "==> $name: FAILED (exit $rc) after $(duration $((SECONDS - start))) ($(duration "$SECONDS") in all)"
+	fi
+	return "$rc"
+}
+
+# duration SECONDS prints SECONDS as 7s or 2m05s.
+duration() {
+	if [ "$1" -lt 60 ]; then
+		echo "${1}s"
+	else
+		printf '%dm%02ds\n' $(($1 / 60)) $(($1 % 60))
+	fi
+}
