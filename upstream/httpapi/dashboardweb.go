@@ -99,9 +99,17 @@ type keyForm struct {
 	Name, Role, Expires, RateLimit, CIDRs string
 }
 
-// eventView is an audit event's row. Changes says a key.updated's changes in words.
+// eventView is an audit event's row. Actor is the person's email, or what else acted.
+// Changes says a key.updated's changes in words.
 type eventView struct {
-	At, Action, KeyID, NewKeyID, URL, Actor, Changes string
+	At, Action, URL, Actor, Changes string
+	Key                             auditKey
+	NewKey                          *auditKey // the key a roll created
+}
+
+// auditKey is a key as the audit page names it.
+type auditKey struct {
+	ID, Name, Masked string
 }
 
 // render writes the page tmpl with data as status. The page goes to a buffer first,
