@@ -190,10 +190,17 @@ func TestMakeRunPrintsWorkingCurl(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run.sh: %v\n%s", err, out)
 	}
-	for _, want := range []string{"export KEY='mon_live_", "curl -s http://127.0.0.1:", "/v1/me", "Ctrl-C", "run check passed"} {
+	for _, want := range []string{"export KEY='mon_live_", "curl -s http://127.0.0.1:", "/v1/me", "Ctrl-C", "run check passed",
+		"source " + filepath.Join(top, ".stack", "run", "env") + "\n", "bin/upstream plan list\n", "make run: built in ",
+		"<the password: printed only to a terminal; set DEMO_PASSWORD to choose it>"} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("run.sh output lacks %q:\n%s", want, out)
 		}
+	}
+	// Its output is not a terminal: the password is nowhere in it (run.sh checks that
+	// no file it wrote has it, and that it listens on loopback only).
+	if bytes.Contains(out, []byte("demo-password-")) {
+		t.Errorf("run.sh printed the demo password into output that is no terminal:\n%s", out)
 	}
 }
 

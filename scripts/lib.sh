@@ -90,11 +90,11 @@ need_tools() {
 	[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 }
 
-# login EMAIL PASSWORD JAR BASE logs in through BASE and keeps the session in JAR.
+# login EMAIL PASSWORD JAR BASE logs in through BASE and keeps the session in JAR. The
+# body goes through standard input, so the password is in no command line ps shows.
 login() {
-	local body
-	body=$(printf '{"email":"%s","password":"%s"}' "$1" "$2")
-	curl -sf -c "$3" -o /dev/null -H 'Content-Type: application/json' -d "$body" "$4/auth/login"
+	printf '{"email":"%s","password":"%s"}' "$1" "$2" |
+		curl -sf -c "$3" -o /dev/null -H 'Content-Type: application/json' --data-binary @- "$4/auth/login"
 }
 
 # create_key ORG NAME ROLE JAR BASE creates a key through the dashboard route and prints
