@@ -153,4 +153,3 @@ func firstSeed(s *seeder) int64 {
 	}
 	return 0
 }
-
