@@ -21,13 +21,26 @@ type Budgets struct {
 	OrgLimit int
 	// MonthLimit is the org's requests per UTC calendar month, across all its keys.
 	MonthLimit int64
+	// Cost is how many units the request weighs at every budget: it passes one only
+	// when its whole cost fits in what the budget has left, and counts all of it
+	// there; otherwise it is refused whole, counted nowhere from there on. Limits
+	// are in units. Default (0): 1.
+	Cost int
+}
+
+// cost is b's Cost, 1 when unset.
+func (b Budgets) cost() int64 {
+	if b.Cost <= 0 {
+		return 1
+	}
+	return int64(b.Cost)
 }
 
 // orgWide reports whether b has a budget of its organisation's.
 func (b Budgets) orgWide() bool { return b.OrgLimit > 0 || b.MonthLimit > 0 }
 
 func (b Budgets) check() error {
-	if b.KeyLimit <= 0 && !b.orgWide() {
+	if b.KeyLimit <= 0 && !b.orgWide() || b.Cost < 0 {
 		return ErrBadLimit
 	}
 	if b.orgWide() && b.Org == "" {
@@ -122,12 +135,12 @@ func newResult(b Budgets, c stageCounts, resetAfter int, m month) Result {
 	r.Allowed = r.RefusedAt == StageNone
 	if b.KeyLimit > 0 {
 		r.Key = minute(c.key, b.KeyLimit, resetAfter)
+		r.Key.Allowed = r.RefusedAt != StageKey
 	}
 	if b.OrgLimit > 0 {
 		r.Org = minute(c.org, b.OrgLimit, resetAfter)
-		if r.RefusedAt == StageKey {
-			r.Org.Allowed = false // not counted: c.org is the count without it
-		}
+		// Refused by the key's minute, the request did not reach the org's.
+		r.Org.Allowed = r.RefusedAt != StageKey && r.RefusedAt != StageOrg
 	}
 	if b.MonthLimit > 0 {
 		r.Month = Quota{Limit: b.MonthLimit, Used: c.month, Remaining: max(b.MonthLimit-c.month, 0), ResetAfter: m.resetAfter}
@@ -155,38 +168,52 @@ func monthOf(t time.Time) month {
 	}
 }
 
-// stages counts one request through the stages of its budgets, from the counts so far
-// of its key's minute window (key), its org's minute window (org) and its org's month
-// (month), advancing each where it counts the request. It is the one statement of the
-// stages' rules: Local counts with it, countScript does the same in Lua, and Redis
-// reads the script's answer with it.
-func stages(key, org, month *int64, keyLimit, orgLimit int, monthLimit int64) stageCounts {
+// stages counts one request of cost units through the stages of its budgets, from the
+// counts so far of its key's minute window (key), its org's minute window (org) and
+// its org's month (month), advancing each where it counts the request. A stage lets
+// the request through when its cost fits in what the stage has left, and counts its
+// whole cost. Otherwise the stage refuses it, and no stage after it counts it. A
+// minute window counts every request that reaches it, a refused one too, except one
+// refused while the window still had units left: that one counts nothing, so that it
+// does not spend the units a cheaper request may still use. (A request of cost 1 is
+// refused only once nothing is left, so it always counts, as the minute windows
+// always have.) The month counts only what it lets through.
+//
+// It is the one statement of the stages' rules: Local counts with it, countScript
+// does the same in Lua, and Redis reads the script's answer with it.
+func stages(key, org, month *int64, keyLimit, orgLimit int, monthLimit int64, cost int64) stageCounts {
 	var c stageCounts
 	if keyLimit > 0 {
-		*key++ // the key's minute counts every request
-		c.key = *key
-		if c.key > int64(keyLimit) {
+		if !minuteStage(key, int64(keyLimit), cost) {
 			c.stage = int64(StageKey)
 		}
+		c.key = *key
 	}
 	if orgLimit > 0 {
-		if c.stage == 0 { // the org's minute counts what the key's let through
-			*org++
-			if *org > int64(orgLimit) {
-				c.stage = int64(StageOrg)
-			}
+		if c.stage == 0 && !minuteStage(org, int64(orgLimit), cost) {
+			c.stage = int64(StageOrg)
 		}
 		c.org = *org
 	}
 	if monthLimit > 0 {
 		if c.stage == 0 { // the month counts only what it lets through
-			if *month >= monthLimit {
-				c.stage = int64(StageMonth)
+			if *month+cost <= monthLimit {
+				*month += cost
 			} else {
-				*month++
+				c.stage = int64(StageMonth)
 			}
 		}
 		c.month = *month
 	}
 	return c
+}
+
+// minuteStage counts a request of cost units in a minute window holding *n of limit,
+// as stages says, and reports whether the window lets it through.
+func minuteStage(n *int64, limit, cost int64) bool {
+	left := limit - *n
+	if cost <= left || left <= 0 {
+		*n += cost
+	}
+	return cost <= left
 }

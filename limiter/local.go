@@ -100,7 +100,7 @@ func (l *Local) count(b Budgets, w int64, m month, seed int64) (stageCounts, boo
 		org, orgSeen = l.orgs[b.Org]
 	}
 	key, keySeen := l.counts[b.Key]
-	c := stages(&key, &org, &used, b.KeyLimit, b.OrgLimit, b.MonthLimit)
+	c := stages(&key, &org, &used, b.KeyLimit, b.OrgLimit, b.MonthLimit, b.cost())
 	if b.KeyLimit > 0 {
 		store(l.counts, b.Key, key, keySeen)
 	}

@@ -40,12 +40,21 @@ var countScript = redis.NewScript(`
 -- ARGV[4]: the org's minute limit; 0 for none.
 -- ARGV[5]: the month's limit; 0 for none.
 -- ARGV[6], …, ARGV[5+K]: the limit of each key counter, in the order of KEYS.
--- Then two per request: the index in KEYS of its key's counter (0: no key budget),
---          and its caller's deadline on Redis's clock in Unix milliseconds (0: none).
+-- Then three per request: the index in KEYS of its key's counter (0: no key budget),
+--          its caller's deadline on Redis's clock in Unix milliseconds (0: none), and
+--          its cost, a positive number of units.
 -- Returns {status, now, org, month, key…}: status 0, or -2 when the month counter
 -- was missing and nothing was counted (then nothing follows now); now Redis's clock
 -- in Unix milliseconds; then the org's minute count, the month's count and each key
 -- counter's, in the order of KEYS, as they stood before this call.
+--
+-- The budgets are taken in order: each key's minute, the org's minute, the org's
+-- month. A request passes a budget when its cost fits in what the budget has left,
+-- and counts its whole cost there. Otherwise it is refused, and no budget after it
+-- counts it. A minute window counts every request that reaches it, a refused one too,
+-- except one refused while the window still had units left: that one counts nothing,
+-- so that it does not spend the units a cheaper request may still use. The month
+-- counts only what passes.
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local orgLimit, monthLimit = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -56,15 +65,16 @@ end
 local orgKey, monthKey = KEYS[K + 1], KEYS[K + 2]
 local first = 6 + K -- the first request's first argument
 
--- The live requests of each key counter (index 0: those without a key budget). A
--- request is live when its deadline is 0 or not before now.
-local added, live = {}, 0
-for a = first, #ARGV, 2 do
+-- The live requests, in order: their key counter's index and cost. A request is live
+-- when its deadline is 0 or not before now. added: each key counter's live units.
+local keyOf, cost, added, live = {}, {}, {}, 0
+for a = first, #ARGV, 3 do
 	local deadline = tonumber(ARGV[a + 1])
 	if deadline <= 0 or now <= deadline then
-		local k = tonumber(ARGV[a])
-		added[k] = (added[k] or 0) + 1
 		live = live + 1
+		local k, c = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+		keyOf[live], cost[live] = k, c
+		added[k] = (added[k] or 0) + c
 	end
 end
 
@@ -84,45 +94,92 @@ if monthLimit > 0 and live > 0 then
 end
 local out = {0, now, 0, month}
 
--- (a) The key's minute counts every live request; the first of a key's that its limit
--- leaves room for pass.
-local passed = added[0] or 0
-for k = 1, K do
-	local n, before = added[k], 0
-	if n then
-		local after = redis.call("INCRBY", KEYS[k], n)
-		if after == n then
-			-- The first requests of a window create its counter: make it expire.
-			redis.call("PEXPIRE", KEYS[k], ARGV[1])
-		end
-		before = after - n
-		passed = passed + math.min(n, math.max(tonumber(ARGV[5 + k]) - before, 0))
+-- count adds units to counter optimistically and returns what it held before: one
+-- command whether or not every request passes; refund gives back what did not.
+local function count(counter, units)
+	local after = redis.call("INCRBY", counter, units)
+	if after == units then
+		-- The first requests of a window create its counter: make it expire.
+		redis.call("PEXPIRE", counter, ARGV[1])
 	end
-	out[#out + 1] = before
+	return after - units
+end
+local function refund(counter, units)
+	if units > 0 then
+		redis.call("DECRBY", counter, units)
+	end
 end
 
--- (b) The org's minute counts what the key's let through; the first it leaves room for
--- pass.
+-- (a) Each key's minute.
+local passed, keyAt, keyBefore = {}, {}, {}
+for k = 1, K do
+	local before = 0
+	if added[k] then
+		before = count(KEYS[k], added[k])
+	end
+	keyBefore[k], keyAt[k] = before, before
+	out[#out + 1] = before
+end
+local units = 0 -- of the requests the key's minute let through
+for r = 1, live do
+	local k, c = keyOf[r], cost[r]
+	if k == 0 then
+		passed[r] = true
+	else
+		local left = tonumber(ARGV[5 + k]) - keyAt[k]
+		passed[r] = c <= left
+		if passed[r] or left <= 0 then
+			keyAt[k] = keyAt[k] + c
+		end
+	end
+	if passed[r] then
+		units = units + c
+	end
+end
+for k = 1, K do
+	if added[k] then
+		refund(KEYS[k], added[k] - (keyAt[k] - keyBefore[k]))
+	end
+end
+
+-- (b) The org's minute, for what the keys' let through.
 if orgLimit > 0 and live > 0 then
 	local org
-	if passed > 0 then
-		org = redis.call("INCRBY", orgKey, passed)
-		if org == passed then
-			redis.call("PEXPIRE", orgKey, ARGV[1])
-		end
-		org = org - passed
+	if units > 0 then
+		org = count(orgKey, units)
 	else
 		org = tonumber(redis.call("GET", orgKey) or "0")
 	end
 	out[3] = org
-	passed = math.min(passed, math.max(orgLimit - org, 0))
+	local at, through = org, 0
+	for r = 1, live do
+		if passed[r] then
+			local left = orgLimit - at
+			passed[r] = cost[r] <= left
+			if passed[r] or left <= 0 then
+				at = at + cost[r]
+			end
+			if passed[r] then
+				through = through + cost[r]
+			end
+		end
+	end
+	if units > 0 then
+		refund(orgKey, units - (at - org))
+	end
+	units = through
 end
 
 -- (c) The month counts only what it lets through.
-if monthLimit > 0 then
-	local n = math.min(passed, math.max(monthLimit - month, 0))
-	if n > 0 then
-		redis.call("INCRBY", monthKey, n)
+if monthLimit > 0 and units > 0 then
+	local at = month
+	for r = 1, live do
+		if passed[r] and at + cost[r] <= monthLimit then
+			at = at + cost[r]
+		end
+	end
+	if at > month then
+		redis.call("INCRBY", monthKey, at - month)
 	end
 end
 return out

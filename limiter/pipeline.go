@@ -46,6 +46,7 @@ type count struct {
 	keyLimit     int
 	orgLimit     int
 	monthLimit   int64
+	cost         int64 // units, at least 1
 	minuteTTL    int64 // milliseconds
 	monthTTL     int64 // milliseconds
 	seed         int64 // what a missing month starts from; -1: count nothing (see countScript)
@@ -242,13 +243,13 @@ func (call *scriptCall) fill(round []count, members []int) (others []int) {
 	if first.orgCounter != "" {
 		call.keys = append(call.keys, first.orgCounter, first.monthCounter)
 	}
-	call.args = make([]any, 0, 5+len(limits)+2*len(call.members))
+	call.args = make([]any, 0, 5+len(limits)+3*len(call.members))
 	call.args = append(call.args, minuteTTL, monthTTL, seed, first.orgLimit, first.monthLimit)
 	for _, limit := range limits {
 		call.args = append(call.args, limit)
 	}
 	for j, i := range call.members {
-		call.args = append(call.args, call.keyOf[j], round[i].redisDeadline)
+		call.args = append(call.args, call.keyOf[j], round[i].redisDeadline, round[i].cost)
 	}
 	return others
 }
@@ -300,7 +301,7 @@ func readReplies(round []count, call *scriptCall, v []int64, err error, replies 
 		if k := call.keyOf[j]; k > 0 {
 			key = &keys[k-1]
 		}
-		replies[i].counts = stages(key, &org, &month, c.keyLimit, c.orgLimit, c.monthLimit)
+		replies[i].counts = stages(key, &org, &month, c.keyLimit, c.orgLimit, c.monthLimit, c.cost)
 	}
 }
 

@@ -83,7 +83,7 @@ func (l *Redis) Allow(ctx context.Context, b Budgets) (Result, error) {
 	}
 	t := l.opts.now()
 	w, reset, ttl := windowOf(t)
-	c := count{keyLimit: b.KeyLimit, minuteTTL: ttl, redisDeadline: l.clock.deadline(by)}
+	c := count{keyLimit: b.KeyLimit, cost: b.cost(), minuteTTL: ttl, redisDeadline: l.clock.deadline(by)}
 	var m month
 	if !b.orgWide() {
 		c.keyCounter = l.keyCounter(b.Key, w)
