@@ -58,9 +58,9 @@ type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
 	r       *http.Request
-	count   limiter.Result  // the request's count, for the RateLimit fields
-	fields  *fieldSet   // strip_fields
-	log     *zap.Logger // the handler's rate-limited logger
+	count   limiter.Result // the request's count, for the RateLimit fields
+	fields  *fieldSet      // strip_fields
+	log     *zap.Logger    // the handler's rate-limited logger
 	// refusedLog logs an upstream's 401: the upstream refused the credentials of a
 	// request the gateway authenticated (upstreamRefusedLog).
 	refusedLog *zap.Logger
