@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -231,6 +232,18 @@ func TestDashboardInABrowser(t *testing.T) {
 	owner := newTab(t, b, base)
 	owner.do("open the login page", chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("login-email")))
 	owner.screenshot("login")
+	// The footer names the version the upstream runs, as `upstream version` prints it.
+	out, err := exec.Command(filepath.Join(binaries(t), "upstream"), "version").Output()
+	if err != nil {
+		t.Fatalf("upstream version: %v", err)
+	}
+	var v struct{ Version string }
+	if err := json.Unmarshal(out, &v); err != nil || v.Version == "" {
+		t.Fatalf("upstream version printed %q", out)
+	}
+	if foot := get(owner, "the footer", chromedp.Text(tid("version"))); foot != "keygate "+v.Version {
+		t.Errorf("the footer says %q, want %q", foot, "keygate "+v.Version)
+	}
 	owner.logIn(o.Email, o.Password)
 	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
 
