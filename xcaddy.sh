@@ -51,7 +51,7 @@ mkdir -p "$(dirname "$OUTPUT")"
 # at the end, how long it took.
 start=$SECONDS
 echo "xcaddy.sh: building $OUTPUT: Caddy $CADDY_VERSION with github.com/keygate/keygate/caddymodule $VERSION from $PWD" \
-	"(about 6 minutes on two cores the first time, about 1 with warm Go caches)" >&2
+	"(about 5 minutes on two cores the first time, under 1 with warm Go caches)" >&2
 # XCADDY_SKIP_CLEANUP=0 removes xcaddy's temporary build folder afterwards.
 XCADDY_SKIP_CLEANUP=0 go tool xcaddy build "$CADDY_VERSION" \
 	--with "github.com/keygate/keygate/caddymodule@$VERSION" \
