@@ -5,7 +5,10 @@ GO ?= go
 
 # VERSION is what the binaries report: the tag at HEAD, or Go's pseudo-version of HEAD
 # (scripts/version.sh). A release sets it: make build VERSION=v0.1.0.
-VERSION ?= $(shell scripts/version.sh)
+# It is computed once, not at each use.
+ifndef VERSION
+VERSION := $(shell scripts/version.sh)
+endif
 export VERSION
 
 # Sources of each binary: a binary is rebuilt only when one of them is newer.
