@@ -68,9 +68,9 @@ func (h *Handler) rewriteHeader(hdr http.Header, key keystore.Key) error {
 	// gzip itself. The upstream answers whole, since a byte range of a JSON document
 	// cannot be filtered.
 	//
-	// The six values share one backing array, each slice capped at its value (see
+	// The seven values share one backing array, each slice capped at its value (see
 	// writeJSON).
-	v := []string{"identity", key.OrgID, key.ID, string(key.Role), h.secret, ""}
+	v := []string{"identity", key.OrgID, key.ID, string(key.Role), h.secret, "", ""}
 	hdr["Accept-Encoding"] = v[0:1:1]
 	delete(hdr, "Range")
 	delete(hdr, "If-Range")
@@ -81,7 +81,8 @@ func (h *Handler) rewriteHeader(hdr http.Header, key keystore.Key) error {
 		hdr["X-Gateway-Secret"] = v[4:5:5]
 	}
 	if key.Scopes != nil {
-		hdr["X-Gateway-Key-Scopes"] = []string{strings.Join(key.Scopes, " ")}
+		v[6] = strings.Join(key.Scopes, " ")
+		hdr["X-Gateway-Key-Scopes"] = v[6:7:7]
 	}
 	if h.signer != nil {
 		assertion, err := h.signer.Assertion(key.ID, key.OrgID, string(key.Role), key.Scopes...)
