@@ -1,7 +1,8 @@
 // Package caddymodule is the Caddy module v1_gateway (http.handlers.v1_gateway). It
 // enforces the public /v1 API contract at the edge. For every request it checks the
 // API key against PostgreSQL and the networks it may be used from, the organisation's
-// API access, the key's and the organisation's budgets, and the key's role. It answers GET /v1/me itself. It hands everything else to the next
+// API access, the key's and the organisation's budgets, the key's role and scopes. It
+// answers GET /v1/me itself. It hands everything else to the next
 // handler, the reverse proxy to the upstream, with the caller's identity asserted in
 // X-Gateway-* headers. It filters the fields named in strip_fields out of every JSON
 // response. README.md gives the decision order; docs/configuration.md the options.
@@ -33,7 +34,8 @@ func init() {
 
 // Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides
 // in the order README.md gives: credentials, the key and its networks, API access, the
-// budgets, the role, GET /v1/me, the proxy. The first step that applies answers. ServeHTTP numbers
+// budgets (each request weighing its route's cost), the role and a scoped key's
+// scopes, GET /v1/me, the proxy. The first step that applies answers. ServeHTTP numbers
 // the steps.
 //
 // The module needs full paths. Use it under `handle /v1/*`, not `handle_path /v1/*`,
