@@ -55,12 +55,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    usage_flush_interval <duration>
 //	    usage_buffer     <rows>
 //	    usage            on|off
+//	    route <methods> <path> [scope <scope>] [cost <n>]
 //	}
 //
 // database_url and gateway_secret (or identity_key) are required, typically as {env.DATABASE_URL} and
 // {env.GATEWAY_SECRET}. strip_fields takes one or more names and may be repeated; the
-// names of all its lines together replace the default list. Every other option takes
-// exactly one argument and may appear once.
+// names of all its lines together replace the default list. route may be repeated:
+// its lines, in order, replace the whole built-in route table; methods are
+// comma-separated (GET,HEAD) or *. Every other option takes exactly one argument and
+// may appear once.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	if d.NextArg() {
@@ -109,6 +112,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.IdentityKey, err = oneArg(d, h.IdentityKey != "")
 		case "identity_audience":
 			h.IdentityAudience, err = oneArg(d, h.IdentityAudience != "")
+		case "route":
+			var r Route
+			if r, err = routeArgs(d); err == nil {
+				h.Routes = append(h.Routes, r)
+			}
 		case "strip_fields":
 			names := d.RemainingArgs()
 			if len(names) == 0 {
@@ -166,6 +174,43 @@ func oneArg(d *caddyfile.Dispenser, given bool) (string, error) {
 		return "", d.Errf("%s already specified", opt)
 	}
 	return arg, nil
+}
+
+// routeArgs reads a route line: methods, a path pattern, then scope and cost, each
+// at most once, in either order.
+func routeArgs(d *caddyfile.Dispenser) (Route, error) {
+	args := d.RemainingArgs()
+	if len(args) < 2 || len(args)%2 != 0 {
+		return Route{}, d.ArgErr()
+	}
+	r := Route{Path: args[1]}
+	if args[0] != "*" {
+		r.Methods = strings.Split(args[0], ",")
+	}
+	for i := 2; i < len(args); i += 2 {
+		switch k, v := args[i], args[i+1]; k {
+		case "scope":
+			if r.Scope != "" {
+				return Route{}, d.Errf("route %s %s: scope already specified", args[0], args[1])
+			}
+			r.Scope = v
+		case "cost":
+			if r.Cost != 0 {
+				return Route{}, d.Errf("route %s %s: cost already specified", args[0], args[1])
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return Route{}, d.Errf("route %s %s: cost must be a whole number of at least 1, not %q", args[0], args[1], v)
+			}
+			r.Cost = n
+		default:
+			return Route{}, d.Errf("route %s %s: unrecognized %q (scope or cost)", args[0], args[1], k)
+		}
+	}
+	if err := checkRoute(r); err != nil {
+		return Route{}, d.Err(err.Error())
+	}
+	return r, nil
 }
 
 // positiveIntArg reads the one positive whole number of the option the dispenser is on.

@@ -183,6 +183,13 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"usage_flush_interval too short", "v1_gateway {\n\tusage_flush_interval 500ms\n}", "usage_flush_interval must be at least 1s", 2},
 		{"usage_flush_interval off", "v1_gateway {\n\tusage_flush_interval off\n}", "parsing usage_flush_interval", 2},
 		{"duplicate switch", "v1_gateway {\n\tdisable_count_pipelining\n\tdisable_count_pipelining\n}", "disable_count_pipelining already specified", 3},
+		{"route without a path", "v1_gateway {\n\troute GET\n}", "wrong argument count", 2},
+		{"route with a dangling word", "v1_gateway {\n\troute GET /v1/x scope\n}", "wrong argument count", 2},
+		{"route with an unknown method", "v1_gateway {\n\troute GET,FETCH /v1/x\n}", `unknown method "FETCH"`, 2},
+		{"route with a bad scope", "v1_gateway {\n\troute GET /v1/x scope Reports\n}", `scope "Reports" must match`, 2},
+		{"route with a zero cost", "v1_gateway {\n\troute GET /v1/x cost 0\n}", `cost must be a whole number of at least 1, not "0"`, 2},
+		{"route with two costs", "v1_gateway {\n\troute GET /v1/x cost 2 cost 3\n}", "cost already specified", 2},
+		{"route with an unknown word", "v1_gateway {\n\troute GET /v1/x weight 3\n}", `unrecognized "weight" (scope or cost)`, 2},
 	}
 	// An option given twice, with two valid values, is refused at its second line.
 	for _, dup := range []string{

@@ -11,6 +11,7 @@ var (
 	bodyUnauthenticated    = []byte(`{"error":"api key unauthenticated"}`)
 	bodyFeatureGated       = []byte(`{"error":"feature_gated","feature":"api","upgrade":true}`)
 	bodyForbidden          = []byte(`{"error":"forbidden","reason":"role"}`)
+	bodyScopeForbidden     = []byte(`{"error":"forbidden","reason":"scope"}`)
 	bodyQuotaExceeded      = []byte(`{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`)
 	bodyServiceUnavailable = []byte(`{"error":"service_unavailable"}`)
 	bodyBadGateway         = []byte(`{"error":"bad_gateway"}`)
@@ -30,6 +31,21 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	setJSONHeaders(w.Header(), v, len(body))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// writeScopeForbidden writes the 403 of a scoped key: with required_scope, the scope
+// its route needs, or without it on a route no rule names.
+func writeScopeForbidden(w http.ResponseWriter, required string) {
+	if required == "" {
+		writeJSON(w, http.StatusForbidden, bodyScopeForbidden)
+		return
+	}
+	b := make([]byte, 0, len(bodyScopeForbidden)+len(required)+20)
+	b = append(b, bodyScopeForbidden[:len(bodyScopeForbidden)-1]...)
+	b = append(b, `,"required_scope":`...)
+	b = appendJSONString(b, required)
+	b = append(b, '}')
+	writeJSON(w, http.StatusForbidden, b)
 }
 
 // jsonHeaders is how many values setJSONHeaders sets.

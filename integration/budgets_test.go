@@ -290,13 +290,13 @@ func lim(perMinute, orgPerMinute, perMonth, used int64) string {
 // proMe is the GET /v1/me body of a key with role of orgID on the pro plan: its
 // minute limit, and no organisation budget.
 func proMe(orgID, role string) string {
-	return fmt.Sprintf(`{"org_id":%q,"role":%q,"limits":%s}`, orgID, role, lim(600, -1, -1, -1))
+	return fmt.Sprintf(`{"org_id":%q,"role":%q,"scopes":null,"limits":%s}`, orgID, role, lim(600, -1, -1, -1))
 }
 
 // wantMeLimits checks a GET /v1/me 200: the whole body, its limits as lim gives them.
 func wantMeLimits(t *testing.T, what string, a answer, orgID, role, limits string) {
 	t.Helper()
-	want := fmt.Sprintf(`{"org_id":%q,"role":%q,"limits":%s}`, orgID, role, limits)
+	want := fmt.Sprintf(`{"org_id":%q,"role":%q,"scopes":null,"limits":%s}`, orgID, role, limits)
 	if a.Status != http.StatusOK || !jsonEqual(a.Body, []byte(want)) {
 		t.Errorf("%s: GET /v1/me answered %d %s, want 200 %s", what, a.Status, a.Body, want)
 	}
