@@ -322,6 +322,10 @@ type gatewayConfig struct {
 	// passiveHealth has the reverse proxy take its upstream out of rotation for 30 s
 	// after one failure (passive health checks, max_fails 1).
 	passiveHealth bool
+	// trustedProxies, if not empty, are the server's trusted_proxies (static ranges);
+	// trustedStrict sets its trusted_proxies_strict.
+	trustedProxies []string
+	trustedStrict  bool
 }
 
 // gateway is a running in-process Caddy.
@@ -374,6 +378,12 @@ func caddyConfig(listen, logPath string, gc gatewayConfig) []byte {
 			"handle":   []any{map[string]any{"handler": "metrics"}},
 			"terminal": true,
 		}}, server["routes"].([]any)...)
+	}
+	if len(gc.trustedProxies) > 0 {
+		server["trusted_proxies"] = map[string]any{"source": "static", "ranges": gc.trustedProxies}
+	}
+	if gc.trustedStrict {
+		server["trusted_proxies_strict"] = 1
 	}
 	if gc.accessLog {
 		server["logs"] = map[string]any{"should_log_credentials": gc.logCreds}
