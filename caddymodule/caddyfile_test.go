@@ -64,6 +64,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				usage_flush_interval 5s
 				usage_buffer     5000
 				usage            off
+				max_request_body 2MiB
 			}`,
 			want: Handler{
 				LegacyKeys:             "reject",
@@ -71,6 +72,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				UsageFlushInterval:     caddy.Duration(5 * time.Second),
 				UsageBuffer:            5000,
 				DisableUsage:           true,
+				MaxRequestBody:         2 << 20,
 				DatabaseURL:            "{env.DATABASE_URL}",
 				RedisURL:               "rediss://127.0.0.1:6379/0?addr=127.0.0.1:6380",
 				RedisMode:              "cluster",
@@ -189,7 +191,7 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		"gateway_secret a b", "database_url a b", "redis_timeout 1s 2s", "redis_dial_timeout 1s 2s",
 		"batch_linger 1ms 2ms", "lookup_lanes 1 2", "redis_mode cluster single", "redis_tls_ca a.pem b.pem",
 		"legacy_keys accept reject", "last_used_interval off 1m", "usage off on", "usage on on",
-		"usage_flush_interval 5s 10s", "usage_buffer 10 20",
+		"usage_flush_interval 5s 10s", "usage_buffer 10 20", "max_request_body 1MiB 2MiB",
 	} {
 		f := strings.Fields(dup)
 		cases = append(cases, errorCase{"duplicate " + f[0],
@@ -200,6 +202,12 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		opt, arg, _ := strings.Cut(bad, " ")
 		cases = append(cases, errorCase{bad, "v1_gateway {\n\t" + bad + "\n}",
 			opt + " must be a positive whole number, not " + strconv.Quote(arg), 2})
+	}
+	// A size must be above zero and in a unit go-humanize reads.
+	for _, bad := range []string{"max_request_body 0", "max_request_body -1", "max_request_body lots", "max_request_body 1MiBs"} {
+		opt, arg, _ := strings.Cut(bad, " ")
+		cases = append(cases, errorCase{bad, "v1_gateway {\n\t" + bad + "\n}",
+			opt + " must be a positive size such as 1MiB, not " + strconv.Quote(arg), 2})
 	}
 	// A timeout or a linger of zero would make every wait fail at once.
 	for _, zero := range []string{"redis_timeout 0s", "database_dial_timeout 0s", "batch_linger 0"} {

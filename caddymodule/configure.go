@@ -102,6 +102,9 @@ func (h *Handler) applyDefaults() {
 	if h.RedisTimeout == 0 {
 		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)
 	}
+	if h.MaxRequestBody == 0 {
+		h.MaxRequestBody = defaultMaxRequestBody
+	}
 	if h.StripFields == nil {
 		h.StripFields = slices.Clone(defaultStripFields)
 	}

@@ -249,6 +249,8 @@ func (pw *proxyWriter) clientFailed() {
 	if c := pw.log.Check(lvl, "the client's request body could not be read; answering with a JSON error"); c != nil {
 		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(pw.r.URL.Path)), zap.Error(err))
 	}
+	// What is left of the body must never be read as another request (innermostWriter).
+	pw.Header().Set("Connection", "close")
 	pw.writeError(status)
 }
 
