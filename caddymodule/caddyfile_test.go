@@ -443,39 +443,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // database, Redis and upstream. The operator's config does what
 // docs/configuration.md says.
 func TestExampleCaddyfileServes(t *testing.T) {
-	d, key, _ := newDBWithKey(t)
-	up := newUpstream(t)
-	listen := freeAddr(t)
-	// A site of any host, as the example's :8080. So a request with a bad Host still
-	// reaches its handle_errors.
-	t.Setenv("GATEWAY_ADDR", "http://:"+listen[strings.LastIndexByte(listen, ':')+1:])
-	t.Setenv("UPSTREAM_ADDR", up.addr())
-	t.Setenv("DATABASE_URL", d.url)
-	t.Setenv("REDIS_URL", redisURL(t))
-	t.Setenv("GATEWAY_SECRET", testSecret)
-	_, identityKey := gatewayauthtest.NewKey(t)
-	t.Setenv("IDENTITY_KEY", identityKey)
-
-	input, err := os.ReadFile("../Caddyfile.example")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(input, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The example logs to stderr; keep the test output quiet.
-	logPath := filepath.Join(t.TempDir(), "caddy.log")
-	cfg = []byte(strings.Replace(string(cfg), `"logging":{"logs":{"default":{`,
-		`"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"writer":{"output":"file","filename":`+strconv.Quote(logPath)+`},`, 1))
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading the example: %v\n%s", err, cfg)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	gw := &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{
-		Timeout:       10 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	gw, up, key := startExample(t)
 
 	res, body := gw.get(t, "/v1/me", key)
 	if res.StatusCode != http.StatusOK || res.Header.Get("Ratelimit-Policy") == "" {
@@ -549,7 +517,7 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		res, body := testenv.Exchange(t, gw.client, req)
 		t.Run(tc.name, func(t *testing.T) { wantJSONError(t, res, body, tc.status, tc.body) })
 	}
-	res, body = rawExchange(t, listen, "GET /v1/me HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n")
+	res, body = rawExchange(t, strings.TrimPrefix(gw.base, "http://"), "GET /v1/me HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n")
 	t.Run("an empty Host", func(t *testing.T) { wantJSONError(t, res, body, http.StatusBadRequest, `{"error":"bad_request"}`) })
 
 	// The proxied request carries the signed identity, which verifies against the JWKS
@@ -598,7 +566,7 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		testenv.Exchange(t, gw.client, req)
 	}
 	time.Sleep(100 * time.Millisecond)
-	log, _ := os.ReadFile(logPath)
+	log, _ := os.ReadFile(gw.logPath)
 	if !strings.Contains(string(log), "aborting with incomplete response") || !strings.Contains(string(log), `"logger":"http.log.access`) ||
 		!strings.Contains(string(log), "REDACTED") {
 		t.Errorf("log:\n%s", log)
@@ -612,4 +580,44 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	if strings.Contains(strings.ToLower(string(log)), strings.ToLower(secret[:16])) {
 		t.Errorf("the log shows the secret in lower case:\n%s", log)
 	}
+}
+
+// startExample loads Caddyfile.example in this process, in front of a test upstream,
+// with a fresh database holding an Editor key, which it returns.
+func startExample(t *testing.T) (gw *gateway, up *testUpstream, key string) {
+	t.Helper()
+	d, key, _ := newDBWithKey(t)
+	up = newUpstream(t)
+	listen := freeAddr(t)
+	// A site of any host, as the example's :8080. So a request with a bad Host still
+	// reaches its handle_errors.
+	t.Setenv("GATEWAY_ADDR", "http://:"+listen[strings.LastIndexByte(listen, ':')+1:])
+	t.Setenv("UPSTREAM_ADDR", up.addr())
+	t.Setenv("DATABASE_URL", d.url)
+	t.Setenv("REDIS_URL", redisURL(t))
+	t.Setenv("GATEWAY_SECRET", testSecret)
+	_, identityKey := gatewayauthtest.NewKey(t)
+	t.Setenv("IDENTITY_KEY", identityKey)
+
+	input, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(input, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example logs to stderr; keep the test output quiet.
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	cfg = []byte(strings.Replace(string(cfg), `"logging":{"logs":{"default":{`,
+		`"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"writer":{"output":"file","filename":`+strconv.Quote(logPath)+`},`, 1))
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading the example: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	gw = &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+	return gw, up, key
 }

@@ -141,6 +141,14 @@ func newUpstream(t *testing.T) *testUpstream {
 		}
 		json200(w, fmt.Sprintf(`{"read":%d}`, n))
 	})
+	// /auth/login stands for the dashboard's routes: it reads the whole body first.
+	mux.HandleFunc("/auth/login", func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			return
+		}
+		json200(w, fmt.Sprintf(`{"read":%d}`, n))
+	})
 	mux.HandleFunc("/v1/me", func(w http.ResponseWriter, r *http.Request) {
 		json200(w, `{"upstream":"me","method":"`+r.Method+`"}`)
 	})
