@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
 )
 
 // defaultMaxRequestBody is max_request_body's default: the upstream's own limit.
@@ -17,7 +18,7 @@ const defaultMaxRequestBody = 1 << 20
 // the upstream never gets more than the limit, and never answers or hangs up first:
 // without the limit, its own 413 raced the rest of the upload, and a reset
 // connection was a 502.
-func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystore.Key, count rateCount) bool {
+func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystore.Key, count limiter.Result) bool {
 	if r.ContentLength > h.MaxRequestBody {
 		h.countUsage(key, keystore.OutcomeProxied, http.StatusRequestEntityTooLarge)
 		setRateLimit(w.Header(), count)
