@@ -421,14 +421,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	if !ok {
-		h.record(r, outcomeUnauthenticated, nil)
-		writeUnauthenticated(w)
+		h.refuse(w, r, outcomeUnauthenticated, nil)
 		return nil
 	}
 	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(clientAddr(r)) {
 		// The very answer of an unknown key: a stolen key tells its thief nothing.
-		h.record(r, outcomeIPDenied, &key)
-		writeUnauthenticated(w)
+		h.refuse(w, r, outcomeIPDenied, &key)
 		return nil
 	}
 	setIdentityPlaceholders(r, key)
