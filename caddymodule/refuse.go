@@ -15,8 +15,26 @@ import (
 // dead one (docs/security.md, Timing).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, o outcome, key *keystore.Key) {
 	writeUnauthenticated(w)
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
-	}
+	flush(w)
 	h.record(r, o, key)
+}
+
+// flush sends what w holds to the client, as http.ResponseController does, through
+// the Unwrap of Caddy's writers, which implement no Flush of their own. Unlike a
+// ResponseController it allocates nothing.
+func flush(w http.ResponseWriter) {
+	for {
+		switch t := w.(type) {
+		case interface{ FlushError() error }:
+			_ = t.FlushError()
+			return
+		case http.Flusher:
+			t.Flush()
+			return
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return
+		}
+	}
 }
