@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"math"
 	"strconv"
 	"strings"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -56,6 +58,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    usage_buffer     <rows>
 //	    usage            on|off
 //	    route <methods> <path> [scope <scope>] [cost <n>]
+//	    max_request_body <size>
 //	}
 //
 // database_url and gateway_secret (or identity_key) are required, typically as {env.DATABASE_URL} and
@@ -102,6 +105,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = durationArg(d, &h.UsageFlushInterval); err == nil && h.UsageFlushInterval < caddy.Duration(minUsageFlushInterval) {
 				return d.Errf("usage_flush_interval must be at least %s", minUsageFlushInterval)
 			}
+		case "max_request_body":
+			err = sizeArg(d, &h.MaxRequestBody)
 		case "usage_buffer":
 			err = positiveIntArg(d, &h.UsageBuffer)
 		case "usage":
@@ -225,6 +230,22 @@ func positiveIntArg(d *caddyfile.Dispenser, dst *int) error {
 		return d.Errf("%s must be a positive whole number, not %q", opt, arg)
 	}
 	*dst = n
+	return nil
+}
+
+// sizeArg reads the one positive size of the option the dispenser is on, in bytes
+// or with a unit as go-humanize reads it (1MiB, 512KB).
+func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	opt := d.Val()
+	arg, err := oneArg(d, *dst != 0)
+	if err != nil {
+		return err
+	}
+	n, err := humanize.ParseBytes(arg)
+	if err != nil || n == 0 || n > math.MaxInt64 {
+		return d.Errf("%s must be a positive size such as 1MiB, not %q", opt, arg)
+	}
+	*dst = int64(n)
 	return nil
 }
 

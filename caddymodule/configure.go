@@ -106,6 +106,9 @@ func (h *Handler) applyDefaults() {
 	if h.Routes == nil {
 		h.Routes = slices.Clone(builtinRoutes)
 	}
+	if h.MaxRequestBody == 0 {
+		h.MaxRequestBody = defaultMaxRequestBody
+	}
 	if h.StripFields == nil {
 		h.StripFields = slices.Clone(defaultStripFields)
 	}

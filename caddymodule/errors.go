@@ -16,6 +16,7 @@ var (
 	bodyServiceUnavailable = []byte(`{"error":"service_unavailable"}`)
 	bodyBadGateway         = []byte(`{"error":"bad_gateway"}`)
 	bodyGatewayTimeout     = []byte(`{"error":"gateway_timeout"}`)
+	bodyRequestTooLarge    = []byte(`{"error":"request_too_large"}`) // the upstream's own name for 413
 )
 
 // writeJSON writes a complete JSON response the module produced itself. Shared
@@ -84,6 +85,8 @@ func statusBody(status int) []byte {
 		return bodyGatewayTimeout
 	case http.StatusServiceUnavailable:
 		return bodyServiceUnavailable
+	case http.StatusRequestEntityTooLarge:
+		return bodyRequestTooLarge
 	}
 	text := http.StatusText(status)
 	if status == 499 {

@@ -234,6 +234,15 @@ type Handler struct {
 	// Default: the built-in table of /v1 (monitors:read, monitors:write, monitors:delete)
 	Routes []Route `json:"routes,omitempty"`
 
+	// MaxRequestBody is the largest request body, in bytes, the gateway passes on. A
+	// larger one answers 413 request_too_large: at once when Content-Length says so,
+	// and when a chunked body crosses it on the way. The upstream's own limit is the
+	// default, so the upstream never sees more than it would accept, and the 413 is
+	// the gateway's every time (docs/configuration.md, Request bodies). The Caddyfile
+	// takes sizes such as 1MiB.
+	// Default: 1MiB
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+
 	// The runtime state, built by Provision.
 	databaseURL string // DatabaseURL with placeholders replaced
 	redisURL    string
@@ -374,6 +383,9 @@ func (h *Handler) Validate() error {
 	if time.Duration(h.UsageFlushInterval) < minUsageFlushInterval {
 		return fmt.Errorf("usage_flush_interval %s: must be at least %s", time.Duration(h.UsageFlushInterval), minUsageFlushInterval)
 	}
+	if h.MaxRequestBody < 0 {
+		return fmt.Errorf("max_request_body %d: must be positive", h.MaxRequestBody)
+	}
 	if h.UsageBuffer < 0 {
 		return fmt.Errorf("usage_buffer %d: must be positive", h.UsageBuffer)
 	}
@@ -426,14 +438,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	if !ok {
-		h.record(r, outcomeUnauthenticated, nil)
-		writeUnauthenticated(w)
+		h.refuse(w, r, outcomeUnauthenticated, nil)
 		return nil
 	}
 	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(clientAddr(r)) {
 		// The very answer of an unknown key: a stolen key tells its thief nothing.
-		h.record(r, outcomeIPDenied, &key)
-		writeUnauthenticated(w)
+		h.refuse(w, r, outcomeIPDenied, &key)
 		return nil
 	}
 	setIdentityPlaceholders(r, key)

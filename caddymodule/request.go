@@ -29,6 +29,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
 		return nil
 	}
+	if !h.limitBody(w, r, &key, count) {
+		return nil
+	}
 	pw := newProxyWriter(w, r, count, h.fields, h.floodLog)
 	pw.refusedLog = h.refusedLog
 	defer pw.release()

@@ -524,21 +524,3 @@ func TestARequestFromOutsideItsNetworksSpendsNoBudget(t *testing.T) {
 		t.Errorf("keygate_requests_total{outcome=\"ip_denied\"} = %v, want 3", got)
 	}
 }
-
-// TestTheClientAddressIsCaddys: the address checked is Caddy's client_ip variable,
-// which honours trusted_proxies, and the connection's peer without it.
-func TestTheClientAddressIsCaddys(t *testing.T) {
-	r := httptest.NewRequest(http.MethodGet, "http://gw/v1/me", nil)
-	r.RemoteAddr = "127.0.0.1:5000"
-	if got := clientAddr(r); got != netip.MustParseAddr("127.0.0.1") {
-		t.Errorf("without Caddy's variable: %v, want the peer", got)
-	}
-	ctx := context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "10.1.2.3"})
-	if got := clientAddr(r.WithContext(ctx)); got != netip.MustParseAddr("10.1.2.3") {
-		t.Errorf("with Caddy's variable: %v, want 10.1.2.3", got)
-	}
-	r.RemoteAddr = "not an address"
-	if got := clientAddr(r); got.IsValid() {
-		t.Errorf("an unreadable address: %v, want none", got)
-	}
-}
