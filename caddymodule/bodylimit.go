@@ -18,9 +18,9 @@ const defaultMaxRequestBody = 1 << 20
 // the upstream never gets more than the limit, and never answers or hangs up first:
 // without the limit, its own 413 raced the rest of the upload, and a reset
 // connection was a 502.
-func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystore.Key, count limiter.Result) bool {
+func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystore.Key, count limiter.Result, units int) bool {
 	if r.ContentLength > h.MaxRequestBody {
-		h.countUsage(key, keystore.OutcomeProxied, http.StatusRequestEntityTooLarge)
+		h.countUsage(key, keystore.OutcomeProxied, http.StatusRequestEntityTooLarge, units)
 		setRateLimit(w.Header(), count)
 		writeJSON(w, http.StatusRequestEntityTooLarge, bodyRequestTooLarge)
 		return false

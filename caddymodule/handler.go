@@ -464,7 +464,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if key.Scopes != nil || h.routes.weighed {
 		rt = h.routes.match(r)
 	}
-	count, answered := h.rateLimit(w, r, &key, costOf(rt))
+	cost := costOf(rt)
+	count, answered := h.rateLimit(w, r, &key, cost)
 	if answered {
 		return nil
 	}
@@ -472,7 +473,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 5. The role. Only Admin and Editor write. A role the gateway does not know reads
 	// only; the database allows none.
 	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
-		h.record(r, outcomeForbidden, &key)
+		h.recordUnits(r, outcomeForbidden, &key, cost)
 		setRateLimit(w.Header(), count)
 		writeJSON(w, http.StatusForbidden, bodyForbidden)
 		return nil
@@ -482,7 +483,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// none.
 	me := r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
 	if ok, missing := scopeAllows(key.Scopes, rt); !ok && !me {
-		h.record(r, outcomeForbidden, &key)
+		h.recordUnits(r, outcomeForbidden, &key, cost)
 		setRateLimit(w.Header(), count)
 		writeScopeForbidden(w, missing)
 		return nil
@@ -490,15 +491,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 6. GET /v1/me, answered here.
 	if me {
-		h.record(r, outcomeMe, &key)
+		h.recordUnits(r, outcomeMe, &key, cost)
 		setRateLimit(w.Header(), count)
 		writeMe(w, key, count)
 		return nil
 	}
 
 	// 7. Proxy.
-	h.record(r, outcomeProxied, &key)
-	return h.proxy(w, r, next, key, count)
+	h.recordUnits(r, outcomeProxied, &key, cost)
+	return h.proxy(w, r, next, key, count, cost)
 }
 
 // setIdentityPlaceholders makes the key's identity available to the rest of the

@@ -215,15 +215,21 @@ func loadMetrics(ctx caddy.Context) (*metrics, string, error) {
 // record is what ServeHTTP calls once per request. It tolerates h.metrics == nil
 // (disable_metrics). dependencies.go times the lookups and the counts.
 
-// record notes the decision of a request: its counter, the usage record of its key
-// (countDecided), and the access log's outcome, key_id and org_id fields, if its
-// server writes an access log. key is nil while the key is not known.
+// record notes the decision of a request of cost 1, one decided before its route is
+// weighed (step 4): see recordUnits.
 func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
+	h.recordUnits(r, o, key, 1)
+}
+
+// recordUnits notes the decision of a request weighing units: its counter, the usage
+// record of its key (countDecided), and the access log's outcome, key_id and org_id
+// fields, if its server writes an access log. key is nil while the key is not known.
+func (h *Handler) recordUnits(r *http.Request, o outcome, key *keystore.Key, units int) {
 	if h.metrics != nil {
 		h.metrics.byOutcome[o].Inc()
 	}
 	if key != nil {
-		h.countDecided(key, o)
+		h.countDecided(key, o, units)
 	}
 	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
 	if !ok || !accessLogged(r) {

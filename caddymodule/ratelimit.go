@@ -74,7 +74,7 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 		case failOpen:
 			return limiter.Result{}, false
 		case failClosed:
-			h.record(r, outcomeLimiterUnavailable, key)
+			h.recordUnits(r, outcomeLimiterUnavailable, key, cost)
 			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
 			return limiter.Result{}, true
 		case failLocal:
@@ -91,11 +91,11 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
 			c.Write(zap.String("key_id", key.ID), zap.String("budget", count.RefusedAt.String()))
 		}
-		h.record(r, outcomeRateLimited, key)
+		h.recordUnits(r, outcomeRateLimited, key, cost)
 		writeRateLimited(w, count)
 		return count, true
 	case limiter.StageMonth:
-		h.record(r, outcomeQuotaExceeded, key)
+		h.recordUnits(r, outcomeQuotaExceeded, key, cost)
 		setRateLimit(w.Header(), count)
 		writeJSON(w, http.StatusPaymentRequired, bodyQuotaExceeded)
 		return count, true

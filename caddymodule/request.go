@@ -19,23 +19,24 @@ import (
 // body the filter can read. response.go holds what comes back.
 
 // proxy is step 7. The request goes on with its header rewritten for the upstream.
-// Its response comes back through a proxyWriter (response.go).
-func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, count limiter.Result) error {
+// Its response comes back through a proxyWriter (response.go). The usage record
+// counts it as units, its route's cost.
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, count limiter.Result, units int) error {
 	if err := h.rewriteHeader(r.Header, key); err != nil {
 		// Ed25519 signing does not fail with a valid key. Should it, the request
 		// does not go on unsigned.
 		h.logger.Error("signing the identity assertion", zap.Error(err))
-		h.countUsage(&key, keystore.OutcomeProxied, http.StatusInternalServerError)
+		h.countUsage(&key, keystore.OutcomeProxied, http.StatusInternalServerError, units)
 		writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
 		return nil
 	}
-	if !h.limitBody(w, r, &key, count) {
+	if !h.limitBody(w, r, &key, count, units) {
 		return nil
 	}
 	pw := newProxyWriter(w, r, count, h.fields, h.floodLog)
 	pw.refusedLog = h.refusedLog
 	defer pw.release()
-	defer h.countProxied(&key, pw) // once answered, however: the status the client got
+	defer h.countProxied(&key, pw, units) // once answered, however: the status the client got
 	if err := next.ServeHTTP(pw, r); err != nil {
 		return pw.nextFailed(err)
 	}

@@ -22,14 +22,14 @@ const minUsageFlushInterval = time.Second
 // does, in memory, and writes the counts to PostgreSQL later (docs/operations.md,
 // Usage).
 type usageRecorder interface {
-	Record(orgID, keyID string, at time.Time, outcome string, status int)
+	Record(orgID, keyID string, at time.Time, outcome string, status int, units int)
 }
 
-// countUsage counts a request of key answered with status in the usage record. It is
-// in memory and never waits on the database.
-func (h *Handler) countUsage(key *keystore.Key, outcome string, status int) {
+// countUsage counts a request of key answered with status, weighing units (its
+// route's cost), in the usage record. It is in memory and never waits on the database.
+func (h *Handler) countUsage(key *keystore.Key, outcome string, status, units int) {
 	if h.usage != nil {
-		h.usage.Record(key.OrgID, key.ID, time.Now(), outcome, status)
+		h.usage.Record(key.OrgID, key.ID, time.Now(), outcome, status, units)
 	}
 }
 
@@ -49,18 +49,19 @@ var decidedUsage = [numOutcomes]struct {
 	outcomeIPDenied:           {keystore.OutcomeIPDenied, http.StatusUnauthorized},
 }
 
-// countDecided counts a request of key that ServeHTTP answers itself with outcome o.
-func (h *Handler) countDecided(key *keystore.Key, o outcome) {
+// countDecided counts a request of key, weighing units, that ServeHTTP answers itself
+// with outcome o.
+func (h *Handler) countDecided(key *keystore.Key, o outcome, units int) {
 	if u := decidedUsage[o]; u.outcome != "" {
-		h.countUsage(key, u.outcome, u.status)
+		h.countUsage(key, u.outcome, u.status, units)
 	}
 }
 
 // countProxied counts a proxied request once its answer is over, with the status the
 // client got (proxyWriter.sentStatus). ServeHTTP defers it, so that a response the
 // reverse proxy aborts mid-body (a panic) is counted too.
-func (h *Handler) countProxied(key *keystore.Key, pw *proxyWriter) {
-	h.countUsage(key, keystore.OutcomeProxied, pw.sentStatus())
+func (h *Handler) countProxied(key *keystore.Key, pw *proxyWriter, units int) {
+	h.countUsage(key, keystore.OutcomeProxied, pw.sentStatus(), units)
 }
 
 // sentStatus returns the status of the response pw wrote: the upstream's, or the

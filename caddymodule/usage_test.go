@@ -23,14 +23,16 @@ import (
 )
 
 // countedRows is a usageRecorder double: one "org key outcome status" line a request,
-// and the time it was counted at.
+// its units and the time it was counted at.
 type countedRows struct {
-	rows []string
-	at   []time.Time
+	rows  []string
+	units []int
+	at    []time.Time
 }
 
-func (c *countedRows) Record(orgID, keyID string, at time.Time, outcome string, status int) {
+func (c *countedRows) Record(orgID, keyID string, at time.Time, outcome string, status, units int) {
 	c.rows = append(c.rows, fmt.Sprintf("%s %s %s %d", orgID, keyID, outcome, status))
+	c.units = append(c.units, units)
 	c.at = append(c.at, at)
 }
 
@@ -48,8 +50,23 @@ func (b *brokenBody) Read(p []byte) (int, error) {
 
 // TestUsageCountsEveryAnswerOfAnIdentifiedKey: a request whose key was identified is
 // counted once, with its outcome and the status the client got, whoever answered it;
-// a request with no identified key is not counted.
+// a request with no identified key is not counted. Its units are its route's cost
+// once the route is weighed (step 4), 1 for an answer decided before: under the
+// built-in table, and under a table where every /v1 request costs 3.
 func TestUsageCountsEveryAnswerOfAnIdentifiedKey(t *testing.T) {
+	for _, table := range []struct {
+		name   string
+		routes []Route // nil: the built-in table
+		cost   int
+	}{
+		{"built-in routes", nil, 1},
+		{"every route costs 3", []Route{{Methods: []string{"*"}, Path: "/v1/*", Cost: 3}}, 3},
+	} {
+		t.Run(table.name, func(t *testing.T) { testUsageCountsEveryAnswer(t, table.routes, table.cost) })
+	}
+}
+
+func testUsageCountsEveryAnswer(t *testing.T, routes []Route, cost int) {
 	jsonStatus := func(status int) upstream {
 		return func(w http.ResponseWriter, _ *http.Request) error {
 			w.Header().Set("Content-Type", "application/json")
@@ -128,6 +145,9 @@ func TestUsageCountsEveryAnswerOfAnIdentifiedKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newTestHandler(t, &fakeVerifier{err: tc.verifierErr}, tc.limiterFailure)
+			if routes != nil {
+				h.routes = newRouteTable(routes)
+			}
 			counted := &countedRows{}
 			h.usage = counted
 			start := time.Now()
@@ -151,14 +171,24 @@ func TestUsageCountsEveryAnswerOfAnIdentifiedKey(t *testing.T) {
 			}
 			end := time.Now()
 			var want []string
+			var wantUnits []int
 			if tc.want != "" {
 				want = []string{tc.want}
 				if status := strings.Fields(tc.want)[3]; fmt.Sprint(w.Code) != status {
 					t.Errorf("the client got %d, the row says %s", w.Code, status)
 				}
+				// Decided before the route is weighed: the key's networks, its API access.
+				units := cost
+				if o := strings.Fields(tc.want)[2]; o == keystore.OutcomeIPDenied || o == keystore.OutcomeFeatureGated {
+					units = 1
+				}
+				wantUnits = []int{units}
 			}
 			if !slices.Equal(counted.rows, want) {
 				t.Errorf("counted %q, want %q", counted.rows, want)
+			}
+			if !slices.Equal(counted.units, wantUnits) {
+				t.Errorf("counted units %v, want %v", counted.units, wantUnits)
 			}
 			for _, at := range counted.at {
 				if at.Before(start) || at.After(end) {

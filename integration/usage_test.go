@@ -34,7 +34,7 @@ func (s *Stack) recordUsage(org string, rows ...usageRow) {
 	u := keystore.NewUsage(pool, keystore.UsageOptions{})
 	for _, r := range rows {
 		for range r.n {
-			u.Record(org, r.key, r.at, r.outcome, r.status)
+			u.Record(org, r.key, r.at, r.outcome, r.status, 1)
 		}
 	}
 	if err := u.Flush(context.Background()); err != nil {

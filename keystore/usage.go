@@ -75,10 +75,12 @@ type usageKey struct {
 	status  int16
 }
 
-// usageCount is a row's org and its count of requests not yet written.
+// usageCount is a row's org, its count of requests not yet written and their units
+// beyond one a request (units = count + extra, as in usage_minutes).
 type usageCount struct {
 	orgID string
 	count int64
+	extra int64
 }
 
 // Usage counts the requests of each key in memory, per UTC minute, outcome and status,
@@ -132,17 +134,19 @@ func NewUsage(pool *pgxpool.Pool, opts UsageOptions) *Usage {
 }
 
 // Record counts one request of the key keyID of the org orgID, made at at, decided
-// with outcome (one of the Outcome constants) and answered with status. It never waits
+// with outcome (one of the Outcome constants), answered with status and weighing
+// units, its route's cost (below 1 counts as 1). It never waits
 // on the database: it takes a mutex held for one map update, and allocates only for
 // the first request of a row between two flushes.
 //
 // A request that cannot be written is dropped and reported through OnDrop, so that it
 // never fails the flush of the others: an unknown outcome, a status outside 100..599,
 // an org id that is not a UUID or a key id that is not one.
-func (u *Usage) Record(orgID, keyID string, at time.Time, outcome string, status int) {
+func (u *Usage) Record(orgID, keyID string, at time.Time, outcome string, status int, units int) {
 	if u == nil {
 		return
 	}
+	extra := int64(max(units, 1) - 1)
 	o, ok := outcomeIndex(outcome)
 	if !ok || status < 100 || status > 599 {
 		u.drop(1)
@@ -152,6 +156,7 @@ func (u *Usage) Record(orgID, keyID string, at time.Time, outcome string, status
 	u.mu.Lock()
 	if c, ok := u.pending[k]; ok {
 		c.count++
+		c.extra += extra
 		u.mu.Unlock()
 		return
 	}
@@ -163,7 +168,7 @@ func (u *Usage) Record(orgID, keyID string, at time.Time, outcome string, status
 	// The ids may share the memory of a request: keep copies of their own. The org id
 	// in lower case sorts as PostgreSQL sorts the uuid (newUsageBatch).
 	k.keyID = strings.Clone(keyID)
-	u.pending[k] = &usageCount{orgID: strings.Clone(strings.ToLower(orgID)), count: 1}
+	u.pending[k] = &usageCount{orgID: strings.Clone(strings.ToLower(orgID)), count: 1, extra: extra}
 	u.mu.Unlock()
 }
 

@@ -80,15 +80,15 @@ func TestUsageFlushCountsPerKeyMinuteOutcomeAndStatus(t *testing.T) {
 	}})
 	paris := time.FixedZone("Paris", 3600)
 	for range 3 {
-		u.Record(orgA, keyA, t0.Add(59*time.Second+999*time.Millisecond), keystore.OutcomeProxied, 200)
+		u.Record(orgA, keyA, t0.Add(59*time.Second+999*time.Millisecond), keystore.OutcomeProxied, 200, 1)
 	}
-	u.Record(orgA, keyA, t0.Add(time.Minute), keystore.OutcomeProxied, 200)           // the next minute
-	u.Record(orgA, keyA, t0.Add(time.Minute).In(paris), keystore.OutcomeProxied, 200) // the same instant elsewhere
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 404)
-	u.Record(orgA, keyA, t0, keystore.OutcomeMe, 200)
-	u.Record(orgA, keyA, t0, keystore.OutcomeRateLimited, 429)
-	u.Record(orgA, keyB, t0, keystore.OutcomeForbidden, 403)
-	u.Record(strings.ToUpper(orgB), keyB, t0, keystore.OutcomeIPDenied, 401)
+	u.Record(orgA, keyA, t0.Add(time.Minute), keystore.OutcomeProxied, 200, 1)           // the next minute
+	u.Record(orgA, keyA, t0.Add(time.Minute).In(paris), keystore.OutcomeProxied, 200, 1) // the same instant elsewhere
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 404, 1)
+	u.Record(orgA, keyA, t0, keystore.OutcomeMe, 200, 1)
+	u.Record(orgA, keyA, t0, keystore.OutcomeRateLimited, 429, 1)
+	u.Record(orgA, keyB, t0, keystore.OutcomeForbidden, 403, 1)
+	u.Record(strings.ToUpper(orgB), keyB, t0, keystore.OutcomeIPDenied, 401, 1)
 	if err := u.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestUsageFlushCountsPerKeyMinuteOutcomeAndStatus(t *testing.T) {
 	if err := u.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	u.Record(orgA, keyA, t0.Add(30*time.Second), keystore.OutcomeMe, 200)
+	u.Record(orgA, keyA, t0.Add(30*time.Second), keystore.OutcomeMe, 200, 1)
 	if err := u.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -124,12 +124,12 @@ func TestUsageOfTwoProcessesAddsUp(t *testing.T) {
 	a := keystore.NewUsage(pool, keystore.UsageOptions{})
 	b := keystore.NewUsage(pool, keystore.UsageOptions{})
 	for i := range 5 {
-		a.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+		a.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 		if i < 3 {
-			b.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+			b.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 		}
 	}
-	b.Record(orgA, keyA, t0, keystore.OutcomeProxied, 502)
+	b.Record(orgA, keyA, t0, keystore.OutcomeProxied, 502, 1)
 	for _, u := range []*keystore.Usage{a, b} {
 		if err := u.Flush(ctx); err != nil {
 			t.Fatal(err)
@@ -155,7 +155,7 @@ func TestUsageFlushesOfManyProcessesAtOnceDoNotDeadlock(t *testing.T) {
 			defer wg.Done()
 			for range rounds {
 				for k := range keys {
-					u.Record(orgA, fmt.Sprintf("key%013d", k), t0, keystore.OutcomeProxied, 200)
+					u.Record(orgA, fmt.Sprintf("key%013d", k), t0, keystore.OutcomeProxied, 200, 1)
 				}
 				if err := u.Flush(context.Background()); err != nil && failures.Add(1) == 1 {
 					t.Logf("flush: %v", err)
@@ -226,12 +226,12 @@ func TestUsageKeepsTheCountsOfAFailedFlush(t *testing.T) {
 			}
 			var errs []error
 			u := keystore.NewUsage(tc.pool, keystore.UsageOptions{OnFlush: func(_ int, err error) { errs = append(errs, err) }})
-			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
-			u.Record(orgA, keyB, t0, keystore.OutcomeProxied, 200)
+			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
+			u.Record(orgA, keyB, t0, keystore.OutcomeProxied, 200, 1)
 			if err := tc.fail(u); err == nil {
 				t.Fatal("the flush succeeded")
 			}
-			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200) // counted after the failure
+			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1) // counted after the failure
 			if err := u.Flush(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -272,14 +272,14 @@ func TestUsageWriteCutShortIsCountedOnce(t *testing.T) {
 	// A first flush prepares the statement on the connection: then the flush below is
 	// one round trip, which reaches PostgreSQL at once.
 	u := keystore.NewUsage(pool, keystore.UsageOptions{})
-	u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200)
+	u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200, 1)
 	if err := u.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := direct.Exec(ctx, `TRUNCATE usage_minutes`); err != nil {
 		t.Fatal(err)
 	}
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	proxy.SetDelay(2 * time.Second)
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
@@ -291,7 +291,7 @@ func TestUsageWriteCutShortIsCountedOnce(t *testing.T) {
 		t.Errorf("Pending = %d, want the request whose write is unsure", got)
 	}
 	proxy.SetDelay(0)
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	if err := u.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -330,9 +330,9 @@ func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 			dropped.Store(0)
 			u := keystore.NewUsage(pool, keystore.UsageOptions{MaxPending: 2, OnDrop: func(n int) { dropped.Add(int64(n)) }})
 			for range 3 {
-				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
-				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 500)
-				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 404) // a third row: dropped
+				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
+				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 500, 1)
+				u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 404, 1) // a third row: dropped
 			}
 			if got := dropped.Load(); got != 3 {
 				t.Errorf("dropped %d requests, want 3", got)
@@ -346,12 +346,12 @@ func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 				failed <- u.Flush(fctx)
 			}()
 			time.Sleep(100 * time.Millisecond) // let the flush take its rows
-			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200)
+			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200, 1)
 			if err := <-failed; err == nil {
 				t.Fatal("the flush succeeded")
 			}
-			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200)
-			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200, 1)
+			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 			restore()
 			if got := dropped.Load(); got != 3+tc.dropped {
 				t.Errorf("dropped %d requests, want %d", got, 3+tc.dropped)
@@ -360,7 +360,7 @@ func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 				t.Fatal(err)
 			}
 			// There is room again.
-			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200)
+			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200, 1)
 			if err := u.Flush(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -389,9 +389,9 @@ func TestUsageDropsWhatItCannotWrite(t *testing.T) {
 		{orgA, "short", keystore.OutcomeProxied, 200},
 		{orgA, keyA + "-", keystore.OutcomeProxied, 200},
 	} {
-		u.Record(tc.org, tc.key, t0, tc.outcome, tc.status)
+		u.Record(tc.org, tc.key, t0, tc.outcome, tc.status, 1)
 	}
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	if err := u.Flush(context.Background()); err != nil {
 		t.Fatalf("a bad request held the good one back: %v", err)
 	}
@@ -408,7 +408,7 @@ func TestUsageRecordDoesNotWaitForABlockedFlush(t *testing.T) {
 	pool, _ := schematest.NewPool(t)
 	tx := holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
 	u := keystore.NewUsage(pool, keystore.UsageOptions{})
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	flushed := make(chan error, 1)
 	go func() { flushed <- u.Flush(ctx) }()
 	time.Sleep(200 * time.Millisecond) // let the flush reach the lock
@@ -420,8 +420,8 @@ func TestUsageRecordDoesNotWaitForABlockedFlush(t *testing.T) {
 	recorded := make(chan struct{})
 	go func() {
 		for range 1000 {
-			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
-			u.Record(orgA, keyB, t0, keystore.OutcomeMe, 200)
+			u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
+			u.Record(orgA, keyB, t0, keystore.OutcomeMe, 200, 1)
 		}
 		close(recorded)
 	}()
@@ -450,7 +450,7 @@ func TestUsageRunFlushesEveryIntervalAndOnceMoreWhenStopped(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { u.Run(ctx); close(done) }()
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	deadline := time.Now().Add(10 * time.Second)
 	for len(minuteRows(t, pool)) == 0 {
 		if time.Now().After(deadline) {
@@ -466,7 +466,7 @@ func TestUsageRunFlushesEveryIntervalAndOnceMoreWhenStopped(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	done = make(chan struct{})
 	go func() { u.Run(ctx); close(done) }()
-	u.Record(orgA, keyB, t0, keystore.OutcomeMe, 200)
+	u.Record(orgA, keyB, t0, keystore.OutcomeMe, 200, 1)
 	cancel()
 	<-done
 	wantLines(t, "usage_minutes", minuteRows(t, pool),
@@ -482,7 +482,7 @@ func TestUsageRunStopsWithinItsTimeoutWhenTheDatabaseHangs(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { u.Run(ctx); close(done) }()
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	start := time.Now()
 	cancel()
 	select {
@@ -497,7 +497,7 @@ func TestUsageRunStopsWithinItsTimeoutWhenTheDatabaseHangs(t *testing.T) {
 
 func TestNilUsageRecordsNothing(t *testing.T) {
 	var u *keystore.Usage
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200) // must not panic
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1) // must not panic
 	if n := u.Pending(orgA, t0); n != 0 {
 		t.Errorf("a nil Usage holds %d", n)
 	}
@@ -508,9 +508,9 @@ func TestUsageRecordAllocatesNothingOnceTheRowExists(t *testing.T) {
 	// The ids as a request holds them: in memory of its own.
 	org, key := string([]byte(orgA)), string([]byte(keyA))
 	at := t0.Add(10 * time.Second)
-	u.Record(org, key, at, keystore.OutcomeProxied, 200)
+	u.Record(org, key, at, keystore.OutcomeProxied, 200, 1)
 	if n := testing.AllocsPerRun(1000, func() {
-		u.Record(org, key, at, keystore.OutcomeProxied, 200)
+		u.Record(org, key, at, keystore.OutcomeProxied, 200, 1)
 	}); n != 0 {
 		t.Errorf("Record of an existing row: %v allocations, want 0", n)
 	}
@@ -528,13 +528,13 @@ func BenchmarkUsageRecord(b *testing.B) {
 		b.Run(fmt.Sprintf("parallel=%v", parallel), func(b *testing.B) {
 			u := keystore.NewUsage(nil, keystore.UsageOptions{})
 			for _, k := range keys {
-				u.Record(orgA, k, at, keystore.OutcomeProxied, 200)
+				u.Record(orgA, k, at, keystore.OutcomeProxied, 200, 1)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			if !parallel {
 				for i := range b.N {
-					u.Record(orgA, keys[i%len(keys)], at, keystore.OutcomeProxied, 200)
+					u.Record(orgA, keys[i%len(keys)], at, keystore.OutcomeProxied, 200, 1)
 				}
 				return
 			}
@@ -542,7 +542,7 @@ func BenchmarkUsageRecord(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				i := int(seq.Add(1))
 				for pb.Next() {
-					u.Record(orgA, keys[i%len(keys)], at, keystore.OutcomeProxied, 200)
+					u.Record(orgA, keys[i%len(keys)], at, keystore.OutcomeProxied, 200, 1)
 					i++
 				}
 			})
@@ -597,9 +597,9 @@ func ExampleUsage() {
 
 	org, key := "0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11", "AbCdEfGhIjKlMnOpQrStUv"
 	now := time.Now()
-	usage.Record(org, key, now, keystore.OutcomeProxied, 200)
-	usage.Record(org, key, now, keystore.OutcomeProxied, 200)
-	usage.Record(org, key, now, keystore.OutcomeRateLimited, 429)
+	usage.Record(org, key, now, keystore.OutcomeProxied, 200, 1)
+	usage.Record(org, key, now, keystore.OutcomeProxied, 200, 1)
+	usage.Record(org, key, now, keystore.OutcomeRateLimited, 429, 1)
 	fmt.Println("not written yet, this month:", usage.Pending(org, now))
 
 	stop()

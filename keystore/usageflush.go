@@ -17,15 +17,16 @@ import (
 // Usage's flushes: how the counts Record makes reach usage_minutes, each request
 // once.
 
-// usageFlushSQL adds counts to usage_minutes, unless a flush of the same id ($1) was
-// written before. The rows come sorted as the primary key (usageBatch), so that
+// usageFlushSQL adds counts, and their units beyond one a request (extra), to
+// usage_minutes, unless a flush of the same id ($1) was written before. The rows come sorted as the primary key (usageBatch), so that
 // processes writing at once, and the roll-up, lock rows in one order.
 const usageFlushSQL = `WITH flush AS (
 	INSERT INTO usage_flushes (id) VALUES ($1) ON CONFLICT DO NOTHING RETURNING id)
-INSERT INTO usage_minutes AS m (org_id, key_id, start, outcome, status, count)
-SELECT * FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::smallint[], $7::bigint[])
+INSERT INTO usage_minutes AS m (org_id, key_id, start, outcome, status, count, extra)
+SELECT * FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::smallint[], $7::bigint[], $8::bigint[])
 WHERE EXISTS (SELECT FROM flush)
-ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE SET count = m.count + EXCLUDED.count`
+ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE
+SET count = m.count + EXCLUDED.count, extra = m.extra + EXCLUDED.extra`
 
 // usageBatch is the rows of one flush, as the columns of usageFlushSQL, with the
 // flush's id.
@@ -37,6 +38,7 @@ type usageBatch struct {
 	outcomes []string
 	statuses []int16
 	counts   []int64
+	extras   []int64
 }
 
 // newUsageBatch returns the rows of m as a batch with a new id, sorted as
@@ -65,10 +67,12 @@ func newUsageBatch(m map[usageKey]*usageCount) *usageBatch {
 		id:   newFlushID(),
 		orgs: make([]string, n), keys: make([]string, n), starts: make([]time.Time, n),
 		outcomes: make([]string, n), statuses: make([]int16, n), counts: make([]int64, n),
+		extras: make([]int64, n),
 	}
 	for i, r := range rows {
 		b.orgs[i], b.keys[i], b.starts[i] = r.c.orgID, r.k.keyID, time.Unix(r.k.minute, 0).UTC()
 		b.outcomes[i], b.statuses[i], b.counts[i] = usageOutcomes[r.k.outcome], r.k.status, r.c.count
+		b.extras[i] = r.c.extra
 	}
 	return b
 }
@@ -85,7 +89,7 @@ func newFlushID() string {
 
 // write sends b.
 func (u *Usage) write(ctx context.Context, b *usageBatch) error {
-	_, err := u.pool.Exec(ctx, usageFlushSQL, b.id, b.orgs, b.keys, b.starts, b.outcomes, b.statuses, b.counts)
+	_, err := u.pool.Exec(ctx, usageFlushSQL, b.id, b.orgs, b.keys, b.starts, b.outcomes, b.statuses, b.counts, b.extras)
 	if err != nil {
 		return fmt.Errorf("writing usage: %w", err)
 	}
@@ -197,6 +201,7 @@ func (u *Usage) requeue(taken map[usageKey]*usageCount) {
 	for k, c := range taken {
 		if p, ok := u.pending[k]; ok {
 			p.count += c.count
+			p.extra += c.extra
 			continue
 		}
 		u.pending[k] = c

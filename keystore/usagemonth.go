@@ -9,8 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The month's count of an organisation's requests, for a monthly quota: what the usage
-// record holds (Store.MonthUsed) and what a Usage holds and has not written (Pending).
+// The month's units of an organisation's requests, for a monthly quota, which counts
+// each request at its route's cost as every budget does: what the usage record holds
+// (Store.MonthUsed) and what a Usage holds and has not written (Pending).
 
 // monthOutcomes are the outcomes a monthly quota counts: the requests that passed
 // every budget. An SQL array literal.
@@ -25,8 +26,8 @@ func countsInMonth(outcome string) bool {
 	return false
 }
 
-// Pending returns the requests of the org orgID in the UTC month of month that u has
-// counted and not written yet, in the outcomes MonthUsed counts. A flush in progress,
+// Pending returns the units of the requests of the org orgID in the UTC month of month
+// that u has counted and not written yet, in the outcomes MonthUsed counts. A flush in progress,
 // and a batch that may or may not have been written, count as not written. It walks
 // every row u holds with Record's lock held: it is for a rare read, such as a
 // quota's re-seed.
@@ -43,14 +44,14 @@ func (u *Usage) Pending(orgID string, month time.Time) int64 {
 	for _, m := range []map[usageKey]*usageCount{u.pending, u.inflight} {
 		for k, c := range m {
 			if c.orgID == orgID && k.minute >= lo && k.minute < hi && countsInMonth(usageOutcomes[k.outcome]) {
-				n += c.count
+				n += c.count + c.extra
 			}
 		}
 	}
 	for _, b := range u.unsure {
 		for i, org := range b.orgs {
 			if org == orgID && !b.starts[i].Before(from) && b.starts[i].Before(to) && countsInMonth(b.outcomes[i]) {
-				n += b.counts[i]
+				n += b.counts[i] + b.extras[i]
 			}
 		}
 	}
@@ -73,21 +74,23 @@ func (u *Usage) MonthUsed(ctx context.Context, orgID string, month time.Time) (i
 	return n + u.Pending(orgID, month), nil
 }
 
-// MonthUsed returns the requests of the org orgID in the UTC month of month that the
-// usage record holds, in the outcomes a monthly quota counts (me, proxied and
-// forbidden: the requests that passed every budget). It reads usage_days and the part
+// MonthUsed returns the units of the requests of the org orgID in the UTC month of
+// month that the usage record holds (count + extra), in the outcomes a monthly quota
+// counts (me, proxied and forbidden: the requests that passed every budget). It reads usage_days and the part
 // of usage_minutes not yet rolled up into it, in one statement, so that a roll-up in
 // progress neither hides nor doubles a request.
 func (s *Store) MonthUsed(ctx context.Context, orgID string, month time.Time) (int64, error) {
 	return monthUsed(ctx, s.pool, orgID, month)
 }
 
-// monthUsedSQL sums the month's days and the minutes not rolled up yet.
+// monthUsedSQL sums the units of the month's days and of the minutes not rolled up
+// yet.
 const monthUsedSQL = `SELECT (
-	(SELECT coalesce(sum(count), 0) FROM usage_days
+	(SELECT coalesce(sum(count + extra), 0) FROM usage_days
 	 WHERE org_id = $1 AND start >= $2 AND start < $3 AND outcome = ANY(` + monthOutcomes + `::text[]))
-	+ (SELECT coalesce(sum(count - rolled), 0) FROM usage_minutes
-	 WHERE org_id = $1 AND start >= $2 AND start < $3 AND count > rolled AND outcome = ANY(` + monthOutcomes + `::text[]))
+	+ (SELECT coalesce(sum(count - rolled + extra - extra_rolled), 0) FROM usage_minutes
+	 WHERE org_id = $1 AND start >= $2 AND start < $3 AND (count > rolled OR extra > extra_rolled)
+	 AND outcome = ANY(` + monthOutcomes + `::text[]))
 )::bigint`
 
 func monthUsed(ctx context.Context, pool *pgxpool.Pool, orgID string, month time.Time) (int64, error) {

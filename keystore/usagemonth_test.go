@@ -66,11 +66,11 @@ func TestMonthUsedCountsTheRequestsThatPassedEveryBudget(t *testing.T) {
 	// A recorder adds what it has not written yet, and only that: after its flush the
 	// same requests are counted once.
 	u := keystore.NewUsage(pool, keystore.UsageOptions{})
-	u.Record(orgA, keyB, march.AddDate(0, 0, 9), keystore.OutcomeProxied, 200)
-	u.Record(orgA, keyB, march.AddDate(0, 0, 9), keystore.OutcomeMe, 200)
-	u.Record(orgA, keyB, march.AddDate(0, 0, 9), keystore.OutcomeRateLimited, 429) // not counted
-	u.Record(orgA, keyB, march.AddDate(0, 1, 0), keystore.OutcomeProxied, 200)     // April
-	u.Record(orgB, keyB, march, keystore.OutcomeProxied, 200)                      // another org
+	u.Record(orgA, keyB, march.AddDate(0, 0, 9), keystore.OutcomeProxied, 200, 1)
+	u.Record(orgA, keyB, march.AddDate(0, 0, 9), keystore.OutcomeMe, 200, 1)
+	u.Record(orgA, keyB, march.AddDate(0, 0, 9), keystore.OutcomeRateLimited, 429, 1) // not counted
+	u.Record(orgA, keyB, march.AddDate(0, 1, 0), keystore.OutcomeProxied, 200, 1)     // April
+	u.Record(orgB, keyB, march, keystore.OutcomeProxied, 200, 1)                      // another org
 	if got := u.Pending(orgA, march); got != 2 {
 		t.Errorf("Pending = %d, want 2", got)
 	}
@@ -90,12 +90,12 @@ func TestUsageCountsAFlushInProgressAsNotWritten(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := schematest.NewPool(t)
 	u := keystore.NewUsage(pool, keystore.UsageOptions{})
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	tx := holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
 	flushed := make(chan error, 1)
 	go func() { flushed <- u.Flush(ctx) }()
 	time.Sleep(200 * time.Millisecond) // let the flush take its rows and reach the lock
-	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
+	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	if got := u.Pending(orgA, t0); got != 2 {
 		t.Errorf("Pending during a flush = %d, want 2 (1 in flight, 1 since)", got)
 	}

@@ -85,7 +85,7 @@ func (w UsageWrites) Run(ctx context.Context) ([]UsageRows, error) {
 			u := keystore.NewUsage(pool, keystore.UsageOptions{MaxPending: n})
 			at := month.Add(time.Duration(minute) * time.Minute)
 			for i := range n {
-				u.Record(OrgID(i%w.Orgs), KeyID(i), at, keystore.OutcomeProxied, 200)
+				u.Record(OrgID(i%w.Orgs), KeyID(i), at, keystore.OutcomeProxied, 200, 1)
 			}
 			return measured(pg, into, func() error { return u.Flush(ctx) })
 		}

@@ -49,7 +49,7 @@ func newUsageEnv(t *testing.T) *usageEnv {
 func (u *usageEnv) record(t *testing.T, key string, at time.Time, outcome string, status, n int) {
 	t.Helper()
 	for range n {
-		u.recorder.Record(u.org, key, at, outcome, status)
+		u.recorder.Record(u.org, key, at, outcome, status, 1)
 	}
 	if err := u.recorder.Flush(context.Background()); err != nil {
 		t.Fatal(err)
@@ -72,7 +72,7 @@ func TestUsageAnswersTheOrgsRowsAsJSON(t *testing.T) {
 	u.fill(t)
 	// Another org's usage is not in it.
 	other := u.e.Org("pro")
-	u.recorder.Record(other, u.ka, usageNow, keystore.OutcomeProxied, 200)
+	u.recorder.Record(other, u.ka, usageNow, keystore.OutcomeProxied, 200, 1)
 	want := `{"granularity":"hour","from":"2026-03-14T11:00:00Z","to":"2026-03-15T11:00:00Z","data":[` +
 		`{"key_id":"` + u.kb + `","start":"2026-03-14T11:00:00Z","outcome":"forbidden","status":403,"count":4},` +
 		`{"key_id":"` + u.ka + `","start":"2026-03-15T10:00:00Z","outcome":"me","status":200,"count":1},` +
@@ -230,7 +230,7 @@ func TestUsageIsForTheOrgsMembersAndTheirKeysOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.recorder.Record(other, theirs.ID, usageNow, keystore.OutcomeProxied, 200)
+	u.recorder.Record(other, theirs.ID, usageNow, keystore.OutcomeProxied, 200, 1)
 	if err := u.recorder.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}

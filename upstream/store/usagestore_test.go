@@ -39,7 +39,7 @@ func usageStore(t *testing.T) (*store.Store, *pgxpool.Pool) {
 func record(t *testing.T, u *keystore.Usage, org, key string, at time.Time, outcome string, status, n int) {
 	t.Helper()
 	for range n {
-		u.Record(org, key, at, outcome, status)
+		u.Record(org, key, at, outcome, status, 1)
 	}
 	if err := u.Flush(context.Background()); err != nil {
 		t.Fatal(err)
@@ -208,7 +208,7 @@ func TestRollUpIsExactUnderConcurrentWritesAndRollUps(t *testing.T) {
 				for k := range keys {
 					// Two minutes, rolled up and written again as they go.
 					at := midnight.Add(time.Duration((i+k+g)%2) * time.Minute)
-					u.Record(usageOrg, fmt.Sprintf("key%013d", k), at, keystore.OutcomeProxied, 200)
+					u.Record(usageOrg, fmt.Sprintf("key%013d", k), at, keystore.OutcomeProxied, 200, 1)
 				}
 				if err := u.Flush(ctx); err != nil {
 					t.Errorf("flush: %v", err)
