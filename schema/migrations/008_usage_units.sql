@@ -22,5 +22,16 @@ CREATE INDEX usage_minutes_unrolled_units_idx ON usage_minutes (start)
 	WHERE count > rolled OR extra > extra_rolled;
 DROP INDEX usage_minutes_unrolled_idx;
 
-ALTER TABLE usage_hours ADD COLUMN extra bigint NOT NULL DEFAULT 0 CHECK (extra >= 0);
-ALTER TABLE usage_days  ADD COLUMN extra bigint NOT NULL DEFAULT 0 CHECK (extra >= 0);
+-- An hour or a day holds the extra its minutes had. The roll-up may add extra alone, 0
+-- requests, to an hour or a day whose requests the last release's roll-up added: its
+-- INSERT … ON CONFLICT proposes a row of count 0, which PostgreSQL checks before it
+-- finds the row to add to. Such a row always exists (the requests are in it), so no
+-- row of count 0 is ever kept; the check allows one to be proposed.
+ALTER TABLE usage_hours
+	ADD COLUMN extra bigint NOT NULL DEFAULT 0 CHECK (extra >= 0),
+	DROP CONSTRAINT usage_hours_count_check,
+	ADD CONSTRAINT usage_hours_count_check CHECK (count >= 0 AND (count > 0 OR extra > 0));
+ALTER TABLE usage_days
+	ADD COLUMN extra bigint NOT NULL DEFAULT 0 CHECK (extra >= 0),
+	DROP CONSTRAINT usage_days_count_check,
+	ADD CONSTRAINT usage_days_count_check CHECK (count >= 0 AND (count > 0 OR extra > 0));

@@ -47,18 +47,21 @@ type UsageQuery struct {
 }
 
 // UsageRow is a count of the usage record: the requests of a key in a minute, hour or
-// day, with an outcome and a status. A total leaves the fields it sums over empty.
+// day, with an outcome and a status, and their units (the sum of their routes' costs).
+// A total leaves the fields it sums over empty.
 type UsageRow struct {
 	KeyID   string
 	Start   time.Time
 	Outcome string
 	Status  int
 	Count   int64
+	Units   int64
 }
 
-// usageRowsSQL returns the statement of q's rows, key, start, outcome, status and
-// count, without an order, and its arguments. An hour or a day is its rolled-up row
-// plus the part of its minutes not rolled up yet.
+// usageRowsSQL returns the statement of q's rows, key, start, outcome, status, count
+// and units, without an order, and its arguments. An hour or a day is its rolled-up
+// row plus the part of its minutes not rolled up yet. A row's units are count + extra
+// (schema/migrations/008_usage_units.sql), each part rolled up on its own.
 func usageRowsSQL(q UsageQuery) (string, []any) {
 	args := []any{q.OrgID, q.From, q.To}
 	where := `org_id = $1 AND start >= $2 AND start < $3`
@@ -67,17 +70,18 @@ func usageRowsSQL(q UsageQuery) (string, []any) {
 		where += ` AND key_id = $4`
 	}
 	if q.Granularity == UsageMinute {
-		return `SELECT key_id, start, outcome, status, count FROM usage_minutes WHERE ` + where, args
+		return `SELECT key_id, start, outcome, status, count, count + extra AS units FROM usage_minutes WHERE ` + where, args
 	}
 	table := "usage_hours"
 	if q.Granularity == UsageDay {
 		table = "usage_days"
 	}
-	return `SELECT key_id, start, outcome, status, sum(count)::bigint AS count FROM (
-		SELECT key_id, start, outcome, status, count FROM ` + table + ` WHERE ` + where + `
+	return `SELECT key_id, start, outcome, status, sum(count)::bigint AS count, sum(units)::bigint AS units FROM (
+		SELECT key_id, start, outcome, status, count, count + extra AS units FROM ` + table + ` WHERE ` + where + `
 		UNION ALL
-		SELECT key_id, date_trunc('` + q.Granularity + `', start, 'UTC'), outcome, status, count - rolled
-		FROM usage_minutes WHERE ` + where + ` AND count > rolled
+		SELECT key_id, date_trunc('` + q.Granularity + `', start, 'UTC'), outcome, status,
+			count - rolled, count - rolled + extra - extra_rolled
+		FROM usage_minutes WHERE ` + where + ` AND (count > rolled OR extra > extra_rolled)
 	) u GROUP BY key_id, start, outcome, status`, args
 }
 
@@ -89,7 +93,7 @@ func (s *Store) Usage(ctx context.Context, q UsageQuery, limit int) (rows []Usag
 	args = append(args, limit+1)
 	sql += fmt.Sprintf(` ORDER BY start, key_id COLLATE "C", outcome COLLATE "C", status LIMIT $%d`, len(args))
 	rows, err = queryUsage(ctx, s, sql, args, func(r pgx.Rows, u *UsageRow) error {
-		return r.Scan(&u.KeyID, &u.Start, &u.Outcome, &u.Status, &u.Count)
+		return r.Scan(&u.KeyID, &u.Start, &u.Outcome, &u.Status, &u.Count, &u.Units)
 	})
 	if len(rows) > limit {
 		return rows[:limit], true, err
@@ -101,17 +105,17 @@ func (s *Store) Usage(ctx context.Context, q UsageQuery, limit int) (rows []Usag
 // order.
 func (s *Store) UsageByStart(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	sql, args := usageRowsSQL(q)
-	return queryUsage(ctx, s, `SELECT start, outcome, status, sum(count)::bigint FROM (`+sql+`) r
+	return queryUsage(ctx, s, `SELECT start, outcome, status, sum(count)::bigint, sum(units)::bigint FROM (`+sql+`) r
 		GROUP BY start, outcome, status ORDER BY start, outcome COLLATE "C", status`, args,
-		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.Start, &u.Outcome, &u.Status, &u.Count) })
+		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.Start, &u.Outcome, &u.Status, &u.Count, &u.Units) })
 }
 
 // UsageByKey returns the sums of q's rows per key, outcome and status, in that order.
 func (s *Store) UsageByKey(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	sql, args := usageRowsSQL(q)
-	return queryUsage(ctx, s, `SELECT key_id, outcome, status, sum(count)::bigint FROM (`+sql+`) r
+	return queryUsage(ctx, s, `SELECT key_id, outcome, status, sum(count)::bigint, sum(units)::bigint FROM (`+sql+`) r
 		GROUP BY key_id, outcome, status ORDER BY key_id COLLATE "C", outcome COLLATE "C", status`, args,
-		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.KeyID, &u.Outcome, &u.Status, &u.Count) })
+		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.KeyID, &u.Outcome, &u.Status, &u.Count, &u.Units) })
 }
 
 // queryUsage runs a read of the usage record and scans each row with scan.
@@ -150,13 +154,14 @@ func (s *Store) OrgKey(ctx context.Context, orgID, keyID string) error {
 	return nil
 }
 
-// rollUpLockSQL takes up to $1 minute rows not rolled up in full, and locks them in
-// the order of their primary key, as the gateways' writes do (keystore.Usage), so
-// neither waits on the other in a cycle. A gateway's write to a locked row waits for
+// rollUpLockSQL takes up to $1 minute rows not rolled up in full, count or extra (a
+// roll-up of the release before units rolls count alone), and locks them in the order
+// of their primary key, as the gateways' writes do (keystore.Usage), so neither waits
+// on the other in a cycle. A gateway's write to a locked row waits for
 // the roll-up's commit, then raises count above rolled again: the next roll-up adds
 // the difference.
 const rollUpLockSQL = `SELECT org_id::text, start, key_id, outcome, status FROM usage_minutes
-WHERE count > rolled
+WHERE count > rolled OR extra > extra_rolled
 ORDER BY org_id, start, key_id COLLATE "C", outcome COLLATE "C", status
 LIMIT $1 FOR UPDATE`
 
@@ -165,27 +170,31 @@ LIMIT $1 FOR UPDATE`
 // is taken after the locks: it reads the very versions that are locked, which no one
 // else can change until the commit.
 const rollUpSQL = `WITH pending AS (
-	SELECT m.org_id, m.key_id, m.start, m.outcome, m.status, m.count, m.rolled
+	SELECT m.org_id, m.key_id, m.start, m.outcome, m.status, m.count, m.rolled, m.extra, m.extra_rolled
 	FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::text[], $5::smallint[]) AS k (org_id, start, key_id, outcome, status)
 	JOIN usage_minutes m USING (org_id, start, key_id, outcome, status)
-	WHERE m.count > m.rolled),
+	WHERE m.count > m.rolled OR m.extra > m.extra_rolled),
 marked AS (
-	UPDATE usage_minutes m SET rolled = p.count FROM pending p
+	UPDATE usage_minutes m SET rolled = p.count, extra_rolled = p.extra FROM pending p
 	WHERE m.org_id = p.org_id AND m.start = p.start AND m.key_id = p.key_id
 		AND m.outcome = p.outcome AND m.status = p.status
 	RETURNING 1),
 hours AS (
-	INSERT INTO usage_hours AS h (org_id, key_id, start, outcome, status, count)
-	SELECT org_id, key_id, date_trunc('hour', start, 'UTC') AS hour, outcome, status, sum(count - rolled)
+	INSERT INTO usage_hours AS h (org_id, key_id, start, outcome, status, count, extra)
+	SELECT org_id, key_id, date_trunc('hour', start, 'UTC') AS hour, outcome, status,
+		sum(count - rolled), sum(extra - extra_rolled)
 	FROM pending GROUP BY org_id, key_id, hour, outcome, status
 	ORDER BY org_id, hour, key_id COLLATE "C", outcome COLLATE "C", status
-	ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE SET count = h.count + EXCLUDED.count),
+	ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE
+	SET count = h.count + EXCLUDED.count, extra = h.extra + EXCLUDED.extra),
 days AS (
-	INSERT INTO usage_days AS d (org_id, key_id, start, outcome, status, count)
-	SELECT org_id, key_id, date_trunc('day', start, 'UTC') AS day, outcome, status, sum(count - rolled)
+	INSERT INTO usage_days AS d (org_id, key_id, start, outcome, status, count, extra)
+	SELECT org_id, key_id, date_trunc('day', start, 'UTC') AS day, outcome, status,
+		sum(count - rolled), sum(extra - extra_rolled)
 	FROM pending GROUP BY org_id, key_id, day, outcome, status
 	ORDER BY org_id, day, key_id COLLATE "C", outcome COLLATE "C", status
-	ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE SET count = d.count + EXCLUDED.count)
+	ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE
+	SET count = d.count + EXCLUDED.count, extra = d.extra + EXCLUDED.extra)
 SELECT count(*) FROM marked`
 
 // RollUpUsage adds to usage_hours and usage_days what usage_minutes holds beyond what
@@ -250,7 +259,7 @@ func (s *Store) rollUpBatch(ctx context.Context) (int64, error) {
 }
 
 // PurgeUsage deletes, in batches, the minute rows older than UsageMinutesKept that
-// are rolled up in full and the hour rows older than UsageHoursKept, as of now, and
+// are rolled up in full, count and extra, and the hour rows older than UsageHoursKept, as of now, and
 // the write ids of the gateways older than a week. It returns how many rows of each it
 // deleted. A minute row a gateway adds to while it is deleted is kept, or written
 // anew afterwards, and rolled up by the next roll-up.
@@ -261,8 +270,9 @@ func (s *Store) PurgeUsage(ctx context.Context, now time.Time) (minutes, hours, 
 		n   *int64
 	}{
 		// The outer conditions are checked again on a row a gateway changed meanwhile.
-		{`DELETE FROM usage_minutes WHERE start < $1 AND count = rolled AND (org_id, start, key_id, outcome, status) IN
-			(SELECT org_id, start, key_id, outcome, status FROM usage_minutes WHERE start < $1 AND count = rolled LIMIT $2)`,
+		{`DELETE FROM usage_minutes WHERE start < $1 AND count = rolled AND extra = extra_rolled
+			AND (org_id, start, key_id, outcome, status) IN (SELECT org_id, start, key_id, outcome, status
+			FROM usage_minutes WHERE start < $1 AND count = rolled AND extra = extra_rolled LIMIT $2)`,
 			now.Add(-UsageMinutesKept), &minutes},
 		{`DELETE FROM usage_hours WHERE (org_id, start, key_id, outcome, status) IN
 			(SELECT org_id, start, key_id, outcome, status FROM usage_hours WHERE start < $1 LIMIT $2)`,

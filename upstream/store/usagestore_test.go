@@ -71,7 +71,8 @@ func lines(rows []store.UsageRow) string {
 }
 
 // wantSameAcrossResolutions checks that the hours and the days read are the minutes
-// read, summed by hour and by day. It returns the total.
+// read, summed by hour and by day, requests and units. It returns the total of
+// requests.
 func wantSameAcrossResolutions(t *testing.T, s *store.Store) int64 {
 	t.Helper()
 	minutes := readUsage(t, s, everything(store.UsageMinute))
@@ -80,25 +81,25 @@ func wantSameAcrossResolutions(t *testing.T, s *store.Store) int64 {
 		name  string
 		trunc time.Duration
 	}{{store.UsageHour, time.Hour}, {store.UsageDay, 24 * time.Hour}} {
-		sums := map[store.UsageRow]int64{}
+		sums := map[store.UsageRow][2]int64{}
 		total = 0
 		for _, m := range minutes {
 			k := m
-			k.Start, k.Count = m.Start.Truncate(g.trunc), 0
-			sums[k] += m.Count
+			k.Start, k.Count, k.Units = m.Start.Truncate(g.trunc), 0, 0
+			sums[k] = [2]int64{sums[k][0] + m.Count, sums[k][1] + m.Units}
 			total += m.Count
 		}
 		var want []store.UsageRow
 		for k, n := range sums {
-			k.Count = n
+			k.Count, k.Units = n[0], n[1]
 			want = append(want, k)
 		}
 		slices.SortFunc(want, func(a, b store.UsageRow) int {
 			return strings.Compare(fmt.Sprintf("%s %s %s %03d", a.Start.Format(time.RFC3339), a.KeyID, a.Outcome, a.Status),
 				fmt.Sprintf("%s %s %s %03d", b.Start.Format(time.RFC3339), b.KeyID, b.Outcome, b.Status))
 		})
-		if got := readUsage(t, s, everything(g.name)); lines(got) != lines(want) {
-			t.Errorf("by %s:\n%swant the minutes summed:\n%s", g.name, lines(got), lines(want))
+		if got := readUsage(t, s, everything(g.name)); unitLines(got) != unitLines(want) {
+			t.Errorf("by %s:\n%swant the minutes summed:\n%s", g.name, unitLines(got), unitLines(want))
 		}
 	}
 	return total
@@ -208,7 +209,7 @@ func TestRollUpIsExactUnderConcurrentWritesAndRollUps(t *testing.T) {
 				for k := range keys {
 					// Two minutes, rolled up and written again as they go.
 					at := midnight.Add(time.Duration((i+k+g)%2) * time.Minute)
-					u.Record(usageOrg, fmt.Sprintf("key%013d", k), at, keystore.OutcomeProxied, 200, 1)
+					u.Record(usageOrg, fmt.Sprintf("key%013d", k), at, keystore.OutcomeProxied, 200, k%3+1)
 				}
 				if err := u.Flush(ctx); err != nil {
 					t.Errorf("flush: %v", err)
@@ -232,6 +233,12 @@ func TestRollUpIsExactUnderConcurrentWritesAndRollUps(t *testing.T) {
 	}
 	if hours != total || days != total {
 		t.Errorf("the roll-ups put %d in hours and %d in days, want %d in each", hours, days, total)
+	}
+	// Keys cost 1, 2 and 3 units a request in turn: 14 keys 1, 13 keys 2 and 13 keys 3.
+	const totalUnits = gateways * rounds * (14*1 + 13*2 + 13*3)
+	if hours, days, unrolled := rolledUnits(t, pool); hours != totalUnits || days != totalUnits || unrolled != 0 {
+		t.Errorf("the roll-ups put %d units in hours and %d in days, %d minute rows unrolled; want %d, %d, 0",
+			hours, days, unrolled, totalUnits, totalUnits)
 	}
 }
 
