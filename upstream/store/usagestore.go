@@ -107,7 +107,9 @@ func (s *Store) UsageByStart(ctx context.Context, q UsageQuery) ([]UsageRow, err
 	sql, args := usageRowsSQL(q)
 	return queryUsage(ctx, s, `SELECT start, outcome, status, sum(count)::bigint, sum(units)::bigint FROM (`+sql+`) r
 		GROUP BY start, outcome, status ORDER BY start, outcome COLLATE "C", status`, args,
-		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.Start, &u.Outcome, &u.Status, &u.Count, &u.Units) })
+		func(r pgx.Rows, u *UsageRow) error {
+			return r.Scan(&u.Start, &u.Outcome, &u.Status, &u.Count, &u.Units)
+		})
 }
 
 // UsageByKey returns the sums of q's rows per key, outcome and status, in that order.
@@ -115,7 +117,9 @@ func (s *Store) UsageByKey(ctx context.Context, q UsageQuery) ([]UsageRow, error
 	sql, args := usageRowsSQL(q)
 	return queryUsage(ctx, s, `SELECT key_id, outcome, status, sum(count)::bigint, sum(units)::bigint FROM (`+sql+`) r
 		GROUP BY key_id, outcome, status ORDER BY key_id COLLATE "C", outcome COLLATE "C", status`, args,
-		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.KeyID, &u.Outcome, &u.Status, &u.Count, &u.Units) })
+		func(r pgx.Rows, u *UsageRow) error {
+			return r.Scan(&u.KeyID, &u.Outcome, &u.Status, &u.Count, &u.Units)
+		})
 }
 
 // queryUsage runs a read of the usage record and scans each row with scan.
