@@ -30,6 +30,7 @@ type usageView struct {
 	Chart   usageChart
 	Keys    []usageKeyView
 	All     classCounts
+	Units   int64      // of every key
 	Month   *monthView // nil when the plan has no monthly quota
 }
 
@@ -47,14 +48,17 @@ type monthView struct {
 // Columns are the headings of the classes' columns of the page's tables.
 func (usageView) Columns() []string { return usageColumns() }
 
-// KeyTableWidth is the columns of the key table: the key, the classes and the total.
-func (usageView) KeyTableWidth() int { return numClasses + 2 }
+// KeyTableWidth is the columns of the key table: the key, the classes, the total and
+// the units.
+func (usageView) KeyTableWidth() int { return numClasses + 3 }
 
-// usageKeyView is a key's row of the usage page.
+// usageKeyView is a key's row of the usage page: its requests by class, and their
+// units (each request's route cost, summed).
 type usageKeyView struct {
 	ID, Name, Masked string
 	Live             bool
 	Counts           classCounts
+	Units            int64
 }
 
 // pageUsage answers GET /dashboard/orgs/{orgId}/usage?range= for any member: the
@@ -81,7 +85,7 @@ func (s *Server) pageUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	keys, all, err := s.usageByKey(r.Context(), q)
+	keys, all, units, err := s.usageByKey(r.Context(), q)
 	if err != nil {
 		return err
 	}
@@ -90,7 +94,7 @@ func (s *Server) pageUsage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	data.Usage = &usageView{
-		Range: rangeName, Words: pr.words, Keys: keys, All: all, Month: month,
+		Range: rangeName, Words: pr.words, Keys: keys, All: all, Units: units, Month: month,
 		APIPath: "/orgs/" + p.orgID + "/usage?granularity=" + pr.granularity,
 		Chart:   buildUsageChart("Requests of "+data.Org.Name+" over "+pr.words+" (UTC)", q.From, q.To, g, sums),
 	}
@@ -120,48 +124,52 @@ func (s *Server) monthUse(ctx context.Context, orgID string) (*monthView, error)
 }
 
 // usageByKey returns the rows of the usage page's key table for q, and the sums of
-// every key.
-func (s *Server) usageByKey(ctx context.Context, q store.UsageQuery) ([]usageKeyView, classCounts, error) {
+// every key: requests by class, and units.
+func (s *Server) usageByKey(ctx context.Context, q store.UsageQuery) ([]usageKeyView, classCounts, int64, error) {
 	sums, err := s.store.UsageByKey(ctx, q)
 	if err != nil {
-		return nil, classCounts{}, err
+		return nil, classCounts{}, 0, err
 	}
 	recs, err := s.keys.List(ctx, q.OrgID)
 	if err != nil {
-		return nil, classCounts{}, err
+		return nil, classCounts{}, 0, err
 	}
-	byKey := map[string]*classCounts{}
+	byKey := map[string]*usageKeyView{}
 	var all classCounts
+	var allUnits int64
 	for _, u := range sums {
 		if byKey[u.KeyID] == nil {
-			byKey[u.KeyID] = new(classCounts)
+			byKey[u.KeyID] = new(usageKeyView)
 		}
-		byKey[u.KeyID][usageClass(u.Outcome, u.Status)] += u.Count
+		byKey[u.KeyID].Counts[usageClass(u.Outcome, u.Status)] += u.Count
+		byKey[u.KeyID].Units += u.Units
 		all[usageClass(u.Outcome, u.Status)] += u.Count
+		allUnits += u.Units
 	}
 	var rows []usageKeyView
 	now := s.now()
 	for _, rec := range recs {
 		kv := s.keyView(rec, now)
-		counts, used := byKey[rec.ID]
+		sum, used := byKey[rec.ID]
 		delete(byKey, rec.ID)
 		if !used && !kv.Live {
 			continue
 		}
 		row := usageKeyView{ID: rec.ID, Name: rec.Name, Masked: kv.Masked, Live: kv.Live}
 		if used {
-			row.Counts = *counts
+			row.Counts, row.Units = sum.Counts, sum.Units
 		}
 		rows = append(rows, row)
 	}
 	// Usage rows outlive keys: a key no longer listed keeps its row.
-	for id, counts := range byKey {
-		rows = append(rows, usageKeyView{ID: id, Name: "(a key no longer listed)", Masked: s.format.Mask(id), Counts: *counts})
+	for id, sum := range byKey {
+		rows = append(rows, usageKeyView{ID: id, Name: "(a key no longer listed)", Masked: s.format.Mask(id),
+			Counts: sum.Counts, Units: sum.Units})
 	}
 	slices.SortFunc(rows, func(a, b usageKeyView) int {
 		return cmp.Or(cmp.Compare(b.Counts.Total(), a.Counts.Total()), strings.Compare(a.Name, b.Name), strings.Compare(a.ID, b.ID))
 	})
-	return rows, all, nil
+	return rows, all, allUnits, nil
 }
 
 // keyRequests returns the requests of each key of orgID over the usage page's default
