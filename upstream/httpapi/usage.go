@@ -25,12 +25,13 @@ type usageRowJSON struct {
 	Outcome string `json:"outcome"`
 	Status  int    `json:"status"`
 	Count   int64  `json:"count"`
+	Units   int64  `json:"units"`
 }
 
 // handleUsage answers GET /orgs/{orgId}/usage?from=&to=&granularity=&key_id=&format=
 // with the org's usage record, as JSON {"granularity","from","to","data":[row…]} or
-// as CSV with the header line key_id,start,outcome,status,count. Any member may read
-// it. A key_id that is not one of the org's keys is 404, like a foreign org.
+// as CSV with the header line key_id,start,outcome,status,count,units. Any member may
+// read it. A key_id that is not one of the org's keys is 404, like a foreign org.
 func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request, p principal) error {
 	in, err := decodeUsageQuery(r.URL.Query(), r.Header.Values("Accept"), s.now())
 	if err != nil {
@@ -56,7 +57,7 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request, p principal
 	}
 	data := make([]usageRowJSON, 0, len(rows))
 	for _, u := range rows {
-		data = append(data, usageRowJSON{KeyID: u.KeyID, Start: timeJSON(u.Start), Outcome: u.Outcome, Status: u.Status, Count: u.Count})
+		data = append(data, usageRowJSON{KeyID: u.KeyID, Start: timeJSON(u.Start), Outcome: u.Outcome, Status: u.Status, Count: u.Count, Units: u.Units})
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Granularity string         `json:"granularity"`
@@ -73,9 +74,10 @@ func writeUsageCSV(w http.ResponseWriter, name string, rows []store.UsageRow) {
 	var buf bytes.Buffer
 	cw := csv.NewWriter(&buf)
 	cw.UseCRLF = true
-	_ = cw.Write([]string{"key_id", "start", "outcome", "status", "count"}) // a bytes.Buffer takes every write
+	_ = cw.Write([]string{"key_id", "start", "outcome", "status", "count", "units"}) // a bytes.Buffer takes every write
 	for _, u := range rows {
-		_ = cw.Write([]string{u.KeyID, timeJSON(u.Start), u.Outcome, strconv.Itoa(u.Status), strconv.FormatInt(u.Count, 10)})
+		_ = cw.Write([]string{u.KeyID, timeJSON(u.Start), u.Outcome, strconv.Itoa(u.Status),
+			strconv.FormatInt(u.Count, 10), strconv.FormatInt(u.Units, 10)})
 	}
 	cw.Flush()
 	h := w.Header()

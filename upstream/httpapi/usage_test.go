@@ -48,8 +48,14 @@ func newUsageEnv(t *testing.T) *usageEnv {
 // record counts n requests of key at at, and flushes them, as a gateway does.
 func (u *usageEnv) record(t *testing.T, key string, at time.Time, outcome string, status, n int) {
 	t.Helper()
+	u.recordUnits(t, key, at, outcome, status, n, 1)
+}
+
+// recordUnits counts n requests of units each, as record does.
+func (u *usageEnv) recordUnits(t *testing.T, key string, at time.Time, outcome string, status, n, units int) {
+	t.Helper()
 	for range n {
-		u.recorder.Record(u.org, key, at, outcome, status, 1)
+		u.recorder.Record(u.org, key, at, outcome, status, units)
 	}
 	if err := u.recorder.Flush(context.Background()); err != nil {
 		t.Fatal(err)
@@ -70,15 +76,17 @@ func (u *usageEnv) fill(t *testing.T) {
 func TestUsageAnswersTheOrgsRowsAsJSON(t *testing.T) {
 	u := newUsageEnv(t)
 	u.fill(t)
+	u.recordUnits(t, u.kb, usageNow, keystore.OutcomeProxied, 201, 2, 5) // a route of cost 5
 	// Another org's usage is not in it.
 	other := u.e.Org("pro")
 	u.recorder.Record(other, u.ka, usageNow, keystore.OutcomeProxied, 200, 1)
 	want := `{"granularity":"hour","from":"2026-03-14T11:00:00Z","to":"2026-03-15T11:00:00Z","data":[` +
-		`{"key_id":"` + u.kb + `","start":"2026-03-14T11:00:00Z","outcome":"forbidden","status":403,"count":4},` +
-		`{"key_id":"` + u.ka + `","start":"2026-03-15T10:00:00Z","outcome":"me","status":200,"count":1},` +
-		`{"key_id":"` + u.ka + `","start":"2026-03-15T10:00:00Z","outcome":"proxied","status":200,"count":2},` +
-		`{"key_id":"` + u.ka + `","start":"2026-03-15T10:00:00Z","outcome":"rate_limited","status":429,"count":3},` +
-		`{"key_id":"` + u.kb + `","start":"2026-03-15T10:00:00Z","outcome":"proxied","status":200,"count":17}]}`
+		`{"key_id":"` + u.kb + `","start":"2026-03-14T11:00:00Z","outcome":"forbidden","status":403,"count":4,"units":4},` +
+		`{"key_id":"` + u.ka + `","start":"2026-03-15T10:00:00Z","outcome":"me","status":200,"count":1,"units":1},` +
+		`{"key_id":"` + u.ka + `","start":"2026-03-15T10:00:00Z","outcome":"proxied","status":200,"count":2,"units":2},` +
+		`{"key_id":"` + u.ka + `","start":"2026-03-15T10:00:00Z","outcome":"rate_limited","status":429,"count":3,"units":3},` +
+		`{"key_id":"` + u.kb + `","start":"2026-03-15T10:00:00Z","outcome":"proxied","status":200,"count":17,"units":17},` +
+		`{"key_id":"` + u.kb + `","start":"2026-03-15T10:00:00Z","outcome":"proxied","status":201,"count":2,"units":10}]}`
 	// The same answer before and after a roll-up, and with every parameter at its default.
 	for _, path := range []string{"", "?granularity=hour", "?from=2026-03-14T11:00:00Z&to=2026-03-15T11:00:00Z",
 		"?to=2026-03-15T11:00:00Z", "?from=2026-03-14T12:00:00%2B01:00", "?granularity=&from=&to=&key_id=&format="} {
@@ -94,14 +102,15 @@ func TestUsageAnswersTheOrgsRowsAsJSON(t *testing.T) {
 	// By minute and by day, one key.
 	r := u.viewer.Do("GET", "/orgs/"+u.org+"/usage?granularity=minute&key_id="+u.ka, "")
 	upstreamtest.Want(t, r, 200, `{"granularity":"minute","from":"2026-03-15T09:21:00Z","to":"2026-03-15T10:21:00Z","data":[`+
-		`{"key_id":"`+u.ka+`","start":"2026-03-15T10:19:00Z","outcome":"me","status":200,"count":1},`+
-		`{"key_id":"`+u.ka+`","start":"2026-03-15T10:19:00Z","outcome":"rate_limited","status":429,"count":3},`+
-		`{"key_id":"`+u.ka+`","start":"2026-03-15T10:20:00Z","outcome":"proxied","status":200,"count":2}]}`)
+		`{"key_id":"`+u.ka+`","start":"2026-03-15T10:19:00Z","outcome":"me","status":200,"count":1,"units":1},`+
+		`{"key_id":"`+u.ka+`","start":"2026-03-15T10:19:00Z","outcome":"rate_limited","status":429,"count":3,"units":3},`+
+		`{"key_id":"`+u.ka+`","start":"2026-03-15T10:20:00Z","outcome":"proxied","status":200,"count":2,"units":2}]}`)
 	r = u.viewer.Do("GET", "/orgs/"+u.org+"/usage?granularity=day&key_id="+u.kb, "")
 	upstreamtest.Want(t, r, 200, `{"granularity":"day","from":"2026-02-14T00:00:00Z","to":"2026-03-16T00:00:00Z","data":[`+
-		`{"key_id":"`+u.kb+`","start":"2026-03-14T00:00:00Z","outcome":"forbidden","status":403,"count":4},`+
-		`{"key_id":"`+u.kb+`","start":"2026-03-14T00:00:00Z","outcome":"me","status":200,"count":5},`+
-		`{"key_id":"`+u.kb+`","start":"2026-03-15T00:00:00Z","outcome":"proxied","status":200,"count":17}]}`)
+		`{"key_id":"`+u.kb+`","start":"2026-03-14T00:00:00Z","outcome":"forbidden","status":403,"count":4,"units":4},`+
+		`{"key_id":"`+u.kb+`","start":"2026-03-14T00:00:00Z","outcome":"me","status":200,"count":5,"units":5},`+
+		`{"key_id":"`+u.kb+`","start":"2026-03-15T00:00:00Z","outcome":"proxied","status":200,"count":17,"units":17},`+
+		`{"key_id":"`+u.kb+`","start":"2026-03-15T00:00:00Z","outcome":"proxied","status":201,"count":2,"units":10}]}`)
 	// Nothing in the range: no rows, never rows of 0.
 	r = u.viewer.Do("GET", "/orgs/"+u.org+"/usage?granularity=minute&from=2026-03-15T10:00:00Z&to=2026-03-15T10:19:00Z", "")
 	upstreamtest.Want(t, r, 200, `{"granularity":"minute","from":"2026-03-15T10:00:00Z","to":"2026-03-15T10:19:00Z","data":[]}`)
@@ -113,12 +122,13 @@ func TestUsageAnswersTheOrgsRowsAsJSON(t *testing.T) {
 func TestUsageAnswersCSVWhenAsked(t *testing.T) {
 	u := newUsageEnv(t)
 	u.fill(t)
-	want := "key_id,start,outcome,status,count\r\n" +
-		u.kb + ",2026-03-14T11:00:00Z,forbidden,403,4\r\n" +
-		u.ka + ",2026-03-15T10:00:00Z,me,200,1\r\n" +
-		u.ka + ",2026-03-15T10:00:00Z,proxied,200,2\r\n" +
-		u.ka + ",2026-03-15T10:00:00Z,rate_limited,429,3\r\n" +
-		u.kb + ",2026-03-15T10:00:00Z,proxied,200,17\r\n"
+	u.recordUnits(t, u.ka, usageNow, keystore.OutcomeRateLimited, 429, 2, 3) // a route of cost 3
+	want := "key_id,start,outcome,status,count,units\r\n" +
+		u.kb + ",2026-03-14T11:00:00Z,forbidden,403,4,4\r\n" +
+		u.ka + ",2026-03-15T10:00:00Z,me,200,1,1\r\n" +
+		u.ka + ",2026-03-15T10:00:00Z,proxied,200,2,2\r\n" +
+		u.ka + ",2026-03-15T10:00:00Z,rate_limited,429,5,9\r\n" +
+		u.kb + ",2026-03-15T10:00:00Z,proxied,200,17,17\r\n"
 	for _, tc := range []struct {
 		name, query, accept string
 		csv                 bool
@@ -162,7 +172,7 @@ func TestUsageAnswersCSVWhenAsked(t *testing.T) {
 	}
 	// No rows: the header line alone.
 	r := u.viewer.Do("GET", "/orgs/"+u.org+"/usage?format=csv&from=2020-01-01T00:00:00Z&to=2020-01-02T00:00:00Z", "")
-	if r.Status != 200 || r.Body != "key_id,start,outcome,status,count\r\n" {
+	if r.Status != 200 || r.Body != "key_id,start,outcome,status,count,units\r\n" {
 		t.Errorf("an empty range: %d %q", r.Status, r.Body)
 	}
 }
@@ -253,7 +263,7 @@ func TestUsageIsForTheOrgsMembersAndTheirKeysOnly(t *testing.T) {
 			`{"granularity":"hour","from":"2026-03-14T11:00:00Z","to":"2026-03-15T11:00:00Z","data":[]}`},
 		{"the outsider's own org", outsider, "/orgs/" + other + "/usage?granularity=minute&from=2026-03-15T10:20:00Z&to=2026-03-15T10:21:00Z", 200,
 			`{"granularity":"minute","from":"2026-03-15T10:20:00Z","to":"2026-03-15T10:21:00Z","data":[` +
-				`{"key_id":"` + theirs.ID + `","start":"2026-03-15T10:20:00Z","outcome":"proxied","status":200,"count":1}]}`},
+				`{"key_id":"` + theirs.ID + `","start":"2026-03-15T10:20:00Z","outcome":"proxied","status":200,"count":1,"units":1}]}`},
 		{"a bad parameter after the membership", outsider, "/orgs/" + u.org + "/usage?granularity=week", 404, notFound},
 		{"a wrong method", u.viewer, "/orgs/" + u.org + "/usage", 405, `{"error":"method not allowed"}`},
 	} {
