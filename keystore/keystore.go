@@ -50,6 +50,9 @@ type Key struct {
 	MonthlyQuota int64
 	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
 	AllowedCIDRs []netip.Prefix
+	// Scopes are the key's scopes, in the order of the package's Scopes; nil:
+	// everything its role allows. A scope never widens the role.
+	Scopes []string
 }
 
 // AllowsAddr reports whether a request from addr may use k: k has no allowed
@@ -86,6 +89,9 @@ type Record struct {
 	// AllowedCIDRs are the networks the key may be used from, in canonical form; empty:
 	// anywhere.
 	AllowedCIDRs []netip.Prefix
+	// Scopes are the key's scopes, in the order of the package's Scopes; nil:
+	// everything its role allows.
+	Scopes []string
 }
 
 // NewKey is what a person supplies to create a key.
@@ -105,4 +111,7 @@ type NewKey struct {
 	// AllowedCIDRs is optional: the networks the key may be used from, at most
 	// MaxAllowedCIDRs, each as ParseCIDR returns it. Empty: anywhere.
 	AllowedCIDRs []netip.Prefix
+	// Scopes is optional: the key's scopes, as ParseScopes returns them. Nil:
+	// everything its role allows.
+	Scopes []string
 }
