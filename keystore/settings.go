@@ -247,8 +247,8 @@ func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor
 	}
 
 	var (
-		live     bool
-		oldLimit *int
+		live      bool
+		oldLimit  *int
 		oldCIDRs  []netip.Prefix
 		oldScopes []string
 	)
