@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
 func TestParseScopesKeepsTheVocabularysOrder(t *testing.T) {
@@ -207,5 +208,33 @@ func TestKeysLookedUpTogetherKeepTheirOwnScopes(t *testing.T) {
 	}
 	if st := b.Stats(); st.Lookups <= st.Queries {
 		t.Errorf("no batch looked up more than one key (%d queries, %d lookups): the test proved nothing", st.Queries, st.Lookups)
+	}
+}
+
+// TestAKeyWrittenByAReleaseWithoutScopesIsUnscoped writes a key as a release before
+// scopes does, naming none of the new column: the migration adds it without a default,
+// so the key has no scopes, and it is listed and verified as everything its role
+// allows.
+func TestAKeyWrittenByAReleaseWithoutScopesIsUnscoped(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	full, keyID, secret, err := keystoretest.Format(t, "mon").Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := keystore.HashSecret(secret)
+	if _, err := pool.Exec(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, rate_limit, allowed_cidrs)
+VALUES ($1, $2, 'old', 'Editor', $3, NULL, '{}')`, keyID, org, sum[:]); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.List(ctx, org)
+	if err != nil || len(list) != 1 || list[0].Scopes != nil {
+		t.Fatalf("List = %+v, %v; want the key without scopes", list, err)
+	}
+	for kind, v := range verifiers(s) {
+		got, ok, err := v.Verify(ctx, full)
+		if err != nil || !ok || got.Scopes != nil {
+			t.Errorf("%s: Verify of the old release's key = %v, %v, scopes %#v; want nil", kind, ok, err, got.Scopes)
+		}
 	}
 }
