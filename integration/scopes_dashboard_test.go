@@ -13,18 +13,20 @@ func scopeBox(group chromedp.CSS, scope string) chromedp.CSS {
 	return group + chromedp.CSS(` input[name="scopes"][value="`+scope+`"]`)
 }
 
-// wantScopes checks the keys page's scopes cell of the row: the scopes separated by
-// spaces, or "all".
+// wantScopes checks the scopes the keys page shows in the row: "scopes:", then the
+// scopes separated by spaces, or "all".
 func wantScopes(tb *tab, row chromedp.CSS, want string) {
 	tb.t.Helper()
+	want = "scopes: " + want
 	if got := strings.Join(strings.Fields(get(tb, "the key's scopes", chromedp.Text(row+tid("key-scopes")))), " "); got != want {
 		tb.t.Errorf("the key's scopes show %q, want %q", got, want)
 	}
 }
 
 // TestDashboardScopesInABrowser creates a scoped key in the dashboard's form in
-// headless Chromium, through the gateway: the keys page shows its scopes, its settings
-// form has them checked and changes them, and a roll keeps them. The key works on
+// headless Chromium, through the gateway: the keys page shows its scopes in a row as
+// compact as any, its settings form has them checked and changes them, and a roll
+// keeps them. The key works on
 // /v1/me, which needs no scope.
 func TestDashboardScopesInABrowser(t *testing.T) {
 	s := newStack(t)
@@ -64,16 +66,23 @@ func TestDashboardScopesInABrowser(t *testing.T) {
 			t.Errorf("the settings form's %s is checked %v, want %v", scope, got, want)
 		}
 	}
-	owner.do("widen the key", chromedp.Click(scopeBox(edit, "monitors:write")),
+	owner.do("widen the key", chromedp.Click(scopeBox(edit, "monitors:write")), chromedp.Click(scopeBox(edit, "monitors:delete")),
 		clickThrough(row+tid("save-settings"), tid("create-key-name")))
-	wantScopes(owner, row, "monitors:read monitors:write")
+	wantScopes(owner, row, "monitors:read monitors:write monitors:delete")
+	// Every scope shown, the row is as compact as any other.
+	wantCompactRow(owner, id)
 
 	// A roll keeps the scopes.
-	owner.do("roll", chromedp.SetValue(row+tid("roll-grace"), "0"), chromedp.Click(row+tid("roll")), chromedp.WaitVisible(tid("new-key")))
+	owner.do("roll",
+		chromedp.Click(row+tid("roll-open")),
+		chromedp.WaitVisible(row+tid("roll-grace")),
+		chromedp.SetValue(row+tid("roll-grace"), "0"),
+		chromedp.Click(row+tid("roll")),
+		chromedp.WaitVisible(tid("new-key")))
 	rolled := get(owner, "read the rolled key", chromedp.Text(tid("new-key")))
 	s.neverLog(rolled)
 	rolledRow := chromedp.CSS(`tr[data-key-id="` + strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_") + `"] `)
-	wantScopes(owner, rolledRow, "monitors:read monitors:write")
+	wantScopes(owner, rolledRow, "monitors:read monitors:write monitors:delete")
 
 	// No box checked is everything the role allows.
 	owner.do("open the rolled key's settings", chromedp.Click(rolledRow+tid("edit-settings")), chromedp.WaitVisible(rolledRow+tid("save-settings")))
@@ -81,6 +90,7 @@ func TestDashboardScopesInABrowser(t *testing.T) {
 	owner.do("unscope the key",
 		chromedp.Click(scopeBox(redit, "monitors:read")),
 		chromedp.Click(scopeBox(redit, "monitors:write")),
+		chromedp.Click(scopeBox(redit, "monitors:delete")),
 		clickThrough(rolledRow+tid("save-settings"), tid("create-key-name")))
 	wantScopes(owner, rolledRow, "all")
 	if got := bearer(t, base, "/v1/me", rolled); got != 200 {

@@ -192,7 +192,7 @@ func TestDashboardCreatesAndEditsAKeysScopes(t *testing.T) {
 	if got := listEntry(t, owner, org, id); !strings.Contains(got, `"scopes":["monitors:read","monitors:write"]`) {
 		t.Errorf("the form created %s", got)
 	}
-	if got := scopesCell(t, r.Body, id); got != "<code>monitors:read</code><br><code>monitors:write</code>" {
+	if got := scopesCell(t, r.Body, id); got != `<span class="muted">scopes:</span> <code>monitors:read</code> <code>monitors:write</code>` {
 		t.Errorf("the row shows scopes %q", got)
 	}
 	edit := settingsForm(t, r.Body, id)
@@ -220,7 +220,7 @@ func TestDashboardCreatesAndEditsAKeysScopes(t *testing.T) {
 		t.Errorf("after unchecking every scope the lookup finds %s", got)
 	}
 	page = owner.Do("GET", "/dashboard/orgs/"+org, "").Body
-	if got := scopesCell(t, page, id); got != "all" {
+	if got := scopesCell(t, page, id); got != `<span class="muted">scopes:</span> all` {
 		t.Errorf("an unscoped key's row shows %q", got)
 	}
 	audit := owner.Do("GET", "/dashboard/orgs/"+org+"/audit", "").Body
@@ -265,14 +265,14 @@ func keyRow(t *testing.T, page, id string) string {
 	return row
 }
 
-// scopesCell returns the markup of the scopes cell of the key id.
+// scopesCell returns the markup of the scopes of the key id, in its row's first cell.
 func scopesCell(t *testing.T, page, id string) string {
 	t.Helper()
 	_, rest, ok := strings.Cut(keyRow(t, page, id), `data-testid="key-scopes">`)
 	if !ok {
 		t.Fatalf("no key-scopes in the row of %s", id)
 	}
-	v, _, _ := strings.Cut(rest, "</td>")
+	v, _, _ := strings.Cut(rest, "</span></td>")
 	return v
 }
 
