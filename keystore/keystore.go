@@ -50,8 +50,9 @@ type Key struct {
 	MonthlyQuota int64
 	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
 	AllowedCIDRs []netip.Prefix
-	// Scopes are the key's scopes, in the order of the package's Scopes; nil:
-	// everything its role allows. A scope never widens the role.
+	// Scopes narrow what the key's role allows: a request needs its route's scope
+	// (docs/security.md, Scopes). They are in the order of the package's Scopes; nil:
+	// unscoped, everything the role allows.
 	Scopes []string
 }
 
