@@ -72,10 +72,10 @@ VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), $7::text::jsonb)`, e.Org
 }
 
 // Roll replaces the live key keyID of orgID: it creates a key of the same name, role,
-// expiry, rate limit, allowed networks and scopes, and makes the old key expire after grace (0..MaxGrace), never later than
-// it already would, auditing key.rolled by actor, all in one transaction. It answers
-// ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
-// or expired key.
+// expiry, rate limit, allowed networks and scopes, and makes the old key expire after
+// grace (0..MaxGrace), never later than it already would, auditing key.rolled by
+// actor, all in one transaction. It answers ErrNotFound for a key id the organisation
+// does not have and ErrNotLive for a revoked or expired key.
 //
 // The old key's row is locked first, so concurrent rolls of one key run one after the
 // other: the second finds the key expired (grace 0) or rolls it again, which can only
