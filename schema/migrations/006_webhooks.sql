@@ -1,3 +1,2 @@
--- 006_webhooks: reserved for the webhooks' tables, which come with their own file.
--- The migration runner needs a statement.
+-- 006_webhooks: reserved for the webhooks' migration, which replaces this file.
 SELECT 1;
