@@ -212,7 +212,7 @@ func TestTheDocumentCheckBites(t *testing.T) {
 		{"an unknown field in an answer is fine", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Admin",` + limits + `,"new":1}`, false},
 		{"GET /v1/me without limits", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Admin"}`, true},
 		{"usage as documented", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/usage", "", 200,
-			`{"granularity":"hour","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","data":[{"key_id":"abcdefghijklmnop","start":"2026-01-01T00:00:00Z","outcome":"proxied","status":200,"count":1}]}`, false},
+			`{"granularity":"hour","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","data":[{"key_id":"abcdefghijklmnop","start":"2026-01-01T00:00:00Z","outcome":"proxied","status":200,"count":1,"units":1}]}`, false},
 		{"a usage row with an outcome the document lacks", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/usage", "", 200,
 			`{"granularity":"hour","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","data":[{"key_id":"abcdefghijklmnop","start":"2026-01-01T00:00:00Z","outcome":"unauthenticated","status":401,"count":1}]}`, true},
 		{"a dashboard key without masked_key", "GET", "/orgs/0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11/api-keys", "", 200,

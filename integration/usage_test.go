@@ -61,19 +61,19 @@ func TestUsageIsReadThroughTheGateway(t *testing.T) {
 	r := owner.do("GET", path+"?granularity=minute&key_id="+id+"&from="+now.Add(-59*time.Minute).Format(time.RFC3339)+
 		"&to="+now.Add(time.Minute).Format(time.RFC3339), nil, nil)
 	want := fmt.Sprintf(`{"granularity":"minute","from":%q,"to":%q,"data":[`+
-		`{"key_id":%q,"start":%q,"outcome":"proxied","status":200,"count":5},`+
-		`{"key_id":%q,"start":%q,"outcome":"rate_limited","status":429,"count":2}]}`,
+		`{"key_id":%q,"start":%q,"outcome":"proxied","status":200,"count":5,"units":5},`+
+		`{"key_id":%q,"start":%q,"outcome":"rate_limited","status":429,"count":2,"units":2}]}`,
 		now.Add(-59*time.Minute).Format(time.RFC3339), now.Add(time.Minute).Format(time.RFC3339), id, minute, id, minute)
 	if r.Status != 200 || !jsonEqual(r.Body, []byte(want)) {
 		t.Errorf("by minute: %d %s\nwant %s", r.Status, r.Body, want)
 	}
 	r = owner.do("GET", path, nil, nil)
-	if r.Status != 200 || !strings.Contains(string(r.Body), fmt.Sprintf(`{"key_id":%q,"start":%q,"outcome":"proxied","status":200,"count":5}`, id, hour)) {
+	if r.Status != 200 || !strings.Contains(string(r.Body), fmt.Sprintf(`{"key_id":%q,"start":%q,"outcome":"proxied","status":200,"count":5,"units":5}`, id, hour)) {
 		t.Errorf("by hour: %d %s", r.Status, r.Body)
 	}
 	r = owner.do("GET", path+"?granularity=day", nil, http.Header{"Accept": {"text/csv"}})
 	day := now.Truncate(24 * time.Hour).Format(time.RFC3339)
-	wantCSV := "key_id,start,outcome,status,count\r\n" + id + "," + day + ",proxied,200,5\r\n" + id + "," + day + ",rate_limited,429,2\r\n"
+	wantCSV := "key_id,start,outcome,status,count,units\r\n" + id + "," + day + ",proxied,200,5,5\r\n" + id + "," + day + ",rate_limited,429,2,2\r\n"
 	if r.Status != 200 || string(r.Body) != wantCSV || r.Header.Get("Content-Type") != "text/csv; charset=utf-8" {
 		t.Errorf("CSV: %d %s %q\nwant %q", r.Status, r.Header.Get("Content-Type"), r.Body, wantCSV)
 	}

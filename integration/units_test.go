@@ -1,0 +1,109 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// usageUnits reads orgID's usage record by day over the UTC day of at, through the
+// usage API, as "key outcome status" → "count/units".
+func (c *Client) usageUnits(orgID string, at time.Time) map[string]string {
+	c.s.t.Helper()
+	day := at.UTC().Truncate(24 * time.Hour)
+	q := url.Values{"granularity": {"day"}, "from": {day.Format(time.RFC3339)}, "to": {day.AddDate(0, 0, 1).Format(time.RFC3339)}}
+	r := c.do("GET", "/orgs/"+orgID+"/usage?"+q.Encode(), nil, nil)
+	if r.Status != 200 {
+		c.s.t.Fatalf("reading usage: %d %s", r.Status, r.Body)
+	}
+	var body struct {
+		Data []struct {
+			KeyID   string `json:"key_id"`
+			Outcome string `json:"outcome"`
+			Status  int    `json:"status"`
+			Count   int64  `json:"count"`
+			Units   int64  `json:"units"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		c.s.t.Fatalf("usage body %s: %v", r.Body, err)
+	}
+	out := map[string]string{}
+	for _, d := range body.Data {
+		out[fmt.Sprintf("%s %s %d", d.KeyID, d.Outcome, d.Status)] = fmt.Sprintf("%d/%d", d.Count, d.Units)
+	}
+	return out
+}
+
+// TestTheUsageRecordCountsEachRequestsUnits: two gateways with the operator's route
+// table, where creating a monitor costs 5. The usage API gives each row's requests and
+// their units: the cost of the route of every request decided once its route was
+// weighed, proxied or refused (a budget, the role), and 1 for the others.
+func TestTheUsageRecordCountsEachRequestsUnits(t *testing.T) {
+	s := newStackWith(t, stackOptions{gwOptions: strings.Join([]string{
+		"usage_flush_interval 1s",
+		"route GET,HEAD /v1/monitors* scope monitors:read",
+		"route POST /v1/monitors scope monitors:write cost 5",
+		"route GET /v1/me",
+	}, "\n\t\t\t")})
+	org, owner := s.newOwner("pro")
+	editorID, editor := owner.createKey(org.ID, "editor", "Editor", nil)
+	smallID, small := owner.createKeyWith(org.ID, "small", "Editor", map[string]any{"rate_limit": 8})
+	viewerID, viewer := owner.createKey(org.ID, "viewer", "Viewer", nil)
+
+	waitForWindowRoom(20) // the small key's minute, and every request in one UTC day
+	start := time.Now()
+	for i, step := range []struct {
+		key          string
+		gw           int
+		method, path string
+		status       int
+	}{
+		{editor, 0, "POST", "/v1/monitors", http.StatusCreated},
+		{editor, 1, "POST", "/v1/monitors", http.StatusCreated},
+		{editor, 1, "GET", "/v1/monitors", http.StatusOK},
+		{editor, 0, "GET", "/v1/monitors", http.StatusOK},
+		{editor, 1, "GET", "/v1/monitors", http.StatusOK},
+		{editor, 0, "GET", "/v1/me", http.StatusOK},
+		{small, 0, "POST", "/v1/monitors", http.StatusCreated},
+		{small, 1, "POST", "/v1/monitors", http.StatusTooManyRequests}, // 5 with 3 left
+		{viewer, 0, "POST", "/v1/monitors", http.StatusForbidden},      // the role: after the budgets
+	} {
+		var body any
+		if step.method == "POST" {
+			body = newMonitor(fmt.Sprint("m", i))
+		}
+		if r := s.api(step.key, step.gw).do(step.method, step.path, body); r.Status != step.status {
+			t.Fatalf("step %d (%s %s on gateway %d): %d %s; want %d", i, step.method, step.path, step.gw, r.Status, r.Body, step.status)
+		}
+	}
+	want := map[string]string{
+		editorID + " proxied 201":     "2/10",
+		editorID + " proxied 200":     "3/3",
+		editorID + " me 200":          "1/1",
+		smallID + " proxied 201":      "1/5",
+		smallID + " rate_limited 429": "1/5",
+		viewerID + " forbidden 403":   "1/5",
+	}
+	var got map[string]string
+	eventually(t, 15*time.Second, "the usage record's units", func() bool {
+		got = owner.usageUnits(org.ID, start)
+		return fmt.Sprint(got) == fmt.Sprint(want)
+	})
+
+	// The CSV's last column is the units.
+	r := owner.do("GET", "/orgs/"+org.ID+"/usage?format=csv&granularity=day&key_id="+editorID+
+		"&from="+start.UTC().Truncate(24*time.Hour).Format(time.RFC3339), nil, nil)
+	day := start.UTC().Truncate(24 * time.Hour).Format(time.RFC3339)
+	wantCSV := "key_id,start,outcome,status,count,units\r\n" +
+		editorID + "," + day + ",me,200,1,1\r\n" +
+		editorID + "," + day + ",proxied,200,3,3\r\n" +
+		editorID + "," + day + ",proxied,201,2,10\r\n"
+	if r.Status != 200 || string(r.Body) != wantCSV {
+		t.Errorf("CSV: %d %q\nwant %q", r.Status, r.Body, wantCSV)
+	}
+}
