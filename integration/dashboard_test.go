@@ -483,15 +483,17 @@ func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
 			Data []struct {
 				KeyID string `json:"key_id"`
 				Count int64  `json:"count"`
+				Units int64  `json:"units"`
 			} `json:"data"`
 		}
 		if err := json.Unmarshal(r.Body, &body); err != nil || r.Status != 200 {
 			s.t.Fatalf("GET usage: %d %s", r.Status, r.Body)
 		}
-		api := map[string]int64{}
+		api, apiUnits := map[string]int64{}, map[string]int64{}
 		var total int64
 		for _, d := range body.Data {
 			api[d.KeyID] += d.Count
+			apiUnits[d.KeyID] += d.Units
 			total += d.Count
 		}
 		rows := get(tb, "key rows", chromedp.Nodes(all(tid("usage-key-row")), chromedp.AtLeast(0)))
@@ -502,6 +504,10 @@ func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
 			text := get(tb, "a key's total", chromedp.Text(chromedp.CSS(`tr[data-key-id="`+id+`"] [data-testid="usage-key-total"]`)))
 			if text != strconv.FormatInt(api[id], 10) || api[id] < least {
 				s.t.Errorf("%s: key %s's total on the page %q, in the API %d, recorded %d", granularity, id, text, api[id], least)
+			}
+			units := get(tb, "a key's units", chromedp.Text(chromedp.CSS(`tr[data-key-id="`+id+`"] [data-testid="usage-key-units"]`)))
+			if units != strconv.FormatInt(apiUnits[id], 10) || apiUnits[id] < api[id] {
+				s.t.Errorf("%s: key %s's units on the page %q, in the API %d", granularity, id, units, apiUnits[id])
 			}
 		}
 		desc := get(tb, "the chart's text", chromedp.Evaluate[string](`document.querySelector('[data-testid="usage-chart"] desc').textContent`))
