@@ -259,7 +259,7 @@ func (s *Store) TestWebhook(ctx context.Context, orgID, id string, now time.Time
 		return "", apperr.Errorf(apperr.ECONFLICT, "the webhook is disabled")
 	}
 	var eventID *string
-	err = s.pool.QueryRow(ctx, `SELECT webhook_enqueue($1, 'webhook.test', jsonb_build_object('org_id', $1::text, 'webhook_id', $2::text), $3, $2)`,
+	err = s.pool.QueryRow(ctx, `SELECT webhook_enqueue($1::uuid, 'webhook.test', jsonb_build_object('org_id', $1::text, 'webhook_id', $2::text), $3::timestamptz, $2::uuid)`,
 		orgID, id, now).Scan(&eventID)
 	if err != nil {
 		return "", fmt.Errorf("writing test event: %w", err)
