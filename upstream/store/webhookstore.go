@@ -93,12 +93,17 @@ func (s *Store) CreateWebhook(ctx context.Context, orgID, actor string, w Webhoo
 		return Webhook{}, fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	var n int
-	err = tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM webhook_endpoints WHERE org_id = o.id) FROM orgs o WHERE o.id = $1 FOR NO KEY UPDATE`, orgID).Scan(&n)
-	if errors.Is(err, pgx.ErrNoRows) {
+	// The lock comes first, in a statement of its own: a count in the same statement
+	// would read the table as it was before the lock was waited for.
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM orgs WHERE id = $1 FOR NO KEY UPDATE`, orgID)
+	if err != nil {
+		return Webhook{}, fmt.Errorf("locking org: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
 		return Webhook{}, apperr.ErrNotFound
 	}
-	if err != nil {
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_endpoints WHERE org_id = $1`, orgID).Scan(&n); err != nil {
 		return Webhook{}, fmt.Errorf("counting webhooks: %w", err)
 	}
 	if n >= MaxWebhookEndpoints {
