@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strconv"
 
@@ -167,13 +168,15 @@ func (s *Server) handleRotateWebhookSecret(w http.ResponseWriter, r *http.Reques
 
 // deliveryJSON is a delivery with its attempts, oldest first.
 type deliveryJSON struct {
-	ID            string        `json:"id"`
-	EventID       string        `json:"event_id"`
-	EventType     string        `json:"event_type"`
-	State         string        `json:"state"`
-	NextAttemptAt *string       `json:"next_attempt_at"`
-	CreatedAt     string        `json:"created_at"`
-	Attempts      []attemptJSON `json:"attempts"`
+	ID        string `json:"id"`
+	EventID   string `json:"event_id"`
+	EventType string `json:"event_type"`
+	// Event is the body every attempt sent, as stored: valid JSON by construction.
+	Event         json.RawMessage `json:"event"`
+	State         string          `json:"state"`
+	NextAttemptAt *string         `json:"next_attempt_at"`
+	CreatedAt     string          `json:"created_at"`
+	Attempts      []attemptJSON   `json:"attempts"`
 }
 
 // attemptJSON is one attempt: the status it got, or the error that stopped it.
@@ -186,7 +189,7 @@ type attemptJSON struct {
 
 func toDeliveryJSON(d store.Delivery) deliveryJSON {
 	j := deliveryJSON{
-		ID: strconv.FormatInt(d.ID, 10), EventID: d.EventID, EventType: d.EventType, State: d.State,
+		ID: strconv.FormatInt(d.ID, 10), EventID: d.EventID, EventType: d.EventType, Event: json.RawMessage(d.Body), State: d.State,
 		NextAttemptAt: optionalTimeJSON(d.NextAttemptAt), CreatedAt: timeJSON(d.CreatedAt),
 		Attempts: make([]attemptJSON, 0, len(d.Attempts)),
 	}

@@ -18,9 +18,11 @@ const (
 
 // Delivery is one event for one endpoint, with its attempts, oldest first.
 type Delivery struct {
-	ID            int64
-	EventID       string
-	EventType     string
+	ID        int64
+	EventID   string
+	EventType string
+	// Body is the event's body, as every attempt sent it.
+	Body          string
 	State         string
 	NextAttemptAt *time.Time // pending only
 	CreatedAt     time.Time
@@ -41,7 +43,7 @@ func (s *Store) Deliveries(ctx context.Context, orgID, id string, before int64, 
 	if _, err := s.Webhook(ctx, orgID, id); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT d.id, d.event_id, ev.type, d.state,
+	rows, err := s.pool.Query(ctx, `SELECT d.id, d.event_id, ev.type, ev.body, d.state,
 	CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, d.created_at,
 	COALESCE((SELECT jsonb_agg(jsonb_build_object('at', a.at, 'status_code', a.status_code, 'error', a.error, 'ms', a.duration_ms) ORDER BY a.id)
 	          FROM webhook_attempts a WHERE a.delivery_id = d.id), '[]')
@@ -60,7 +62,7 @@ ORDER BY d.id DESC LIMIT $3`, id, before, limit)
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Delivery, error) {
 		var d Delivery
 		var attempts []attemptRow
-		if err := row.Scan(&d.ID, &d.EventID, &d.EventType, &d.State, &d.NextAttemptAt, &d.CreatedAt, &attempts); err != nil {
+		if err := row.Scan(&d.ID, &d.EventID, &d.EventType, &d.Body, &d.State, &d.NextAttemptAt, &d.CreatedAt, &attempts); err != nil {
 			return d, err
 		}
 		for _, a := range attempts {
