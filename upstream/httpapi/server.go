@@ -226,6 +226,13 @@ func (s *Server) routes() http.Handler {
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/settings", s.page(s.pageUpdateKey)},
 		{"GET /dashboard/orgs/{orgId}/audit", s.page(s.pageAudit)},
 		{"GET /dashboard/orgs/{orgId}/usage", s.page(s.pageUsage)},
+		{"GET /dashboard/orgs/{orgId}/webhooks", s.page(s.pageWebhooks)},
+		{"POST /dashboard/orgs/{orgId}/webhooks", s.page(s.pageCreateWebhook)},
+		{"GET /dashboard/orgs/{orgId}/webhooks/{id}", s.page(s.pageWebhookDeliveries)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/test", s.page(s.pageTestWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/rotate", s.page(s.pageRotateWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/enabled", s.page(s.pageEnableWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/deliveries/{deliveryId}/retry", s.page(s.pageRetryDelivery)},
 		{"GET /dashboard/static/{file}", s.page(s.pageStatic)},
 	} {
 		mux.HandleFunc(rt.pattern, rt.handler)
