@@ -75,6 +75,10 @@ CREATE TABLE webhook_notices (
 	PRIMARY KEY (org_id, kind, subject)
 );
 
+-- api_keys_expiry_idx serves the dispatcher's look, once a minute, for the live keys
+-- that expire within a week or expired within a day.
+CREATE INDEX api_keys_expiry_idx ON api_keys (expires_at) WHERE revoked_at IS NULL AND expires_at IS NOT NULL;
+
 -- webhook_enqueue writes an event of org for every enabled endpoint of it that takes
 -- the type (only, when given, for that one endpoint whatever its types) and returns
 -- its id; NULL when no endpoint takes it, and then nothing is written. It runs in the

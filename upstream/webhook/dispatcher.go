@@ -93,14 +93,23 @@ func NewDispatcher(st *store.Store, keys *keystore.Store, policy Policy, logger 
 	}
 }
 
-// Run delivers until ctx ends: every poll it writes the notices that are due, then
-// attempts what is due until nothing is. Claims it holds when ctx ends are given back.
+// NoticeEvery is how often Run looks for the notices that are due (Notices): they
+// are days apart, and the look reads every key that expires within a week.
+const NoticeEvery = time.Minute
+
+// Run delivers until ctx ends: every poll it attempts what is due until nothing is,
+// and every NoticeEvery it first writes the notices that are due. Claims it holds
+// when ctx ends are given back.
 func (d *Dispatcher) Run(ctx context.Context, poll time.Duration) {
 	t := time.NewTicker(poll)
 	defer t.Stop()
+	var noticed time.Time
 	for {
-		if err := d.Notices(ctx); err != nil && ctx.Err() == nil {
-			d.logger.Error("writing webhook notices", zap.Error(err))
+		if now := time.Now(); now.Sub(noticed) >= NoticeEvery {
+			noticed = now
+			if err := d.Notices(ctx); err != nil && ctx.Err() == nil {
+				d.logger.Error("writing webhook notices", zap.Error(err))
+			}
 		}
 		for ctx.Err() == nil {
 			n, err := d.RunOnce(ctx)
