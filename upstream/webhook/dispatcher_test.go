@@ -590,3 +590,79 @@ ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE SET count = usage
 		t.Errorf("thresholds %v fired in a month below them", got)
 	}
 }
+
+func TestARetryIsOneMoreAttemptWithTheSameID(t *testing.T) {
+	e := newEnv(t)
+	failing := false
+	var mu sync.Mutex
+	rc := newReceiver(t, func(int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing {
+			return 500
+		}
+		return 204
+	})
+	ep := e.addEndpoint(t, rc.URL)
+	id := e.sendTest(t, ep)
+	d := e.dispatcher(open)
+	drain(t, d)
+	deliveryID := upstreamtest.Scalar[int64](e.Env, `SELECT id FROM webhook_deliveries`)
+	retry := "/orgs/" + e.org + "/webhooks/" + ep.ID + "/deliveries/" + strconv.FormatInt(deliveryID, 10) + "/retry"
+
+	mu.Lock()
+	failing = true
+	mu.Unlock()
+	upstreamtest.WantStatus(t, e.owner.Do("POST", retry, ""), 202)
+	drain(t, d)
+	got := rc.requests()
+	if len(got) != 2 || got[1].ID != id {
+		t.Fatalf("requests %+v, want the event again", got)
+	}
+	// The retry of a delivered delivery is one attempt: failing, it fails at once.
+	e.clock.Advance(48 * time.Hour)
+	drain(t, d)
+	if n := len(rc.requests()); n != 2 {
+		t.Errorf("%d requests, want 2", n)
+	}
+	if s := upstreamtest.Scalar[string](e.Env, `SELECT state FROM webhook_deliveries`); s != "failed" {
+		t.Errorf("state %s, want failed", s)
+	}
+	upstreamtest.Want(t, e.owner.Do("POST", "/orgs/"+e.org+"/webhooks/"+ep.ID+"/deliveries/99999/retry", ""), 404,
+		`{"error":"delivery not found"}`)
+	upstreamtest.Want(t, e.owner.Do("POST", "/orgs/"+e.org+"/webhooks/"+ep.ID+"/deliveries/x/retry", ""), 404,
+		`{"error":"delivery not found"}`)
+}
+
+func TestDeliveriesArePagedNewestFirst(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	ep := e.addEndpoint(t, rc.URL)
+	var ids []string
+	for range 3 {
+		ids = append(ids, e.sendTest(t, ep))
+	}
+	path := "/orgs/" + e.org + "/webhooks/" + ep.ID + "/deliveries?limit=2"
+	type page struct {
+		Data []struct {
+			EventID string         `json:"event_id"`
+			State   string         `json:"state"`
+			Event   map[string]any `json:"event"`
+		} `json:"data"`
+		NextCursor *string `json:"next_cursor"`
+	}
+	var first, second page
+	e.owner.Do("GET", path, "").Decode(t, &first)
+	if len(first.Data) != 2 || first.NextCursor == nil || first.Data[0].EventID != ids[2] || first.Data[1].EventID != ids[1] {
+		t.Fatalf("first page %+v", first)
+	}
+	if first.Data[0].State != "pending" || first.Data[0].Event["type"] != "webhook.test" {
+		t.Errorf("first delivery %+v", first.Data[0])
+	}
+	e.owner.Do("GET", path+"&cursor="+*first.NextCursor, "").Decode(t, &second)
+	if len(second.Data) != 1 || second.NextCursor != nil || second.Data[0].EventID != ids[0] {
+		t.Fatalf("second page %+v", second)
+	}
+	upstreamtest.Want(t, e.owner.Do("GET", path+"&cursor=zz", ""), 400,
+		`{"error":"invalid_request","message":"cursor: is not a cursor this API returned"}`)
+}
