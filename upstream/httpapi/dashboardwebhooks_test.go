@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"html"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -11,8 +12,18 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// pageSecret finds the secret a webhooks page shows once.
-var pageSecret = regexp.MustCompile(`data-testid="webhook-secret">(whsec_[A-Za-z0-9+/=]+)</code>`)
+// pageSecret finds the secret a webhooks page shows once, HTML-escaped: html/template
+// writes base64's + as &#43;.
+var pageSecret = regexp.MustCompile(`data-testid="webhook-secret">(whsec_[^<]+)</code>`)
+
+// shownSecret is the secret body shows once, or "".
+func shownSecret(body string) string {
+	m := pageSecret.FindStringSubmatch(body)
+	if m == nil {
+		return ""
+	}
+	return html.UnescapeString(m[1])
+}
 
 func TestDashboardWebhooksPageAddsTestsRotatesAndDisables(t *testing.T) {
 	e := newWebhookEnv(t)
@@ -25,17 +36,17 @@ func TestDashboardWebhooksPageAddsTestsRotatesAndDisables(t *testing.T) {
 		t.Errorf("a bad URL: %d %s", r.Status, r.Body)
 	}
 	r = form(owner).Do("POST", base, url.Values{"url": {"http://127.0.0.1:9/hook"}, "description": {"ops"}}.Encode())
-	m := pageSecret.FindStringSubmatch(r.Body)
-	if r.Status != http.StatusCreated || m == nil {
+	secret := shownSecret(r.Body)
+	if r.Status != http.StatusCreated || secret == "" {
 		t.Fatalf("add: %d %s", r.Status, r.Body)
 	}
 	wh, err := e.Store.Webhooks(t.Context(), org)
-	if err != nil || len(wh) != 1 || wh[0].Secret != m[1] {
-		t.Fatalf("stored %v, %v; the page showed %s", wh, err, m[1])
+	if err != nil || len(wh) != 1 || wh[0].Secret != secret {
+		t.Fatalf("stored %v, %v; the page showed %s", wh, err, secret)
 	}
 	id := wh[0].ID
 	page := owner.Do("GET", base, "")
-	if strings.Contains(page.Body, m[1]) || !strings.Contains(page.Body, `data-webhook-id="`+id+`"`) {
+	if strings.Contains(page.Body, pageSecret.FindStringSubmatch(r.Body)[1]) || !strings.Contains(page.Body, `data-webhook-id="`+id+`"`) {
 		t.Errorf("the list shows the secret again, or not the row: %s", page.Body)
 	}
 
@@ -49,7 +60,7 @@ func TestDashboardWebhooksPageAddsTestsRotatesAndDisables(t *testing.T) {
 	}
 
 	r = form(owner).Do("POST", base+"/"+id+"/rotate", "")
-	if m2 := pageSecret.FindStringSubmatch(r.Body); r.Status != 200 || m2 == nil || m2[1] == m[1] {
+	if next := shownSecret(r.Body); r.Status != 200 || next == "" || next == secret {
 		t.Errorf("rotate: %d %s", r.Status, r.Body)
 	}
 	r = form(owner).Do("POST", base+"/"+id+"/enabled", url.Values{"enabled": {"false"}}.Encode())
