@@ -91,3 +91,23 @@ SELECT count(webhook_enqueue(org_id, 'quota.threshold', jsonb_build_object('org_
 	}
 	return written, nil
 }
+
+// WebhookRetention is how long a delivered or failed event, with its deliveries and
+// attempts, is kept for the deliveries list.
+const WebhookRetention = 30 * 24 * time.Hour
+
+// PurgeWebhooks deletes the events older than WebhookRetention at now whose
+// deliveries have all finished, with their deliveries and attempts, and the notices
+// older than twice that, whose subjects can no longer fire. It returns the events
+// deleted.
+func (s *Store) PurgeWebhooks(ctx context.Context, now time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM webhook_events ev WHERE ev.created_at < $1
+AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id AND d.state = 'pending')`, now.Add(-WebhookRetention))
+	if err != nil {
+		return 0, fmt.Errorf("purging webhook events: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM webhook_notices WHERE at < $1`, now.Add(-2*WebhookRetention)); err != nil {
+		return 0, fmt.Errorf("purging webhook notices: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -93,8 +93,8 @@ func NewDispatcher(st *store.Store, keys *keystore.Store, policy Policy, logger 
 	}
 }
 
-// NoticeEvery is how often Run looks for the notices that are due (Notices): they
-// are days apart, and the look reads every key that expires within a week.
+// NoticeEvery is how often Run looks for the notices that are due and purges (Notices):
+// they are days apart, and the look reads every key that expires within a week.
 const NoticeEvery = time.Minute
 
 // Run delivers until ctx ends: every poll it attempts what is due until nothing is,
@@ -129,9 +129,13 @@ func (d *Dispatcher) Run(ctx context.Context, poll time.Duration) {
 }
 
 // Notices writes the events that fire once and are due now: the keys' expiry and the
-// organisations' quota thresholds.
+// organisations' quota thresholds. It also deletes the events past their retention
+// (store.PurgeWebhooks).
 func (d *Dispatcher) Notices(ctx context.Context) error {
 	now := d.Now()
+	if _, err := d.store.PurgeWebhooks(ctx, now); err != nil {
+		return err
+	}
 	if _, err := d.store.ExpiryNotices(ctx, now); err != nil {
 		return err
 	}

@@ -666,3 +666,38 @@ func TestDeliveriesArePagedNewestFirst(t *testing.T) {
 	upstreamtest.Want(t, e.owner.Do("GET", path+"&cursor=zz", ""), 400,
 		`{"error":"invalid_request","message":"cursor: is not a cursor this API returned"}`)
 }
+
+func TestFinishedEventsArePurgedAfterTheirRetention(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, func(n int) int {
+		if n == 0 {
+			return 204
+		}
+		return 500
+	})
+	ep := e.addEndpoint(t, rc.URL)
+	delivered := e.sendTest(t, ep)
+	d := e.dispatcher(open)
+	drain(t, d)
+	pending := e.sendTest(t, ep)
+	drain(t, d) // fails, pending until its retries end
+	e.Exec(`UPDATE webhook_deliveries SET next_attempt_at = next_attempt_at + interval '60 days' WHERE state = 'pending'`)
+	e.clock.Advance(store.WebhookRetention - time.Hour)
+	if err := d.Notices(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := upstreamtest.Scalar[int](e.Env, `SELECT count(*) FROM webhook_events`); n != 2 {
+		t.Fatalf("%d events before the retention ends, want 2", n)
+	}
+	e.clock.Advance(2 * time.Hour)
+	if err := d.Notices(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	left := upstreamtest.Scalar[string](e.Env, `SELECT string_agg(id, ',') FROM webhook_events`)
+	if left != pending {
+		t.Errorf("events left %s, want only the pending %s (the delivered %s purged)", left, pending, delivered)
+	}
+	if n := upstreamtest.Scalar[int](e.Env, `SELECT count(*) FROM webhook_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id WHERE d.event_id = $1`, delivered); n != 0 {
+		t.Errorf("%d attempts of the purged event left", n)
+	}
+}
