@@ -94,3 +94,63 @@ func TestWebhooksInABrowser(t *testing.T) {
 		t.Fatalf("GET deliveries: %d %s", r.Status, r.Body)
 	}
 }
+
+// TestAnUpstreamKilledMidDeliveryLosesNothing kills the upstream (SIGKILL) while a
+// receiver holds its attempt, starts it again, and sees the event delivered with the
+// same webhook-id once the dead process's lease has ended.
+func TestAnUpstreamKilledMidDeliveryLosesNothing(t *testing.T) {
+	s := newStackWith(t, stackOptions{upstreamArgs: []string{"--webhook-allow-http", "--webhook-allow-private"}})
+	o, owner := s.newOwner("pro")
+	arrived, release := make(chan string, 4), make(chan struct{})
+	var mu sync.Mutex
+	var ids []string
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		ids = append(ids, r.Header.Get("webhook-id"))
+		first := len(ids) == 1
+		mu.Unlock()
+		arrived <- r.Header.Get("webhook-id")
+		if first {
+			<-release // held until the upstream that sent it is dead
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer rc.Close()
+	defer close(release)
+
+	r := owner.do("POST", "/orgs/"+o.ID+"/webhooks", map[string]any{"url": rc.URL}, nil)
+	if r.Status != 201 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	webhookID := r.JSON(t)["id"].(string)
+	r = owner.do("POST", "/orgs/"+o.ID+"/webhooks/"+webhookID+"/test", nil, nil)
+	if r.Status != 202 {
+		t.Fatalf("test: %d %s", r.Status, r.Body)
+	}
+	eventID := r.JSON(t)["event_id"].(string)
+	select {
+	case id := <-arrived:
+		if id != eventID {
+			t.Fatalf("first attempt of %s, want %s", id, eventID)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no attempt within 30 s")
+	}
+	s.upstream.cmd.Process.Kill()
+	<-s.upstream.done
+	s.startUpstream()
+	// The killed process's claim lasts 30 s; then the new one takes it.
+	select {
+	case id := <-arrived:
+		if id != eventID {
+			t.Fatalf("second attempt of %s, want %s", id, eventID)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("the event was not attempted again within 90 s of the restart")
+	}
+	eventually(t, 30*time.Second, "the delivery recorded as delivered", func() bool {
+		r := owner.do("GET", "/orgs/"+o.ID+"/webhooks/"+webhookID+"/deliveries", nil, nil)
+		data, _ := r.JSON(t)["data"].([]any)
+		return r.Status == 200 && len(data) == 1 && data[0].(map[string]any)["state"] == "delivered"
+	})
+}
