@@ -42,6 +42,9 @@ func TestWebhooksInABrowser(t *testing.T) {
 
 	owner := newTab(t, browser(t), base)
 	owner.logIn(o.Email, o.Password)
+	// logIn returns at the first h1, maybe still the login page's: the keys page must
+	// have loaded before another navigation, or that one aborts the login's.
+	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
 	owner.do("the webhooks page",
 		chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/webhooks"),
 		chromedp.WaitVisible(tid("webhook-url")))
