@@ -1,7 +1,7 @@
 package caddymodule
 
 // Slow and hung dependencies (docs/dependencies.md), against the real PostgreSQL and
-// Redis, made slow or hung by internal/latencyproxy. Its hang mode stands in for
+// Redis, made slow or hung by internal/testkit/latencyproxy. Its hang mode stands in for
 // SIGSTOP. Nothing is forwarded until Resume, and what was sent meanwhile is
 // delivered then. But the servers other packages' tests share are left alone.
 
@@ -18,8 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/latencyproxy"
-	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/redistest"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"

@@ -16,8 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/keygate/keygate/deploy/grafana"
-	"github.com/keygate/keygate/internal/latencyproxy"
-	"github.com/keygate/keygate/internal/promtest"
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/promtest"
 	"github.com/keygate/keygate/keystore"
 )
 

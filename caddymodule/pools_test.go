@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/internal/testkit/redistest"
 )
 
 // withParam adds a query parameter to a URL.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keygate/keygate/internal/promtest"
+	"github.com/keygate/keygate/internal/testkit/promtest"
 	"github.com/keygate/keygate/keystore/keystoretest"
 )
 

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/keygate/keygate/internal/benchcpu"
+	"github.com/keygate/keygate/internal/testkit/benchcpu"
 )
 
 // An op is one operation of a worker's load, on a key it picks with rng. It returns

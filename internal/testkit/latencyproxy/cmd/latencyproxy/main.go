@@ -1,4 +1,4 @@
-// Command latencyproxy is a benchmark helper: it runs internal/latencyproxy for
+// Command latencyproxy is a benchmark helper: it runs internal/testkit/latencyproxy for
 // scripts, such as `make bench`'s fault run.
 //
 //	latencyproxy -target 127.0.0.1:6379 -listen-file FILE [-delay 0]
@@ -14,7 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/keygate/keygate/internal/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 )
 
 func main() {

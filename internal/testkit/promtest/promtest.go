@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // Samples returns every sample of text by its series, as the format prints it: for

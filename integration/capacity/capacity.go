@@ -8,7 +8,7 @@
 // limiter.Redis with pipelining on a client of its own for counts (Counts). Each
 // worker runs W goroutines in a closed loop, so a Batcher's batches and a pipeline's
 // rounds grow with W as a gateway's do with its load. Over a window of each level the
-// Runner reads the servers' CPU time (internal/benchcpu) and the workers report their
+// Runner reads the servers' CPU time (internal/testkit/benchcpu) and the workers report their
 // operations, round trips, CPU time and latencies; the report divides the one by the
 // other. CPU per operation carries to bigger machines and holds on a busy one,
 // operations per second do neither.

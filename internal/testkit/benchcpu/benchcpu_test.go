@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/internal/testkit/redistest"
 )
 
 func TestParseStat(t *testing.T) {

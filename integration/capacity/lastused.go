@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/benchcpu"
+	"github.com/keygate/keygate/internal/testkit/benchcpu"
 	"github.com/keygate/keygate/keystore"
 )
 

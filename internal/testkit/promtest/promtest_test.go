@@ -3,7 +3,7 @@ package promtest_test
 import (
 	"testing"
 
-	"github.com/keygate/keygate/internal/promtest"
+	"github.com/keygate/keygate/internal/testkit/promtest"
 )
 
 func TestSamplesReadsSeriesAndSkipsComments(t *testing.T) {

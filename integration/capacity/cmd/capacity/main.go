@@ -1,6 +1,7 @@
-// Command capacity measures how many key lookups PostgreSQL and how many counts Redis
-// serve per CPU-second, driving them through the gateway's own batching code, for
-// `make bench`'s capacity sections (scripts/capacity.sh, docs/scaling.md):
+// Command capacity is for benchmarks only: it measures how many key lookups PostgreSQL
+// and how many counts Redis serve per CPU-second, driving them through the gateway's
+// own batching code, for `make bench`'s capacity sections (scripts/capacity.sh,
+// docs/scaling.md):
 //
 //	capacity seed     -database-url URL [-keys 1000000] [-orgs 10000]
 //	capacity lookups  -database-url URL [-probe-url URL] [-pgbouncer-pid PID] [-procs 4] [-waiters 1,4,16,64,256]
@@ -18,7 +19,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/keygate/keygate/internal/capacity"
+	"github.com/keygate/keygate/integration/capacity"
 )
 
 func main() {

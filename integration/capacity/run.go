@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/keygate/keygate/internal/benchcpu"
+	"github.com/keygate/keygate/internal/testkit/benchcpu"
 )
 
 // A Runner runs one level of load: Procs worker processes, each running Command with
