@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -111,7 +112,7 @@ func (d *depGauge) attempted(ctx context.Context, err error) {
 	switch {
 	case err == nil:
 		d.Set(1)
-	case errors.Is(err, errBreakerOpen) || ctx.Err() != nil:
+	case errors.Is(err, conns.ErrBreakerOpen) || ctx.Err() != nil:
 	default:
 		d.Set(0)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/deploy/grafana"
 	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 	"github.com/keygate/keygate/internal/testkit/promtest"
@@ -257,7 +258,7 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 	}{{"postgres", pg}, {"redis", rd}} {
 		series := `keygate_dependency_up{dependency="` + dep.name + `"}`
 		dep.proxy.Hang()
-		for range breakerThreshold {
+		for range conns.BreakerThreshold {
 			if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
 				t.Fatalf("%s hung: %d %s", dep.name, res.StatusCode, body)
 			}
@@ -266,7 +267,7 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 			t.Fatalf("%s with its breaker open: %v, want 0", series, got)
 		}
 		dep.proxy.Resume()
-		time.Sleep(breakerCooldown + 100*time.Millisecond)
+		time.Sleep(conns.BreakerCooldown + 100*time.Millisecond)
 		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("%s back, the first request after the cooldown: %d %s, want 503 (refused; it starts the probe)", dep.name, res.StatusCode, body)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/internal/testkit/redistest"
 )
 
@@ -55,7 +56,7 @@ func poolEntries() map[string]int {
 	return out
 }
 
-// sharedPool returns the pgxpool pools holds under url (whatever its connSetup), or nil.
+// sharedPool returns the pgxpool pools holds under url (whatever its conns.Setup), or nil.
 func sharedPool(url string) *pgxpool.Pool {
 	var p *pgxpool.Pool
 	pools.Range(func(key, value any) bool {
@@ -72,7 +73,7 @@ func sharedPool(url string) *pgxpool.Pool {
 func sharedRedis(url string, timeout time.Duration) *redis.Client {
 	var c *redis.Client
 	pools.Range(func(key, value any) bool {
-		if key == redisPoolKey("", url, "", timeout, connSetup{defaultDialTimeout, defaultRedisMinConns}) {
+		if key == redisPoolKey("", url, "", timeout, conns.Setup{DialTimeout: defaultDialTimeout, MinConns: defaultRedisMinConns}) {
 			c = value.(redisEntry).client.(*redis.Client)
 		}
 		return true
@@ -172,8 +173,8 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if got := sharedPool(dbURL); got != pool {
 		t.Error("a reload built a new PostgreSQL pool")
 	}
-	pgKey := postgresPoolKey(dbURL, connSetup{defaultDialTimeout, defaultLookupLanes + lookupOverflow + 1})
-	redisKey := redisPoolKey("", rURL, "", defaultRedisTimeout, connSetup{defaultDialTimeout, defaultRedisMinConns})
+	pgKey := postgresPoolKey(dbURL, conns.Setup{DialTimeout: defaultDialTimeout, MinConns: defaultLookupLanes + lookupOverflow + 1})
+	redisKey := redisPoolKey("", rURL, "", defaultRedisTimeout, conns.Setup{DialTimeout: defaultDialTimeout, MinConns: defaultRedisMinConns})
 	entries := poolEntries()
 	if n := entries[pgKey]; n != 1 {
 		t.Errorf("postgres pool references after the reloads: %d, want 1", n)

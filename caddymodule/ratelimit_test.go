@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -98,21 +99,21 @@ func (s seedFailing) AllowBudgets(context.Context, limiter.Budgets) (limiter.Bud
 // month's count is not Redis failing, so Redis's breaker stays closed for every key.
 func TestAMonthThatCannotBeSeededDoesNotOpenRedissBreaker(t *testing.T) {
 	calls := 0
-	c := redisCounts(seedFailing{&calls}, newBreaker(nil, nil), nil, nil)
+	c := redisCounts(seedFailing{&calls}, conns.NewBreaker(nil, nil), nil, nil)
 	b := limiter.Budgets{Key: "k", KeyLimit: 10, Org: "o", OrgLimit: 100}
-	for range 3 * breakerThreshold {
+	for range 3 * conns.BreakerThreshold {
 		if _, err := c.allowBudgets(context.Background(), b); !errors.Is(err, limiter.ErrMonthSeed) {
 			t.Fatalf("allowBudgets: %v, want the seed's error", err)
 		}
 	}
-	if calls != 3*breakerThreshold {
-		t.Errorf("Redis was asked %d times of %d: its breaker opened", calls, 3*breakerThreshold)
+	if calls != 3*conns.BreakerThreshold {
+		t.Errorf("Redis was asked %d times of %d: its breaker opened", calls, 3*conns.BreakerThreshold)
 	}
-	f := redisCounts(failingLimiter{}, newBreaker(nil, nil), nil, nil)
-	for range breakerThreshold {
+	f := redisCounts(failingLimiter{}, conns.NewBreaker(nil, nil), nil, nil)
+	for range conns.BreakerThreshold {
 		_, _ = f.allowBudgets(context.Background(), b)
 	}
-	if _, err := f.allowBudgets(context.Background(), b); !errors.Is(err, errBreakerOpen) {
-		t.Errorf("after %d failures of Redis itself: %v, want the breaker open", breakerThreshold, err)
+	if _, err := f.allowBudgets(context.Background(), b); !errors.Is(err, conns.ErrBreakerOpen) {
+		t.Errorf("after %d failures of Redis itself: %v, want the breaker open", conns.BreakerThreshold, err)
 	}
 }

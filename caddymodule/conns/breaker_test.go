@@ -1,4 +1,4 @@
-package caddymodule
+package conns
 
 import (
 	"sync"
@@ -10,7 +10,7 @@ import (
 // testBreaker is a breaker on a clock the test moves. Its probe waits for the test's
 // answer on answers, and counts how often it ran.
 type testBreaker struct {
-	*breaker
+	*Breaker
 	now       *time.Time
 	changes   *[]string
 	answers   chan bool
@@ -21,23 +21,23 @@ type testBreaker struct {
 func newTestBreaker() *testBreaker {
 	now := time.Unix(1_000_000, 0)
 	tb := &testBreaker{now: &now, changes: new([]string), answers: make(chan bool)}
-	tb.breaker = newBreaker(func() bool {
+	tb.Breaker = NewBreaker(func() bool {
 		tb.probes.Add(1)
 		return <-tb.answers
-	}, func(from, to breakerState) {
+	}, func(from, to BreakerState) {
 		tb.changesMu.Lock()
 		defer tb.changesMu.Unlock()
 		*tb.changes = append(*tb.changes, from.String()+"→"+to.String())
 	})
-	tb.breaker.now = func() time.Time { return now }
+	tb.Breaker.now = func() time.Time { return now }
 	return tb
 }
 
 // call lets one call through b if it may, with outcome o, and reports whether it went.
-func call(b *testBreaker, o callResult) bool {
-	ok := b.allow()
+func call(b *testBreaker, o CallResult) bool {
+	ok := b.Allow()
 	if ok {
-		b.done(o)
+		b.Done(o)
 	}
 	return ok
 }
@@ -47,9 +47,9 @@ func call(b *testBreaker, o callResult) bool {
 func (b *testBreaker) settled(t *testing.T) {
 	t.Helper()
 	for range 1000 {
-		b.breaker.mu.Lock()
-		half := b.state == breakerHalfOpen
-		b.breaker.mu.Unlock()
+		b.Breaker.mu.Lock()
+		half := b.state == BreakerHalfOpen
+		b.Breaker.mu.Unlock()
 		if !half {
 			return
 		}
@@ -60,20 +60,20 @@ func (b *testBreaker) settled(t *testing.T) {
 
 func TestBreakerOpensAfterThresholdFailuresInARow(t *testing.T) {
 	b := newTestBreaker()
-	for i := range breakerThreshold - 1 {
-		if !call(b, callFailed) {
+	for i := range BreakerThreshold - 1 {
+		if !call(b, CallFailed) {
 			t.Fatalf("call %d refused before the threshold", i+1)
 		}
 	}
-	call(b, callSucceeded) // a success starts the count again
-	for range breakerThreshold - 1 {
-		call(b, callFailed)
+	call(b, CallSucceeded) // a success starts the count again
+	for range BreakerThreshold - 1 {
+		call(b, CallFailed)
 	}
-	if !b.closed() {
+	if !b.Closed() {
 		t.Fatal("opened without threshold failures in a row")
 	}
-	call(b, callFailed)
-	if b.closed() || call(b, callSucceeded) {
+	call(b, CallFailed)
+	if b.Closed() || call(b, CallSucceeded) {
 		t.Fatal("still lets calls through after threshold failures in a row")
 	}
 	if len(*b.changes) != 1 || (*b.changes)[0] != "closed→open" {
@@ -92,38 +92,38 @@ func TestBreakerProbesInTheBackgroundAfterTheCooldownWhileCallsFailAtOnce(t *tes
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newTestBreaker()
-			for range breakerThreshold {
-				call(b, callFailed)
+			for range BreakerThreshold {
+				call(b, CallFailed)
 			}
-			*b.now = b.now.Add(breakerCooldown - time.Millisecond)
-			if b.allow() {
+			*b.now = b.now.Add(BreakerCooldown - time.Millisecond)
+			if b.Allow() {
 				t.Fatal("a call went through before the cooldown ended")
 			}
 			*b.now = b.now.Add(time.Millisecond)
 			// The call that finds the cooldown over starts the probe, and is refused itself. No
 			// request waits on a probe.
-			if b.allow() {
+			if b.Allow() {
 				t.Fatal("the call after the cooldown went through; the probe is not a request's")
 			}
-			if b.allow() {
+			if b.Allow() {
 				t.Fatal("a call went through while the probe was out")
 			}
 			b.answers <- tc.answer
 			b.settled(t)
-			if b.closed() != tc.wantClosed {
-				t.Errorf("closed = %v, want %v", b.closed(), tc.wantClosed)
+			if b.Closed() != tc.wantClosed {
+				t.Errorf("closed = %v, want %v", b.Closed(), tc.wantClosed)
 			}
-			if got := b.allow(); got != tc.wantClosed {
+			if got := b.Allow(); got != tc.wantClosed {
 				t.Errorf("next call went through = %v, want %v", got, tc.wantClosed)
 			}
 			if !tc.wantClosed {
 				// Reopened now: the next probe waits for another cooldown.
-				*b.now = b.now.Add(breakerCooldown)
-				b.allow()
+				*b.now = b.now.Add(BreakerCooldown)
+				b.Allow()
 				b.answers <- true
 				b.settled(t)
-				if !b.closed() || b.probes.Load() != 2 {
-					t.Errorf("after another cooldown: closed %v after %d probes, want closed after 2", b.closed(), b.probes.Load())
+				if !b.Closed() || b.probes.Load() != 2 {
+					t.Errorf("after another cooldown: closed %v after %d probes, want closed after 2", b.Closed(), b.probes.Load())
 				}
 			}
 		})
@@ -132,27 +132,27 @@ func TestBreakerProbesInTheBackgroundAfterTheCooldownWhileCallsFailAtOnce(t *tes
 
 func TestBreakerIgnoresLateCallsOnceOpen(t *testing.T) {
 	b := newTestBreaker()
-	ok := b.allow() // a call in flight when the breaker opens
-	for range breakerThreshold {
-		call(b, callFailed)
+	ok := b.Allow() // a call in flight when the breaker opens
+	for range BreakerThreshold {
+		call(b, CallFailed)
 	}
-	b.done(callSucceeded)
-	if !ok || b.closed() {
+	b.Done(CallSucceeded)
+	if !ok || b.Closed() {
 		t.Error("a late answer from before the breaker opened closed it; only a probe may")
 	}
 }
 
 func TestBreakerOneProbeAtATimeUnderConcurrency(t *testing.T) {
 	b := newTestBreaker()
-	for range breakerThreshold {
-		call(b, callFailed)
+	for range BreakerThreshold {
+		call(b, CallFailed)
 	}
-	*b.now = b.now.Add(breakerCooldown)
+	*b.now = b.now.Add(BreakerCooldown)
 	var through atomic.Int64
 	var wg sync.WaitGroup
 	for range 100 {
 		wg.Go(func() {
-			if b.allow() {
+			if b.Allow() {
 				through.Add(1)
 			}
 		})

@@ -1,4 +1,4 @@
-package caddymodule
+package conns
 
 import (
 	"context"
@@ -16,16 +16,16 @@ import (
 // request's deadline (docs/dependencies.md, Connection setup has its own budget). A
 // connection slower to open than a request may wait would otherwise never open while
 // the dependency is slow. For PostgreSQL, pgxpool already opens connections off the
-// request's deadline, and tunePostgres (pools.go) bounds and prepares them. For
-// Redis, a redisWarmer keeps redis_min_conns connections opened and greeted. The
+// request's deadline, and TunePostgres (postgres.go) bounds and prepares them. For
+// Redis, a RedisWarmer keeps redis_min_conns connections opened and greeted. The
 // breakers' probes run on the same budgets.
 
-// warmEvery is how often a redisWarmer checks its pool's floor.
+// warmEvery is how often a RedisWarmer checks its pool's floor.
 const warmEvery = 250 * time.Millisecond
 
-// redisWarmer keeps at least floor connections in a Redis client's pool, in each
+// RedisWarmer keeps at least floor connections in a Redis client's pool, in each
 // primary's pool on a Cluster. It opens and greets them on a budget of its own.
-type redisWarmer struct {
+type RedisWarmer struct {
 	client redis.UniversalClient
 	floor  int
 	budget time.Duration // dial_timeout plus redis_timeout: the bound on one round of warming
@@ -34,8 +34,8 @@ type redisWarmer struct {
 	done   chan struct{}
 }
 
-func startRedisWarmer(client redis.UniversalClient, floor int, budget time.Duration) *redisWarmer {
-	w := &redisWarmer{
+func StartRedisWarmer(client redis.UniversalClient, floor int, budget time.Duration) *RedisWarmer {
+	w := &RedisWarmer{
 		client: client, floor: floor, budget: budget,
 		kicks: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -43,7 +43,7 @@ func startRedisWarmer(client redis.UniversalClient, floor int, budget time.Durat
 	return w
 }
 
-func (w *redisWarmer) run() {
+func (w *RedisWarmer) run() {
 	defer close(w.done)
 	t := time.NewTicker(warmEvery)
 	defer t.Stop()
@@ -63,27 +63,27 @@ func (w *redisWarmer) run() {
 	}
 }
 
-// kick has the warmer check its pools now rather than at its next tick. A count
+// Kick has the warmer check its pools now rather than at its next tick. A count
 // failed, so the connection it used may have been thrown away. Or it may be one of
-// many a restarted Redis left dead in the pool. kick never blocks.
-func (w *redisWarmer) kick() {
+// many a restarted Redis left dead in the pool. Kick never blocks.
+func (w *RedisWarmer) Kick() {
 	select {
 	case w.kicks <- struct{}{}:
 	default:
 	}
 }
 
-// close stops the warmer and waits for it.
-func (w *redisWarmer) close() {
+// Close stops the warmer and waits for it.
+func (w *RedisWarmer) Close() {
 	close(w.stop)
 	<-w.done
 }
 
 // warm opens connections until each pool holds floor of them, or ctx ends. With
 // always, it sends floor PINGs to each pool even when it holds enough: a probe
-// (redisProbe) wants an answer, not a count. It reports whether every PING was
+// (RedisProbe) wants an answer, not a count. It reports whether every PING was
 // answered.
-func (w *redisWarmer) warm(ctx context.Context, always bool) bool {
+func (w *RedisWarmer) warm(ctx context.Context, always bool) bool {
 	if c, ok := w.client.(*redis.ClusterClient); ok {
 		return c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
 			if !warmPool(ctx, shard, w.floor, always) {
@@ -125,11 +125,11 @@ type preparer interface {
 	Prepare(ctx context.Context) error
 }
 
-// redisProbe is the probe of Redis's breaker. On dial_timeout plus redis_timeout, it
+// RedisProbe is the probe of Redis's breaker. On dial_timeout plus redis_timeout, it
 // sends the warmer's PINGs through every pool. Then it prepares the limiter again:
 // its scripts and its reading of Redis's clock. A restarted Redis has lost the
 // scripts.
-func redisProbe(w *redisWarmer, lim preparer, budget time.Duration) func() bool {
+func RedisProbe(w *RedisWarmer, lim preparer, budget time.Duration) func() bool {
 	return func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
@@ -137,14 +137,14 @@ func redisProbe(w *redisWarmer, lim preparer, budget time.Duration) func() bool 
 	}
 }
 
-// postgresProbe is the probe of PostgreSQL's breaker. On dial_timeout plus
+// PostgresProbe is the probe of PostgreSQL's breaker. On dial_timeout plus
 // database_timeout, it pings through the pool's floor of connections (at least one),
 // again until every one answers. A PostgreSQL that restarted leaves dead connections
 // in the pool. Each fails one ping and is then thrown away. So the breaker closes
 // only once the floor is open again, not with one connection for requests to queue
 // on. The probe leaves one connection of a full pool to the usage and last_used_at
 // writes: holding them all, it would wait for a write that waits for a connection.
-func postgresProbe(pool *pgxpool.Pool, budget time.Duration) func() bool {
+func PostgresProbe(pool *pgxpool.Pool, budget time.Duration) func() bool {
 	return func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
