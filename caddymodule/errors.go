@@ -43,17 +43,18 @@ func setJSONHeaders(hdr http.Header, v []string, length int) {
 	hdr["X-Content-Type-Options"] = v[3:4:4]
 }
 
-// writeUnauthenticated writes the one 401. Every credential failure goes through
-// here and nowhere else: absent, malformed, unknown, revoked, expired, wrong secret.
-// So nothing in the status, headers or body tells them apart. It is called before
-// any RateLimit field is set.
-func writeUnauthenticated(w http.ResponseWriter) {
+// writeUnauthenticated writes the one 401, with status (Handler.refuse gives the
+// outcome's). Every credential failure goes through here and nowhere else: absent,
+// malformed, unknown, revoked, expired, wrong secret, outside the key's networks. So
+// nothing in the status, headers or body tells them apart. It is called before any
+// RateLimit field is set.
+func writeUnauthenticated(w http.ResponseWriter, status int) {
 	v := make([]string, jsonHeaders+1)
 	hdr := w.Header()
 	setJSONHeaders(hdr, v, len(bodyUnauthenticated))
 	v[jsonHeaders] = "Bearer"
 	hdr["Www-Authenticate"] = v[jsonHeaders : jsonHeaders+1 : jsonHeaders+1]
-	w.WriteHeader(http.StatusUnauthorized)
+	w.WriteHeader(status)
 	_, _ = w.Write(bodyUnauthenticated)
 }
 

@@ -1,17 +1,16 @@
 package caddymodule
 
 import (
-	"net/http"
 	"strconv"
 	"unicode/utf8"
 
 	"github.com/keygate/keygate/keystore"
 )
 
-// writeMe answers GET /v1/me: {"org_id":"…","role":"…","limits":{…}}, the limits
+// meBody is the answer to GET /v1/me: {"org_id":"…","role":"…","limits":{…}}, the limits
 // being the key's budgets (null: none) and its organisation's use of the month so far,
 // this request included (null without a monthly quota).
-func writeMe(w http.ResponseWriter, key keystore.Key, count rateCount) {
+func meBody(key keystore.Key, count rateCount) []byte {
 	b := make([]byte, 0, 192)
 	b = append(b, `{"org_id":`...)
 	b = appendJSONString(b, key.OrgID)
@@ -29,8 +28,7 @@ func writeMe(w http.ResponseWriter, key keystore.Key, count rateCount) {
 	} else {
 		b = append(b, "null"...) // no quota, or a month Redis could not count
 	}
-	b = append(b, "}}"...)
-	writeJSON(w, http.StatusOK, b)
+	return append(b, "}}"...)
 }
 
 // appendBudget appends a budget's limit, or null for none (0 or less).

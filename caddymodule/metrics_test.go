@@ -170,7 +170,8 @@ func (o *outcomeTraffic) recover(t *testing.T) {
 func TestMetricsCountEveryOutcome(t *testing.T) {
 	o := newOutcomeTraffic(t, gatewayConfig{metrics: true})
 	before := o.gw.scrape(t)
-	for _, name := range outcomeNames {
+	for oc := range keystore.NumOutcomes {
+		name := oc.String()
 		if v, ok := before[`keygate_requests_total{outcome="`+name+`"}`]; !ok || v != 0 {
 			t.Errorf("outcome %s before any request: %v (present: %v), want 0", name, v, ok)
 		}
@@ -459,7 +460,7 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 				for pb.Next() {
 					lookups.dep.observe(ctx, lookups.dep.start(), nil)
 					counts.dep.observe(ctx, counts.dep.start(), nil)
-					h.record(r, outcomeProxied, &key)
+					h.record(r, keystore.OutcomeProxied, &key)
 				}
 			})
 		})
@@ -479,7 +480,7 @@ func TestTheLogFieldsAreSetOnlyWhenTheServerWritesAnAccessLog(t *testing.T) {
 		ctx := context.WithValue(context.Background(), caddyhttp.ServerCtxKey, srv)
 		ctx = context.WithValue(ctx, caddyhttp.ExtraLogFieldsCtxKey, extra)
 		r := httptest.NewRequest(http.MethodGet, "/v1/me", nil).WithContext(ctx)
-		(&Handler{}).record(r, outcomeMe, &key)
+		(&Handler{}).record(r, keystore.OutcomeMe, &key)
 		// The fields are Caddy's, unexported: their number is read by reflection.
 		if n := reflect.ValueOf(extra).Elem().FieldByName("fields").Len(); n != map[bool]int{false: 0, true: 1}[logged] {
 			t.Errorf("server with an access log %v: %d extra log fields set", logged, n)

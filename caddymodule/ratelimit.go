@@ -105,8 +105,7 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 		case failOpen:
 			return rateCount{}, false
 		case failClosed:
-			h.record(r, outcomeLimiterUnavailable, key)
-			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
+			h.answer(w, r, keystore.OutcomeLimiterUnavailable, key, bodyServiceUnavailable)
 			return rateCount{}, true
 		case failLocal:
 			count = h.countLocally(r, key, b, orgWide)
@@ -117,13 +116,12 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
 			c.Write(zap.String("key_id", key.ID), zap.String("budget", count.refused.String()))
 		}
-		h.record(r, outcomeRateLimited, key)
-		writeRateLimited(w, count)
+		var buf [64]byte
+		h.answer(w, r, keystore.OutcomeRateLimited, key, rateLimited(w.Header(), count, buf[:0]))
 		return count, true
 	case limiter.StageMonth:
-		h.record(r, outcomeQuotaExceeded, key)
 		setRateLimit(w.Header(), count)
-		writeJSON(w, http.StatusPaymentRequired, bodyQuotaExceeded)
+		h.answer(w, r, keystore.OutcomeQuotaExceeded, key, bodyQuotaExceeded)
 		return count, true
 	}
 	return count, false
@@ -159,17 +157,16 @@ func (h *Handler) limiterFailed(key *keystore.Key, err error) {
 	}
 }
 
-// writeRateLimited writes the 429 of a request over a minute budget. Retry-After and
-// the body's retryAfter both carry the seconds left in the refusing window.
-func writeRateLimited(w http.ResponseWriter, count rateCount) {
-	var buf [64]byte
-	b := append(buf[:0], `{"error":"rate_limited","retryAfter":`...)
+// rateLimited sets the header fields of the 429 of a request over a minute budget, in
+// hdr, and returns its body, appended to b. Retry-After and the body's retryAfter
+// both carry the seconds left in the refusing window.
+func rateLimited(hdr http.Header, count rateCount, b []byte) []byte {
+	b = append(b, `{"error":"rate_limited","retryAfter":`...)
 	b = strconv.AppendInt(b, int64(count.retryAfter), 10)
 	b = append(b, '}')
-	hdr := w.Header()
 	setRateLimit(hdr, count)
 	hdr["Retry-After"] = []string{strconv.Itoa(count.retryAfter)}
-	writeJSON(w, http.StatusTooManyRequests, b)
+	return b
 }
 
 // setRateLimit makes hdr carry the request's count and no other. A counted request

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -22,7 +23,9 @@ func TestRateLimitHeaders(t *testing.T) {
 		t.Errorf("RateLimit %q", got)
 	}
 	rec := httptest.NewRecorder()
-	writeRateLimited(rec, keyCount(limiter.Result{Limit: 600, ResetAfter: 9}))
+	h := &Handler{}
+	h.answer(rec, httptest.NewRequest(http.MethodGet, "/v1/me", nil), keystore.OutcomeRateLimited, nil,
+		rateLimited(rec.Header(), keyCount(limiter.Result{Limit: 600, ResetAfter: 9}), nil))
 	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9}` || rec.Header().Get("Retry-After") != "9" {
 		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}

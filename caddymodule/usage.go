@@ -22,37 +22,23 @@ const minUsageFlushInterval = time.Second
 // does, in memory, and writes the counts to PostgreSQL later (docs/operations.md,
 // Usage).
 type usageRecorder interface {
-	Record(orgID, keyID string, at time.Time, outcome string, status int)
+	Record(orgID, keyID string, at time.Time, outcome keystore.Outcome, status int)
 }
 
 // countUsage counts a request of key answered with status in the usage record. It is
 // in memory and never waits on the database.
-func (h *Handler) countUsage(key *keystore.Key, outcome string, status int) {
+func (h *Handler) countUsage(key *keystore.Key, outcome keystore.Outcome, status int) {
 	if h.usage != nil {
 		h.usage.Record(key.OrgID, key.ID, time.Now(), outcome, status)
 	}
 }
 
-// decidedUsage are the usage record's outcome and status of the answers ServeHTTP
-// writes itself once the key is known. A proxied request has none here: countProxied
-// counts it with the status the client got.
-var decidedUsage = [numOutcomes]struct {
-	outcome string
-	status  int
-}{
-	outcomeFeatureGated:       {keystore.OutcomeFeatureGated, http.StatusForbidden},
-	outcomeRateLimited:        {keystore.OutcomeRateLimited, http.StatusTooManyRequests},
-	outcomeForbidden:          {keystore.OutcomeForbidden, http.StatusForbidden},
-	outcomeMe:                 {keystore.OutcomeMe, http.StatusOK},
-	outcomeLimiterUnavailable: {keystore.OutcomeLimiterUnavailable, http.StatusServiceUnavailable},
-	outcomeQuotaExceeded:      {keystore.OutcomeQuotaExceeded, http.StatusPaymentRequired},
-	outcomeIPDenied:           {keystore.OutcomeIPDenied, http.StatusUnauthorized},
-}
-
-// countDecided counts a request of key that ServeHTTP answers itself with outcome o.
-func (h *Handler) countDecided(key *keystore.Key, o outcome) {
-	if u := decidedUsage[o]; u.outcome != "" {
-		h.countUsage(key, u.outcome, u.status)
+// countDecided counts a request of key that ServeHTTP answers itself with outcome o,
+// with the status answer writes: o's own. A proxied request has no fixed status:
+// countProxied counts it with the status the client got.
+func (h *Handler) countDecided(key *keystore.Key, o keystore.Outcome) {
+	if status := o.Status(); status != 0 && o.Recorded() {
+		h.countUsage(key, o, status)
 	}
 }
 

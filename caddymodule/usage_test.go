@@ -29,7 +29,7 @@ type countedRows struct {
 	at   []time.Time
 }
 
-func (c *countedRows) Record(orgID, keyID string, at time.Time, outcome string, status int) {
+func (c *countedRows) Record(orgID, keyID string, at time.Time, outcome keystore.Outcome, status int) {
 	c.rows = append(c.rows, fmt.Sprintf("%s %s %s %d", orgID, keyID, outcome, status))
 	c.at = append(c.at, at)
 }

@@ -9,35 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The outcomes of the usage record: the gateway's decisions for a request whose key it
-// identified, named as in the keygate_requests_total metric (docs/operations.md).
-const (
-	OutcomeMe                 = "me"
-	OutcomeProxied            = "proxied"
-	OutcomeRateLimited        = "rate_limited"
-	OutcomeQuotaExceeded      = "quota_exceeded"
-	OutcomeForbidden          = "forbidden"
-	OutcomeFeatureGated       = "feature_gated"
-	OutcomeLimiterUnavailable = "limiter_unavailable"
-	OutcomeIPDenied           = "ip_denied"
-)
-
-// usageOutcomes are the outcomes Record accepts, by their index in a usageKey.
-var usageOutcomes = [...]string{
-	OutcomeMe, OutcomeProxied, OutcomeRateLimited, OutcomeQuotaExceeded,
-	OutcomeForbidden, OutcomeFeatureGated, OutcomeLimiterUnavailable, OutcomeIPDenied,
-}
-
-// outcomeIndex returns the index of outcome in usageOutcomes.
-func outcomeIndex(outcome string) (uint8, bool) {
-	for i, o := range usageOutcomes {
-		if o == outcome {
-			return uint8(i), true
-		}
-	}
-	return 0, false
-}
-
 // Defaults of UsageOptions.
 const (
 	DefaultUsageInterval   = 10 * time.Second
@@ -66,12 +37,12 @@ type UsageOptions struct {
 }
 
 // usageKey is a row of the record as Record counts it: the key, the UTC minute (Unix
-// seconds), the outcome (an index in usageOutcomes) and the status. The key's org is
+// seconds), the outcome and the status. The key's org is
 // beside, in usageCount: a key belongs to one org.
 type usageKey struct {
 	keyID   string
 	minute  int64
-	outcome uint8
+	outcome Outcome
 	status  int16
 }
 
@@ -132,23 +103,23 @@ func NewUsage(pool *pgxpool.Pool, opts UsageOptions) *Usage {
 }
 
 // Record counts one request of the key keyID of the org orgID, made at at, decided
-// with outcome (one of the Outcome constants) and answered with status. It never waits
-// on the database: it takes a mutex held for one map update, and allocates only for
-// the first request of a row between two flushes.
+// with outcome and answered with status. It never waits on the database: it takes a
+// mutex held for one map update, and allocates only for the first request of a row
+// between two flushes.
 //
 // A request that cannot be written is dropped and reported through OnDrop, so that it
-// never fails the flush of the others: an unknown outcome, a status outside 100..599,
+// never fails the flush of the others: an outcome the record does not hold (one
+// decided before the key was known, or no outcome at all), a status outside 100..599,
 // an org id that is not a UUID or a key id that is not one.
-func (u *Usage) Record(orgID, keyID string, at time.Time, outcome string, status int) {
+func (u *Usage) Record(orgID, keyID string, at time.Time, outcome Outcome, status int) {
 	if u == nil {
 		return
 	}
-	o, ok := outcomeIndex(outcome)
-	if !ok || status < 100 || status > 599 {
+	if !outcome.Recorded() || status < 100 || status > 599 {
 		u.drop(1)
 		return
 	}
-	k := usageKey{keyID: keyID, minute: unixMinute(at), outcome: o, status: int16(status)}
+	k := usageKey{keyID: keyID, minute: unixMinute(at), outcome: outcome, status: int16(status)}
 	u.mu.Lock()
 	if c, ok := u.pending[k]; ok {
 		c.count++

@@ -377,11 +377,12 @@ func TestUsageDropsWhatItCannotWrite(t *testing.T) {
 	var dropped atomic.Int64
 	u := keystore.NewUsage(pool, keystore.UsageOptions{OnDrop: func(n int) { dropped.Add(int64(n)) }})
 	for _, tc := range []struct {
-		org, key, outcome string
-		status            int
+		org, key string
+		outcome  keystore.Outcome
+		status   int
 	}{
-		{orgA, keyA, "unauthenticated", 401}, // no key to count it against
-		{orgA, keyA, "", 200},
+		{orgA, keyA, keystore.OutcomeUnauthenticated, 401}, // no key to count it against
+		{orgA, keyA, keystore.NumOutcomes, 200},            // no outcome
 		{orgA, keyA, keystore.OutcomeProxied, 99},
 		{orgA, keyA, keystore.OutcomeProxied, 600},
 		{"acme", keyA, keystore.OutcomeProxied, 200},
