@@ -5,12 +5,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
 )
 
 // meBody is the answer to GET /v1/me: {"org_id":"…","role":"…","limits":{…}}, the limits
 // being the key's budgets (null: none) and its organisation's use of the month so far,
 // this request included (null without a monthly quota).
-func meBody(key keystore.Key, count rateCount) []byte {
+func meBody(key keystore.Key, count limiter.Result) []byte {
 	b := make([]byte, 0, 192)
 	b = append(b, `{"org_id":`...)
 	b = appendJSONString(b, key.OrgID)
@@ -23,8 +24,8 @@ func meBody(key keystore.Key, count rateCount) []byte {
 	b = append(b, `,"per_month":`...)
 	b = appendBudget(b, key.MonthlyQuota)
 	b = append(b, `,"used_this_month":`...)
-	if key.MonthlyQuota > 0 && count.month.Limit > 0 {
-		b = strconv.AppendInt(b, count.month.Used, 10)
+	if key.MonthlyQuota > 0 && count.Month.Limit > 0 {
+		b = strconv.AppendInt(b, count.Month.Used, 10)
 	} else {
 		b = append(b, "null"...) // no quota, or a month Redis could not count
 	}
