@@ -217,7 +217,7 @@ func (h *Handler) provisionCounts(seed limiter.MonthSeed) error {
 	b := conns.NewBreaker(conns.RedisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
 	h.counts = redisCounts(lim, b, rd.warmer, h.metrics)
 	if h.failMode == failLocal {
-		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed))
+		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed), limiter.WithClock(clock))
 	}
 	// The scripts and Redis's clock are read before the first count needs them. A
 	// Redis that does not answer now is prepared by the breaker's probe later.

@@ -142,7 +142,7 @@ func loadRedis(mode, url, caFile string, timeout time.Duration, setup conns.Setu
 // redis_url. So a reload does not hand every key a fresh budget.
 func loadLocalLimiter() (*limiter.Local, string) {
 	v, _, _ := pools.LoadOrNew(localLimiterKey, func() (caddy.Destructor, error) {
-		return localEntry{limiter.NewLocal()}, nil
+		return localEntry{limiter.NewLocal(limiter.WithClock(clock))}, nil
 	})
 	return v.(localEntry).lim, localLimiterKey
 }

@@ -64,8 +64,9 @@ type usageCount struct {
 //
 // A nil *Usage records nothing. A Usage is safe for concurrent use.
 type Usage struct {
-	pool *pgxpool.Pool
-	opts UsageOptions
+	pool    *pgxpool.Pool
+	opts    UsageOptions
+	flusher flusher
 
 	// flushing holds one token: whoever holds it is writing, or reading the record
 	// with no flush in flight (MonthUsed). A channel so that a wait can end with its
@@ -84,22 +85,18 @@ type Usage struct {
 
 // NewUsage returns a Usage writing through pool. Start it with Run.
 func NewUsage(pool *pgxpool.Pool, opts UsageOptions) *Usage {
-	if opts.Interval <= 0 {
-		opts.Interval = DefaultUsageInterval
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = min(opts.Interval, maxUsageTimeout)
-	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = DefaultUsageMaxPending
 	}
-	return &Usage{
+	u := &Usage{
 		pool:     pool,
 		opts:     opts,
 		flushing: make(chan struct{}, 1),
 		pending:  make(map[usageKey]*usageCount),
 		spare:    make(map[usageKey]*usageCount),
 	}
+	u.flusher = newFlusher(u.Flush, opts.Interval, opts.Timeout, DefaultUsageInterval, maxUsageTimeout)
+	return u
 }
 
 // Record counts one request of the key keyID of the org orgID, made at at, decided
@@ -172,23 +169,5 @@ func validUUID(s string) bool {
 
 // Run flushes every Interval until ctx ends, then flushes once more and returns. Each
 // flush, the last one included, runs to its end or its Timeout, whatever becomes of
-// ctx, so that a stop never cuts the last writes short.
-func (u *Usage) Run(ctx context.Context) {
-	tick := time.NewTicker(u.opts.Interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-tick.C:
-			u.flushWithTimeout(ctx)
-		case <-ctx.Done():
-			u.flushWithTimeout(ctx)
-			return
-		}
-	}
-}
-
-func (u *Usage) flushWithTimeout(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), u.opts.Timeout)
-	defer cancel()
-	_ = u.Flush(ctx) // reported through OnFlush
-}
+// ctx, so that a stop never cuts the last writes short (flusher).
+func (u *Usage) Run(ctx context.Context) { u.flusher.run(ctx) }
