@@ -21,6 +21,7 @@ import (
 	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 	"github.com/keygate/keygate/internal/testkit/redistest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -127,7 +128,7 @@ func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
 		}
 	}
 	pg.Resume()
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, "a 200 once PostgreSQL answers again", func() bool {
 		res, _ := gw.get(t, "/v1/me", key)
 		return res.StatusCode == http.StatusOK
 	})
@@ -194,7 +195,7 @@ func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
 			// The counts the hang held back reach Redis on resume, late, and the script refuses
 			// them. Had they been written, fewer would remain.
 			var first *http.Response
-			eventually(t, 5*time.Second, func() bool {
+			testenv.Eventually(t, 5*time.Second, "a 200 with the budget untouched", func() bool {
 				res, _ := gw.get(t, "/v1/me", key)
 				if res.StatusCode == http.StatusOK && remainingOf(res) >= 20 {
 					first = res

@@ -543,6 +543,15 @@ func headerDump(res *http.Response, body []byte) string {
 	return b.String()
 }
 
+// pinClock stops the module's clock at at until the test ends: the usage record's
+// minute and the in-process limiter's window stay those of at, however long the test
+// takes. Redis's windows follow Redis's clock, not this one.
+func pinClock(t testing.TB, at time.Time) {
+	t.Helper()
+	now = func() time.Time { return at }
+	t.Cleanup(func() { now = time.Now })
+}
+
 // awayFromWindowEdge waits, if needed, so that the next few seconds stay in one
 // rate-limit window (windows are aligned to the UTC minute).
 func awayFromWindowEdge(t testing.TB, need time.Duration) {

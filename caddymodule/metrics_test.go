@@ -19,6 +19,7 @@ import (
 	"github.com/keygate/keygate/deploy/grafana"
 	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 	"github.com/keygate/keygate/internal/testkit/promtest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -157,7 +158,7 @@ func (o *outcomeTraffic) run(t *testing.T) {
 func (o *outcomeTraffic) recover(t *testing.T) {
 	t.Helper()
 	o.pg.Resume()
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, "a request through once PostgreSQL answers again", func() bool {
 		res, _ := o.gw.get(t, "/v1/me?recovery", o.proKey)
 		return res.StatusCode == http.StatusOK
 	})
@@ -272,7 +273,7 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("%s back, the first request after the cooldown: %d %s, want 503 (refused; it starts the probe)", dep.name, res.StatusCode, body)
 		}
-		eventually(t, 10*time.Second, func() bool { return gw.scrape(t)[series] == 1 })
+		testenv.Eventually(t, 10*time.Second, series+" back to 1", func() bool { return gw.scrape(t)[series] == 1 })
 		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
 			t.Fatalf("%s back, breaker closed: %d %s", dep.name, res.StatusCode, body)
 		}
@@ -285,21 +286,29 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 func TestAccessLogCarriesTheDecision(t *testing.T) {
 	o := newOutcomeTraffic(t, gatewayConfig{accessLog: true, filterSecret: true, handler: map[string]any{"disable_metrics": true}})
 	o.run(t)
-	time.Sleep(200 * time.Millisecond) // the access log is written after the response
-	text := o.gw.logText(t)
-
+	// The access log is written after the response: wait for every step's line.
+	var text string
 	lines := map[string]map[string]any{} // by tag
-	for line := range strings.Lines(text) {
-		var entry map[string]any
-		if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "handled request" {
-			continue
+	testenv.Eventually(t, 5*time.Second, "an access log line for every request", func() bool {
+		text = o.gw.logText(t)
+		for line := range strings.Lines(text) {
+			var entry map[string]any
+			if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "handled request" {
+				continue
+			}
+			req, _ := entry["request"].(map[string]any)
+			uri, _ := req["uri"].(string)
+			if _, tag, ok := strings.Cut(uri, "?"); ok {
+				lines[tag] = entry
+			}
 		}
-		req, _ := entry["request"].(map[string]any)
-		uri, _ := req["uri"].(string)
-		if _, tag, ok := strings.Cut(uri, "?"); ok {
-			lines[tag] = entry
+		for _, s := range o.steps {
+			if _, ok := lines[s.tag]; !ok {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	for _, s := range o.steps {
 		entry, ok := lines[s.tag]
 		if !ok {

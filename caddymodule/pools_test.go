@@ -18,6 +18,7 @@ import (
 
 	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/internal/testkit/redistest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // withParam adds a query parameter to a URL.
@@ -200,7 +201,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if _, ok := entries[redisKey]; ok {
 		t.Errorf("the redis client outlived its last handler: %v", entries)
 	}
-	eventually(t, 5*time.Second, func() bool { return pgConns() == 0 && redisConns() == 0 })
+	testenv.Eventually(t, 5*time.Second, "every connection closed", func() bool { return pgConns() == 0 && redisConns() == 0 })
 }
 
 func TestChangedSettingsBuildANewPool(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Getenv returns the environment variable name. It fails the test when name is not
@@ -70,4 +71,19 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// Eventually waits until cond holds, asking it every 10ms, and fails tb, naming
+// what it waited for, if it does not hold within timeout. It returns at once when
+// cond already holds. Tests wait on the event itself this way, not on a sleep long
+// enough on an idle machine.
+func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
