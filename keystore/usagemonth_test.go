@@ -94,7 +94,7 @@ func TestUsageCountsAFlushInProgressAsNotWritten(t *testing.T) {
 	tx := holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
 	flushed := make(chan error, 1)
 	go func() { flushed <- u.Flush(ctx) }()
-	time.Sleep(200 * time.Millisecond) // let the flush take its rows and reach the lock
+	waitForALockWait(t, pool) // the flush has taken its rows and reached the lock
 	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200)
 	if got := u.Pending(orgA, t0); got != 2 {
 		t.Errorf("Pending during a flush = %d, want 2 (1 in flight, 1 since)", got)
@@ -121,7 +121,7 @@ func TestUsageCountsAFlushInProgressAsNotWritten(t *testing.T) {
 	// A caller that cannot wait for the flush gets its context's error.
 	holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
 	go func() { _ = u.Flush(ctx) }()
-	time.Sleep(100 * time.Millisecond)
+	waitForALockWait(t, pool)
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	if _, err := u.MonthUsed(short, orgA, t0); !errors.Is(err, context.DeadlineExceeded) {
