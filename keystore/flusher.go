@@ -13,6 +13,11 @@ type flusher struct {
 	interval time.Duration
 	timeout  time.Duration // bounds one flush
 	flush    func(context.Context) error
+	// stopCuts has a stop cut a flush in progress short, for the last flush to take
+	// over. LastUsed's may: the ids of a cut flush are noted again, and written by the
+	// last. Usage's may not: a cut write may or may not have been made, and must be
+	// sent again.
+	stopCuts bool
 }
 
 // newFlusher returns a flusher of flush, with interval and timeout defaulted:
@@ -27,25 +32,29 @@ func newFlusher(flush func(context.Context) error, interval, timeout, defaultInt
 	return flusher{interval: interval, timeout: timeout, flush: flush}
 }
 
-// run flushes every interval until ctx ends, then flushes once more and returns. Each
-// flush, the last one included, runs to its end or its timeout, whatever becomes of
-// ctx, so that a stop never cuts the last writes short.
+// run flushes every interval until ctx ends, then flushes once more and returns. The
+// last flush runs to its end or its timeout, whatever becomes of ctx, so that a stop
+// never cuts the last writes short. So do the others, unless stopCuts.
 func (f flusher) run(ctx context.Context) {
 	tick := time.NewTicker(f.interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-tick.C:
-			f.flushWithTimeout(ctx)
+			if f.stopCuts {
+				f.flushWithTimeout(ctx)
+			} else {
+				f.flushWithTimeout(context.WithoutCancel(ctx))
+			}
 		case <-ctx.Done():
-			f.flushWithTimeout(ctx)
+			f.flushWithTimeout(context.WithoutCancel(ctx))
 			return
 		}
 	}
 }
 
 func (f flusher) flushWithTimeout(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.timeout)
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	_ = f.flush(ctx) // reported through the owner's OnFlush
 }

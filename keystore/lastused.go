@@ -60,6 +60,7 @@ func NewLastUsed(pool *pgxpool.Pool, opts LastUsedOptions) *LastUsed {
 	}
 	l := &LastUsed{pool: pool, opts: opts, pending: make(map[string]struct{})}
 	l.flusher = newFlusher(l.Flush, opts.Interval, opts.Timeout, DefaultLastUsedInterval, maxLastUsedTimeout)
+	l.flusher.stopCuts = true
 	return l
 }
 
@@ -87,9 +88,9 @@ func (l *LastUsed) Record(keyID string) {
 	l.mu.Unlock()
 }
 
-// Run flushes every Interval until ctx ends, then flushes once more and returns. Each
-// flush, the last one included, runs to its end or its Timeout, whatever becomes of
-// ctx (flusher).
+// Run flushes every Interval until ctx ends, then flushes once more, within Timeout,
+// and returns. A stop cuts a flush in progress short; its ids are written by the last
+// (flusher).
 func (l *LastUsed) Run(ctx context.Context) { l.flusher.run(ctx) }
 
 // lastUsedSQL sets last_used_at of the keys among $1 to the flush's time. The time
