@@ -187,7 +187,9 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, error) {
 		v = keystore.NewBatcher(store, opts)
 	}
 	probe := conns.PostgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
-	h.lookups = newLookups(v, conns.NewBreaker(probe, h.breakerChanged("postgres")), h.metrics)
+	pb := conns.NewBreaker(probe, h.breakerChanged("postgres"))
+	pb.Spacing = conns.BreakerSpacing(time.Duration(h.DatabaseTimeout))
+	h.lookups = newLookups(v, pb, h.metrics)
 	return pool, nil
 }
 
@@ -215,6 +217,7 @@ func (h *Handler) provisionCounts(seed limiter.MonthSeed) error {
 	lim := limiter.NewRedis(rd.client, opts...)
 	budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
 	b := conns.NewBreaker(conns.RedisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
+	b.Spacing = conns.BreakerSpacing(time.Duration(h.RedisTimeout))
 	h.counts = redisCounts(lim, b, rd.warmer, h.metrics)
 	if h.failMode == failLocal {
 		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed), limiter.WithClock(clock))

@@ -219,14 +219,6 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, o keystore.Outc
 	writeJSON(w, o.Status(), body)
 }
 
-// refuse is answer for the outcomes answered as an unknown key is, whatever the
-// cause (writeUnauthenticated): a stolen key used from outside its networks tells
-// its thief nothing.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, o keystore.Outcome, key *keystore.Key) {
-	h.record(r, o, key)
-	writeUnauthenticated(w, o.Status())
-}
-
 // accessLogged tells whether r's server writes access logs (Caddy's Server.Logs,
 // the log directive). Without them nothing reads the extra log fields. Setting them
 // costs a request four allocations: the fields, the slice of them, and two for the
