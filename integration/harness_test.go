@@ -19,7 +19,7 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
 

@@ -12,15 +12,24 @@ import (
 // The month's count of an organisation's requests, for a monthly quota: what the usage
 // record holds (Store.MonthUsed) and what a Usage holds and has not written (Pending).
 
-// monthOutcomes are the outcomes a monthly quota counts: the requests that passed
-// every budget. An SQL array literal.
-const monthOutcomes = `'{me,proxied,forbidden}'`
+// monthOutcomes are the outcomes a monthly quota counts (inMonth in the outcomes
+// table): the requests that passed every budget. An SQL array literal.
+var monthOutcomes = func() string {
+	var names []string
+	for _, o := range outcomes {
+		if o.inMonth {
+			names = append(names, o.name)
+		}
+	}
+	return "'{" + strings.Join(names, ",") + "}'"
+}()
 
-// countsInMonth reports whether a row of outcome counts in MonthUsed.
-func countsInMonth(outcome string) bool {
-	switch outcome {
-	case OutcomeMe, OutcomeProxied, OutcomeForbidden:
-		return true
+// countsInMonth reports whether a row of the outcome named name counts in MonthUsed.
+func countsInMonth(name string) bool {
+	for _, o := range outcomes {
+		if o.name == name {
+			return o.inMonth
+		}
 	}
 	return false
 }
@@ -42,7 +51,7 @@ func (u *Usage) Pending(orgID string, month time.Time) int64 {
 	var n int64
 	for _, m := range []map[usageKey]*usageCount{u.pending, u.inflight} {
 		for k, c := range m {
-			if c.orgID == orgID && k.minute >= lo && k.minute < hi && countsInMonth(usageOutcomes[k.outcome]) {
+			if c.orgID == orgID && k.minute >= lo && k.minute < hi && countsInMonth(k.outcome.String()) {
 				n += c.count
 			}
 		}
@@ -83,7 +92,7 @@ func (s *Store) MonthUsed(ctx context.Context, orgID string, month time.Time) (i
 }
 
 // monthUsedSQL sums the month's days and the minutes not rolled up yet.
-const monthUsedSQL = `SELECT (
+var monthUsedSQL = `SELECT (
 	(SELECT coalesce(sum(count), 0) FROM usage_days
 	 WHERE org_id = $1 AND start >= $2 AND start < $3 AND outcome = ANY(` + monthOutcomes + `::text[]))
 	+ (SELECT coalesce(sum(count - rolled), 0) FROM usage_minutes

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/promtest"
+	"github.com/keygate/keygate/internal/testkit/promtest"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"

@@ -46,7 +46,7 @@ func newUsageEnv(t *testing.T) *usageEnv {
 }
 
 // record counts n requests of key at at, and flushes them, as a gateway does.
-func (u *usageEnv) record(t *testing.T, key string, at time.Time, outcome string, status, n int) {
+func (u *usageEnv) record(t *testing.T, key string, at time.Time, outcome keystore.Outcome, status, n int) {
 	t.Helper()
 	for range n {
 		u.recorder.Record(u.org, key, at, outcome, status)
