@@ -11,6 +11,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/upstream/webhook"
 )
 
@@ -151,7 +152,7 @@ func TestAnUpstreamKilledMidDeliveryLosesNothing(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatal("the event was not attempted again within 90 s of the restart")
 	}
-	eventually(t, 30*time.Second, "the delivery recorded as delivered", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the delivery recorded as delivered", func() bool {
 		r := owner.do("GET", "/orgs/"+o.ID+"/webhooks/"+webhookID+"/deliveries", nil, nil)
 		data, _ := r.JSON(t)["data"].([]any)
 		return r.Status == 200 && len(data) == 1 && data[0].(map[string]any)["state"] == "delivered"
