@@ -15,7 +15,7 @@ import (
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/version"
+	"github.com/keygate/keygate/internal/version"
 )
 
 func TestParseTrustedProxies(t *testing.T) {

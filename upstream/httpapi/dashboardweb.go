@@ -14,7 +14,7 @@ import (
 
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/version"
+	"github.com/keygate/keygate/internal/version"
 )
 
 // The dashboard's web files: its templates, the data they show, and its stylesheet,

@@ -16,7 +16,7 @@ import (
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/version"
+	"github.com/keygate/keygate/internal/version"
 )
 
 func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {

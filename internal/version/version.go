@@ -1,5 +1,5 @@
 // Package version is the version of keygate's binaries. make build stamps it into
-// bin/upstream with -ldflags "-X github.com/keygate/keygate/version.stamped=v0.1.0",
+// bin/upstream with -ldflags "-X github.com/keygate/keygate/internal/version.stamped=v0.1.0",
 // from scripts/version.sh. A Caddy built with xcaddy has no such flag: there the
 // version is the one Go's build info records for the module github.com/keygate/keygate,
 // which xcaddy.sh's --with …/caddymodule@VERSION sets, and which
