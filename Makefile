@@ -12,7 +12,7 @@ endif
 export VERSION
 
 # Sources of each binary: a binary is rebuilt only when one of them is newer.
-LIB_SRC      := $(shell find keystore limiter internal gatewayauth version -name '*.go' -not -name '*_test.go') go.mod go.sum gatewayauth/go.mod
+LIB_SRC      := $(shell find keystore limiter internal/gather internal/version gatewayauth -name '*.go' -not -name '*_test.go') go.mod go.sum gatewayauth/go.mod
 CADDY_SRC    := $(LIB_SRC) $(shell find caddymodule -name '*.go' -not -name '*_test.go') xcaddy.sh
 UPSTREAM_SRC := $(LIB_SRC) $(shell find upstream schema -name '*.go' -not -name '*_test.go' -o -name '*.sql' -o -path '*/web/*' -type f) \
                 openapi/openapi.go $(wildcard openapi/*.yaml)
@@ -23,7 +23,7 @@ all: build
 build: bin/upstream bin/caddy
 
 bin/upstream: $(UPSTREAM_SRC) bin/.version
-	$(GO) build -ldflags "-X github.com/keygate/keygate/version.stamped=$(VERSION)" -o $@ ./upstream/cmd/upstream
+	$(GO) build -ldflags "-X github.com/keygate/keygate/internal/version.stamped=$(VERSION)" -o $@ ./upstream/cmd/upstream
 
 bin/caddy: $(CADDY_SRC) bin/.version
 	./xcaddy.sh

@@ -25,7 +25,7 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 var updateAdapt = flag.Bool("update-adapt", false, "rewrite the expected JSON of testdata/caddyfile_adapt")

@@ -8,7 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // TestABrokenBodyOnAnyRouteOfTheExampleIsTheClients sends malformed chunked bodies and

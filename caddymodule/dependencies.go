@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
@@ -24,7 +25,7 @@ import (
 // dependency is what the request path puts around every call to a dependency. Its
 // methods are called in this order: start, allow, done (if allowed), observe.
 type dependency struct {
-	breaker  *breaker             // nil: calls always go through (the in-process limiter)
+	breaker  *conns.Breaker       // nil: calls always go through (the in-process limiter)
 	up       *depGauge            // keygate_dependency_up; nil without metrics or without Redis
 	waited   prometheus.Histogram // the request's wait; nil without metrics
 	failures prometheus.Counter   // calls that failed; nil where they are not counted
@@ -40,15 +41,15 @@ func (d *dependency) start() time.Time {
 }
 
 // allow reports whether the breaker lets a call through. A call let through must be
-// followed by exactly one done. A call refused fails with errBreakerOpen.
+// followed by exactly one done. A call refused fails with conns.ErrBreakerOpen.
 func (d *dependency) allow() bool {
-	return d.breaker == nil || d.breaker.allow()
+	return d.breaker == nil || d.breaker.Allow()
 }
 
 // done tells the breaker what a call made under the request's context ctx came to.
 func (d *dependency) done(ctx context.Context, err error) {
 	if d.breaker != nil {
-		d.breaker.done(resultOf(ctx, err))
+		d.breaker.Done(resultOf(ctx, err))
 	}
 }
 
@@ -69,14 +70,14 @@ func (d *dependency) observe(ctx context.Context, start time.Time, err error) {
 
 // resultOf tells a breaker what a call under the request's context ctx came to. A
 // client that went away says nothing about the dependency.
-func resultOf(ctx context.Context, err error) callResult {
+func resultOf(ctx context.Context, err error) conns.CallResult {
 	switch {
 	case err == nil:
-		return callSucceeded
+		return conns.CallSucceeded
 	case ctx.Err() != nil:
-		return callIgnored
+		return conns.CallIgnored
 	}
-	return callFailed
+	return conns.CallFailed
 }
 
 // lookups are the request path's PostgreSQL: each key lookup goes through verifier,
@@ -86,7 +87,7 @@ type lookups struct {
 	verifier Verifier
 }
 
-func newLookups(v Verifier, b *breaker, m *metrics) lookups {
+func newLookups(v Verifier, b *conns.Breaker, m *metrics) lookups {
 	l := lookups{dep: dependency{breaker: b}, verifier: v}
 	if m != nil {
 		l.dep.up, l.dep.waited = &m.postgres, m.lookupDuration
@@ -102,7 +103,7 @@ func (l *lookups) verify(ctx context.Context, keyID, secret string) (key keystor
 		key, ok, err = l.verifier.VerifyParsed(ctx, keyID, secret)
 		l.dep.done(ctx, err)
 	} else {
-		err = errBreakerOpen
+		err = conns.ErrBreakerOpen
 	}
 	l.dep.observe(ctx, start, err)
 	return key, ok, err
@@ -114,12 +115,12 @@ func (l *lookups) verify(ctx context.Context, keyID, secret string) (key keystor
 type counts struct {
 	dep    dependency
 	lim    limiter.Limiter
-	warmer *redisWarmer // kicked when a count fails; nil in process
+	warmer *conns.RedisWarmer // kicked when a count fails; nil in process
 }
 
 // redisCounts are the counts of a Redis limiter. lim bounds each count by
 // redis_timeout itself (limiter.WithTimeout).
-func redisCounts(lim limiter.Limiter, b *breaker, w *redisWarmer, m *metrics) counts {
+func redisCounts(lim limiter.Limiter, b *conns.Breaker, w *conns.RedisWarmer, m *metrics) counts {
 	c := counts{dep: dependency{breaker: b}, lim: lim, warmer: w}
 	if m != nil {
 		c.dep.up, c.dep.waited, c.dep.failures = &m.redis, m.limiterDuration, m.limiterErrors
@@ -141,7 +142,7 @@ func localCounts(lim limiter.Limiter, m *metrics) counts {
 // Redis answered, so its breaker and gauge take it as a success.
 func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Result, err error) {
 	start := c.dep.start()
-	redisErr := errBreakerOpen
+	redisErr := conns.ErrBreakerOpen
 	if c.dep.allow() {
 		res, err = c.lim.Allow(ctx, b)
 		redisErr = err
@@ -150,10 +151,10 @@ func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Resu
 		}
 		c.dep.done(ctx, redisErr)
 		if redisErr != nil && c.warmer != nil {
-			c.warmer.kick()
+			c.warmer.Kick()
 		}
 	} else {
-		err = errBreakerOpen
+		err = conns.ErrBreakerOpen
 	}
 	c.dep.observe(ctx, start, redisErr)
 	return res, err
@@ -163,7 +164,7 @@ func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Resu
 // batched (keystore.Batcher), or one query per request with disable_lookup_batching
 // (storeWithin). It returns the pool, for what else writes to the database.
 func (h *Handler) provisionLookups() (*pgxpool.Pool, error) {
-	pgSetup := connSetup{time.Duration(h.DatabaseDialTimeout), h.DatabaseMinConns}
+	pgSetup := conns.Setup{DialTimeout: time.Duration(h.DatabaseDialTimeout), MinConns: h.DatabaseMinConns}
 	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
 	if err != nil {
 		return nil, err
@@ -185,9 +186,9 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, error) {
 		}
 		v = keystore.NewBatcher(store, opts)
 	}
-	probe := postgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
-	pb := newBreaker(probe, h.breakerChanged("postgres"))
-	pb.spacing = breakerSpacing(time.Duration(h.DatabaseTimeout))
+	probe := conns.PostgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
+	pb := conns.NewBreaker(probe, h.breakerChanged("postgres"))
+	pb.Spacing = conns.BreakerSpacing(time.Duration(h.DatabaseTimeout))
 	h.lookups = newLookups(v, pb, h.metrics)
 	return pool, nil
 }
@@ -203,7 +204,7 @@ func (h *Handler) provisionCounts(seed limiter.MonthSeed) error {
 		h.counts = localCounts(lim, h.metrics)
 		return nil
 	}
-	setup := connSetup{time.Duration(h.RedisDialTimeout), h.RedisMinConns}
+	setup := conns.Setup{DialTimeout: time.Duration(h.RedisDialTimeout), MinConns: h.RedisMinConns}
 	rd, key, err := loadRedis(h.RedisMode, h.redisURL, h.RedisTLSCA, time.Duration(h.RedisTimeout), setup, h.logger)
 	if err != nil {
 		return err
@@ -215,11 +216,11 @@ func (h *Handler) provisionCounts(seed limiter.MonthSeed) error {
 	}
 	lim := limiter.NewRedis(rd.client, opts...)
 	budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
-	b := newBreaker(redisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
-	b.spacing = breakerSpacing(time.Duration(h.RedisTimeout))
+	b := conns.NewBreaker(conns.RedisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
+	b.Spacing = conns.BreakerSpacing(time.Duration(h.RedisTimeout))
 	h.counts = redisCounts(lim, b, rd.warmer, h.metrics)
 	if h.failMode == failLocal {
-		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed))
+		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed), limiter.WithClock(clock))
 	}
 	// The scripts and Redis's clock are read before the first count needs them. A
 	// Redis that does not answer now is prepared by the breaker's probe later.
@@ -258,13 +259,13 @@ func (s storeWithin) VerifyParsed(ctx context.Context, keyID, secret string) (ke
 // breakerChanged returns the hook of a dependency's breaker. It logs the breaker
 // opening and closing. It sets the dependency's keygate_dependency_up: 0 when the
 // breaker opens, 1 when its probe closes it.
-func (h *Handler) breakerChanged(dependency string) func(from, to breakerState) {
-	return func(from, to breakerState) {
+func (h *Handler) breakerChanged(dependency string) func(from, to conns.BreakerState) {
+	return func(from, to conns.BreakerState) {
 		switch {
-		case to == breakerOpen && from == breakerClosed:
+		case to == conns.BreakerOpen && from == conns.BreakerClosed:
 			h.logger.Warn("circuit breaker open: answering at once without waiting on the dependency",
 				zap.String("dependency", dependency))
-		case to == breakerClosed:
+		case to == conns.BreakerClosed:
 			h.logger.Info("circuit breaker closed: the dependency answers again",
 				zap.String("dependency", dependency))
 		}
@@ -272,9 +273,9 @@ func (h *Handler) breakerChanged(dependency string) func(from, to breakerState) 
 			return
 		}
 		switch to {
-		case breakerOpen:
+		case conns.BreakerOpen:
 			h.metrics.dependency(dependency).Set(0)
-		case breakerClosed:
+		case conns.BreakerClosed:
 			h.metrics.dependency(dependency).Set(1)
 		}
 	}

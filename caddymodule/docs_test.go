@@ -22,6 +22,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // TestDocsConfigurationNamesEveryOption fails when docs/configuration.md misses an
@@ -172,12 +173,11 @@ func TestTheREADMEsMinimalCaddyfileIsCleanAndKeepsKeysOutOfTheLog(t *testing.T) 
 		}
 	}
 	var logged string
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	testenv.Eventually(t, 5*time.Second, "the access log lines of the 3 requests", func() bool {
 		b, _ := os.ReadFile(logPath)
-		if logged = string(b); strings.Count(logged, `"msg":"handled request"`) == 3 {
-			break
-		}
-	}
+		logged = string(b)
+		return strings.Count(logged, `"msg":"handled request"`) >= 3
+	})
 	if strings.Count(logged, `"msg":"handled request"`) != 3 || !strings.Contains(logged, `"uri":"/v1/monitors?api_key=`) {
 		t.Fatalf("the access log has not the 3 requests:\n%s", logged)
 	}

@@ -34,19 +34,17 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// writeScopeForbidden writes the 403 of a scoped key: with required_scope, the scope
-// its route needs, or without it on a route no rule names.
-func writeScopeForbidden(w http.ResponseWriter, required string) {
+// scopeForbiddenBody is the body of the 403 of a scoped key: with required_scope, the
+// scope its route needs, or without it on a route no rule names.
+func scopeForbiddenBody(required string) []byte {
 	if required == "" {
-		writeJSON(w, http.StatusForbidden, bodyScopeForbidden)
-		return
+		return bodyScopeForbidden
 	}
 	b := make([]byte, 0, len(bodyScopeForbidden)+len(required)+20)
 	b = append(b, bodyScopeForbidden[:len(bodyScopeForbidden)-1]...)
 	b = append(b, `,"required_scope":`...)
 	b = appendJSONString(b, required)
-	b = append(b, '}')
-	writeJSON(w, http.StatusForbidden, b)
+	return append(b, '}')
 }
 
 // jsonHeaders is how many values setJSONHeaders sets.
@@ -60,17 +58,18 @@ func setJSONHeaders(hdr http.Header, v []string, length int) {
 	hdr["X-Content-Type-Options"] = v[3:4:4]
 }
 
-// writeUnauthenticated writes the one 401. Every credential failure goes through
-// here and nowhere else: absent, malformed, unknown, revoked, expired, wrong secret.
-// So nothing in the status, headers or body tells them apart. It is called before
-// any RateLimit field is set.
-func writeUnauthenticated(w http.ResponseWriter) {
+// writeUnauthenticated writes the one 401, with status (Handler.refuse gives the
+// outcome's). Every credential failure goes through here and nowhere else: absent,
+// malformed, unknown, revoked, expired, wrong secret, outside the key's networks. So
+// nothing in the status, headers or body tells them apart. It is called before any
+// RateLimit field is set.
+func writeUnauthenticated(w http.ResponseWriter, status int) {
 	v := make([]string, jsonHeaders+1)
 	hdr := w.Header()
 	setJSONHeaders(hdr, v, len(bodyUnauthenticated))
 	v[jsonHeaders] = "Bearer"
 	hdr["Www-Authenticate"] = v[jsonHeaders : jsonHeaders+1 : jsonHeaders+1]
-	w.WriteHeader(http.StatusUnauthorized)
+	w.WriteHeader(status)
 	_, _ = w.Write(bodyUnauthenticated)
 }
 

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 func TestStatusBody(t *testing.T) {
@@ -34,7 +36,7 @@ func TestStatusBody(t *testing.T) {
 
 func TestWriteUnauthenticated(t *testing.T) {
 	rec := httptest.NewRecorder()
-	writeUnauthenticated(rec)
+	writeUnauthenticated(rec, keystore.OutcomeUnauthenticated.Status())
 	want := http.Header{
 		"Content-Type":           {"application/json"},
 		"Content-Length":         {"35"},

@@ -1,7 +1,7 @@
 package caddymodule
 
 // Slow and hung dependencies (docs/dependencies.md), against the real PostgreSQL and
-// Redis, made slow or hung by internal/latencyproxy. Its hang mode stands in for
+// Redis, made slow or hung by internal/testkit/latencyproxy. Its hang mode stands in for
 // SIGSTOP. Nothing is forwarded until Resume, and what was sent meanwhile is
 // delivered then. But the servers other packages' tests share are left alone.
 
@@ -18,8 +18,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/latencyproxy"
-	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/redistest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -111,7 +113,7 @@ func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
 		t.Fatalf("before the hang: %d %s", res.StatusCode, body)
 	}
 	pg.Hang()
-	for range breakerThreshold {
+	for range conns.BreakerThreshold {
 		res, body := gw.get(t, "/v1/me", key)
 		wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
 	}
@@ -126,7 +128,7 @@ func TestHungPostgresAnswers503AtOnceAndRecovers(t *testing.T) {
 		}
 	}
 	pg.Resume()
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, "a 200 once PostgreSQL answers again", func() bool {
 		res, _ := gw.get(t, "/v1/me", key)
 		return res.StatusCode == http.StatusOK
 	})
@@ -162,7 +164,7 @@ func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
 			checkRateLimitHeaders(t, res, 30, 29)
 
 			rd.Hang()
-			for range breakerThreshold {
+			for range conns.BreakerThreshold {
 				if res, body := gw.get(t, "/v1/me", key); res.StatusCode != tc.status {
 					t.Errorf("while Redis hangs: %d %s, want %d", res.StatusCode, body, tc.status)
 				}
@@ -175,7 +177,7 @@ func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
 				}
 				if tc.headers {
 					// Counted in process from zero: the hang's first requests and these.
-					checkRateLimitHeaders(t, res, 30, 30-breakerThreshold-i-1)
+					checkRateLimitHeaders(t, res, 30, 30-conns.BreakerThreshold-i-1)
 				}
 				if took > 100*time.Millisecond {
 					t.Errorf("took %v with the breaker open; want it at once", took)
@@ -184,7 +186,7 @@ func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
 			if tc.policy == "local" {
 				// The same limit holds in process: 30 in all, then 429.
 				got, _ := statuses(t, gw, 20, "/v1/me", key)
-				if got[http.StatusOK] != 30-breakerThreshold-10 || got[http.StatusTooManyRequests] != 20-(30-breakerThreshold-10) {
+				if got[http.StatusOK] != 30-conns.BreakerThreshold-10 || got[http.StatusTooManyRequests] != 20-(30-conns.BreakerThreshold-10) {
 					t.Errorf("local counting: %v", got)
 				}
 			}
@@ -193,7 +195,7 @@ func TestHungRedisFollowsLimiterFailureAtOnceAndRecovers(t *testing.T) {
 			// The counts the hang held back reach Redis on resume, late, and the script refuses
 			// them. Had they been written, fewer would remain.
 			var first *http.Response
-			eventually(t, 5*time.Second, func() bool {
+			testenv.Eventually(t, 5*time.Second, "a 200 with the budget untouched", func() bool {
 				res, _ := gw.get(t, "/v1/me", key)
 				if res.StatusCode == http.StatusOK && remainingOf(res) >= 20 {
 					first = res
@@ -254,10 +256,9 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 			_, _ = io.Copy(io.Discard, res.Body)
 			res.Body.Close()
 		}
-		time.Sleep(50 * time.Millisecond)
-		if log := tc.gw.logText(t); !strings.Contains(log, tc.wantLine) {
-			t.Errorf("no %q line:\n%s", tc.wantLine, log)
-		}
+		testenv.Eventually(t, 5*time.Second, "a "+tc.wantLine+" line", func() bool {
+			return strings.Contains(tc.gw.logText(t), tc.wantLine)
+		})
 	}
 	pg.Resume()
 	// The module's own lines. Caddy's lines (the reverse proxy's, the access log) are
@@ -278,7 +279,7 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 func TestALateLookupKeepsItsConnection(t *testing.T) {
 	// A lookup whose context ends while its answer is on the way. With pgx's default,
 	// the connection is broken, and the next lookup dials a new one: several round trips
-	// on a slow database. With tunePostgres's CancelRequest handling, the connection
+	// on a slow database. With conns.TunePostgres's CancelRequest handling, the connection
 	// survives when the answer comes within a quarter timeout more.
 	d, key, _ := newDBWithKey(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
@@ -297,7 +298,7 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 			}
 			cfg.MaxConns = 1
 			if tc.tune {
-				tunePostgres(cfg, 400*time.Millisecond, connSetup{dialTimeout: time.Second}) // a grace of 100ms
+				conns.TunePostgres(cfg, 400*time.Millisecond, conns.Setup{DialTimeout: time.Second}) // a grace of 100ms
 			}
 			pool := schematest.OpenPool(t, cfg)
 			store := keystore.New(pool, keystoretest.Format(t, "mon"))
@@ -325,7 +326,7 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 	// Lone requests, one after the other. Batched, each lookup runs inline on its
 	// request's goroutine (keystore.Batcher). It must end at database_timeout, not a
-	// grace later, as a batch's cancelled query may (tunePostgres: a quarter timeout,
+	// grace later, as a batch's cancelled query may (conns.TunePostgres: a quarter timeout,
 	// here 200ms). With disable_lookup_batching, database_timeout bounds the Store's
 	// lookup (storeWithin). Its cancelled query keeps its connection for that grace. So
 	// a 503 comes between the two, never later.
@@ -350,7 +351,7 @@ func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 			}
 			pg.Hang()
 			defer pg.Resume()
-			for i := range breakerThreshold {
+			for i := range conns.BreakerThreshold {
 				var res *http.Response
 				var body []byte
 				took := timed(func() { res, body = gw.get(t, "/v1/me", key) })

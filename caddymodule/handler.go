@@ -424,8 +424,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 1. Credentials.
 	keyID, secret, ok := bearerKey(r.Header, h.format)
 	if !ok {
-		h.record(r, outcomeUnauthenticated, nil)
-		writeUnauthenticated(w)
+		h.record(r, keystore.OutcomeUnauthenticated, nil)
+		writeUnauthenticated(w, keystore.OutcomeUnauthenticated.Status())
 		return nil
 	}
 
@@ -433,17 +433,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	key, ok, err := h.lookups.verify(r.Context(), keyID, secret)
 	if err != nil {
 		h.lookupFailed(r, err)
-		h.record(r, outcomeLookupUnavailable, nil)
-		writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
+		h.answer(w, r, keystore.OutcomeLookupUnavailable, nil, bodyServiceUnavailable)
 		return nil
 	}
 	if !ok {
-		h.refuse(w, r, outcomeUnauthenticated, nil)
+		h.refuse(w, r, keystore.OutcomeUnauthenticated, nil)
 		return nil
 	}
 	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(clientAddr(r)) {
 		// The very answer of an unknown key: a stolen key tells its thief nothing.
-		h.refuse(w, r, outcomeIPDenied, &key)
+		h.refuse(w, r, keystore.OutcomeIPDenied, &key)
 		return nil
 	}
 	setIdentityPlaceholders(r, key)
@@ -453,8 +452,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 3. API access.
 	if key.RateLimit == 0 {
-		h.record(r, outcomeFeatureGated, &key)
-		writeJSON(w, http.StatusForbidden, bodyFeatureGated)
+		h.answer(w, r, keystore.OutcomeFeatureGated, &key, bodyFeatureGated)
 		return nil
 	}
 
@@ -473,9 +471,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 5. The role. Only Admin and Editor write. A role the gateway does not know reads
 	// only; the database allows none.
 	if !readOnlyMethod(r.Method) && key.Role != keystore.RoleAdmin && key.Role != keystore.RoleEditor {
-		h.recordUnits(r, outcomeForbidden, &key, cost)
 		setRateLimit(w.Header(), count)
-		writeJSON(w, http.StatusForbidden, bodyForbidden)
+		h.answerUnits(w, r, keystore.OutcomeForbidden, &key, cost, bodyForbidden)
 		return nil
 	}
 
@@ -483,22 +480,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// none.
 	me := r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
 	if ok, missing := scopeAllows(key.Scopes, rt); !ok && !me {
-		h.recordUnits(r, outcomeForbidden, &key, cost)
 		setRateLimit(w.Header(), count)
-		writeScopeForbidden(w, missing)
+		h.answerUnits(w, r, keystore.OutcomeForbidden, &key, cost, scopeForbiddenBody(missing))
 		return nil
 	}
 
 	// 6. GET /v1/me, answered here.
 	if me {
-		h.recordUnits(r, outcomeMe, &key, cost)
 		setRateLimit(w.Header(), count)
-		writeMe(w, key, count)
+		h.answerUnits(w, r, keystore.OutcomeMe, &key, cost, meBody(key, count))
 		return nil
 	}
 
 	// 7. Proxy.
-	h.recordUnits(r, outcomeProxied, &key, cost)
+	h.recordUnits(r, keystore.OutcomeProxied, &key, cost)
 	return h.proxy(w, r, next, key, count, cost)
 }
 

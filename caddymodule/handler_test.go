@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -59,7 +60,11 @@ func TestRateLimit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, tc.extra)
-			awayFromWindowEdge(t, 10*time.Second)
+			if _, inProcess := tc.extra["redis_url"]; inProcess {
+				pinClock(t, time.Now()) // the in-process limiter's window is the module's
+			} else {
+				awayFromWindowEdge(t, 10*time.Second) // Redis's windows follow Redis's clock
+			}
 			key, _ := f.db.key(f.tiny, keystore.RoleViewer)
 			other, _ := f.db.key(f.tiny, keystore.RoleEditor)
 
@@ -168,18 +173,6 @@ func TestSlowPostgresAnswers503WithinTheTimeout(t *testing.T) {
 	}
 }
 
-// eventually retries cond until it holds or the time is up.
-func eventually(t *testing.T, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestLogsNeverShowKeys(t *testing.T) {
 	d := newDB(t)
 	org := d.org("pro")
@@ -203,9 +196,12 @@ func TestLogsNeverShowKeys(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 	}
-	time.Sleep(100 * time.Millisecond) // the access log is written after the response
-
-	log := gw.logText(t)
+	// The access log is written after the response: wait for the last request's line.
+	var log string
+	testenv.Eventually(t, 5*time.Second, "the aborted response's log lines", func() bool {
+		log = gw.logText(t)
+		return strings.Contains(log, "aborting with incomplete response") && strings.Contains(log, `"uri":"/v1/invalid-json"`)
+	})
 	if !strings.Contains(log, `"user_id":"`+id+`"`) {
 		t.Errorf("the access log does not name the key id as user_id:\n%s", log)
 	}
@@ -227,10 +223,9 @@ func TestLogCredentialsWouldShowTheKey(t *testing.T) {
 	key, _ := d.key(org, keystore.RoleEditor)
 	gw := startGateway(t, gatewayConfig{handler: gatewayOptions(d.url, nil), upstream: newUpstream(t).addr(), accessLog: true, logCreds: true})
 	gw.get(t, "/v1/me", key)
-	time.Sleep(100 * time.Millisecond)
-	if !strings.Contains(gw.logText(t), key) {
-		t.Error("with log_credentials the access log shows the Authorization header; this test expected it to")
-	}
+	testenv.Eventually(t, 5*time.Second, "with log_credentials, the key in the access log (the Authorization header)", func() bool {
+		return strings.Contains(gw.logText(t), key)
+	})
 }
 
 func mustRequest(t testing.TB, url, key string) *http.Request {
@@ -253,10 +248,9 @@ func TestReverseProxyLogsTheGatewaySecretWithoutTheFilter(t *testing.T) {
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 	}
-	time.Sleep(100 * time.Millisecond)
-	if !strings.Contains(gw.logText(t), testSecret) {
-		t.Error("the unfiltered log does not show the gateway secret; the log filter of Caddyfile.example may no longer be needed")
-	}
+	testenv.Eventually(t, 5*time.Second, "the gateway secret in the unfiltered log (without it, the log filter of Caddyfile.example may no longer be needed)", func() bool {
+		return strings.Contains(gw.logText(t), testSecret)
+	})
 }
 
 // BenchmarkTellingAWrongSecretFromAnUnknownKey times pairs of requests through

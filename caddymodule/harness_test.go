@@ -29,8 +29,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/redistest"
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/redistest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -559,6 +559,15 @@ func headerDump(res *http.Response, body []byte) string {
 	}
 	b.Write(body)
 	return b.String()
+}
+
+// pinClock stops the module's clock at at until the test ends: the usage record's
+// minute and the in-process limiter's window stay those of at, however long the test
+// takes. Redis's windows follow Redis's clock, not this one.
+func pinClock(t testing.TB, at time.Time) {
+	t.Helper()
+	now = func() time.Time { return at }
+	t.Cleanup(func() { now = time.Now })
 }
 
 // awayFromWindowEdge waits, if needed, so that the next few seconds stay in one

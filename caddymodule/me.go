@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"net/http"
 	"strconv"
 	"unicode/utf8"
 
@@ -9,11 +8,11 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// writeMe answers GET /v1/me: {"org_id":"…","role":"…","scopes":[…]|null,"limits":{…}},
+// meBody is the answer to GET /v1/me: {"org_id":"…","role":"…","scopes":[…]|null,"limits":{…}},
 // the scopes a scoped key's (null: unscoped), the limits the key's budgets (null:
 // none) and its organisation's use of the month so far, this request included (null
 // without a monthly quota).
-func writeMe(w http.ResponseWriter, key keystore.Key, count limiter.Result) {
+func meBody(key keystore.Key, count limiter.Result) []byte {
 	b := make([]byte, 0, 192)
 	b = append(b, `{"org_id":`...)
 	b = appendJSONString(b, key.OrgID)
@@ -44,8 +43,7 @@ func writeMe(w http.ResponseWriter, key keystore.Key, count limiter.Result) {
 	} else {
 		b = append(b, "null"...) // no quota, or a month Redis could not count
 	}
-	b = append(b, "}}"...)
-	writeJSON(w, http.StatusOK, b)
+	return append(b, "}}"...)
 }
 
 // appendBudget appends a budget's limit, or null for none (0 or less).

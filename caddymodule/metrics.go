@@ -13,35 +13,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/keystore"
 )
-
-// outcome is what the gateway decided for a request: the label of
-// keygate_requests_total, and the "outcome" field of the access log
-// (docs/operations.md, Metrics).
-type outcome uint8
-
-const (
-	outcomeUnauthenticated    outcome = iota // 401: no, a malformed, an unknown or a wrong key
-	outcomeFeatureGated                      // 403 feature_gated: the plan has no API access
-	outcomeRateLimited                       // 429
-	outcomeForbidden                         // 403 forbidden: a Viewer key writing
-	outcomeMe                                // GET /v1/me, answered by the gateway
-	outcomeProxied                           // handed to the next handler, whatever it answered
-	outcomeLookupUnavailable                 // 503: PostgreSQL did not answer in time
-	outcomeLimiterUnavailable                // 503: Redis did not count, limiter_failure closed
-	outcomeQuotaExceeded                     // 402: the organisation's month is spent
-	outcomeIPDenied                          // 401: a key used from outside its allowed networks
-	numOutcomes
-)
-
-var outcomeNames = [numOutcomes]string{
-	"unauthenticated", "feature_gated", "rate_limited", "forbidden",
-	"me", "proxied", "lookup_unavailable", "limiter_unavailable",
-	"quota_exceeded", "ip_denied",
-}
-
-func (o outcome) String() string { return outcomeNames[o] }
 
 // The names of the series. docs/operations.md lists them, and the Grafana dashboard
 // (deploy/grafana) queries them.
@@ -82,7 +56,7 @@ type metrics struct {
 	usageFlushErrors    prometheus.Counter
 
 	// The children of the vectors, resolved once: the hot path does not hash labels.
-	byOutcome [numOutcomes]prometheus.Counter
+	byOutcome [keystore.NumOutcomes]prometheus.Counter
 	postgres  depGauge
 	redis     depGauge
 }
@@ -111,7 +85,7 @@ func (d *depGauge) attempted(ctx context.Context, err error) {
 	switch {
 	case err == nil:
 		d.Set(1)
-	case errors.Is(err, errBreakerOpen) || ctx.Err() != nil:
+	case errors.Is(err, conns.ErrBreakerOpen) || ctx.Err() != nil:
 	default:
 		d.Set(0)
 	}
@@ -150,7 +124,7 @@ func newMetrics() *metrics {
 	}
 	// Every outcome is there from the start, at 0, so that rate() and alerts see
 	// the first request of each.
-	for o := range numOutcomes {
+	for o := range keystore.NumOutcomes {
 		m.byOutcome[o] = m.requests.WithLabelValues(o.String())
 	}
 	m.postgres = depGauge{vec: m.dependencyUp, name: "postgres"}
@@ -217,14 +191,14 @@ func loadMetrics(ctx caddy.Context) (*metrics, string, error) {
 
 // record notes the decision of a request of cost 1, one decided before its route is
 // weighed (step 4): see recordUnits.
-func (h *Handler) record(r *http.Request, o outcome, key *keystore.Key) {
+func (h *Handler) record(r *http.Request, o keystore.Outcome, key *keystore.Key) {
 	h.recordUnits(r, o, key, 1)
 }
 
 // recordUnits notes the decision of a request weighing units: its counter, the usage
 // record of its key (countDecided), and the access log's outcome, key_id and org_id
 // fields, if its server writes an access log. key is nil while the key is not known.
-func (h *Handler) recordUnits(r *http.Request, o outcome, key *keystore.Key, units int) {
+func (h *Handler) recordUnits(r *http.Request, o keystore.Outcome, key *keystore.Key, units int) {
 	if h.metrics != nil {
 		h.metrics.byOutcome[o].Inc()
 	}
@@ -240,6 +214,21 @@ func (h *Handler) recordUnits(r *http.Request, o outcome, key *keystore.Key, uni
 		lf = &logFields{outcome: o, hasKey: true, keyID: key.ID, orgID: key.OrgID}
 	}
 	extra.Set(zap.Field{Key: logFieldsKey, Type: zapcore.InlineMarshalerType, Interface: lf})
+}
+
+// answer records the decision o of r, as record does, and writes the module's own
+// answer to it: body with o's status. The client, the metrics, the access log and
+// the usage record so take the outcome and its status from one place, the outcomes
+// of keystore.Outcome.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, o keystore.Outcome, key *keystore.Key, body []byte) {
+	h.answerUnits(w, r, o, key, 1, body)
+}
+
+// answerUnits is answer for a request weighing units, one decided once its route is
+// weighed (step 4 on): the usage record counts its route's cost.
+func (h *Handler) answerUnits(w http.ResponseWriter, r *http.Request, o keystore.Outcome, key *keystore.Key, units int, body []byte) {
+	h.recordUnits(r, o, key, units)
+	writeJSON(w, o.Status(), body)
 }
 
 // accessLogged tells whether r's server writes access logs (Caddy's Server.Logs,
@@ -261,15 +250,15 @@ const logFieldsKey = "keygate"
 // the entry as three. That is one allocation. Three fields would grow the slice of
 // extra fields three times, and clear Caddy's handler cache three times.
 type logFields struct {
-	outcome      outcome
+	outcome      keystore.Outcome
 	hasKey       bool
 	keyID, orgID string
 }
 
 // outcomeOnly are the logFields of the requests decided before their key is known.
 // They are shared and never written to, so the flood of 401s allocates none.
-var outcomeOnly = func() (lf [numOutcomes]logFields) {
-	for o := range numOutcomes {
+var outcomeOnly = func() (lf [keystore.NumOutcomes]logFields) {
+	for o := range keystore.NumOutcomes {
 		lf[o].outcome = o
 	}
 	return lf

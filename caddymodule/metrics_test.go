@@ -15,9 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/deploy/grafana"
-	"github.com/keygate/keygate/internal/latencyproxy"
-	"github.com/keygate/keygate/internal/promtest"
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/promtest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -156,7 +158,7 @@ func (o *outcomeTraffic) run(t *testing.T) {
 func (o *outcomeTraffic) recover(t *testing.T) {
 	t.Helper()
 	o.pg.Resume()
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, "a request through once PostgreSQL answers again", func() bool {
 		res, _ := o.gw.get(t, "/v1/me?recovery", o.proKey)
 		return res.StatusCode == http.StatusOK
 	})
@@ -169,7 +171,8 @@ func (o *outcomeTraffic) recover(t *testing.T) {
 func TestMetricsCountEveryOutcome(t *testing.T) {
 	o := newOutcomeTraffic(t, gatewayConfig{metrics: true})
 	before := o.gw.scrape(t)
-	for _, name := range outcomeNames {
+	for oc := range keystore.NumOutcomes {
+		name := oc.String()
 		if v, ok := before[`keygate_requests_total{outcome="`+name+`"}`]; !ok || v != 0 {
 			t.Errorf("outcome %s before any request: %v (present: %v), want 0", name, v, ok)
 		}
@@ -257,7 +260,7 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 	}{{"postgres", pg}, {"redis", rd}} {
 		series := `keygate_dependency_up{dependency="` + dep.name + `"}`
 		dep.proxy.Hang()
-		for range breakerThreshold {
+		for range conns.BreakerThreshold {
 			if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
 				t.Fatalf("%s hung: %d %s", dep.name, res.StatusCode, body)
 			}
@@ -266,11 +269,11 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 			t.Fatalf("%s with its breaker open: %v, want 0", series, got)
 		}
 		dep.proxy.Resume()
-		time.Sleep(breakerCooldown + 100*time.Millisecond)
+		time.Sleep(conns.BreakerCooldown + 100*time.Millisecond)
 		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("%s back, the first request after the cooldown: %d %s, want 503 (refused; it starts the probe)", dep.name, res.StatusCode, body)
 		}
-		eventually(t, 10*time.Second, func() bool { return gw.scrape(t)[series] == 1 })
+		testenv.Eventually(t, 10*time.Second, series+" back to 1", func() bool { return gw.scrape(t)[series] == 1 })
 		if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
 			t.Fatalf("%s back, breaker closed: %d %s", dep.name, res.StatusCode, body)
 		}
@@ -283,21 +286,29 @@ func TestDependencyUpFollowsTheBreakers(t *testing.T) {
 func TestAccessLogCarriesTheDecision(t *testing.T) {
 	o := newOutcomeTraffic(t, gatewayConfig{accessLog: true, filterSecret: true, handler: map[string]any{"disable_metrics": true}})
 	o.run(t)
-	time.Sleep(200 * time.Millisecond) // the access log is written after the response
-	text := o.gw.logText(t)
-
+	// The access log is written after the response: wait for every step's line.
+	var text string
 	lines := map[string]map[string]any{} // by tag
-	for line := range strings.Lines(text) {
-		var entry map[string]any
-		if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "handled request" {
-			continue
+	testenv.Eventually(t, 5*time.Second, "an access log line for every request", func() bool {
+		text = o.gw.logText(t)
+		for line := range strings.Lines(text) {
+			var entry map[string]any
+			if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "handled request" {
+				continue
+			}
+			req, _ := entry["request"].(map[string]any)
+			uri, _ := req["uri"].(string)
+			if _, tag, ok := strings.Cut(uri, "?"); ok {
+				lines[tag] = entry
+			}
 		}
-		req, _ := entry["request"].(map[string]any)
-		uri, _ := req["uri"].(string)
-		if _, tag, ok := strings.Cut(uri, "?"); ok {
-			lines[tag] = entry
+		for _, s := range o.steps {
+			if _, ok := lines[s.tag]; !ok {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	for _, s := range o.steps {
 		entry, ok := lines[s.tag]
 		if !ok {
@@ -458,7 +469,7 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 				for pb.Next() {
 					lookups.dep.observe(ctx, lookups.dep.start(), nil)
 					counts.dep.observe(ctx, counts.dep.start(), nil)
-					h.record(r, outcomeProxied, &key)
+					h.record(r, keystore.OutcomeProxied, &key)
 				}
 			})
 		})
@@ -478,7 +489,7 @@ func TestTheLogFieldsAreSetOnlyWhenTheServerWritesAnAccessLog(t *testing.T) {
 		ctx := context.WithValue(context.Background(), caddyhttp.ServerCtxKey, srv)
 		ctx = context.WithValue(ctx, caddyhttp.ExtraLogFieldsCtxKey, extra)
 		r := httptest.NewRequest(http.MethodGet, "/v1/me", nil).WithContext(ctx)
-		(&Handler{}).record(r, outcomeMe, &key)
+		(&Handler{}).record(r, keystore.OutcomeMe, &key)
 		// The fields are Caddy's, unexported: their number is read by reflection.
 		if n := reflect.ValueOf(extra).Elem().FieldByName("fields").Len(); n != map[bool]int{false: 0, true: 1}[logged] {
 			t.Errorf("server with an access log %v: %d extra log fields set", logged, n)

@@ -16,7 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/internal/testkit/redistest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // withParam adds a query parameter to a URL.
@@ -55,7 +57,7 @@ func poolEntries() map[string]int {
 	return out
 }
 
-// sharedPool returns the pgxpool pools holds under url (whatever its connSetup), or nil.
+// sharedPool returns the pgxpool pools holds under url (whatever its conns.Setup), or nil.
 func sharedPool(url string) *pgxpool.Pool {
 	var p *pgxpool.Pool
 	pools.Range(func(key, value any) bool {
@@ -72,7 +74,7 @@ func sharedPool(url string) *pgxpool.Pool {
 func sharedRedis(url string, timeout time.Duration) *redis.Client {
 	var c *redis.Client
 	pools.Range(func(key, value any) bool {
-		if key == redisPoolKey("", url, "", timeout, connSetup{defaultDialTimeout, defaultRedisMinConns}) {
+		if key == redisPoolKey("", url, "", timeout, conns.Setup{DialTimeout: defaultDialTimeout, MinConns: defaultRedisMinConns}) {
 			c = value.(redisEntry).client.(*redis.Client)
 		}
 		return true
@@ -172,8 +174,8 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if got := sharedPool(dbURL); got != pool {
 		t.Error("a reload built a new PostgreSQL pool")
 	}
-	pgKey := postgresPoolKey(dbURL, connSetup{defaultDialTimeout, defaultLookupLanes + lookupOverflow + 1})
-	redisKey := redisPoolKey("", rURL, "", defaultRedisTimeout, connSetup{defaultDialTimeout, defaultRedisMinConns})
+	pgKey := postgresPoolKey(dbURL, conns.Setup{DialTimeout: defaultDialTimeout, MinConns: defaultLookupLanes + lookupOverflow + 1})
+	redisKey := redisPoolKey("", rURL, "", defaultRedisTimeout, conns.Setup{DialTimeout: defaultDialTimeout, MinConns: defaultRedisMinConns})
 	entries := poolEntries()
 	if n := entries[pgKey]; n != 1 {
 		t.Errorf("postgres pool references after the reloads: %d, want 1", n)
@@ -199,7 +201,7 @@ func TestReloadSharesPoolsAndLeaksNoConnections(t *testing.T) {
 	if _, ok := entries[redisKey]; ok {
 		t.Errorf("the redis client outlived its last handler: %v", entries)
 	}
-	eventually(t, 5*time.Second, func() bool { return pgConns() == 0 && redisConns() == 0 })
+	testenv.Eventually(t, 5*time.Second, "every connection closed", func() bool { return pgConns() == 0 && redisConns() == 0 })
 }
 
 func TestChangedSettingsBuildANewPool(t *testing.T) {

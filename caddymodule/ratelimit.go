@@ -74,8 +74,7 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 		case failOpen:
 			return limiter.Result{}, false
 		case failClosed:
-			h.recordUnits(r, outcomeLimiterUnavailable, key, cost)
-			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
+			h.answerUnits(w, r, keystore.OutcomeLimiterUnavailable, key, cost, bodyServiceUnavailable)
 			return limiter.Result{}, true
 		case failLocal:
 			// The in-process limiter fails only when the month's seed cannot be read:
@@ -91,13 +90,12 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
 			c.Write(zap.String("key_id", key.ID), zap.String("budget", count.RefusedAt.String()))
 		}
-		h.recordUnits(r, outcomeRateLimited, key, cost)
-		writeRateLimited(w, count)
+		var buf [80]byte
+		h.answerUnits(w, r, keystore.OutcomeRateLimited, key, cost, rateLimited(w.Header(), count, buf[:0]))
 		return count, true
 	case limiter.StageMonth:
-		h.recordUnits(r, outcomeQuotaExceeded, key, cost)
 		setRateLimit(w.Header(), count)
-		writeJSON(w, http.StatusPaymentRequired, bodyQuotaExceeded)
+		h.answerUnits(w, r, keystore.OutcomeQuotaExceeded, key, cost, bodyQuotaExceeded)
 		return count, true
 	}
 	return count, false
@@ -117,21 +115,20 @@ func (h *Handler) limiterFailed(key *keystore.Key, err error) {
 	}
 }
 
-// writeRateLimited writes the 429 of a request over a minute budget. Retry-After and
+// rateLimited sets the header fields of the 429 of a request over a minute budget, in
+// hdr, and returns its body, appended to b. Retry-After and
 // the body's retryAfter both carry the seconds left in the refusing window, and the
 // body's budget names that window's budget: "key" or "org".
-func writeRateLimited(w http.ResponseWriter, count limiter.Result) {
+func rateLimited(hdr http.Header, count limiter.Result, b []byte) []byte {
 	retryAfter := count.RetryAfter()
-	var buf [80]byte
-	b := append(buf[:0], `{"error":"rate_limited","retryAfter":`...)
+	b = append(b, `{"error":"rate_limited","retryAfter":`...)
 	b = strconv.AppendInt(b, int64(retryAfter), 10)
 	b = append(b, `,"budget":"`...)
 	b = append(b, count.RefusedAt.String()...)
 	b = append(b, `"}`...)
-	hdr := w.Header()
 	setRateLimit(hdr, count)
 	hdr["Retry-After"] = []string{strconv.Itoa(retryAfter)}
-	writeJSON(w, http.StatusTooManyRequests, b)
+	return b
 }
 
 // setRateLimit makes hdr carry the request's count and no other. A counted request

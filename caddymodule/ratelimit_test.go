@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -21,7 +23,9 @@ func TestRateLimitHeaders(t *testing.T) {
 		t.Errorf("RateLimit %q", got)
 	}
 	rec := httptest.NewRecorder()
-	writeRateLimited(rec, limiter.Result{RefusedAt: limiter.StageKey, Key: limiter.Minute{Limit: 600, ResetAfter: 9}})
+	h := &Handler{}
+	h.answer(rec, httptest.NewRequest(http.MethodGet, "/v1/me", nil), keystore.OutcomeRateLimited, nil,
+		rateLimited(rec.Header(), limiter.Result{RefusedAt: limiter.StageKey, Key: limiter.Minute{Limit: 600, ResetAfter: 9}}, nil))
 	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9,"budget":"key"}` || rec.Header().Get("Retry-After") != "9" {
 		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}
@@ -94,21 +98,21 @@ func (s seedFailing) Allow(context.Context, limiter.Budgets) (limiter.Result, er
 // month's count is not Redis failing, so Redis's breaker stays closed for every key.
 func TestAMonthThatCannotBeSeededDoesNotOpenRedissBreaker(t *testing.T) {
 	calls := 0
-	c := redisCounts(seedFailing{&calls}, newBreaker(nil, nil), nil, nil)
+	c := redisCounts(seedFailing{&calls}, conns.NewBreaker(nil, nil), nil, nil)
 	b := limiter.Budgets{Key: "k", KeyLimit: 10, Org: "o", OrgLimit: 100}
-	for range 3 * breakerThreshold {
+	for range 3 * conns.BreakerThreshold {
 		if _, err := c.allow(context.Background(), b); !errors.Is(err, limiter.ErrMonthSeed) {
 			t.Fatalf("allow: %v, want the seed's error", err)
 		}
 	}
-	if calls != 3*breakerThreshold {
-		t.Errorf("Redis was asked %d times of %d: its breaker opened", calls, 3*breakerThreshold)
+	if calls != 3*conns.BreakerThreshold {
+		t.Errorf("Redis was asked %d times of %d: its breaker opened", calls, 3*conns.BreakerThreshold)
 	}
-	f := redisCounts(failingLimiter{}, newBreaker(nil, nil), nil, nil)
-	for range breakerThreshold {
+	f := redisCounts(failingLimiter{}, conns.NewBreaker(nil, nil), nil, nil)
+	for range conns.BreakerThreshold {
 		_, _ = f.allow(context.Background(), b)
 	}
-	if _, err := f.allow(context.Background(), b); !errors.Is(err, errBreakerOpen) {
-		t.Errorf("after %d failures of Redis itself: %v, want the breaker open", breakerThreshold, err)
+	if _, err := f.allow(context.Background(), b); !errors.Is(err, conns.ErrBreakerOpen) {
+		t.Errorf("after %d failures of Redis itself: %v, want the breaker open", conns.BreakerThreshold, err)
 	}
 }

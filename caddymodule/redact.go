@@ -139,7 +139,7 @@ func redactUserinfo(msg, rawURL string) string {
 	userinfo := rest[:at]
 	secrets := []string{userinfo}
 	if _, password, ok := strings.Cut(userinfo, ":"); ok && password != "" {
-		secrets = append(secrets, password, percentDecode(password))
+		secrets = append(secrets, password, keystore.PercentDecode(password))
 	}
 	// A parser that misreads the URL may quote any piece of it: a password with a /
 	// in it becomes a host and a port.
@@ -156,35 +156,6 @@ func redactUserinfo(msg, rawURL string) string {
 		msg = strings.ReplaceAll(msg, strconv.Quote(s)[1:len(strconv.Quote(s))-1], "xxxxx")
 	}
 	return msg
-}
-
-// percentDecode decodes every valid %XX in s, and leaves anything else as it is.
-// keystore.Redact decodes keys the same way.
-func percentDecode(s string) string {
-	if !strings.Contains(s, "%") {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s))
-	for i := 0; i < len(s); i++ {
-		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
-			i += 2
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
 }
 
 // Interface guards

@@ -12,9 +12,9 @@ import (
 // what is recorded of the request comes after: the metrics, the access log fields,
 // and for a known key the usage record. So the two refusals do the same work before
 // the answer is out, and a thief timing it cannot tell a live restricted key from a
-// dead one (docs/security.md, Timing).
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, o outcome, key *keystore.Key) {
-	writeUnauthenticated(w)
+// dead one (docs/security.md, Timing). The status is o's, as answer's is.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, o keystore.Outcome, key *keystore.Key) {
+	writeUnauthenticated(w, o.Status())
 	flush(w)
 	h.record(r, o, key)
 }

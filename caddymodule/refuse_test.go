@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 // flushWatcher is the server's writer under Caddy's wrappers: it notes how many
@@ -31,10 +33,10 @@ func TestBothRefusalsAfterALookupAnswerBeforeTheyRecord(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		auth    string
-		outcome outcome
+		outcome keystore.Outcome
 	}{
-		{"outside its networks", bearer("RestrictedAdminRestr01"), outcomeIPDenied},
-		{"an unknown key", bearer("UnknownUnknownUnknown1"), outcomeUnauthenticated},
+		{"outside its networks", bearer("RestrictedAdminRestr01"), keystore.OutcomeIPDenied},
+		{"an unknown key", bearer("UnknownUnknownUnknown1"), keystore.OutcomeUnauthenticated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newTestHandler(t, &fakeVerifier{}, "")

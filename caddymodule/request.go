@@ -26,8 +26,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// Ed25519 signing does not fail with a valid key. Should it, the request
 		// does not go on unsigned.
 		h.logger.Error("signing the identity assertion", zap.Error(err))
-		h.countUsage(&key, keystore.OutcomeProxied, http.StatusInternalServerError, units)
-		writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
+		const status = http.StatusInternalServerError
+		h.countUsage(&key, keystore.OutcomeProxied, status, units)
+		writeJSON(w, status, statusBody(status))
 		return nil
 	}
 	if !h.limitBody(w, r, &key, count, units) {

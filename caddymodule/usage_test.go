@@ -19,6 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -30,7 +31,7 @@ type countedRows struct {
 	at    []time.Time
 }
 
-func (c *countedRows) Record(orgID, keyID string, at time.Time, outcome string, status, units int) {
+func (c *countedRows) Record(orgID, keyID string, at time.Time, outcome keystore.Outcome, status, units int) {
 	c.rows = append(c.rows, fmt.Sprintf("%s %s %s %d", orgID, keyID, outcome, status))
 	c.units = append(c.units, units)
 	c.at = append(c.at, at)
@@ -179,7 +180,7 @@ func testUsageCountsEveryAnswer(t *testing.T, routes []Route, cost int) {
 				}
 				// Decided before the route is weighed: the key's networks, its API access.
 				units := cost
-				if o := strings.Fields(tc.want)[2]; o == keystore.OutcomeIPDenied || o == keystore.OutcomeFeatureGated {
+				if o := strings.Fields(tc.want)[2]; o == keystore.OutcomeIPDenied.String() || o == keystore.OutcomeFeatureGated.String() {
 					units = 1
 				}
 				wantUnits = []int{units}
@@ -384,27 +385,20 @@ func TestUsageIsHeldWhilePostgresRefusesItAndDroppedBeyondTheBuffer(t *testing.T
 		handler:  gatewayOptions(d.url, map[string]any{"usage_flush_interval": "1s", "usage_buffer": 2}),
 		upstream: up.addr(), metrics: true,
 	})
-	awayFromWindowEdge(t, 20*time.Second) // every request in one minute: one row each
+	pinClock(t, time.Now()) // every request in one minute: one row each
 	before := gw.scrape(t)
 	restore := d.refuseUsageWrites()
 	serveAll(t, gw, editor, http.StatusOK, "GET /v1/me", "GET /v1/me", "GET /v1/monitors")
 	serveAll(t, gw, viewer, http.StatusForbidden, "POST /v1/monitors", "DELETE /v1/monitors/m1") // a third row
-	deadline := time.Now().Add(10 * time.Second)
-	for gw.scrape(t)[metricUsageErrors]-before[metricUsageErrors] < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("no two failed flushes within 10s at an interval of 1s")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "two failed flushes at an interval of 1s", func() bool {
+		return gw.scrape(t)[metricUsageErrors]-before[metricUsageErrors] >= 2
+	})
 	serveAll(t, gw, editor, http.StatusOK, "GET /v1/me") // a row held: counted
 	d.wantUsage("while PostgreSQL refuses the writes")
 	wantSeries(t, before, gw.scrape(t), map[string]float64{metricUsageDropped: 2})
 
 	restore()
-	deadline = time.Now().Add(10 * time.Second)
-	for len(d.usageTotals()) < 2 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the held rows written", func() bool { return len(d.usageTotals()) >= 2 })
 	d.wantUsage("once PostgreSQL takes the writes",
 		editorID+" me 200 3",
 		editorID+" proxied 200 1")

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
 

@@ -5,21 +5,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 const serviceUnavailable = `{"error":"service_unavailable"}`
-
-// eventually polls f until it reports true or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // timed runs f and fails the test if it took longer than limit: no answer may hang.
 func timed(t *testing.T, limit time.Duration, f func() Resp) Resp {
@@ -68,7 +58,7 @@ func TestRedisDownOpenAndClosedAndBack(t *testing.T) {
 	s.stackCmd("start-redis")
 	restarted = true
 	for _, a := range []*api{open, closed} {
-		eventually(t, 10*time.Second, "counting again after Redis came back", func() bool {
+		testenv.Eventually(t, 10*time.Second, "counting again after Redis came back", func() bool {
 			r := a.do("GET", "/v1/me", nil)
 			return r.Status == 200 && rateLimitRE.MatchString(r.Header.Get("RateLimit"))
 		})
@@ -105,11 +95,11 @@ func TestPostgresDownAnswers503AndRecoversWithoutRestartingCaddy(t *testing.T) {
 	s.stackCmd("start-pg")
 	restarted = true
 	for _, i := range []int{0, 1} {
-		eventually(t, 15*time.Second, "gateway answering again after PostgreSQL came back", func() bool {
+		testenv.Eventually(t, 15*time.Second, "gateway answering again after PostgreSQL came back", func() bool {
 			return s.api(key, i).do("GET", "/v1/me", nil).Status == 200
 		})
 	}
-	eventually(t, 15*time.Second, "upstream answering again after PostgreSQL came back", func() bool {
+	testenv.Eventually(t, 15*time.Second, "upstream answering again after PostgreSQL came back", func() bool {
 		return a.do("GET", "/v1/monitors", nil).Status == 200
 	})
 	// And it stays up.

@@ -15,7 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keygate/keygate/internal/promtest"
+	"github.com/keygate/keygate/internal/testkit/promtest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
@@ -162,7 +163,7 @@ func listedKey(t *testing.T, c *Client, orgID, id string) map[string]any {
 func waitLastUsed(t *testing.T, c *Client, orgID, id string, within time.Duration) time.Time {
 	t.Helper()
 	var at time.Time
-	eventually(t, within, "a last_used_at", func() bool {
+	testenv.Eventually(t, within, "a last_used_at", func() bool {
 		e := listedKey(t, c, orgID, id)
 		v, present := e["last_used_at"]
 		if present && v == nil {

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // throughPgBouncer returns the URL of the database of direct through the PgBouncer of

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // TestGatewayOnTLSRedisNeedsTheRightCA runs gateways on the stack's TLS-only Redis

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // sentinelSet is a Redis primary, its replica and three Sentinels of this test's own
@@ -78,7 +80,7 @@ func (set sentinelSet) waitReady(t *testing.T) {
 	t.Helper()
 	opts := set.opts
 	ctx := context.Background()
-	eventually(t, 20*time.Second, "the Sentinels know the replica and each other", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the Sentinels know the replica and each other", func() bool {
 		for _, addr := range opts.SentinelAddrs {
 			sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
 			m, err := sc.Master(ctx, opts.MasterName).Result()

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // usageUnits reads orgID's usage record by day over the UTC day of at, through the
@@ -90,7 +92,7 @@ func TestTheUsageRecordCountsEachRequestsUnits(t *testing.T) {
 		viewerID + " forbidden 403":   "1/5",
 	}
 	var got map[string]string
-	eventually(t, 15*time.Second, "the usage record's units", func() bool {
+	testenv.Eventually(t, 15*time.Second, "the usage record's units", func() bool {
 		got = owner.usageUnits(org.ID, start)
 		return fmt.Sprint(got) == fmt.Sprint(want)
 	})

@@ -17,7 +17,7 @@ import (
 type usageRow struct {
 	key     string
 	at      time.Time
-	outcome string
+	outcome keystore.Outcome
 	status  int
 	n       int
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // usageTotals reads org's usage by minute from from up to now through the owner's
@@ -166,7 +168,7 @@ func TestUsageIsHeldWhilePostgresIsAwayAndWrittenWhenItIsBack(t *testing.T) {
 		}
 		monitors++
 	}
-	eventually(t, 10*time.Second, "a refused flush", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a refused flush", func() bool {
 		return s.gatewayMetric(g, "keygate_usage_flush_errors_total") > errorsBefore
 	})
 
@@ -179,14 +181,14 @@ func TestUsageIsHeldWhilePostgresIsAwayAndWrittenWhenItIsBack(t *testing.T) {
 		}
 	}()
 	errorsDown := s.gatewayMetric(g, "keygate_usage_flush_errors_total")
-	eventually(t, 10*time.Second, "failed flushes while PostgreSQL is down", func() bool {
+	testenv.Eventually(t, 10*time.Second, "failed flushes while PostgreSQL is down", func() bool {
 		return s.gatewayMetric(g, "keygate_usage_flush_errors_total") >= errorsDown+2
 	})
 	s.stackCmd("start-pg")
 	restarted = true
 
 	// Back: the requests that get through count too, the writes still refused.
-	eventually(t, 15*time.Second, "the gateway answering again", func() bool {
+	testenv.Eventually(t, 15*time.Second, "the gateway answering again", func() bool {
 		r := api.do("GET", "/v1/me", nil)
 		if r.Status == 200 {
 			me++

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/benchcpu"
+	"github.com/keygate/keygate/internal/testkit/benchcpu"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -19,7 +19,7 @@ import (
 // Batcher over the real PostgreSQL. allocs/op is what one verification costs, batching
 // included. cpu-µs/op is this process's CPU per verification, and pg-µs/op is
 // PostgreSQL's. Run it on a stack of its own, with -benchtime 3s or more (see
-// internal/benchcpu).
+// internal/testkit/benchcpu).
 func BenchmarkBatcherVerify(b *testing.B) {
 	pool, _ := schematest.NewPool(b)
 	s := keystore.New(pool, keystoretest.Format(b, "mon"))
@@ -57,7 +57,7 @@ func BenchmarkBatcherVerify(b *testing.B) {
 // `= ANY($1)` statement for every batch, which PostgreSQL plans anew on every
 // execution once api_keys is analysed (see lookupStatement). "select1" is a round trip
 // that does nothing, the floor of any lookup. The machine is noisy: compare ratios
-// within one run. pg-µs/op counts in clock ticks of 10ms (internal/benchcpu), so run
+// within one run. pg-µs/op counts in clock ticks of 10ms (internal/testkit/benchcpu), so run
 // with -benchtime 3s or more.
 func BenchmarkLookup(b *testing.B) {
 	for _, table := range []struct {

@@ -45,8 +45,9 @@ type LastUsedOptions struct {
 //
 // A nil *LastUsed records nothing. A LastUsed is safe for concurrent use.
 type LastUsed struct {
-	pool *pgxpool.Pool
-	opts LastUsedOptions
+	pool    *pgxpool.Pool
+	opts    LastUsedOptions
+	flusher flusher
 
 	mu      sync.Mutex
 	pending map[string]struct{}
@@ -54,16 +55,13 @@ type LastUsed struct {
 
 // NewLastUsed returns a LastUsed writing through pool. Start it with Run.
 func NewLastUsed(pool *pgxpool.Pool, opts LastUsedOptions) *LastUsed {
-	if opts.Interval <= 0 {
-		opts.Interval = DefaultLastUsedInterval
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = min(opts.Interval, maxLastUsedTimeout)
-	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = DefaultLastUsedMaxPending
 	}
-	return &LastUsed{pool: pool, opts: opts, pending: make(map[string]struct{})}
+	l := &LastUsed{pool: pool, opts: opts, pending: make(map[string]struct{})}
+	l.flusher = newFlusher(l.Flush, opts.Interval, opts.Timeout, DefaultLastUsedInterval, maxLastUsedTimeout)
+	l.flusher.stopCuts = true
+	return l
 }
 
 // Record notes that the key keyID was used. It never waits on the database. It takes a
@@ -90,27 +88,10 @@ func (l *LastUsed) Record(keyID string) {
 	l.mu.Unlock()
 }
 
-// Run flushes every Interval until ctx ends. It then flushes once more, within
-// Timeout, and returns.
-func (l *LastUsed) Run(ctx context.Context) {
-	tick := time.NewTicker(l.opts.Interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-tick.C:
-			l.flushWithTimeout(ctx)
-		case <-ctx.Done():
-			l.flushWithTimeout(context.WithoutCancel(ctx))
-			return
-		}
-	}
-}
-
-func (l *LastUsed) flushWithTimeout(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
-	defer cancel()
-	_ = l.Flush(ctx) // reported through OnFlush
-}
+// Run flushes every Interval until ctx ends, then flushes once more, within Timeout,
+// and returns. A stop cuts a flush in progress short; its ids are written by the last
+// (flusher).
+func (l *LastUsed) Run(ctx context.Context) { l.flusher.run(ctx) }
 
 // lastUsedSQL sets last_used_at of the keys among $1 to the flush's time. The time
 // never goes back: a slower gateway's older flush does not undo a newer one.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -157,7 +158,7 @@ func TestRecordDoesNotWaitForABlockedFlush(t *testing.T) {
 	lu.Record(k.ID)
 	flushed := make(chan error, 1)
 	go func() { flushed <- lu.Flush(ctx) }()
-	time.Sleep(200 * time.Millisecond) // let the flush reach the lock
+	waitForALockWait(t, pool)
 	select {
 	case err := <-flushed:
 		t.Fatalf("the flush returned (%v) while the row was locked", err)
@@ -196,13 +197,9 @@ func TestRunFlushesEveryIntervalAndOnceMoreWhenStopped(t *testing.T) {
 	go func() { lu.Run(ctx); close(done) }()
 
 	lu.Record(a.ID)
-	deadline := time.Now().Add(10 * time.Second)
-	for lastUsedOf(t, s, org, a.ID) == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("Run did not flush within 10s at an interval of 100ms")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "Run's flush at an interval of 100ms", func() bool {
+		return lastUsedOf(t, s, org, a.ID) != nil
+	})
 	cancel()
 	<-done
 

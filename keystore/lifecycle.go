@@ -39,7 +39,9 @@ type Event struct {
 	ID     int64
 	OrgID  string
 	Action string
-	KeyID  string
+	// KeyID is the key of a key.* action; WebhookID the endpoint of a webhook.* one.
+	KeyID     string
+	WebhookID string
 	// Actor is the acting user's id, or ActorLeakReport.
 	Actor string
 	// NewKeyID is the key a roll created (ActionRolled only).
@@ -254,7 +256,7 @@ RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
 // Events returns up to limit events of orgID's audit trail, newest first. When
 // before > 0, it returns those with an id below before.
 func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, key_id, actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
+	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, COALESCE(key_id, ''), COALESCE(webhook_id::text, ''), actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
 FROM audit_events
 WHERE org_id = $1 AND ($2 = 0 OR id < $2)
 ORDER BY id DESC LIMIT $3`, orgID, before, limit)
@@ -263,7 +265,7 @@ ORDER BY id DESC LIMIT $3`, orgID, before, limit)
 	}
 	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
 		var e Event
-		err := row.Scan(&e.ID, &e.OrgID, &e.Action, &e.KeyID, &e.Actor, &e.NewKeyID, &e.URL, &e.Changes, &e.At)
+		err := row.Scan(&e.ID, &e.OrgID, &e.Action, &e.KeyID, &e.WebhookID, &e.Actor, &e.NewKeyID, &e.URL, &e.Changes, &e.At)
 		return e, err
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -48,6 +49,20 @@ func holdLocks(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) pgx.Tx
 		t.Fatal(err)
 	}
 	return tx
+}
+
+// waitForALockWait waits until a statement on pool's database waits on a lock: a
+// statement the test started has reached a lock that holdLocks holds.
+func waitForALockWait(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "a statement waiting on the held lock", func() bool {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
 }
 
 func create(t *testing.T, s *keystore.Store, nk keystore.NewKey) (keystore.Record, string) {

@@ -16,7 +16,7 @@ var keyShaped = regexp.MustCompile(`(?i)(_live_[a-z0-9]{16,64})\.[a-z0-9_-]+`)
 func Redact(s string) string {
 	decoded := s
 	for range 3 {
-		d := percentDecode(decoded)
+		d := PercentDecode(decoded)
 		if d == decoded {
 			break
 		}
@@ -41,8 +41,10 @@ func containsFold(s, substr string) bool {
 	return false
 }
 
-// percentDecode decodes every valid %XX in s and leaves anything else as it is.
-func percentDecode(s string) string {
+// PercentDecode decodes every valid %XX in s and leaves anything else as it is, where
+// url.PathUnescape would refuse s whole. Redact decodes keys with it, and the
+// gateway's log filter the passwords of URLs.
+func PercentDecode(s string) string {
 	if !strings.Contains(s, "%") {
 		return s
 	}

@@ -35,3 +35,19 @@ func TestRedactRemovesEverySecretAndKeepsTheRest(t *testing.T) {
 		}
 	}
 }
+
+func TestPercentDecodeLeavesWhatIsNoEscape(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"plain", "plain"},
+		{"p%40ss%2Fw%3Ard", "p@ss/w:rd"},
+		{"%41%62", "Ab"},
+		{"100%", "100%"},
+		{"%4", "%4"},
+		{"%zz%41", "%zzA"},
+		{"%2541", "%41"}, // once: a second decoding is the caller's
+	} {
+		if got := keystore.PercentDecode(tc.in); got != tc.want {
+			t.Errorf("PercentDecode(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -9,35 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The outcomes of the usage record: the gateway's decisions for a request whose key it
-// identified, named as in the keygate_requests_total metric (docs/operations.md).
-const (
-	OutcomeMe                 = "me"
-	OutcomeProxied            = "proxied"
-	OutcomeRateLimited        = "rate_limited"
-	OutcomeQuotaExceeded      = "quota_exceeded"
-	OutcomeForbidden          = "forbidden"
-	OutcomeFeatureGated       = "feature_gated"
-	OutcomeLimiterUnavailable = "limiter_unavailable"
-	OutcomeIPDenied           = "ip_denied"
-)
-
-// usageOutcomes are the outcomes Record accepts, by their index in a usageKey.
-var usageOutcomes = [...]string{
-	OutcomeMe, OutcomeProxied, OutcomeRateLimited, OutcomeQuotaExceeded,
-	OutcomeForbidden, OutcomeFeatureGated, OutcomeLimiterUnavailable, OutcomeIPDenied,
-}
-
-// outcomeIndex returns the index of outcome in usageOutcomes.
-func outcomeIndex(outcome string) (uint8, bool) {
-	for i, o := range usageOutcomes {
-		if o == outcome {
-			return uint8(i), true
-		}
-	}
-	return 0, false
-}
-
 // Defaults of UsageOptions.
 const (
 	DefaultUsageInterval   = 10 * time.Second
@@ -66,12 +37,12 @@ type UsageOptions struct {
 }
 
 // usageKey is a row of the record as Record counts it: the key, the UTC minute (Unix
-// seconds), the outcome (an index in usageOutcomes) and the status. The key's org is
+// seconds), the outcome and the status. The key's org is
 // beside, in usageCount: a key belongs to one org.
 type usageKey struct {
 	keyID   string
 	minute  int64
-	outcome uint8
+	outcome Outcome
 	status  int16
 }
 
@@ -95,8 +66,9 @@ type usageCount struct {
 //
 // A nil *Usage records nothing. A Usage is safe for concurrent use.
 type Usage struct {
-	pool *pgxpool.Pool
-	opts UsageOptions
+	pool    *pgxpool.Pool
+	opts    UsageOptions
+	flusher flusher
 
 	// flushing holds one token: whoever holds it is writing, or reading the record
 	// with no flush in flight (MonthUsed). A channel so that a wait can end with its
@@ -115,44 +87,39 @@ type Usage struct {
 
 // NewUsage returns a Usage writing through pool. Start it with Run.
 func NewUsage(pool *pgxpool.Pool, opts UsageOptions) *Usage {
-	if opts.Interval <= 0 {
-		opts.Interval = DefaultUsageInterval
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = min(opts.Interval, maxUsageTimeout)
-	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = DefaultUsageMaxPending
 	}
-	return &Usage{
+	u := &Usage{
 		pool:     pool,
 		opts:     opts,
 		flushing: make(chan struct{}, 1),
 		pending:  make(map[usageKey]*usageCount),
 		spare:    make(map[usageKey]*usageCount),
 	}
+	u.flusher = newFlusher(u.Flush, opts.Interval, opts.Timeout, DefaultUsageInterval, maxUsageTimeout)
+	return u
 }
 
 // Record counts one request of the key keyID of the org orgID, made at at, decided
-// with outcome (one of the Outcome constants), answered with status and weighing
-// units, its route's cost (below 1 counts as 1). It never waits
-// on the database: it takes a mutex held for one map update, and allocates only for
-// the first request of a row between two flushes.
+// with outcome, answered with status and weighing units, its route's cost (below 1
+// counts as 1). It never waits on the database: it takes a mutex held for one map
+// update, and allocates only for the first request of a row between two flushes.
 //
 // A request that cannot be written is dropped and reported through OnDrop, so that it
-// never fails the flush of the others: an unknown outcome, a status outside 100..599,
+// never fails the flush of the others: an outcome the record does not hold (one
+// decided before the key was known, or no outcome at all), a status outside 100..599,
 // an org id that is not a UUID or a key id that is not one.
-func (u *Usage) Record(orgID, keyID string, at time.Time, outcome string, status int, units int) {
+func (u *Usage) Record(orgID, keyID string, at time.Time, outcome Outcome, status int, units int) {
 	if u == nil {
 		return
 	}
 	extra := int64(max(units, 1) - 1)
-	o, ok := outcomeIndex(outcome)
-	if !ok || status < 100 || status > 599 {
+	if !outcome.Recorded() || status < 100 || status > 599 {
 		u.drop(1)
 		return
 	}
-	k := usageKey{keyID: keyID, minute: unixMinute(at), outcome: o, status: int16(status)}
+	k := usageKey{keyID: keyID, minute: unixMinute(at), outcome: outcome, status: int16(status)}
 	u.mu.Lock()
 	if c, ok := u.pending[k]; ok {
 		c.count++
@@ -206,23 +173,5 @@ func validUUID(s string) bool {
 
 // Run flushes every Interval until ctx ends, then flushes once more and returns. Each
 // flush, the last one included, runs to its end or its Timeout, whatever becomes of
-// ctx, so that a stop never cuts the last writes short.
-func (u *Usage) Run(ctx context.Context) {
-	tick := time.NewTicker(u.opts.Interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-tick.C:
-			u.flushWithTimeout(ctx)
-		case <-ctx.Done():
-			u.flushWithTimeout(ctx)
-			return
-		}
-	}
-}
-
-func (u *Usage) flushWithTimeout(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), u.opts.Timeout)
-	defer cancel()
-	_ = u.Flush(ctx) // reported through OnFlush
-}
+// ctx, so that a stop never cuts the last writes short (flusher).
+func (u *Usage) Run(ctx context.Context) { u.flusher.run(ctx) }

@@ -18,7 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema"
 	"github.com/keygate/keygate/schema/schematest"
@@ -377,11 +378,12 @@ func TestUsageDropsWhatItCannotWrite(t *testing.T) {
 	var dropped atomic.Int64
 	u := keystore.NewUsage(pool, keystore.UsageOptions{OnDrop: func(n int) { dropped.Add(int64(n)) }})
 	for _, tc := range []struct {
-		org, key, outcome string
-		status            int
+		org, key string
+		outcome  keystore.Outcome
+		status   int
 	}{
-		{orgA, keyA, "unauthenticated", 401}, // no key to count it against
-		{orgA, keyA, "", 200},
+		{orgA, keyA, keystore.OutcomeUnauthenticated, 401}, // no key to count it against
+		{orgA, keyA, keystore.NumOutcomes, 200},            // no outcome
 		{orgA, keyA, keystore.OutcomeProxied, 99},
 		{orgA, keyA, keystore.OutcomeProxied, 600},
 		{"acme", keyA, keystore.OutcomeProxied, 200},
@@ -411,7 +413,7 @@ func TestUsageRecordDoesNotWaitForABlockedFlush(t *testing.T) {
 	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	flushed := make(chan error, 1)
 	go func() { flushed <- u.Flush(ctx) }()
-	time.Sleep(200 * time.Millisecond) // let the flush reach the lock
+	waitForALockWait(t, pool)
 	select {
 	case err := <-flushed:
 		t.Fatalf("the flush returned (%v) while the table was locked", err)
@@ -451,13 +453,9 @@ func TestUsageRunFlushesEveryIntervalAndOnceMoreWhenStopped(t *testing.T) {
 	done := make(chan struct{})
 	go func() { u.Run(ctx); close(done) }()
 	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
-	deadline := time.Now().Add(10 * time.Second)
-	for len(minuteRows(t, pool)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("Run did not flush within 10s at an interval of 100ms")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "Run's flush at an interval of 100ms", func() bool {
+		return len(minuteRows(t, pool)) > 0
+	})
 	cancel()
 	<-done
 

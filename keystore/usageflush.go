@@ -58,7 +58,7 @@ func newUsageBatch(m map[usageKey]*usageCount) *usageBatch {
 			strings.Compare(a.c.orgID, b.c.orgID),
 			cmp.Compare(a.k.minute, b.k.minute),
 			strings.Compare(a.k.keyID, b.k.keyID),
-			strings.Compare(usageOutcomes[a.k.outcome], usageOutcomes[b.k.outcome]),
+			strings.Compare(a.k.outcome.String(), b.k.outcome.String()),
 			cmp.Compare(a.k.status, b.k.status),
 		)
 	})
@@ -71,7 +71,7 @@ func newUsageBatch(m map[usageKey]*usageCount) *usageBatch {
 	}
 	for i, r := range rows {
 		b.orgs[i], b.keys[i], b.starts[i] = r.c.orgID, r.k.keyID, time.Unix(r.k.minute, 0).UTC()
-		b.outcomes[i], b.statuses[i], b.counts[i] = usageOutcomes[r.k.outcome], r.k.status, r.c.count
+		b.outcomes[i], b.statuses[i], b.counts[i] = r.k.outcome.String(), r.k.status, r.c.count
 		b.extras[i] = r.c.extra
 	}
 	return b

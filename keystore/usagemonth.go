@@ -13,15 +13,24 @@ import (
 // each request at its route's cost as every budget does: what the usage record holds
 // (Store.MonthUsed) and what a Usage holds and has not written (Pending).
 
-// monthOutcomes are the outcomes a monthly quota counts: the requests that passed
-// every budget. An SQL array literal.
-const monthOutcomes = `'{me,proxied,forbidden}'`
+// monthOutcomes are the outcomes a monthly quota counts (inMonth in the outcomes
+// table): the requests that passed every budget. An SQL array literal.
+var monthOutcomes = func() string {
+	var names []string
+	for _, o := range outcomes {
+		if o.inMonth {
+			names = append(names, o.name)
+		}
+	}
+	return "'{" + strings.Join(names, ",") + "}'"
+}()
 
-// countsInMonth reports whether a row of outcome counts in MonthUsed.
-func countsInMonth(outcome string) bool {
-	switch outcome {
-	case OutcomeMe, OutcomeProxied, OutcomeForbidden:
-		return true
+// countsInMonth reports whether a row of the outcome named name counts in MonthUsed.
+func countsInMonth(name string) bool {
+	for _, o := range outcomes {
+		if o.name == name {
+			return o.inMonth
+		}
 	}
 	return false
 }
@@ -43,7 +52,7 @@ func (u *Usage) Pending(orgID string, month time.Time) int64 {
 	var n int64
 	for _, m := range []map[usageKey]*usageCount{u.pending, u.inflight} {
 		for k, c := range m {
-			if c.orgID == orgID && k.minute >= lo && k.minute < hi && countsInMonth(usageOutcomes[k.outcome]) {
+			if c.orgID == orgID && k.minute >= lo && k.minute < hi && countsInMonth(k.outcome.String()) {
 				n += c.count + c.extra
 			}
 		}
@@ -85,7 +94,7 @@ func (s *Store) MonthUsed(ctx context.Context, orgID string, month time.Time) (i
 
 // monthUsedSQL sums the units of the month's days and of the minutes not rolled up
 // yet.
-const monthUsedSQL = `SELECT (
+var monthUsedSQL = `SELECT (
 	(SELECT coalesce(sum(count + extra), 0) FROM usage_days
 	 WHERE org_id = $1 AND start >= $2 AND start < $3 AND outcome = ANY(` + monthOutcomes + `::text[]))
 	+ (SELECT coalesce(sum(count - rolled + extra - extra_rolled), 0) FROM usage_minutes

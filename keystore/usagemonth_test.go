@@ -14,10 +14,10 @@ import (
 
 // insertUsage writes rows as the roll-up leaves them: minutes with their rolled part,
 // and days.
-func insertUsage(t *testing.T, pool *pgxpool.Pool, table, org string, start time.Time, outcome string, count, rolled int64) {
+func insertUsage(t *testing.T, pool *pgxpool.Pool, table, org string, start time.Time, outcome keystore.Outcome, count, rolled int64) {
 	t.Helper()
 	sql := `INSERT INTO usage_days (org_id, key_id, start, outcome, status, count) VALUES ($1, $2, $3, $4, 200, $5)`
-	args := []any{org, keyA, start, outcome, count}
+	args := []any{org, keyA, start, outcome.String(), count}
 	if table == "usage_minutes" {
 		sql = `INSERT INTO usage_minutes (org_id, key_id, start, outcome, status, count, rolled) VALUES ($1, $2, $3, $4, 200, $5, $6)`
 		args = append(args, rolled)
@@ -40,7 +40,7 @@ func TestMonthUsedCountsTheRequestsThatPassedEveryBudget(t *testing.T) {
 	insertUsage(t, pool, "usage_minutes", orgA, march.Add(2*time.Minute), keystore.OutcomeProxied, 10, 4)
 	insertUsage(t, pool, "usage_minutes", orgA, march.AddDate(0, 1, 0).Add(-time.Minute), keystore.OutcomeMe, 5, 0)
 	// Not counted: refused by a budget or before one, another month, another org.
-	for _, o := range []string{keystore.OutcomeRateLimited, keystore.OutcomeQuotaExceeded, keystore.OutcomeFeatureGated,
+	for _, o := range []keystore.Outcome{keystore.OutcomeRateLimited, keystore.OutcomeQuotaExceeded, keystore.OutcomeFeatureGated,
 		keystore.OutcomeLimiterUnavailable, keystore.OutcomeIPDenied} {
 		insertUsage(t, pool, "usage_days", orgA, march, o, 1000, 0)
 		insertUsage(t, pool, "usage_minutes", orgA, march, o, 1000, 0)
@@ -94,7 +94,7 @@ func TestUsageCountsAFlushInProgressAsNotWritten(t *testing.T) {
 	tx := holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
 	flushed := make(chan error, 1)
 	go func() { flushed <- u.Flush(ctx) }()
-	time.Sleep(200 * time.Millisecond) // let the flush take its rows and reach the lock
+	waitForALockWait(t, pool) // the flush has taken its rows and reached the lock
 	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 1)
 	if got := u.Pending(orgA, t0); got != 2 {
 		t.Errorf("Pending during a flush = %d, want 2 (1 in flight, 1 since)", got)
@@ -121,7 +121,7 @@ func TestUsageCountsAFlushInProgressAsNotWritten(t *testing.T) {
 	// A caller that cannot wait for the flush gets its context's error.
 	holdLocks(t, pool, `LOCK TABLE usage_minutes IN EXCLUSIVE MODE`)
 	go func() { _ = u.Flush(ctx) }()
-	time.Sleep(100 * time.Millisecond)
+	waitForALockWait(t, pool)
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	if _, err := u.MonthUsed(short, orgA, t0); !errors.Is(err, context.DeadlineExceeded) {

@@ -97,7 +97,7 @@ ON CONFLICT (org_id, start, key_id, outcome, status) DO UPDATE SET count = m.cou
 	old := func(id string, count int64) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, lastRelease, id, []string{orgA}, []string{keyA}, []time.Time{t0},
-			[]string{keystore.OutcomeProxied}, []int16{200}, []int64{count}); err != nil {
+			[]string{keystore.OutcomeProxied.String()}, []int16{200}, []int64{count}); err != nil {
 			t.Fatal(err)
 		}
 	}

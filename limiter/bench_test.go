@@ -5,14 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keygate/keygate/internal/benchcpu"
+	"github.com/keygate/keygate/internal/testkit/benchcpu"
 	"github.com/keygate/keygate/limiter"
 )
 
 // BenchmarkPipelinedAllow counts from 1, 4 and 32 goroutines at once through the
 // pipeline, over the real Redis. allocs/op is what one count costs, the pipeline
 // included. cpu-µs/op is this process's CPU per count, and redis-µs/op is Redis's.
-// Run it on a stack of its own (see internal/benchcpu).
+// Run it on a stack of its own (see internal/testkit/benchcpu).
 func BenchmarkPipelinedAllow(b *testing.B) {
 	c := redisClient(b)
 	l := limiter.NewRedis(c, limiter.WithPrefix(uniquePrefix(b)), limiter.WithPipelining(time.Second))

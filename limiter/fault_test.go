@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keygate/keygate/internal/latencyproxy"
-	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/redistest"
 	"github.com/keygate/keygate/limiter"
 )
 

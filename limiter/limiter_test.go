@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keygate/keygate/internal/redistest"
+	"github.com/keygate/keygate/internal/testkit/redistest"
 	"github.com/keygate/keygate/limiter"
 )
 

@@ -17,7 +17,7 @@
 #   (e) a 50 MB JSON list through the gateway's field filter: Caddy's peak RSS growth
 #   (f) the fault run (fault_run below): the gateway's rate while Redis hangs, as a share
 #       of its rate just before, under limiter_failure open and local; and the rate of
-#       503s while PostgreSQL hangs. A hang is internal/latencyproxy's hang mode (no
+#       503s while PostgreSQL hangs. A hang is internal/testkit/latencyproxy's hang mode (no
 #       byte forwarded, as with SIGSTOP) in front of the real servers.
 #   (r) (c) and (b) again at one equal rate, below their full-load rates, through hey's
 #       rate limit: the module's CPU per request without the throughput effect
@@ -28,13 +28,13 @@
 #       gateway_secret alone, the same way (bench_pair below)
 #   (u) the cost of the usage record: the gateway with it on (the default) and with
 #       usage off, the same way; then (u1) PostgreSQL's CPU per row written and rolled
-#       up and per month read (internal/capacity); BENCH_ONLY=usage runs it alone and
+#       up and per month read (integration/capacity); BENCH_ONLY=usage runs it alone and
 #       replaces it in OUT
 #   (o) the cost of organisation budgets: one gateway site, a key whose plan has an
 #       organisation ceiling and a monthly quota (too large to refuse) against the bench
 #       key, whose plan has neither, the same way (pair_run below); then Redis's CPU per
 #       count, (o1) the key's minute alone against (o2) the budgets' script, at
-#       BUDGETS_WAITERS (1,4,16,64) goroutines per process (internal/capacity, with
+#       BUDGETS_WAITERS (1,4,16,64) goroutines per process (integration/capacity, with
 #       capacity.sh's CAP_KEYS, CAP_ORGS, CAP_PROCS, CAP_WARMUP, CAP_DURATION);
 #       BENCH_ONLY=budgets runs it alone and replaces it in OUT
 #   (s) the cost of scopes: a key with scopes against one without, on one gateway site,
@@ -45,7 +45,7 @@
 #   (t) nothing to time: 2,000 interleaved pairs on loopback, one request at a time,
 #       of a refused restricted key (right secret, wrong address) and a revoked key,
 #       whose 401s are byte-identical: both medians and the share of pairs in which
-#       each was the slower (internal/timingpair); BENCH_TIMING=0 skips it,
+#       each was the slower (internal/testkit/timingpair); BENCH_TIMING=0 skips it,
 #       BENCH_ONLY=timing runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
@@ -485,12 +485,12 @@ bench_pair() {
 	pair_run "$var" "$title" "$PAIR_PID" "$label_a" "http://$a/v1/monitors/$monitor" "$key" \
 		"$label_b" "http://$b/v1/monitors/$monitor" "$key" "${@:7}"
 }
-# capacity_tool builds internal/capacity's command as $stack/capacity, once.
+# capacity_tool builds integration/capacity's command as $stack/capacity, once.
 capacity_tool() {
-	[ -x "$stack/capacity" ] || go build -o "$stack/capacity" ./internal/capacity/cmd/capacity
+	[ -x "$stack/capacity" ] || go build -o "$stack/capacity" ./integration/capacity/cmd/capacity
 }
 # bench_usage sets usage_report: (u), the usage record on against usage off, and then
-# PostgreSQL's side on its own (u1): internal/capacity writing and rolling up rows of
+# PostgreSQL's side on its own (u1): integration/capacity writing and rolling up rows of
 # the usage record and reading months, in a database of its own (keygate_usage).
 bench_usage() {
 	bench_pair usage_report "(u) usage record" "A: gateway, usage on (default)" "" "B: gateway, usage off" "usage off" 0.97 3
@@ -535,7 +535,7 @@ bench_budgets() {
 	*'"org"'*) ;;
 	*) budgets_report+=" (no org budget: this build counts A's key like B's)" ;;
 	esac
-	# Redis's side, on its own: internal/capacity's workers counting random keys the
+	# Redis's side, on its own: integration/capacity's workers counting random keys the
 	# plain way (the key's minute alone) and then through the org budgets (the key's
 	# minute, the org's minute and month in one script call),
 	# as capacity.sh's (s1) does.
@@ -564,7 +564,7 @@ bench_timing() {
 	revoked_id=${revoked_id%%.*}
 	curl -sf -b "$jar" -X DELETE -o /dev/null "http://$gw/orgs/$org/api-keys/$revoked_id"
 	[ -n "$restricted" ] && [ -n "$revoked" ] || { echo "could not create the timing keys" >&2; exit 1; }
-	[ -x "$stack/timingpair" ] || go build -o "$stack/timingpair" ./internal/timingpair/cmd/timingpair
+	[ -x "$stack/timingpair" ] || go build -o "$stack/timingpair" ./internal/testkit/timingpair/cmd/timingpair
 	echo "measuring (t) a refused restricted key against a revoked key…" >&2
 	timing_report=$'
 
@@ -880,7 +880,7 @@ leaked=$(grep -c -E '"(config|assertions|org_id|config_version|paused_reason)"' 
 # and resumes (SIGUSR2).
 fault_run() {
 	local fd=${FAULT_DURATION:-5s} rproxy pproxy rpid ppid fpid
-	go build -o "$stack/latencyproxy" ./internal/latencyproxy/cmd/latencyproxy
+	go build -o "$stack/latencyproxy" ./internal/testkit/latencyproxy/cmd/latencyproxy
 	local redis_hp=${REDIS_URL#redis://}
 	redis_hp=${redis_hp%%/*}
 	redis_hp=${redis_hp##*@}

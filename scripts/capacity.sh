@@ -2,7 +2,7 @@
 # Caddy and upstream run (it uses bench.sh's variables and measure_cpu). It measures
 # each shared dependency on its own, as CPU per operation, for docs/scaling.md:
 #
-#   (p)  key lookups on PostgreSQL: internal/capacity's workers, CAP_PROCS processes
+#   (p)  key lookups on PostgreSQL: integration/capacity's workers, CAP_PROCS processes
 #        each with a keystore.Batcher on a pool of its own, as a gateway process has,
 #        and W goroutines each (CAP_WAITERS) verifying random keys among CAP_KEYS
 #        (1,000,000) seeded keys, in a database of their own (keygate_capacity)
@@ -70,7 +70,7 @@ capacity_main() {
 	start=$(date +%s)
 	load=$(cut -d' ' -f1-3 /proc/loadavg)
 	tool="$stack/capacity"
-	go build -o "$tool" ./internal/capacity/cmd/capacity
+	go build -o "$tool" ./integration/capacity/cmd/capacity
 	cap_db=$(with_database "$DATABASE_URL" keygate_capacity)
 	local common=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "${CAP_WARMUP:-2s}"
 		-duration "${CAP_DURATION:-5s}")

@@ -13,7 +13,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/version"
+	"github.com/keygate/keygate/internal/version"
 )
 
 // The commands of the command line (docs/configuration.md). Each operator command

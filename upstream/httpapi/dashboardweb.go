@@ -14,7 +14,7 @@ import (
 
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/version"
+	"github.com/keygate/keygate/internal/version"
 )
 
 // The dashboard's web files: its templates, the data they show, and its stylesheet,
@@ -61,6 +61,7 @@ type pageData struct {
 	Usage      *usageView
 	Plan       *planView // keys: the plan's budgets
 	Edit       *keyEdit  // keys: a settings form sent back with an error
+	Webhooks   *webhookPage
 }
 
 // planView is what the keys page says of the plan's budgets.

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/version"
+	"github.com/keygate/keygate/internal/version"
 )
 
 // readyTimeout bounds the database check of /readyz. A probe never hangs on a database

@@ -46,13 +46,13 @@ func newUsageEnv(t *testing.T) *usageEnv {
 }
 
 // record counts n requests of key at at, and flushes them, as a gateway does.
-func (u *usageEnv) record(t *testing.T, key string, at time.Time, outcome string, status, n int) {
+func (u *usageEnv) record(t *testing.T, key string, at time.Time, outcome keystore.Outcome, status, n int) {
 	t.Helper()
 	u.recordUnits(t, key, at, outcome, status, n, 1)
 }
 
 // recordUnits counts n requests of units each, as record does.
-func (u *usageEnv) recordUnits(t *testing.T, key string, at time.Time, outcome string, status, n, units int) {
+func (u *usageEnv) recordUnits(t *testing.T, key string, at time.Time, outcome keystore.Outcome, status, n, units int) {
 	t.Helper()
 	for range n {
 		u.recorder.Record(u.org, key, at, outcome, status, units)

@@ -40,7 +40,7 @@ var usageClasses = [numClasses]struct{ Name, CSS, Column, Short string }{
 // tells it apart.
 func usageClass(outcome string, status int) int {
 	switch {
-	case outcome == keystore.OutcomeIPDenied:
+	case outcome == keystore.OutcomeIPDenied.String():
 		return classAddress
 	case status < 400:
 		return classServed

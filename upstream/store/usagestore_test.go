@@ -36,7 +36,7 @@ func usageStore(t *testing.T) (*store.Store, *pgxpool.Pool) {
 }
 
 // record counts n requests and flushes them, as a gateway does.
-func record(t *testing.T, u *keystore.Usage, org, key string, at time.Time, outcome string, status, n int) {
+func record(t *testing.T, u *keystore.Usage, org, key string, at time.Time, outcome keystore.Outcome, status, n int) {
 	t.Helper()
 	for range n {
 		u.Record(org, key, at, outcome, status, 1)

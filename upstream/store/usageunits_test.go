@@ -14,7 +14,7 @@ import (
 )
 
 // recordUnits counts n requests of units each and flushes them, as a gateway does.
-func recordUnits(t *testing.T, u *keystore.Usage, key string, at time.Time, outcome string, status, n, units int) {
+func recordUnits(t *testing.T, u *keystore.Usage, key string, at time.Time, outcome keystore.Outcome, status, n, units int) {
 	t.Helper()
 	for range n {
 		u.Record(usageOrg, key, at, outcome, status, units)

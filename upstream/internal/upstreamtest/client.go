@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // Client makes requests to the test server with fixed headers.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
 

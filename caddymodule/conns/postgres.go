@@ -1,0 +1,105 @@
+package conns
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/keystore"
+)
+
+// Setup is how a pool opens connections: within DialTimeout, a budget of its own, and
+// MinConns of them kept open (database_min_conns, redis_min_conns). See warm.go.
+type Setup struct {
+	DialTimeout time.Duration
+	MinConns    int
+}
+
+// Key is Setup as part of a key of the pools that outlive a config reload. A changed
+// setting makes a new key, so a pool is never reused with settings it was not built
+// with.
+func (s Setup) Key() string { return s.DialTimeout.String() + "\x00" + strconv.Itoa(s.MinConns) }
+
+// SetsPoolParam reports whether a database URL (or keyword/value string) sets
+// pgxpool's parameter name. pgxpool.ParseConfig does not tell.
+func SetsPoolParam(url, name string) bool {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return false
+	}
+	_, ok := cfg.RuntimeParams[name]
+	return ok
+}
+
+// TunePostgres sets the pool up for a database that may be slow.
+//
+// pgxpool pings a connection idle for more than a second before handing it out. That
+// is a second round trip on nearly every lookup of a quiet gateway. A database
+// answering in over half of database_timeout cannot fit it. So only connections idle
+// for a minute are pinged. A dead connection (after a PostgreSQL restart) fails its
+// lookup at once instead, and the key store retries that once on another connection.
+//
+// A lookup whose context ends mid-query would, by pgx's default, break its
+// connection. Instead PostgreSQL is asked to cancel the query (lookupCancel). The
+// connection is kept if it answers within a quarter of timeout, at least 50ms. See
+// docs/dependencies.md, What the libraries do when a request gives up.
+//
+// A new connection opens within setup's dialTimeout, unless the URL's
+// connect_timeout says otherwise. Its lookups are prepared before any request uses
+// it. The pool keeps setup's floor of connections open, topping it up every few
+// seconds (see warm.go). The URL's pool_min_conns, when larger, wins.
+func TunePostgres(cfg *pgxpool.Config, timeout time.Duration, setup Setup) {
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = setup.DialTimeout
+	}
+	cfg.AfterConnect = prepareLookups(setup.DialTimeout)
+	cfg.MinConns = min(max(cfg.MinConns, int32(setup.MinConns)), cfg.MaxConns)
+	cfg.HealthCheckPeriod = min(cfg.HealthCheckPeriod, minConnsCheckEvery)
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Minute
+	}
+	grace := max(timeout/4, 50*time.Millisecond)
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &lookupCancel{
+			cancel: pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: grace},
+			conn:   c,
+		}
+	}
+}
+
+// minConnsCheckEvery is how often, at most, pgxpool tops a pool up to its floor.
+const minConnsCheckEvery = 5 * time.Second
+
+// lookupCancel is the context watcher handler of TunePostgres. It asks PostgreSQL to
+// cancel the query, as pgconn.CancelRequestContextWatcherHandler does. The exception
+// is a lookup a keystore.Batcher runs on its request's goroutine
+// (keystore.RequestLookup). The request answers when that lookup returns, so the
+// lookup ends at its deadline, as with pgx's default. Such a lookup only runs on a
+// lane with no batch in flight. So a slow database gives up at most one connection
+// per lane (lookup_lanes) per timeout that way.
+type lookupCancel struct {
+	cancel pgconn.CancelRequestContextWatcherHandler
+	conn   *pgconn.PgConn
+	now    bool // the last HandleCancel set the deadline to now
+}
+
+func (h *lookupCancel) HandleCancel(ctx context.Context) {
+	h.now = keystore.RequestLookup(ctx)
+	if h.now {
+		h.conn.Conn().SetDeadline(time.Now())
+		return
+	}
+	h.cancel.HandleCancel(ctx)
+}
+
+func (h *lookupCancel) HandleUnwatchAfterCancel() {
+	if h.now {
+		h.conn.Conn().SetDeadline(time.Time{})
+		return
+	}
+	h.cancel.HandleUnwatchAfterCancel()
+}
