@@ -19,6 +19,9 @@ import (
 type Store struct {
 	pool   *pgxpool.Pool
 	format Format
+	// standby marks a Store over a hot standby: its lookups also read how far the
+	// standby has replayed (standby.go).
+	standby bool
 }
 
 // New returns a Store over pool for keys of the given format. The pool's default
@@ -216,7 +219,7 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 // and secret. A caller that parsed the key does not parse it again.
 func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	sum := HashSecret(secret)
-	rows, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum}}))
+	rows, _, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum}}))
 	if err != nil {
 		return Key{}, false, err
 	}
@@ -226,24 +229,35 @@ func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bo
 }
 
 // lookup runs l, once more if the first attempt fails (see retryable). It returns the
-// live keys it found, by key id: those whose digest it presented.
-func (s *Store) lookup(ctx context.Context, l lookup) (map[string]row, error) {
-	out, err := s.lookupOnce(ctx, l)
+// live keys it found, by key id: those whose digest it presented. On a standby's
+// Store it also returns the position the standby had replayed before the lookup's
+// snapshot was taken (replayedBefore); on the primary's, 0.
+func (s *Store) lookup(ctx context.Context, l lookup) (map[string]row, LSN, error) {
+	out, replayed, err := s.lookupOnce(ctx, l)
 	if retryable(ctx, err) {
-		out, err = s.lookupOnce(ctx, l)
+		out, replayed, err = s.lookupOnce(ctx, l)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("looking up keys: %w", err)
+		return nil, 0, fmt.Errorf("looking up keys: %w", err)
 	}
-	return out, nil
+	return out, replayed, nil
 }
 
-func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, error) {
+func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, LSN, error) {
+	if s.standby {
+		return s.lookupReplayed(ctx, l)
+	}
 	rows, err := s.pool.Query(ctx, l.sql, l.args...)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	out := make(map[string]row, l.ids)
+	out, err := scanLookup(rows, l.ids)
+	return out, 0, err
+}
+
+// scanLookup reads the rows of a lookup of ids key ids.
+func scanLookup(rows pgx.Rows, ids int) (map[string]row, error) {
+	out := make(map[string]row, ids)
 	var (
 		id, org, role   string
 		hash            []byte
@@ -251,7 +265,7 @@ func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, error
 		quota           int64
 		cidrs           []netip.Prefix
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit, &orgLimit, &quota, &cidrs}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit, &orgLimit, &quota, &cidrs}, func() error {
 		out[id] = row{orgID: org, role: Role(role), hash: hash, rateLimit: limit, orgRateLimit: orgLimit, monthlyQuota: quota, cidrs: cidrs}
 		cidrs = nil // the next row's scan makes its own
 		return nil
