@@ -26,7 +26,7 @@ import (
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
-	onBatch func(size int)                          // BatcherOptions.OnBatch; may be nil
+	onBatch func(size int)                 // BatcherOptions.OnBatch; may be nil
 	batches *gather.Gatherer[probe, found] // a presented key in, its batch's live keys out
 
 	queries, lookups atomic.Uint64 // for tests, through export_test.go
