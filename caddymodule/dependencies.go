@@ -113,13 +113,13 @@ func (l *lookups) verify(ctx context.Context, keyID, secret string) (key keystor
 // breaker and no gauge.
 type counts struct {
 	dep    dependency
-	lim    limiter.BudgetLimiter
+	lim    limiter.Limiter
 	warmer *redisWarmer // kicked when a count fails; nil in process
 }
 
 // redisCounts are the counts of a Redis limiter. lim bounds each count by
 // redis_timeout itself (limiter.WithTimeout).
-func redisCounts(lim limiter.BudgetLimiter, b *breaker, w *redisWarmer, m *metrics) counts {
+func redisCounts(lim limiter.Limiter, b *breaker, w *redisWarmer, m *metrics) counts {
 	c := counts{dep: dependency{breaker: b}, lim: lim, warmer: w}
 	if m != nil {
 		c.dep.up, c.dep.waited, c.dep.failures = &m.redis, m.limiterDuration, m.limiterErrors
@@ -128,7 +128,7 @@ func redisCounts(lim limiter.BudgetLimiter, b *breaker, w *redisWarmer, m *metri
 }
 
 // localCounts are the counts of the in-process limiter.
-func localCounts(lim limiter.BudgetLimiter, m *metrics) counts {
+func localCounts(lim limiter.Limiter, m *metrics) counts {
 	c := counts{lim: lim}
 	if m != nil {
 		c.dep.waited, c.dep.failures = m.limiterDuration, m.limiterErrors
@@ -136,32 +136,16 @@ func localCounts(lim limiter.BudgetLimiter, m *metrics) counts {
 	return c
 }
 
-// allow counts one request of key against limit, unless the breaker is open.
-func (c *counts) allow(ctx context.Context, key string, limit int) (rl limiter.Result, err error) {
-	start := c.dep.start()
-	if c.dep.allow() {
-		rl, err = c.lim.Allow(ctx, key, limit)
-		c.dep.done(ctx, err)
-		if err != nil && c.warmer != nil {
-			c.warmer.kick()
-		}
-	} else {
-		err = errBreakerOpen
-	}
-	c.dep.observe(ctx, start, err)
-	return rl, err
-}
-
-// allowBudgets counts one request against b, unless the breaker is open. A month
-// whose count could not be read from the usage record is PostgreSQL's failure, not
-// Redis's: Redis answered, so its breaker and gauge take it as a success.
-func (c *counts) allowBudgets(ctx context.Context, b limiter.Budgets) (res limiter.BudgetsResult, err error) {
+// allow counts one request against b, unless the breaker is open. A month whose
+// count could not be read from the usage record is PostgreSQL's failure, not Redis's:
+// Redis answered, so its breaker and gauge take it as a success.
+func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Result, err error) {
 	start := c.dep.start()
 	redisErr := errBreakerOpen
 	if c.dep.allow() {
-		res, err = c.lim.AllowBudgets(ctx, b)
+		res, err = c.lim.Allow(ctx, b)
 		redisErr = err
-		if errors.Is(err, limiter.ErrMonthSeed) {
+		if err != nil && errors.Is(err, limiter.ErrMonthSeed) {
 			redisErr = nil
 		}
 		c.dep.done(ctx, redisErr)

@@ -10,7 +10,7 @@ import (
 var (
 	bodyUnauthenticated    = []byte(`{"error":"api key unauthenticated"}`)
 	bodyFeatureGated       = []byte(`{"error":"feature_gated","feature":"api","upgrade":true}`)
-	bodyForbidden          = []byte(`{"error":"forbidden"}`)
+	bodyForbidden          = []byte(`{"error":"forbidden","reason":"role"}`)
 	bodyQuotaExceeded      = []byte(`{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`)
 	bodyServiceUnavailable = []byte(`{"error":"service_unavailable"}`)
 	bodyBadGateway         = []byte(`{"error":"bad_gateway"}`)

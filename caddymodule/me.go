@@ -6,12 +6,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
 )
 
 // writeMe answers GET /v1/me: {"org_id":"…","role":"…","limits":{…}}, the limits
 // being the key's budgets (null: none) and its organisation's use of the month so far,
 // this request included (null without a monthly quota).
-func writeMe(w http.ResponseWriter, key keystore.Key, count rateCount) {
+func writeMe(w http.ResponseWriter, key keystore.Key, count limiter.Result) {
 	b := make([]byte, 0, 192)
 	b = append(b, `{"org_id":`...)
 	b = appendJSONString(b, key.OrgID)
@@ -24,8 +25,8 @@ func writeMe(w http.ResponseWriter, key keystore.Key, count rateCount) {
 	b = append(b, `,"per_month":`...)
 	b = appendBudget(b, key.MonthlyQuota)
 	b = append(b, `,"used_this_month":`...)
-	if key.MonthlyQuota > 0 && count.month.Limit > 0 {
-		b = strconv.AppendInt(b, count.month.Used, 10)
+	if key.MonthlyQuota > 0 && count.Month.Limit > 0 {
+		b = strconv.AppendInt(b, count.Month.Used, 10)
 	} else {
 		b = append(b, "null"...) // no quota, or a month Redis could not count
 	}

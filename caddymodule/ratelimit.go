@@ -38,84 +38,57 @@ func parseLimiterFailure(v string) (m limiterFailure, ok bool) {
 	return limiterFailure(max(i, 0)), i >= 0
 }
 
-// rateCount is a request's count, as the RateLimit fields of its answer show it. The
-// zero value is a request not counted: an unlimited key without organisation budgets,
-// or a count Redis could not make under limiter_failure open.
-type rateCount struct {
-	limiter.Result      // the key's minute
-	counted        bool // the key's minute counted the request
-	// org is the organisation's minute, and month its month; Limit 0 when the plan
-	// has none, or the request was not counted.
-	org     limiter.Result
-	month   limiter.Quota
-	refused limiter.Stage // the budget that refused the request; StageNone if none did
-	// retryAfter is the seconds until the refusing minute window ends.
-	retryAfter int
-}
-
-// keyCount is the count of a key whose plan has no organisation budget.
-func keyCount(rl limiter.Result) rateCount {
-	c := rateCount{Result: rl, counted: true, retryAfter: rl.ResetAfter}
-	if !rl.Allowed {
-		c.refused = limiter.StageKey
-	}
-	return c
-}
-
-// budgetsCount is the count of a key whose plan has an organisation budget.
-func budgetsCount(res limiter.BudgetsResult) rateCount {
-	return rateCount{Result: res.Key, counted: res.Key.Limit > 0, org: res.Org, month: res.Month,
-		refused: res.RefusedAt, retryAfter: res.RetryAfter()}
-}
-
-// budgetsOf returns key's budgets, or false when its plan has no organisation budget:
-// the key's minute is then counted as it always was, on the same counter.
-func budgetsOf(key *keystore.Key) (limiter.Budgets, bool) {
-	if key.OrgRateLimit <= 0 && key.MonthlyQuota <= 0 {
-		return limiter.Budgets{}, false
-	}
+// budgetsOf returns the budgets a request of key counts against: its own minute, and
+// its organisation's minute and month where its plan has them. A key of a plan
+// without organisation budgets counts on its own minute alone, on the counter it
+// always had.
+func budgetsOf(key *keystore.Key) limiter.Budgets {
 	return limiter.Budgets{Key: key.ID, KeyLimit: key.RateLimit, Org: key.OrgID,
-		OrgLimit: key.OrgRateLimit, MonthLimit: key.MonthlyQuota}, true
+		OrgLimit: key.OrgRateLimit, MonthLimit: key.MonthlyQuota}
+}
+
+// counted reports whether b has any budget: an unlimited key of a plan without
+// organisation budgets is not counted.
+func counted(b limiter.Budgets) bool {
+	return b.KeyLimit > 0 || b.OrgLimit > 0 || b.MonthLimit > 0
 }
 
 // rateLimit is step 4. It counts a request of key against its budgets, in the order
-// README.md gives: the key's minute, the organisation's minute, its month. An
-// unlimited key without organisation budgets is not counted. When Redis cannot
-// count, h.failMode decides. rateLimit answers the request itself when a budget
-// refuses it (429 or 402), or when limiter_failure closed refuses it (503). answered
-// then tells ServeHTTP to stop. Otherwise the count goes on to the answer.
-func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystore.Key) (count rateCount, answered bool) {
-	b, orgWide := budgetsOf(key)
-	if key.RateLimit <= 0 && !orgWide {
-		return rateCount{}, false // unlimited: not counted
+// README.md gives: the key's minute, the organisation's minute, its month. The
+// count is what the RateLimit fields of the answer show; its zero value is a request
+// not counted (an unlimited key without organisation budgets, or a count Redis could
+// not make under limiter_failure open). When Redis cannot count, h.failMode decides.
+// rateLimit answers the request itself when a budget refuses it (429 or 402), or when
+// limiter_failure closed refuses it (503). answered then tells ServeHTTP to stop.
+// Otherwise the count goes on to the answer.
+func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystore.Key) (count limiter.Result, answered bool) {
+	b := budgetsOf(key)
+	if !counted(b) {
+		return limiter.Result{}, false
 	}
-	var err error
-	if orgWide {
-		var res limiter.BudgetsResult
-		res, err = h.counts.allowBudgets(r.Context(), b)
-		count = budgetsCount(res)
-	} else {
-		var rl limiter.Result
-		rl, err = h.counts.allow(r.Context(), key.ID, key.RateLimit)
-		count = keyCount(rl)
-	}
+	count, err := h.counts.allow(r.Context(), b)
 	if err != nil {
 		h.limiterFailed(key, err)
 		switch h.failMode {
 		case failOpen:
-			return rateCount{}, false
+			return limiter.Result{}, false
 		case failClosed:
 			h.record(r, outcomeLimiterUnavailable, key)
 			writeJSON(w, http.StatusServiceUnavailable, bodyServiceUnavailable)
-			return rateCount{}, true
+			return limiter.Result{}, true
 		case failLocal:
-			count = h.countLocally(r, key, b, orgWide)
+			// The in-process limiter fails only when the month's seed cannot be read:
+			// the request then goes through uncounted, as under limiter_failure open.
+			count, err = h.fallback.Allow(r.Context(), b)
+			if err != nil {
+				return limiter.Result{}, false
+			}
 		}
 	}
-	switch count.refused {
+	switch count.RefusedAt {
 	case limiter.StageKey, limiter.StageOrg:
 		if c := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); c != nil {
-			c.Write(zap.String("key_id", key.ID), zap.String("budget", count.refused.String()))
+			c.Write(zap.String("key_id", key.ID), zap.String("budget", count.RefusedAt.String()))
 		}
 		h.record(r, outcomeRateLimited, key)
 		writeRateLimited(w, count)
@@ -127,22 +100,6 @@ func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystor
 		return count, true
 	}
 	return count, false
-}
-
-// countLocally counts a request in this instance, under limiter_failure local. The
-// in-process limiter fails only when the month's seed cannot be read: the request
-// then goes through uncounted, as under limiter_failure open.
-func (h *Handler) countLocally(r *http.Request, key *keystore.Key, b limiter.Budgets, orgWide bool) rateCount {
-	if !orgWide {
-		// Local.Allow fails only for a limit below 1, which does not get here.
-		rl, _ := h.fallback.Allow(r.Context(), key.ID, key.RateLimit)
-		return keyCount(rl)
-	}
-	res, err := h.fallback.AllowBudgets(r.Context(), b)
-	if err != nil {
-		return rateCount{}
-	}
-	return budgetsCount(res)
 }
 
 // limiterFailureLogs are the messages of limiterFailed, by mode.
@@ -160,15 +117,19 @@ func (h *Handler) limiterFailed(key *keystore.Key, err error) {
 }
 
 // writeRateLimited writes the 429 of a request over a minute budget. Retry-After and
-// the body's retryAfter both carry the seconds left in the refusing window.
-func writeRateLimited(w http.ResponseWriter, count rateCount) {
-	var buf [64]byte
+// the body's retryAfter both carry the seconds left in the refusing window, and the
+// body's budget names that window's budget: "key" or "org".
+func writeRateLimited(w http.ResponseWriter, count limiter.Result) {
+	retryAfter := count.RetryAfter()
+	var buf [80]byte
 	b := append(buf[:0], `{"error":"rate_limited","retryAfter":`...)
-	b = strconv.AppendInt(b, int64(count.retryAfter), 10)
-	b = append(b, '}')
+	b = strconv.AppendInt(b, int64(retryAfter), 10)
+	b = append(b, `,"budget":"`...)
+	b = append(b, count.RefusedAt.String()...)
+	b = append(b, `"}`...)
 	hdr := w.Header()
 	setRateLimit(hdr, count)
-	hdr["Retry-After"] = []string{strconv.Itoa(count.retryAfter)}
+	hdr["Retry-After"] = []string{strconv.Itoa(retryAfter)}
 	writeJSON(w, http.StatusTooManyRequests, b)
 }
 
@@ -177,8 +138,9 @@ func writeRateLimited(w http.ResponseWriter, count rateCount) {
 // one item per minute budget that counted it: "default", the key's, then "org", the
 // organisation's. A request not counted gets neither. The fields are set, not added,
 // so an upstream's own are replaced: only the gateway counts.
-func setRateLimit(hdr http.Header, count rateCount) {
-	if !count.counted && count.org.Limit == 0 {
+func setRateLimit(hdr http.Header, count limiter.Result) {
+	keyCounted := count.Key.Limit > 0
+	if !keyCounted && count.Org.Limit == 0 {
 		delete(hdr, "Ratelimit")
 		delete(hdr, "Ratelimit-Policy")
 		return
@@ -187,24 +149,24 @@ func setRateLimit(hdr http.Header, count rateCount) {
 	// one backing array, each capped at its value (see writeJSON).
 	var buf [192]byte
 	b := buf[:0]
-	if count.counted {
-		b = appendPolicy(b, "default", count.Limit)
+	if keyCounted {
+		b = appendPolicy(b, "default", count.Key.Limit)
 	}
-	if count.org.Limit > 0 {
-		if count.counted {
+	if count.Org.Limit > 0 {
+		if keyCounted {
 			b = append(b, ", "...)
 		}
-		b = appendPolicy(b, "org", count.org.Limit)
+		b = appendPolicy(b, "org", count.Org.Limit)
 	}
 	split := len(b)
-	if count.counted {
-		b = appendState(b, "default", count.Result)
+	if keyCounted {
+		b = appendState(b, "default", count.Key)
 	}
-	if count.org.Limit > 0 {
-		if count.counted {
+	if count.Org.Limit > 0 {
+		if keyCounted {
 			b = append(b, ", "...)
 		}
-		b = appendState(b, "org", count.org)
+		b = appendState(b, "org", count.Org)
 	}
 	both := string(b)
 	v := []string{both[:split], both[split:]}
@@ -222,7 +184,7 @@ func appendPolicy(b []byte, name string, limit int) []byte {
 
 // appendState appends the RateLimit item of a budget's window: what it has left, and
 // the seconds until it ends.
-func appendState(b []byte, name string, rl limiter.Result) []byte {
+func appendState(b []byte, name string, rl limiter.Minute) []byte {
 	b = append(b, '"')
 	b = append(b, name...)
 	b = append(b, `";r=`...)

@@ -13,7 +13,7 @@ import (
 
 func TestRateLimitHeaders(t *testing.T) {
 	hdr := http.Header{}
-	setRateLimit(hdr, keyCount(limiter.Result{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42}))
+	setRateLimit(hdr, limiter.Result{Allowed: true, Key: limiter.Minute{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42}})
 	if got := hdr.Get("RateLimit-Policy"); got != `"default";q=600;w=60` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
@@ -21,19 +21,19 @@ func TestRateLimitHeaders(t *testing.T) {
 		t.Errorf("RateLimit %q", got)
 	}
 	rec := httptest.NewRecorder()
-	writeRateLimited(rec, keyCount(limiter.Result{Limit: 600, ResetAfter: 9}))
-	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9}` || rec.Header().Get("Retry-After") != "9" {
+	writeRateLimited(rec, limiter.Result{RefusedAt: limiter.StageKey, Key: limiter.Minute{Limit: 600, ResetAfter: 9}})
+	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9,"budget":"key"}` || rec.Header().Get("Retry-After") != "9" {
 		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}
 }
 
 func TestRateLimitHeadersWithoutACountRemoveAnyUpstreamSet(t *testing.T) {
 	hdr := http.Header{"Ratelimit": {`"default";r=999;t=1`}, "Ratelimit-Policy": {`"default";q=999;w=60`}, "X-Other": {"kept"}}
-	setRateLimit(hdr, rateCount{})
+	setRateLimit(hdr, limiter.Result{})
 	if len(hdr) != 1 || hdr.Get("X-Other") != "kept" {
 		t.Errorf("without a count: %q; want only X-Other", hdr)
 	}
-	setRateLimit(hdr, keyCount(limiter.Result{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5}))
+	setRateLimit(hdr, limiter.Result{Allowed: true, Key: limiter.Minute{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5}})
 	if hdr.Get("Ratelimit") != `"default";r=0;t=5` || hdr.Get("Ratelimit-Policy") != `"default";q=3;w=60` {
 		t.Errorf("with a count: %q", hdr)
 	}
@@ -44,28 +44,28 @@ func TestRateLimitHeadersWithoutACountRemoveAnyUpstreamSet(t *testing.T) {
 func TestRateLimitHeadersListEachMinuteBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
-		res           limiter.BudgetsResult
+		res           limiter.Result
 		policy, limit string
 		retryAfter    int
 	}{
-		{"both", limiter.BudgetsResult{Allowed: true,
-			Key: limiter.Result{Allowed: true, Limit: 20, Remaining: 19, ResetAfter: 42},
-			Org: limiter.Result{Allowed: true, Limit: 100, Remaining: 57, ResetAfter: 42}},
+		{"both", limiter.Result{Allowed: true,
+			Key: limiter.Minute{Allowed: true, Limit: 20, Remaining: 19, ResetAfter: 42},
+			Org: limiter.Minute{Allowed: true, Limit: 100, Remaining: 57, ResetAfter: 42}},
 			`"default";q=20;w=60, "org";q=100;w=60`, `"default";r=19;t=42, "org";r=57;t=42`, 0},
-		{"refused by the org", limiter.BudgetsResult{RefusedAt: limiter.StageOrg,
-			Key: limiter.Result{Allowed: true, Limit: 20, Remaining: 3, ResetAfter: 8},
-			Org: limiter.Result{Limit: 100, Remaining: -4, ResetAfter: 8}},
+		{"refused by the org", limiter.Result{RefusedAt: limiter.StageOrg,
+			Key: limiter.Minute{Allowed: true, Limit: 20, Remaining: 3, ResetAfter: 8},
+			Org: limiter.Minute{Limit: 100, Remaining: -4, ResetAfter: 8}},
 			`"default";q=20;w=60, "org";q=100;w=60`, `"default";r=3;t=8, "org";r=0;t=8`, 8},
-		{"an unlimited key", limiter.BudgetsResult{Allowed: true,
-			Org: limiter.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: 30}},
+		{"an unlimited key", limiter.Result{Allowed: true,
+			Org: limiter.Minute{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: 30}},
 			`"org";q=100;w=60`, `"org";r=99;t=30`, 0},
-		{"a month alone", limiter.BudgetsResult{Allowed: true,
-			Key:   limiter.Result{Allowed: true, Limit: 20, Remaining: 10, ResetAfter: 5},
+		{"a month alone", limiter.Result{Allowed: true,
+			Key:   limiter.Minute{Allowed: true, Limit: 20, Remaining: 10, ResetAfter: 5},
 			Month: limiter.Quota{Limit: 1000, Used: 7, Remaining: 993, ResetAfter: 86400}},
 			`"default";q=20;w=60`, `"default";r=10;t=5`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			count := budgetsCount(tc.res)
+			count := tc.res
 			hdr := http.Header{}
 			setRateLimit(hdr, count)
 			if got := hdr.Get("RateLimit-Policy"); got != tc.policy {
@@ -74,8 +74,8 @@ func TestRateLimitHeadersListEachMinuteBudget(t *testing.T) {
 			if got := hdr.Get("RateLimit"); got != tc.limit {
 				t.Errorf("RateLimit %q, want %q", got, tc.limit)
 			}
-			if count.retryAfter != tc.retryAfter {
-				t.Errorf("retryAfter %d, want %d", count.retryAfter, tc.retryAfter)
+			if count.RetryAfter() != tc.retryAfter {
+				t.Errorf("RetryAfter() %d, want %d", count.RetryAfter(), tc.retryAfter)
 			}
 		})
 	}
@@ -85,13 +85,9 @@ func TestRateLimitHeadersListEachMinuteBudget(t *testing.T) {
 // usage record cannot give; calls counts its calls.
 type seedFailing struct{ calls *int }
 
-func (s seedFailing) Allow(context.Context, string, int) (limiter.Result, error) {
-	return limiter.Result{}, errors.New("not used")
-}
-
-func (s seedFailing) AllowBudgets(context.Context, limiter.Budgets) (limiter.BudgetsResult, error) {
+func (s seedFailing) Allow(context.Context, limiter.Budgets) (limiter.Result, error) {
 	*s.calls++
-	return limiter.BudgetsResult{}, fmt.Errorf("counting in redis: seeding the month of org o: %w: %w", limiter.ErrMonthSeed, context.DeadlineExceeded)
+	return limiter.Result{}, fmt.Errorf("counting in redis: seeding the month of org o: %w: %w", limiter.ErrMonthSeed, context.DeadlineExceeded)
 }
 
 // TestAMonthThatCannotBeSeededDoesNotOpenRedissBreaker: PostgreSQL failing to give a
@@ -101,8 +97,8 @@ func TestAMonthThatCannotBeSeededDoesNotOpenRedissBreaker(t *testing.T) {
 	c := redisCounts(seedFailing{&calls}, newBreaker(nil, nil), nil, nil)
 	b := limiter.Budgets{Key: "k", KeyLimit: 10, Org: "o", OrgLimit: 100}
 	for range 3 * breakerThreshold {
-		if _, err := c.allowBudgets(context.Background(), b); !errors.Is(err, limiter.ErrMonthSeed) {
-			t.Fatalf("allowBudgets: %v, want the seed's error", err)
+		if _, err := c.allow(context.Background(), b); !errors.Is(err, limiter.ErrMonthSeed) {
+			t.Fatalf("allow: %v, want the seed's error", err)
 		}
 	}
 	if calls != 3*breakerThreshold {
@@ -110,9 +106,9 @@ func TestAMonthThatCannotBeSeededDoesNotOpenRedissBreaker(t *testing.T) {
 	}
 	f := redisCounts(failingLimiter{}, newBreaker(nil, nil), nil, nil)
 	for range breakerThreshold {
-		_, _ = f.allowBudgets(context.Background(), b)
+		_, _ = f.allow(context.Background(), b)
 	}
-	if _, err := f.allowBudgets(context.Background(), b); !errors.Is(err, errBreakerOpen) {
+	if _, err := f.allow(context.Background(), b); !errors.Is(err, errBreakerOpen) {
 		t.Errorf("after %d failures of Redis itself: %v, want the breaker open", breakerThreshold, err)
 	}
 }

@@ -56,7 +56,7 @@ func TestClusterSharesOneExactBudget(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range perClient {
-					r, err := l.Allow(ctx, fmt.Sprintf("%s-%d", run, k), limit)
+					r, err := l.Allow(ctx, limiter.Budgets{Key: fmt.Sprintf("%s-%d", run, k), KeyLimit: limit})
 					if err != nil {
 						t.Error(err)
 						return
@@ -91,7 +91,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 	defer c.Close()
 	l := limiter.NewRedis(c)
 	for i := range 3 {
-		r, err := l.Allow(ctx, key, 2)
+		r, err := l.Allow(ctx, limiter.Budgets{Key: key, KeyLimit: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	_, err = limiter.NewRedis(bad).Allow(ctx, key, 2)
+	_, err = limiter.NewRedis(bad).Allow(ctx, limiter.Budgets{Key: key, KeyLimit: 2})
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("count with the wrong CA: error %v, want a certificate error", err)
 	}
@@ -126,7 +126,7 @@ func TestSentinelFailoverKeepsCounting(t *testing.T) {
 	l := limiter.NewRedis(c)
 	ctx := context.Background()
 	key := fmt.Sprintf("sen%d", time.Now().UnixNano())
-	if _, err := l.Allow(ctx, key, 1000); err != nil {
+	if _, err := l.Allow(ctx, limiter.Budgets{Key: key, KeyLimit: 1000}); err != nil {
 		t.Fatalf("count before the failover: %v", err)
 	}
 	pid, err := os.ReadFile(pidfile)
@@ -143,7 +143,7 @@ func TestSentinelFailoverKeepsCounting(t *testing.T) {
 	os.Remove(pidfile) // so that stack.sh down never signals a reused pid
 	failed, deadline := 0, time.Now().Add(60*time.Second)
 	for {
-		_, err := l.Allow(ctx, key, 1000)
+		_, err := l.Allow(ctx, limiter.Budgets{Key: key, KeyLimit: 1000})
 		if err == nil && failed > 0 {
 			break
 		}
@@ -156,7 +156,7 @@ func TestSentinelFailoverKeepsCounting(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	for i := range 20 {
-		if _, err := l.Allow(ctx, key, 1000); err != nil {
+		if _, err := l.Allow(ctx, limiter.Budgets{Key: key, KeyLimit: 1000}); err != nil {
 			t.Fatalf("count %d after the failover: %v", i, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
 )
 
 // This file holds step 7 of ServeHTTP, the request sent upstream. The client's
@@ -19,7 +20,7 @@ import (
 
 // proxy is step 7. The request goes on with its header rewritten for the upstream.
 // Its response comes back through a proxyWriter (response.go).
-func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, count rateCount) error {
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key keystore.Key, count limiter.Result) error {
 	if err := h.rewriteHeader(r.Header, key); err != nil {
 		// Ed25519 signing does not fail with a valid key. Should it, the request
 		// does not go on unsigned.

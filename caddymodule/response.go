@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/limiter"
 )
 
 // This file holds the response of step 7: the proxyWriter, its hand-off to the JSON
@@ -57,9 +58,9 @@ type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
 	r       *http.Request
-	count   rateCount   // the request's count, for the RateLimit fields
-	fields  *fieldSet   // strip_fields
-	log     *zap.Logger // the handler's rate-limited logger
+	count   limiter.Result // the request's count, for the RateLimit fields
+	fields  *fieldSet      // strip_fields
+	log     *zap.Logger    // the handler's rate-limited logger
 	// refusedLog logs an upstream's 401: the upstream refused the credentials of a
 	// request the gateway authenticated (upstreamRefusedLog).
 	refusedLog *zap.Logger
@@ -74,7 +75,7 @@ type proxyWriter struct {
 	done chan error
 }
 
-func newProxyWriter(w http.ResponseWriter, r *http.Request, count rateCount, fields *fieldSet, log *zap.Logger) *proxyWriter {
+func newProxyWriter(w http.ResponseWriter, r *http.Request, count limiter.Result, fields *fieldSet, log *zap.Logger) *proxyWriter {
 	pw := &proxyWriter{
 		wrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		r:       r,

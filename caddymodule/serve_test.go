@@ -72,12 +72,8 @@ func (v *fakeVerifier) VerifyParsed(_ context.Context, keyID, secret string) (ke
 // failingLimiter is a Redis that cannot count.
 type failingLimiter struct{}
 
-func (failingLimiter) Allow(context.Context, string, int) (limiter.Result, error) {
+func (failingLimiter) Allow(context.Context, limiter.Budgets) (limiter.Result, error) {
 	return limiter.Result{}, errors.New("redis: connection refused")
-}
-
-func (failingLimiter) AllowBudgets(context.Context, limiter.Budgets) (limiter.BudgetsResult, error) {
-	return limiter.BudgetsResult{}, errors.New("redis: connection refused")
 }
 
 // testNow is the limiter's clock: 15 seconds into a minute, so every window has 45s left.
@@ -106,7 +102,7 @@ func newTestHandler(t testing.TB, v Verifier, limiterFailure string) *Handler {
 
 // withDoubles gives h the request path Provision builds, on v and lim. The lookups
 // go behind a PostgreSQL breaker, and the counts are in process.
-func withDoubles(h *Handler, v Verifier, lim limiter.BudgetLimiter) {
+func withDoubles(h *Handler, v Verifier, lim limiter.Limiter) {
 	h.lookups = newLookups(v, newBreaker(nil, h.breakerChanged("postgres")), h.metrics)
 	h.counts = localCounts(lim, h.metrics)
 }
@@ -117,13 +113,7 @@ func spend(t *testing.T, h *Handler, keyID string, n int) {
 	t.Helper()
 	key := testKeys[keyID]
 	for range n {
-		var err error
-		if b, ok := budgetsOf(&key); ok {
-			_, err = h.counts.lim.AllowBudgets(context.Background(), b)
-		} else {
-			_, err = h.counts.lim.Allow(context.Background(), keyID, key.RateLimit)
-		}
-		if err != nil {
+		if _, err := h.counts.lim.Allow(context.Background(), budgetsOf(&key)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -282,9 +272,9 @@ func TestDecisions(t *testing.T) {
 		{name: "no API access on /v1/me too", path: "/v1/me", auth: []string{bearer(freeAdmin)}, status: 403, body: wantFeatureGated, headers: merge(ownJSON(nil), noRateLimit), outcome: outcomeFeatureGated},
 		// 4. The rate limit, before the role and /v1/me.
 		{name: "last request of the budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 2, status: 200, body: `{"org_id":"org-2","role":"Viewer",` + noLimits("3") + `}`, headers: rateLimitHeader(3, 0), outcome: outcomeMe},
-		{name: "over budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 3, status: 429, body: `{"error":"rate_limited","retryAfter":45}`,
+		{name: "over budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 3, status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"key"}`,
 			headers: merge(ownJSON(rateLimitHeader(3, 0)), http.Header{"Retry-After": {"45"}}), outcome: outcomeRateLimited},
-		{name: "rate limit before the role", method: "POST", path: "/v1/monitors", auth: []string{bearer(tinyViewer)}, used: 5, status: 429, body: `{"error":"rate_limited","retryAfter":45}`,
+		{name: "rate limit before the role", method: "POST", path: "/v1/monitors", auth: []string{bearer(tinyViewer)}, used: 5, status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"key"}`,
 			headers: rateLimitHeader(3, 0), outcome: outcomeRateLimited},
 		// 5. The role.
 		{name: "a Viewer writing", method: "POST", path: "/v1/monitors", auth: []string{bearer(viewer)}, status: 403, body: wantForbidden, headers: ownJSON(rl600), outcome: outcomeForbidden},
@@ -325,7 +315,7 @@ func TestDecisions(t *testing.T) {
 		{name: "an org ceiling: both minute budgets in the fields", path: "/v1/monitors", auth: []string{bearer(orgCeiling)},
 			status: 200, body: `{"id":"m1"}`, headers: orgHeaders(599, 3, 2), proxied: true, outcome: outcomeProxied},
 		{name: "an org ceiling spent: 429 until the org's window ends", path: "/v1/monitors", auth: []string{bearer(orgCeiling)}, used: 3,
-			status: 429, body: `{"error":"rate_limited","retryAfter":45}`,
+			status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"org"}`,
 			headers: ownJSON(merge(orgHeaders(596, 3, 0), http.Header{"Retry-After": {"45"}})), outcome: outcomeRateLimited},
 		{name: "an unlimited key under an org ceiling: the org's fields alone", path: "/v1/monitors", auth: []string{bearer(orgUnlimited)},
 			status: 200, body: `{"id":"m1"}`, proxied: true, outcome: outcomeProxied,
@@ -526,8 +516,8 @@ func TestARequestFromOutsideItsNetworksSpendsNoBudget(t *testing.T) {
 			t.Fatalf("ServeHTTP = %d, %v; want 401", w.Code, err)
 		}
 	}
-	rl, err := h.counts.lim.Allow(context.Background(), restricted, 600)
-	if err != nil || rl.Remaining != 599 {
+	rl, err := h.counts.lim.Allow(context.Background(), limiter.Budgets{Key: restricted, KeyLimit: 600})
+	if err != nil || rl.Key.Remaining != 599 {
 		t.Errorf("the key's minute after 3 denied requests: %+v, %v; want 599 left", rl, err)
 	}
 	if got := counterValue(t, h.metrics.byOutcome[outcomeIPDenied]); got != 3 {

@@ -238,14 +238,15 @@ func rOf(a answer, budget string) int {
 }
 
 // want429 checks a 429 of a minute budget: the body with retryAfter, Retry-After the
-// same, both the seconds left in the minute window.
-func want429(t *testing.T, a answer) {
+// same, both the seconds left in the minute window, and the budget that refused it
+// ("key" or "org").
+func want429(t *testing.T, a answer, budget string) {
 	t.Helper()
 	retry, err := strconv.Atoi(a.Header.Get("Retry-After"))
 	if err != nil || !nearS(retry, a) {
 		t.Errorf("Retry-After %q, want the %d seconds left in the window", a.Header.Get("Retry-After"), secondsLeftAt(a.at))
 	}
-	wantError(t, a.Resp, http.StatusTooManyRequests, fmt.Sprintf(`{"error":"rate_limited","retryAfter":%d}`, retry))
+	wantError(t, a.Resp, http.StatusTooManyRequests, fmt.Sprintf(`{"error":"rate_limited","retryAfter":%d,"budget":%q}`, retry, budget))
 }
 
 // want402 checks the 402 of a spent month: exactly its body, and no Retry-After (no
@@ -395,7 +396,7 @@ func TestBudgetAKeysOwnLimitPassesExactlyItsNumber(t *testing.T) {
 				wantRateLimit(t, "a 200", a, `"default";q=7;w=60, "org";q=100;w=60`, left{"default", -1}, left{"org", -1})
 				continue
 			}
-			want429(t, a)
+			want429(t, a, "key")
 			// Refused by its key: the organisation's minute has the 7 that passed, and
 			// this one is not among them.
 			wantRateLimit(t, "a 429 of the key's minute", a, `"default";q=7;w=60, "org";q=100;w=60`, left{"default", 0}, left{"org", 93})
@@ -418,7 +419,7 @@ func TestBudgetAKeysOwnLimitPassesExactlyItsNumber(t *testing.T) {
 				wantRateLimit(t, "a 200", a, `"default";q=7;w=60`, left{"default", -1})
 				continue
 			}
-			want429(t, a)
+			want429(t, a, "key")
 			wantRateLimit(t, "a 429", a, `"default";q=7;w=60`, left{"default", 0})
 		}
 	})
@@ -452,7 +453,7 @@ func TestBudgetTheOrgCeilingPassesExactlyItsNumberAcrossKeysAndGateways(t *testi
 				wantRateLimit(t, "a 200", a, `"default";q=20;w=60, "org";q=13;w=60`, left{"default", -1}, left{"org", -1})
 				continue
 			}
-			want429(t, a)
+			want429(t, a, "org")
 			wantRateLimit(t, "a 429 of the org's minute", a, `"default";q=20;w=60, "org";q=13;w=60`, left{"default", -1}, left{"org", 0})
 		}
 		slices.Sort(orgLeft)
@@ -461,7 +462,7 @@ func TestBudgetTheOrgCeilingPassesExactlyItsNumberAcrossKeysAndGateways(t *testi
 		}
 		// The first key's minute counted its 10, passed or refused, and now its 11th.
 		a := s.me(keys[0], 0)
-		want429(t, a)
+		want429(t, a, "org")
 		wantRateLimit(t, "the first key after the burst", a, `"default";q=20;w=60, "org";q=13;w=60`, left{"default", 9}, left{"org", 0})
 		a = s.me(otherKey, 1)
 		wantMeLimits(t, "another org on the plan", a, otherOrg.ID, "Admin", lim(20, 13, -1, -1))
@@ -497,7 +498,7 @@ func TestBudgetTheMonthlyQuotaPassesExactlyItsNumberThen402(t *testing.T) {
 		wantStatuses(t, "the first minute: 24 requests against a ceiling of 13", as1, map[int]int{200: 13, 429: 11})
 		for _, a := range as1 {
 			if a.Status == http.StatusTooManyRequests {
-				want429(t, a)
+				want429(t, a, "org")
 			}
 		}
 		// A new minute: the month has the 13 that passed, not the 11 refused.
@@ -528,7 +529,7 @@ func TestBudgetTheMonthlyQuotaPassesExactlyItsNumberThen402(t *testing.T) {
 				want402(t, a)
 				wantRateLimit(t, "a 402", a, `"default";q=50;w=60, "org";q=13;w=60`, left{"default", -1}, left{"org", 12 - len(as2) - i})
 			} else {
-				want429(t, a)
+				want429(t, a, "org")
 				wantRateLimit(t, "the org's 14th of the minute", a, `"default";q=50;w=60, "org";q=13;w=60`, left{"default", 50 - 3 - 2}, left{"org", 0})
 			}
 		}
@@ -737,10 +738,10 @@ func TestBudgetAPlanWithoutOrganisationBudgetsAnswersAsBefore(t *testing.T) {
 	if as[1].Status != http.StatusOK || !jsonEqual(as[1].Body, []byte(`{"data":[],"next_cursor":null}`)) {
 		t.Errorf("GET /v1/monitors: %d %s", as[1].Status, as[1].Body)
 	}
-	wantError(t, as[2].Resp, http.StatusForbidden, `{"error":"forbidden"}`)
+	wantError(t, as[2].Resp, http.StatusForbidden, `{"error":"forbidden","reason":"role"}`)
 	wantHeaderNames(t, "a 403", as[2], "Cache-Control", "Content-Length", "Content-Type", "Date", "Ratelimit", "Ratelimit-Policy", "Server", "X-Content-Type-Options")
 	for _, a := range as[7:] {
-		want429(t, a)
+		want429(t, a, "key")
 		wantHeaderNames(t, "a 429", a, "Cache-Control", "Content-Length", "Content-Type", "Date", "Ratelimit", "Ratelimit-Policy", "Retry-After", "Server", "X-Content-Type-Options")
 	}
 }

@@ -42,7 +42,7 @@ func TestBudgetCountsGivenUpOnAreNeverWrittenLater(t *testing.T) {
 			orgCounter(prefix, "org-20", base):          5,
 			monthCounter(prefix, "org-20", clock.now()): 5,
 		})
-		r, err := l.AllowBudgets(context.Background(), b)
+		r, err := l.Allow(context.Background(), b)
 		if err != nil || r.Key.Remaining != 94 || r.Org.Remaining != 94 || r.Month.Used != 6 {
 			t.Errorf("after the hang: %+v, %v; want the sixth count everywhere", r, err)
 		}
@@ -59,18 +59,18 @@ func TestLateBudgetCountsAreRefusedAloneInTheirCall(t *testing.T) {
 	prefix := uniquePrefix(t)
 	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithPipelining(timeout), limiter.WithClock(clock.now))
 	b := limiter.Budgets{Key: "k", KeyLimit: 100, Org: "org-21", OrgLimit: 100, MonthLimit: 100}
-	if _, err := l.AllowBudgets(context.Background(), b); err != nil {
+	if _, err := l.Allow(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Hang() // the first count waits in flight; the others gather behind it
 	first := make(chan error, 1)
 	go func() {
-		_, err := l.AllowBudgets(context.Background(), b)
+		_, err := l.Allow(context.Background(), b)
 		first <- err
 	}()
 	time.Sleep(50 * time.Millisecond)
 	type answer struct {
-		r   limiter.BudgetsResult
+		r   limiter.Result
 		err error
 	}
 	answers := make(chan answer, 40)
@@ -82,7 +82,7 @@ func TestLateBudgetCountsAreRefusedAloneInTheirCall(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
 				defer cancel()
 			}
-			r, err := l.AllowBudgets(ctx, b)
+			r, err := l.Allow(ctx, b)
 			answers <- answer{r, err}
 		}()
 	}
@@ -118,11 +118,11 @@ func TestLateBudgetCountsAreRefusedAloneInTheirCall(t *testing.T) {
 	})
 }
 
-// spendWithin runs n concurrent AllowBudgets calls of b on in.a, each under its own
+// spendWithin runs n concurrent Allow calls of b on in.a, each under its own
 // timeout, and counts their outcomes, failures included.
 func spendWithin(in instances, n int, b limiter.Budgets, timeout time.Duration) tally {
 	type answer struct {
-		r   limiter.BudgetsResult
+		r   limiter.Result
 		err error
 	}
 	answers := make(chan answer, n)
@@ -130,7 +130,7 @@ func spendWithin(in instances, n int, b limiter.Budgets, timeout time.Duration) 
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			r, err := in.a.AllowBudgets(ctx, b)
+			r, err := in.a.Allow(ctx, b)
 			answers <- answer{r, err}
 		}()
 	}
@@ -195,7 +195,7 @@ func TestAnOrgsCountsOfSeveralKeysShareAScriptCallAndEachGetsItsOwnNumber(t *tes
 	clock := newClock(at(base, 20*time.Second))
 	l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
 		limiter.WithPipelining(timeout))
-	if _, err := l.Allow(context.Background(), "warm", 1); err != nil { // the clock reading
+	if _, err := allowKey(l, context.Background(), "warm", 1); err != nil { // the clock reading
 		t.Fatal(err)
 	}
 	proxy.SetDelay(20 * time.Millisecond)
@@ -209,9 +209,9 @@ func TestAnOrgsCountsOfSeveralKeysShareAScriptCallAndEachGetsItsOwnNumber(t *tes
 	for k := range 2 {
 		budgets = append(budgets, limiter.Budgets{Key: fmt.Sprint("y", k), KeyLimit: 10, Org: "org-Y", OrgLimit: 1000, MonthLimit: 1e6})
 	}
-	before := limiter.BudgetScriptCalls(l)
+	before := limiter.ScriptCalls(l)
 	var mu sync.Mutex
-	keys := map[string][]limiter.Result{}
+	keys := map[string][]limiter.Minute{}
 	orgs := map[string][]int{} // the org's remaining, of those that reached it
 	used := map[string][]int{}
 	var wg sync.WaitGroup
@@ -222,7 +222,7 @@ func TestAnOrgsCountsOfSeveralKeysShareAScriptCallAndEachGetsItsOwnNumber(t *tes
 			go func() {
 				defer wg.Done()
 				<-start
-				r, err := l.AllowBudgets(context.Background(), b)
+				r, err := l.Allow(context.Background(), b)
 				if err != nil {
 					t.Error(err)
 					return
@@ -239,7 +239,7 @@ func TestAnOrgsCountsOfSeveralKeysShareAScriptCallAndEachGetsItsOwnNumber(t *tes
 	}
 	close(start)
 	wg.Wait()
-	calls := limiter.BudgetScriptCalls(l) - before
+	calls := limiter.ScriptCalls(l) - before
 	for _, b := range budgets {
 		checkNumbered(t, b.Key, keys[b.Key], 30, b.KeyLimit, 40)
 	}
@@ -277,7 +277,7 @@ func TestABudgetCountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *
 	rdb, direct, proxy := slowRedis(t, timeout)
 	clock := newClock(at(base, 20*time.Second))
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
-		if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
+		if _, err := allowKey(l, context.Background(), "warm", 10); err != nil { // reads Redis's clock
 			t.Fatal(err)
 		}
 		in := instances{rdb: direct, prefix: prefix}
@@ -286,11 +286,11 @@ func TestABudgetCountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *
 			proxy.Hang()
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			deadline, _ := ctx.Deadline()
-			done := make(chan limiter.BudgetsResult, 1)
+			done := make(chan limiter.Result, 1)
 			go func() {
-				r, err := l.AllowBudgets(ctx, limiter.Budgets{Key: "k", KeyLimit: 10, Org: org, OrgLimit: 10, MonthLimit: 10})
+				r, err := l.Allow(ctx, limiter.Budgets{Key: "k", KeyLimit: 10, Org: org, OrgLimit: 10, MonthLimit: 10})
 				if err != nil {
-					r = limiter.BudgetsResult{}
+					r = limiter.Result{}
 				}
 				done <- r
 			}()
@@ -299,7 +299,7 @@ func TestABudgetCountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *
 			r := <-done
 			cancel()
 			time.Sleep(5 * time.Millisecond) // the held command runs
-			if r != (limiter.BudgetsResult{}) {
+			if r != (limiter.Result{}) {
 				t.Errorf("attempt %d: %+v; want an error (ErrLate, or a timeout), nothing being counted", i, r)
 			}
 			for _, k := range in.keys(t) {
@@ -331,14 +331,14 @@ func TestALimitChangedMidRoundKeepsOneCount(t *testing.T) {
 			prefix := uniquePrefix(t)
 			l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(prefix),
 				limiter.WithPipelining(timeout))
-			if _, err := l.Allow(context.Background(), "warm", 1); err != nil {
+			if _, err := allowKey(l, context.Background(), "warm", 1); err != nil {
 				t.Fatal(err)
 			}
 			proxy.SetDelay(20 * time.Millisecond)
 			defer proxy.SetDelay(0)
-			before := limiter.BudgetScriptCalls(l)
+			before := limiter.ScriptCalls(l)
 			got := spend(t, instances{a: l, b: l}, 20, tc.old, tc.new)
-			if calls := limiter.BudgetScriptCalls(l) - before; calls >= 40 {
+			if calls := limiter.ScriptCalls(l) - before; calls >= 40 {
 				t.Errorf("40 counts made %d script calls; want rounds of several", calls)
 			}
 			var key, org, used []int // the numbers taken, where the limits show them

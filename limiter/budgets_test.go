@@ -19,12 +19,12 @@ import (
 // instances are two limiters counting in one place, as two gateway instances would
 // (two Redis clients), and a client to read that place's counters (nil for Local).
 type instances struct {
-	a, b   limiter.BudgetLimiter
+	a, b   limiter.Limiter
 	rdb    redis.UniversalClient
 	prefix string
 }
 
-// budgetModes are the ways AllowBudgets counts: in process, and in a single Redis and
+// budgetModes are the ways Allow counts: in process, and in a single Redis and
 // a Redis Cluster, each plain and pipelined. Local is one instance: a and b are the
 // same limiter. The Cluster modes skip without REDIS_CLUSTER_URL (scripts/stack.sh
 // up-cluster; `make test` sets it).
@@ -95,7 +95,7 @@ func clusterClient(t *testing.T) *redis.ClusterClient {
 	return c
 }
 
-// The Redis keys AllowBudgets documents, in window w of minute-clock time and month
+// The Redis keys Allow documents, in window w of minute-clock time and month
 // yyyymm.
 func keyCounter(prefix, org, key string, w int64) string {
 	return prefix + "{o:" + org + "}:k:" + key + ":" + strconv.FormatInt(w, 10)
@@ -175,14 +175,14 @@ func (in instances) forget(t *testing.T) {
 	}
 }
 
-// tally is what a burst of AllowBudgets calls came to.
+// tally is what a burst of Allow calls came to.
 type tally struct {
 	allowed, failed int
 	refused         map[limiter.Stage]int
-	results         []limiter.BudgetsResult
+	results         []limiter.Result
 }
 
-// spend runs n concurrent AllowBudgets calls of each Budgets, alternating between the
+// spend runs n concurrent Allow calls of each Budgets, alternating between the
 // two instances, and counts their outcomes.
 func spend(t *testing.T, in instances, n int, budgets ...limiter.Budgets) tally {
 	t.Helper()
@@ -200,12 +200,12 @@ func spend(t *testing.T, in instances, n int, budgets ...limiter.Budgets) tally 
 			go func() {
 				defer wg.Done()
 				<-start
-				r, err := l.AllowBudgets(context.Background(), b)
+				r, err := l.Allow(context.Background(), b)
 				mu.Lock()
 				defer mu.Unlock()
 				switch {
 				case err != nil:
-					t.Errorf("AllowBudgets(%+v): %v", b, err)
+					t.Errorf("Allow(%+v): %v", b, err)
 					tl.failed++
 				case r.Allowed:
 					tl.allowed++
@@ -284,8 +284,8 @@ func TestAMonthlyQuotaPassesExactlyItsNumberThenRefusesWithoutCounting(t *testin
 			t.Errorf("the allowed saw used %v, want each of 1..30 once", used)
 		}
 		// Later requests, on either instance, are refused at month and not counted.
-		for _, l := range []limiter.BudgetLimiter{in.a, in.b} {
-			r, err := l.AllowBudgets(context.Background(), budgets[0])
+		for _, l := range []limiter.Limiter{in.a, in.b} {
+			r, err := l.Allow(context.Background(), budgets[0])
 			if err != nil || r.Allowed || r.RefusedAt != limiter.StageMonth || r.RetryAfter() != 0 || r.Month.Used != 30 {
 				t.Errorf("a request past the quota: %+v, %v; want refused at month, used 30", r, err)
 			}
@@ -307,7 +307,7 @@ func TestARefusalAtOneStageIsNotCountedAtALaterOne(t *testing.T) {
 			b         limiter.Budgets
 			next      bool // in the next minute
 			refusedAt limiter.Stage
-			key, org  limiter.Result
+			key, org  limiter.Minute
 			used      int64
 			counters  [4]int64 // A's minute, B's minute, the org's minute, the month
 		}{
@@ -327,11 +327,11 @@ func TestARefusalAtOneStageIsNotCountedAtALaterOne(t *testing.T) {
 				w = base + 1
 				clock.set(minute(w))
 			}
-			r, err := in.a.AllowBudgets(context.Background(), step.b)
+			r, err := in.a.Allow(context.Background(), step.b)
 			if err != nil {
 				t.Fatalf("step %d: %v", i, err)
 			}
-			want := limiter.BudgetsResult{
+			want := limiter.Result{
 				Allowed: step.refusedAt == limiter.StageNone, RefusedAt: step.refusedAt, Key: step.key, Org: step.org,
 				Month: limiter.Quota{Limit: 4, Used: step.used, Remaining: 4 - step.used, ResetAfter: monthLeft(clock.now())},
 			}
@@ -349,8 +349,8 @@ func TestARefusalAtOneStageIsNotCountedAtALaterOne(t *testing.T) {
 }
 
 // res is a Result.
-func res(allowed bool, limit, remaining, resetAfter int) limiter.Result {
-	return limiter.Result{Allowed: allowed, Limit: limit, Remaining: remaining, ResetAfter: resetAfter}
+func res(allowed bool, limit, remaining, resetAfter int) limiter.Minute {
+	return limiter.Minute{Allowed: allowed, Limit: limit, Remaining: remaining, ResetAfter: resetAfter}
 }
 
 // monthLeft is the whole seconds left in t's UTC month, rounded up.
@@ -366,20 +366,20 @@ func TestBudgetsWithoutAnOrgBudgetAreAllowOnTheSameCounter(t *testing.T) {
 	clock := newClock(at(base, 20*time.Second))
 	forEachMode(t, func(t *testing.T, in instances) {
 		ctx := context.Background()
-		in.a.Allow(ctx, "k", 5)
-		in.b.Allow(ctx, "k", 5)
+		allowKey(in.a, ctx, "k", 5)
+		allowKey(in.b, ctx, "k", 5)
 		for _, b := range []limiter.Budgets{
 			{Key: "k", KeyLimit: 5},
 			{Key: "k", KeyLimit: 5, Org: "org-5"}, // an org without budgets
 			{Key: "k", KeyLimit: 5, Org: "org-5", OrgLimit: -1, MonthLimit: -1},
 		} {
-			if _, err := in.b.AllowBudgets(ctx, b); err != nil {
+			if _, err := in.b.Allow(ctx, b); err != nil {
 				t.Fatal(err)
 			}
-			in.a.Allow(ctx, "k", 5)
+			allowKey(in.a, ctx, "k", 5)
 		}
-		r, err := in.a.AllowBudgets(ctx, limiter.Budgets{Key: "k", KeyLimit: 5})
-		want := limiter.BudgetsResult{RefusedAt: limiter.StageKey, Key: res(false, 5, 0, 40)}
+		r, err := in.a.Allow(ctx, limiter.Budgets{Key: "k", KeyLimit: 5})
+		want := limiter.Result{RefusedAt: limiter.StageKey, Key: res(false, 5, 0, 40)}
 		if err != nil || r != want {
 			t.Errorf("the ninth count: %+v, %v; want %+v", r, err, want)
 		}
@@ -404,8 +404,8 @@ func TestBudgetsBadInputCountsNothing(t *testing.T) {
 			{limiter.Budgets{Key: "k", KeyLimit: 5, OrgLimit: 5}, limiter.ErrNoOrg},
 			{limiter.Budgets{Key: "k", KeyLimit: 5, MonthLimit: 5}, limiter.ErrNoOrg},
 		} {
-			if _, err := in.a.AllowBudgets(context.Background(), tc.b); err != tc.want {
-				t.Errorf("AllowBudgets(%+v) = %v, want %v", tc.b, err, tc.want)
+			if _, err := in.a.Allow(context.Background(), tc.b); err != tc.want {
+				t.Errorf("Allow(%+v) = %v, want %v", tc.b, err, tc.want)
 			}
 		}
 		if in.rdb == nil {
@@ -427,7 +427,7 @@ func TestAKeyWithoutALimitOfItsOwnCountsAgainstItsOrg(t *testing.T) {
 			t.Errorf("allowed %d, refused %v; want 10 and 20 at org", got.allowed, got.refused)
 		}
 		for _, r := range got.results {
-			if r.Key != (limiter.Result{}) || r.Month != (limiter.Quota{}) {
+			if r.Key != (limiter.Minute{}) || r.Month != (limiter.Quota{}) {
 				t.Errorf("budgets that do not apply reported: %+v", r)
 			}
 		}
@@ -562,18 +562,18 @@ func TestASeedIsSharedByItsCallersEachWaitingUntilItsOwnDeadline(t *testing.T) {
 		// The first caller starts the seed and gives up on it at its deadline.
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		start := time.Now()
-		_, err := in.a.AllowBudgets(ctx, b)
+		_, err := in.a.Allow(ctx, b)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
 			t.Fatalf("a caller with a 100ms deadline: %v after %v; want the deadline's error at 100ms", err, time.Since(start))
 		}
 		// The others join the seed still in flight, which outlives its first caller.
-		done := make(chan limiter.BudgetsResult, 20)
+		done := make(chan limiter.Result, 20)
 		for range 20 {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
-				r, err := in.a.AllowBudgets(ctx, b)
+				r, err := in.a.Allow(ctx, b)
 				if err != nil {
 					t.Error(err)
 				}
@@ -618,8 +618,8 @@ func TestASeedFailureIsAnErrorAndCountsNothing(t *testing.T) {
 		rec.err = down
 		rec.mu.Unlock()
 		b := limiter.Budgets{Key: "k", KeyLimit: 1000, Org: "org-10", OrgLimit: 1000, MonthLimit: 100}
-		if _, err := in.a.AllowBudgets(context.Background(), b); !errors.Is(err, down) || !errors.Is(err, limiter.ErrMonthSeed) {
-			t.Errorf("AllowBudgets with a failing seed: %v, want it to wrap %v and ErrMonthSeed", err, down)
+		if _, err := in.a.Allow(context.Background(), b); !errors.Is(err, down) || !errors.Is(err, limiter.ErrMonthSeed) {
+			t.Errorf("Allow with a failing seed: %v, want it to wrap %v and ErrMonthSeed", err, down)
 		}
 		if in.rdb != nil {
 			if keys := in.keys(t); len(keys) != 0 {
@@ -629,7 +629,7 @@ func TestASeedFailureIsAnErrorAndCountsNothing(t *testing.T) {
 		rec.mu.Lock()
 		rec.err = nil
 		rec.mu.Unlock()
-		r, err := in.a.AllowBudgets(context.Background(), b)
+		r, err := in.a.Allow(context.Background(), b)
 		if err != nil || !r.Allowed || r.Month.Used != 41 || r.Org.Remaining != 999 || r.Key.Remaining != 999 {
 			t.Errorf("once the seed answers: %+v, %v; want used 41, and the minutes' first count", r, err)
 		}
@@ -653,12 +653,12 @@ func TestBudgetsWindowAndMonthEdges(t *testing.T) {
 			clock := newClock(tc.at)
 			forEachMode(t, func(t *testing.T, in instances) {
 				b := limiter.Budgets{Key: "k", KeyLimit: 1, Org: "org-11", OrgLimit: 5, MonthLimit: 9}
-				r, err := in.a.AllowBudgets(context.Background(), b)
+				r, err := in.a.Allow(context.Background(), b)
 				if err != nil || !r.Allowed || r.Key.ResetAfter != tc.reset || r.Org.ResetAfter != tc.reset || r.Month.ResetAfter != tc.monthReset {
 					t.Errorf("%+v, %v; want allowed, resets %d, %d and %d", r, err, tc.reset, tc.reset, tc.monthReset)
 				}
 				// Refused by the key's minute: Retry-After is its window's end.
-				if r, _ := in.b.AllowBudgets(context.Background(), b); r.RefusedAt != limiter.StageKey || r.RetryAfter() != tc.reset {
+				if r, _ := in.b.Allow(context.Background(), b); r.RefusedAt != limiter.StageKey || r.RetryAfter() != tc.reset {
 					t.Errorf("second request: %+v, retry after %d; want refused at key, retry after %d", r, r.RetryAfter(), tc.reset)
 				}
 				if in.rdb == nil {
@@ -698,8 +698,8 @@ func TestANewMonthStartsAFreshQuota(t *testing.T) {
 			t.Fatalf("January: allowed %d, refused %v; want 3 and 1 at month", got.allowed, got.refused)
 		}
 		clock.set(time.Date(2031, 2, 1, 0, 0, 0, 0, time.UTC))
-		r, err := in.a.AllowBudgets(context.Background(), b)
-		want := limiter.BudgetsResult{Allowed: true, Key: res(true, 1000, 999, 60), Org: res(true, 1000, 999, 60),
+		r, err := in.a.Allow(context.Background(), b)
+		want := limiter.Result{Allowed: true, Key: res(true, 1000, 999, 60), Org: res(true, 1000, 999, 60),
 			Month: limiter.Quota{Limit: 3, Used: 1, Remaining: 2, ResetAfter: 28 * 86400}}
 		if err != nil || r != want {
 			t.Errorf("the first request of February: %+v, %v; want %+v", r, err, want)
@@ -715,12 +715,12 @@ func TestANewMonthStartsAFreshQuota(t *testing.T) {
 	}, limiter.WithClock(clock.now), limiter.WithMonthSeed(rec.seed))
 }
 
-func ExampleLocal_AllowBudgets() {
+func ExampleLocal_Allow_budgets() {
 	l := limiter.NewLocal(limiter.WithClock(func() time.Time { return time.Date(2026, 11, 30, 23, 59, 45, 0, time.UTC) }))
 	// Two keys of one org: each may make 3 requests a minute, the org 4 in all, and
 	// 5 a month.
 	for i, key := range []string{"key-A", "key-A", "key-A", "key-A", "key-B", "key-B", "key-B"} {
-		r, _ := l.AllowBudgets(context.Background(), limiter.Budgets{Key: key, KeyLimit: 3, Org: "org-1", OrgLimit: 4, MonthLimit: 5})
+		r, _ := l.Allow(context.Background(), limiter.Budgets{Key: key, KeyLimit: 3, Org: "org-1", OrgLimit: 4, MonthLimit: 5})
 		fmt.Printf("%d %s: allowed=%v refused-at=%q key-left=%d org-left=%d month-used=%d retry-after=%ds\n",
 			i+1, key, r.Allowed, r.RefusedAt, r.Key.Remaining, r.Org.Remaining, r.Month.Used, r.RetryAfter())
 	}

@@ -56,7 +56,7 @@ func burst(l limiter.Limiter, key string, n, limit int, timeout time.Duration) (
 				ctx, cancel = context.WithTimeout(ctx, timeout)
 				defer cancel()
 			}
-			res, err := l.Allow(ctx, key, limit)
+			res, err := allowKey(l, ctx, key, limit)
 			switch {
 			case err != nil:
 				f.Add(1)
@@ -155,7 +155,7 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 					t.Errorf("counter %d after the hang, want 5: counts given up on were written later", n)
 				}
 				// And Redis counts again once it answers.
-				res, err := l.Allow(context.Background(), "k", 100)
+				res, err := allowKey(l, context.Background(), "k", 100)
 				if err != nil || res.Remaining != 94 {
 					t.Errorf("after the hang: %+v, %v; want remaining 94", res, err)
 				}
@@ -172,10 +172,10 @@ func TestCountersExpireRelativeToRedis(t *testing.T) {
 	lag := time.Now().Add(-10 * time.Minute)
 	lag = lag.Truncate(time.Minute).Add(30 * time.Second)
 	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithClock(func() time.Time { return lag }))
-	if _, err := l.Allow(context.Background(), "k", 10); err != nil {
+	if _, err := allowKey(l, context.Background(), "k", 10); err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := l.Allow(context.Background(), "k", 10); r.Remaining != 8 {
+	if r, _ := allowKey(l, context.Background(), "k", 10); r.Remaining != 8 {
 		t.Errorf("second count of a lagging gateway: remaining %d, want 8", r.Remaining)
 	}
 	keys, _ := rdb.Keys(context.Background(), prefix+"*").Result()
@@ -197,7 +197,7 @@ func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testin
 	const timeout = 20 * time.Millisecond
 	rdb, direct, proxy := slowRedis(t, timeout)
 	bothModes(t, rdb, timeout, func(t *testing.T, l *limiter.Redis, prefix string) {
-		if _, err := l.Allow(context.Background(), "warm", 10); err != nil { // reads Redis's clock
+		if _, err := allowKey(l, context.Background(), "warm", 10); err != nil { // reads Redis's clock
 			t.Fatal(err)
 		}
 		for i := range 20 {
@@ -207,7 +207,7 @@ func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testin
 			deadline, _ := ctx.Deadline()
 			done := make(chan error, 1)
 			go func() {
-				_, err := l.Allow(ctx, key, 10)
+				_, err := allowKey(l, ctx, key, 10)
 				done <- err
 			}()
 			time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond)))

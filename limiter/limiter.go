@@ -1,12 +1,17 @@
-// Package limiter counts requests per key in fixed one-minute windows, aligned to the
-// UTC minute. The window of instant t is floor(unix(t) / 60). Every call to Allow
-// counts, allowed or not. In a window, the calls numbered limit+1 and later are
-// refused.
+// Package limiter counts the requests of API keys against their budgets, in fixed
+// one-minute windows aligned to the UTC minute and in UTC calendar months. The window
+// of instant t is floor(unix(t) / 60).
+//
+// A request counts against up to three budgets, in order (see Budgets): its key's
+// minute, its organisation's minute, its organisation's month. A key whose plan has no
+// organisation budget counts against its key's minute alone: the one-stage case of
+// the same count. Minute windows count every request that reaches them, allowed or
+// not; in a window, the requests numbered limit+1 and later are refused.
 //
 // Two backends share that behaviour. Redis counts in Redis, and every process using
-// the same Redis shares each key's count: several gateway instances have one budget.
-// Local counts in process memory, for a single instance. Both are safe for concurrent
-// use.
+// the same Redis shares each budget: several gateway instances have one budget, not
+// several. Local counts in process memory, for a single instance. Both are safe for
+// concurrent use, and both have one entry point, Allow.
 //
 // The package knows nothing of HTTP. Callers turn a Result into headers.
 package limiter
@@ -20,30 +25,41 @@ import (
 // Window is the length of a rate limit window.
 const Window = time.Minute
 
-// ErrBadLimit is returned by Allow for a limit that is not positive. "No API access"
-// and "unlimited" are the caller's decisions, not counts.
+// ErrBadLimit is returned by Allow for Budgets with no budget at all. "No API
+// access" and "unlimited" are the caller's decisions, not counts.
 var ErrBadLimit = errors.New("limiter: limit must be positive")
 
-// Result is the outcome of one Allow call.
-type Result struct {
-	// Allowed reports whether the request is within the limit.
+// Minute is the state of one minute window after a count.
+type Minute struct {
+	// Allowed reports whether the request is within the window's limit.
 	Allowed bool
-	// Limit is the limit the request was counted against.
+	// Limit is the limit the request was counted against; 0 when the budget does
+	// not apply.
 	Limit int
 	// Remaining is how many more requests the window allows; never negative.
 	Remaining int
 	// ResetAfter is the whole number of seconds left in the window, rounded up, at
-	// least 1. It is the Retry-After of a refused request.
+	// least 1. It is the Retry-After of a request the window refused.
 	ResetAfter int
 }
 
 // Limiter is what both backends do.
 type Limiter interface {
-	// Allow counts one request of key against limit in the current window. An error
-	// means the count was not made: Redis is unreachable or slow. The Result is then
-	// meaningless, and the caller applies its failure policy.
-	Allow(ctx context.Context, key string, limit int) (Result, error)
+	// Allow counts one request against b's budgets in order, stopping at the first
+	// that refuses it: the key's minute window counts it; then, if the key's allowed
+	// it, the org's minute window counts it; then, if that allowed it, the org's month
+	// lets it through and counts it, or refuses it uncounted once Used has reached
+	// MonthLimit. Minute windows count every request that reaches them, refused or
+	// not; a month counts only what passed every budget. An error means nothing was
+	// counted: Redis is unreachable or slow, or the month's seed failed. The Result is
+	// then meaningless, and the caller applies its failure policy.
+	Allow(ctx context.Context, b Budgets) (Result, error)
 }
+
+var (
+	_ Limiter = (*Redis)(nil)
+	_ Limiter = (*Local)(nil)
+)
 
 // Option configures a backend.
 type Option func(*options)
@@ -132,9 +148,9 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// result builds the Result of the count'th request of a window.
-func result(count int64, limit, resetAfter int) Result {
-	return Result{
+// minute builds the Minute of the count'th request of a window.
+func minute(count int64, limit, resetAfter int) Minute {
+	return Minute{
 		Allowed:    count <= int64(limit),
 		Limit:      limit,
 		Remaining:  int(max(int64(limit)-count, 0)),

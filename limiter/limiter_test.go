@@ -17,6 +17,13 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
+// allowKey counts one request of key against limit, the one budget of a key whose
+// plan has no organisation budget, and returns its minute window.
+func allowKey(l limiter.Limiter, ctx context.Context, key string, limit int) (limiter.Minute, error) {
+	r, err := l.Allow(ctx, limiter.Budgets{Key: key, KeyLimit: limit})
+	return r.Key, err
+}
+
 // redisClient returns a client of the Redis named by REDIS_URL, started by `make test`.
 func redisClient(t testing.TB) *redis.Client { return redistest.Client(t) }
 
@@ -68,7 +75,7 @@ func TestExactlyLimitAllowedUnderConcurrency(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					r, err := l.Allow(context.Background(), "key-A", 50)
+					r, err := allowKey(l, context.Background(), "key-A", 50)
 					if err != nil {
 						t.Error(err)
 						return
@@ -94,17 +101,17 @@ func TestCountsRemainingAndRefusesTheRequestAfterTheLimit(t *testing.T) {
 	for name, l := range backends(t, clock.now) {
 		t.Run(name, func(t *testing.T) {
 			for i := 1; i <= 5; i++ {
-				r, err := l.Allow(context.Background(), "k", 3)
+				r, err := allowKey(l, context.Background(), "k", 3)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := limiter.Result{Allowed: i <= 3, Limit: 3, Remaining: max(3-i, 0), ResetAfter: 45}
+				want := limiter.Minute{Allowed: i <= 3, Limit: 3, Remaining: max(3-i, 0), ResetAfter: 45}
 				if r != want {
 					t.Errorf("request %d: %+v, want %+v", i, r, want)
 				}
 			}
 			// Another key has its own budget.
-			if r, _ := l.Allow(context.Background(), "other", 3); !r.Allowed || r.Remaining != 2 {
+			if r, _ := allowKey(l, context.Background(), "other", 3); !r.Allowed || r.Remaining != 2 {
 				t.Errorf("another key: %+v", r)
 			}
 		})
@@ -130,7 +137,7 @@ func TestWindowEdges(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := newClock(at(m, tc.offset))
 			for name, l := range backends(t, clock.now) {
-				r, err := l.Allow(context.Background(), "k", 1)
+				r, err := allowKey(l, context.Background(), "k", 1)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -148,13 +155,13 @@ func TestANewWindowStartsAFreshBudget(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			clock.set(at(base, 59*time.Second+900*time.Millisecond))
 			ctx := context.Background()
-			l.Allow(ctx, "k", 2)
-			l.Allow(ctx, "k", 2)
-			if r, _ := l.Allow(ctx, "k", 2); r.Allowed || r.ResetAfter != 1 {
+			allowKey(l, ctx, "k", 2)
+			allowKey(l, ctx, "k", 2)
+			if r, _ := allowKey(l, ctx, "k", 2); r.Allowed || r.ResetAfter != 1 {
 				t.Fatalf("third request at the window's end: %+v, want refused with reset 1", r)
 			}
 			clock.set(minute(base + 1)) // the first instant of the next UTC minute
-			if r, _ := l.Allow(ctx, "k", 2); !r.Allowed || r.Remaining != 1 || r.ResetAfter != 60 {
+			if r, _ := allowKey(l, ctx, "k", 2); !r.Allowed || r.Remaining != 1 || r.ResetAfter != 60 {
 				t.Errorf("first request of the next window: %+v", r)
 			}
 		})
@@ -178,7 +185,7 @@ func TestTwoRedisLimitersShareOneBudget(t *testing.T) {
 			if i%2 == 1 {
 				l = b
 			}
-			r, err := l.Allow(context.Background(), "shared", 30)
+			r, err := allowKey(l, context.Background(), "shared", 30)
 			if err != nil {
 				t.Error(err)
 			}
@@ -197,7 +204,7 @@ func TestRedisCountersExpireOnTheirOwn(t *testing.T) {
 	rdb := redisClient(t)
 	prefix := uniquePrefix(t)
 	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix))
-	if _, err := l.Allow(context.Background(), "k", 10); err != nil {
+	if _, err := allowKey(l, context.Background(), "k", 10); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := rdb.Keys(context.Background(), prefix+"*").Result()
@@ -217,7 +224,7 @@ func TestRedisErrorsSurface(t *testing.T) {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
 	defer dead.Close()
 	for _, l := range []*limiter.Redis{limiter.NewRedis(dead), limiter.NewRedis(dead, limiter.WithPipelining(time.Second))} {
-		if _, err := l.Allow(context.Background(), "k", 10); err == nil {
+		if _, err := allowKey(l, context.Background(), "k", 10); err == nil {
 			t.Error("Allow against a dead Redis returned no error")
 		}
 	}
@@ -228,14 +235,14 @@ func TestPipelinedCountsSurviveAScriptFlush(t *testing.T) {
 	clock := newClock(at(base, 20*time.Second))
 	l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
 		limiter.WithPipelining(time.Second))
-	if r, err := l.Allow(context.Background(), "k", 5); err != nil || r.Remaining != 4 {
+	if r, err := allowKey(l, context.Background(), "k", 5); err != nil || r.Remaining != 4 {
 		t.Fatalf("first Allow = %+v, %v", r, err)
 	}
 	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// After the flush, EVALSHA fails with NOSCRIPT. The count must still happen, once.
-	if r, err := l.Allow(context.Background(), "k", 5); err != nil || r.Remaining != 3 {
+	if r, err := allowKey(l, context.Background(), "k", 5); err != nil || r.Remaining != 3 {
 		t.Errorf("Allow after SCRIPT FLUSH = %+v, %v; want remaining 3", r, err)
 	}
 }
@@ -266,7 +273,7 @@ func TestRedisHonoursTheContextDeadline(t *testing.T) {
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		start := time.Now()
-		_, err := l.Allow(ctx, "k", 10)
+		_, err := allowKey(l, ctx, "k", 10)
 		cancel()
 		if err == nil {
 			t.Errorf("%s: Allow on a Redis that never answers returned no error", name)
@@ -280,7 +287,7 @@ func TestRedisHonoursTheContextDeadline(t *testing.T) {
 func TestNonPositiveLimitsAreRefused(t *testing.T) {
 	for name, l := range backends(t, time.Now) {
 		for _, limit := range []int{0, -1} {
-			if _, err := l.Allow(context.Background(), "k", limit); err != limiter.ErrBadLimit {
+			if _, err := allowKey(l, context.Background(), "k", limit); err != limiter.ErrBadLimit {
 				t.Errorf("%s: Allow(limit %d) error = %v, want ErrBadLimit", name, limit, err)
 			}
 		}
@@ -291,11 +298,11 @@ func TestLocalForgetsOldWindows(t *testing.T) {
 	clock := newClock(minute(base))
 	l := limiter.NewLocal(limiter.WithClock(clock.now))
 	for i := range 1000 {
-		l.Allow(context.Background(), fmt.Sprint("key-", i), 5)
+		allowKey(l, context.Background(), fmt.Sprint("key-", i), 5)
 	}
 	clock.set(minute(base + 1))
 	// A key used in the old window starts again at 1 in the new one.
-	if r, _ := l.Allow(context.Background(), "key-1", 5); r.Remaining != 4 {
+	if r, _ := allowKey(l, context.Background(), "key-1", 5); r.Remaining != 4 {
 		t.Errorf("remaining %d in a new window, want 4", r.Remaining)
 	}
 	if n := l.Len(); n != 1 {
@@ -305,9 +312,10 @@ func TestLocalForgetsOldWindows(t *testing.T) {
 
 func ExampleLocal_Allow() {
 	l := limiter.NewLocal(limiter.WithClock(func() time.Time { return time.Date(2026, 11, 22, 12, 0, 45, 0, time.UTC) }))
+	// A key of a plan without organisation budgets: 2 requests a minute.
 	for range 3 {
-		r, _ := l.Allow(context.Background(), "AbCdEfGhIjKlMnOpQrStUv", 2)
-		fmt.Printf("allowed=%v remaining=%d retry-after=%ds\n", r.Allowed, r.Remaining, r.ResetAfter)
+		r, _ := l.Allow(context.Background(), limiter.Budgets{Key: "AbCdEfGhIjKlMnOpQrStUv", KeyLimit: 2})
+		fmt.Printf("allowed=%v remaining=%d retry-after=%ds\n", r.Allowed, r.Key.Remaining, r.Key.ResetAfter)
 	}
 	// Output:
 	// allowed=true remaining=1 retry-after=15s
@@ -336,7 +344,7 @@ func TestPrepareLoadsTheScriptsARestartedRedisLost(t *testing.T) {
 			t.Errorf("script %s not loaded by Prepare", limiter.ScriptHashes()[i])
 		}
 	}
-	if r, err := l.Allow(ctx, "k", 5); err != nil || !r.Allowed || r.Remaining != 4 {
+	if r, err := allowKey(l, ctx, "k", 5); err != nil || !r.Allowed || r.Remaining != 4 {
 		t.Errorf("Allow after Prepare: %+v, %v", r, err)
 	}
 }

@@ -2,30 +2,30 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/keygate/keygate/internal/gather"
 )
 
 // Local counts in process memory: for a single gateway instance, or when no Redis is
-// configured. It keeps only the current window's counts. So its memory is bounded by
-// the number of distinct keys seen in one minute.
+// configured. It keeps only the current window's counts and the current month's. So
+// its memory is bounded by the number of distinct keys and orgs seen in one minute,
+// and of orgs with a monthly quota seen in one month.
 type Local struct {
-	now func() time.Time
+	now   func() time.Time
+	seeds *seeder // WithMonthSeed's; nil for none
 
-	mu     sync.Mutex
-	window int64            // guarded by mu
-	counts map[string]int64 // guarded by mu; counts of window
-
-	// AllowBudgets's: the orgs' minute counts and months. Allow never reads them.
-	seeds     *seeder          // WithMonthSeed's; nil for none
+	mu        sync.Mutex
+	window    int64            // guarded by mu
+	counts    map[string]int64 // guarded by mu; the keys' minute counts of window
 	orgWindow int64            // guarded by mu
-	orgs      map[string]int64 // guarded by mu; org minute counts of orgWindow
+	orgs      map[string]int64 // guarded by mu; the orgs' minute counts of orgWindow
 	month     int64            // guarded by mu; yyyymm
-	used      map[string]int64 // guarded by mu; org month counts of month
+	used      map[string]int64 // guarded by mu; the orgs' month counts of month
 }
-
-var _ Limiter = (*Local)(nil)
 
 // NewLocal returns an in-process limiter. WithPrefix does not apply to it.
 func NewLocal(opts ...Option) *Local {
@@ -33,35 +33,97 @@ func NewLocal(opts ...Option) *Local {
 	return &Local{now: o.now, counts: make(map[string]int64), seeds: newSeeder(o.monthSeed)}
 }
 
-// Allow counts one request of key; see Limiter. Its only error is ErrBadLimit.
-func (l *Local) Allow(_ context.Context, key string, limit int) (Result, error) {
-	if limit <= 0 {
-		return Result{}, ErrBadLimit
+// Allow counts one request against b's budgets; see Limiter. Its errors are
+// ErrBadLimit and ErrNoOrg for bad budgets, and WithMonthSeed's.
+func (l *Local) Allow(ctx context.Context, b Budgets) (Result, error) {
+	if err := b.check(); err != nil {
+		return Result{}, err
 	}
-	w, reset, _ := windowOf(l.now())
+	t := l.now()
+	w, reset, _ := windowOf(t)
+	var m month
+	if b.orgWide() {
+		m = monthOf(t)
+	}
+	seed := firstSeed(l.seeds)
+	var call *seedCall // the seed call seed came from
+	for range seedAttempts {
+		sent := time.Now()
+		l.mu.Lock()
+		c, ok := l.count(b, w, m, seed)
+		l.mu.Unlock()
+		if ok {
+			if call != nil {
+				l.seeds.applied(call)
+			}
+			return newResult(b, c, reset, m), nil
+		}
+		var err error
+		if call, err = l.seeds.seed(ctx, gather.Deadline(ctx, 0), sent, b.Org, m.start); err != nil {
+			return Result{}, fmt.Errorf("seeding the month of org %s: %w: %w", b.Org, ErrMonthSeed, err)
+		}
+		seed = call.used
+	}
+	return Result{}, fmt.Errorf("seeding the month of org %s: %w", b.Org, errMonthMissing)
+}
 
-	l.mu.Lock()
+// count counts b's stages in window w and month m, as countScript does. It counts
+// nothing and returns false when the month is needed, not held, and seed is negative.
+// It must be called with mu held.
+func (l *Local) count(b Budgets, w int64, m month, seed int64) (stageCounts, bool) {
+	// A clock that steps back counts into the newest window (and month) seen, which
+	// errs on the side of refusing. A new window or month forgets the old one whole (a
+	// new map, so its memory goes too).
 	if w > l.window {
-		// A new window: forget the old one whole (a new map, so its memory goes too).
 		l.window = w
 		l.counts = make(map[string]int64, len(l.counts))
 	}
-	// A clock that steps back counts into the newest window seen. That errs on the
-	// side of refusing.
-	n, seen := l.counts[key]
-	n++
-	if seen {
-		l.counts[key] = n
-	} else {
-		// key often shares the memory of a whole request header: keep only its bytes.
-		l.counts[strings.Clone(key)] = n
+	var used, org int64
+	var usedHeld, orgSeen bool
+	if b.orgWide() {
+		if w > l.orgWindow || l.orgs == nil {
+			l.orgWindow = w
+			l.orgs = make(map[string]int64, len(l.orgs))
+		}
+		if int64(m.name) > l.month || l.used == nil {
+			l.month = int64(m.name)
+			l.used = make(map[string]int64, len(l.used))
+		}
+		used, usedHeld = l.used[b.Org]
+		if b.MonthLimit > 0 && !usedHeld {
+			if seed < 0 {
+				return stageCounts{}, false
+			}
+			used = seed
+			l.used[strings.Clone(b.Org)] = used
+		}
+		org, orgSeen = l.orgs[b.Org]
 	}
-	l.mu.Unlock()
-
-	return result(n, limit, reset), nil
+	key, keySeen := l.counts[b.Key]
+	c := stages(&key, &org, &used, b.KeyLimit, b.OrgLimit, b.MonthLimit, b.cost())
+	if b.KeyLimit > 0 {
+		store(l.counts, b.Key, key, keySeen)
+	}
+	if b.OrgLimit > 0 && c.stage != int64(StageKey) {
+		store(l.orgs, b.Org, org, orgSeen)
+	}
+	if b.MonthLimit > 0 {
+		l.used[b.Org] = used
+	}
+	return c, true
 }
 
-// Len returns the number of counters l holds: the keys seen in the current window.
+// store sets counts[k] to n, keeping a copy of k's bytes only when it is new (seen
+// false): k often shares the memory of a whole request header.
+func store(counts map[string]int64, k string, n int64, seen bool) {
+	if seen {
+		counts[k] = n
+	} else {
+		counts[strings.Clone(k)] = n
+	}
+}
+
+// Len returns the number of key counters l holds: the keys seen in the current window.
 func (l *Local) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -21,7 +21,8 @@ type pipeliner interface {
 // pipeline gathers the counts of concurrent Allow calls into one Redis pipeline, a
 // round. Under load, Redis then reads and answers many counts per round trip. The
 // gathering is internal/gather's, and so is its freshness (see its package doc). The
-// pipeline adds the script.
+// pipeline adds the script: one call per counter's hash slot in the round (see
+// scriptCalls).
 //
 // A round goes out at once if the one lane is free, or when the lane's round returns.
 // At the latest, it goes out on its own maxWait after its first count joined. No timer
@@ -32,22 +33,31 @@ type pipeline struct {
 	rdb     pipeliner
 	timeout time.Duration
 	clock   *redisClock
-	rounds  *gather.Gatherer[pipelinedCount, countReply]
+	rounds  *gather.Gatherer[count, reply]
 
 	calls atomic.Uint64 // script calls sent, for tests through export_test.go
 }
 
-// pipelinedCount is one Allow call's count in a round.
-type pipelinedCount struct {
-	counterKey    string
-	ttl           int64 // milliseconds
-	redisDeadline int64 // the caller's deadline on Redis's clock, for the script; 0 for none
+// count is one Allow call's count, in a round or alone.
+type count struct {
+	keyCounter   string // "" without a key budget
+	orgCounter   string // "" without an org budget
+	monthCounter string // "" without an org budget
+	keyLimit     int
+	orgLimit     int
+	monthLimit   int64
+	cost         int64 // units, at least 1
+	minuteTTL    int64 // milliseconds
+	monthTTL     int64 // milliseconds
+	seed         int64 // what a missing month starts from; -1: count nothing (see countScript)
+
+	redisDeadline int64 // the caller's deadline on Redis's clock; 0 for none
 }
 
-// countReply is the script's answer to one count.
-type countReply struct {
-	count int64
-	err   error
+// reply is the script's answer to one count.
+type reply struct {
+	counts stageCounts
+	err    error
 }
 
 func newPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redisClock) *pipeline {
@@ -56,23 +66,8 @@ func newPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redisClock
 	return p
 }
 
-// count adds one count of counterKey to the next round and waits for its answer. It
-// stops when ctx ends or deadline (zero: none) passes. redisDeadline is deadline on
-// Redis's clock.
-func (p *pipeline) count(ctx context.Context, deadline time.Time, counterKey string, ttl, redisDeadline int64) (int64, error) {
-	c := pipelinedCount{counterKey: counterKey, ttl: ttl, redisDeadline: redisDeadline}
-	reply, err := p.rounds.DoBy(ctx, deadline, c)
-	if err != nil {
-		return 0, err
-	}
-	return reply.count, reply.err
-}
-
-// send is the pipeline's gather.Flush. It runs a round's counts as EVALSHA in one
-// pipeline, one script call per counter. The counts of one counter share a call, which
-// adds them all at once. They take the numbers it made in the order they joined (see
-// incrScript). Each call still touches one key, as Cluster wants. Calls refused with
-// NOSCRIPT, after a SCRIPT FLUSH or a failover, did not run: they go again as EVAL.
+// send is the pipeline's gather.Flush. It runs a round's counts as script calls in one
+// pipeline (see scriptCalls and sendCalls).
 //
 // A round serves many callers, so no one caller's context may cut it short. It runs
 // until deadline, when the last of its callers gives up, or for timeout if one has
@@ -80,29 +75,18 @@ func (p *pipeline) count(ctx context.Context, deadline time.Time, counterKey str
 // caller's goroutine, under its caller's context. go-redis ends a command at its
 // context's deadline. So the caller still gets its answer by then. Both ways run alike
 // here, so send ignores the inline flag.
-func (p *pipeline) send(ctx context.Context, deadline time.Time, _ bool, round []pipelinedCount) ([]countReply, error) {
+func (p *pipeline) send(ctx context.Context, deadline time.Time, _ bool, round []count) ([]reply, error) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(p.timeout)
 	}
 	ctx, cancel := bounded(ctx, deadline)
 	defer cancel()
-	replies := make([]countReply, len(round))
-	calls := byCounter(round)
-	keys := make([]string, len(calls)) // each call's KEYS is one of these, sliced
-	for c := range calls {
-		keys[c] = round[calls[c][0]].counterKey
-	}
-	sent := sendCalls(ctx, p.rdb, incrScript, len(calls), func(c int) ([]string, []any) {
-		var ttl int64 // any member's will do; the longest is safest
-		args := make([]any, 1, 1+len(calls[c]))
-		for _, i := range calls[c] {
-			ttl = max(ttl, round[i].ttl)
-			args = append(args, round[i].redisDeadline)
-		}
-		args[0] = ttl
-		return keys[c : c+1], args
+	replies := make([]reply, len(round))
+	calls := scriptCalls(round)
+	sent := sendCalls(ctx, p.rdb, countScript, len(calls), func(c int) ([]string, []any) {
+		return calls[c].keys, calls[c].args
 	}, func(c int, v []int64, err error) {
-		p.number(round, calls[c], v, err, replies)
+		readReplies(round, &calls[c], v, err, replies, p.clock)
 	})
 	p.calls.Add(uint64(sent))
 	return replies, nil
@@ -153,85 +137,172 @@ func sendCalls(ctx context.Context, rdb pipeliner, script *redis.Script, n int,
 	return sent
 }
 
-// number hands the counts of one script call their replies. members are their
-// indices in round, in the order of the call's ARGV. On the script's error, every
-// count gets it. Those it did not count get ErrLate. The others get the numbers
-// count-n+1 … count, in order.
-func (p *pipeline) number(round []pipelinedCount, members []int, v []int64, err error, replies []countReply) {
-	if err == nil && len(v) != 2 {
-		err = fmt.Errorf("unexpected reply %v", v)
+// scriptCall is one call of countScript: its KEYS and ARGV, its members (indices of a
+// round, in the order of ARGV), for each member the index in KEYS of its key's
+// counter, from 1 as Lua counts (0: no key budget), and how many key counters KEYS
+// starts with.
+type scriptCall struct {
+	keys    []string
+	args    []any
+	members []int
+	keyOf   []int
+	nKeys   int
+}
+
+// scriptCalls splits round into script calls, one per hash slot: the counts of a key
+// without org budgets by its counter, the others by org counter, month counter and
+// org limits (an org's plan changed mid-round goes as two), the groups and their
+// members in the order of arrival. A call holds each key counter once, with its limit:
+// a count of a key counter already in its call with another limit (the key's limit
+// changed mid-round) goes in a call of its own.
+func scriptCalls(round []count) []scriptCall {
+	var groups [][]int
+	if len(round) == 1 {
+		groups = oneCount
+	} else {
+		type group struct {
+			slot, month string // the org's counters; a key's own counter and "" without
+			orgLimit    int
+			monthLimit  int64
+		}
+		index := make(map[group]int)
+		for i := range round {
+			c := &round[i]
+			k := group{c.orgCounter, c.monthCounter, c.orgLimit, c.monthLimit}
+			if c.orgCounter == "" {
+				k.slot = c.keyCounter
+			}
+			g, ok := index[k]
+			if !ok {
+				g = len(groups)
+				index[k] = g
+				groups = append(groups, nil)
+			}
+			groups[g] = append(groups[g], i)
+		}
+	}
+	calls := make([]scriptCall, 0, len(groups))
+	for _, members := range groups {
+		for len(members) > 0 {
+			var call scriptCall
+			members = call.fill(round, members)
+			calls = append(calls, call)
+		}
+	}
+	return calls
+}
+
+// oneCount is the groups of a round of one count; read only.
+var oneCount = [][]int{{0}}
+
+// fill makes call count the members of round it can (see scriptCalls) and returns
+// the others.
+func (call *scriptCall) fill(round []count, members []int) (others []int) {
+	first := &round[members[0]]
+	call.keys = make([]string, 0, 3)
+	limits := make([]int, 0, 8) // of the key counters, keys[:nKeys]
+	var index map[string]int    // key counter to its index in keys, once there are many
+	minuteTTL, monthTTL, seed := int64(0), int64(0), int64(-1)
+	call.members = members // until one goes to others
+	call.keyOf = make([]int, 0, len(members))
+	for j, i := range members {
+		c := &round[i]
+		k := 0 // no key budget
+		if c.keyCounter != "" {
+			k = lookup(call.keys, index, c.keyCounter)
+			switch {
+			case k == 0:
+				call.keys = append(call.keys, c.keyCounter)
+				limits = append(limits, c.keyLimit)
+				k = len(call.keys)
+				if index != nil {
+					index[c.keyCounter] = k
+				} else if k > 10 {
+					index = make(map[string]int, 2*len(members))
+					for x, have := range call.keys {
+						index[have] = x + 1
+					}
+				}
+			case limits[k-1] != c.keyLimit:
+				if others == nil {
+					call.members = append(make([]int, 0, len(members)), members[:j]...)
+				}
+				others = append(others, i)
+				continue
+			}
+		}
+		// Any member's TTLs will do; the longest are safest. One seeded member seeds
+		// them all: they count the same month.
+		minuteTTL, monthTTL, seed = max(minuteTTL, c.minuteTTL), max(monthTTL, c.monthTTL), max(seed, c.seed)
+		if others != nil {
+			call.members = append(call.members, i)
+		}
+		call.keyOf = append(call.keyOf, k)
+	}
+	call.nKeys = len(call.keys)
+	if first.orgCounter != "" {
+		call.keys = append(call.keys, first.orgCounter, first.monthCounter)
+	}
+	call.args = make([]any, 0, 5+len(limits)+3*len(call.members))
+	call.args = append(call.args, minuteTTL, monthTTL, seed, first.orgLimit, first.monthLimit)
+	for _, limit := range limits {
+		call.args = append(call.args, limit)
+	}
+	for j, i := range call.members {
+		call.args = append(call.args, call.keyOf[j], round[i].redisDeadline, round[i].cost)
+	}
+	return others
+}
+
+// lookup returns the index in keys (from 1) of counter, through index if it is not
+// nil; 0 if it is not there.
+func lookup(keys []string, index map[string]int, counter string) int {
+	if index != nil {
+		return index[counter]
+	}
+	for j, have := range keys {
+		if have == counter {
+			return j + 1
+		}
+	}
+	return 0
+}
+
+// readReplies hands the members of one script call their replies, from the script's
+// answer v or its error: the counts as they stood before the call, from which stages
+// numbers each member in order, as the script did; ErrLate to those the script did
+// not count, as it decided (see late).
+func readReplies(round []count, call *scriptCall, v []int64, err error, replies []reply, clock *redisClock) {
+	if err == nil && len(v) >= 2 {
+		clock.observe(v[1])
+	}
+	switch {
+	case err != nil:
+	case len(v) == 2 && v[0] == -2:
+		err = errMonthMissing
+	case len(v) != 4+call.nKeys || v[0] != 0:
+		err = fmt.Errorf("unexpected reply %v for %d counts", v, len(call.members))
 	}
 	if err != nil {
-		for _, i := range members {
+		for _, i := range call.members {
 			replies[i].err = err
 		}
 		return
 	}
-	count, now := v[0], v[1]
-	p.clock.observe(now)
-	var live int64
-	for _, i := range members {
-		if !late(round[i].redisDeadline, now) {
-			live++
+	now, org, month, keys := v[1], v[2], v[3], v[4:] // keys: of call.keys[:nKeys], advanced below
+	var none int64
+	for j, i := range call.members {
+		c := &round[i]
+		if late(c.redisDeadline, now) {
+			replies[i].err = ErrLate
+			continue
 		}
-	}
-	if count < 0 && live == 0 || count >= live && live > 0 {
-		next := count - live + 1
-		for _, i := range members {
-			if late(round[i].redisDeadline, now) {
-				replies[i].err = ErrLate
-			} else {
-				replies[i].count = next
-				next++
-			}
+		key := &none
+		if k := call.keyOf[j]; k > 0 {
+			key = &keys[k-1]
 		}
-		return
+		replies[i].counts = stages(key, &org, &month, c.keyLimit, c.orgLimit, c.monthLimit, c.cost)
 	}
-	err = fmt.Errorf("unexpected reply %v for %d counts", v, live)
-	for _, i := range members {
-		replies[i].err = err
-	}
-}
-
-// byCounter groups the indices of round by counter key. The groups, and the indices in
-// each, keep the order of arrival. A round of one count, the common case under light
-// traffic, costs one small allocation.
-func byCounter(round []pipelinedCount) [][]int {
-	if len(round) == 1 {
-		return [][]int{{0}}
-	}
-	var calls [][]int
-	var index map[string]int // counter key to its group, once there are many groups
-	for i := range round {
-		k, c := round[i].counterKey, -1
-		if index != nil {
-			if g, ok := index[k]; ok {
-				c = g
-			}
-		} else {
-			for g := range calls {
-				if round[calls[g][0]].counterKey == k {
-					c = g
-					break
-				}
-			}
-		}
-		if c < 0 {
-			c = len(calls)
-			calls = append(calls, nil)
-			if index != nil {
-				index[k] = c
-			} else if len(calls) > 8 {
-				index = make(map[string]int, len(round))
-				for g := range calls[:c] {
-					index[round[calls[g][0]].counterKey] = g
-				}
-				index[k] = c
-			}
-		}
-		calls[c] = append(calls[c], i)
-	}
-	return calls
 }
 
 // bounded returns ctx ending by deadline (zero: none), and its cancel. It returns ctx

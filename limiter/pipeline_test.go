@@ -13,10 +13,10 @@ import (
 
 // countAll runs calls[key] concurrent Allow calls of every key against limits[key],
 // all at once. It returns each key's results.
-func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map[string][]limiter.Result {
+func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map[string][]limiter.Minute {
 	t.Helper()
 	var mu sync.Mutex
-	got := map[string][]limiter.Result{}
+	got := map[string][]limiter.Minute{}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for key, n := range calls {
@@ -25,7 +25,7 @@ func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map
 			go func() {
 				defer wg.Done()
 				<-start
-				r, err := l.Allow(context.Background(), key, limits[key])
+				r, err := allowKey(l, context.Background(), key, limits[key])
 				if err != nil {
 					t.Errorf("Allow(%s): %v", key, err)
 					return
@@ -45,7 +45,7 @@ func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map
 // must be those of the numbers 1..n counted one by one. The first limit are allowed,
 // with remaining limit-1 … 0, each once. The rest are refused with remaining 0. All
 // have resetAfter.
-func checkNumbered(t *testing.T, key string, results []limiter.Result, n, limit, resetAfter int) {
+func checkNumbered(t *testing.T, key string, results []limiter.Minute, n, limit, resetAfter int) {
 	t.Helper()
 	if len(results) != n {
 		t.Fatalf("%s: %d results, want %d", key, len(results), n)
@@ -95,7 +95,7 @@ func TestPipelinedCountsOfOneKeyShareACallAndEachGetsItsOwnNumber(t *testing.T) 
 		t.Run(tc.name, func(t *testing.T) {
 			l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
 				limiter.WithPipelining(timeout))
-			if _, err := l.Allow(context.Background(), "warm", 1); err != nil { // the clock reading
+			if _, err := allowKey(l, context.Background(), "warm", 1); err != nil { // the clock reading
 				t.Fatal(err)
 			}
 			proxy.SetDelay(20 * time.Millisecond)
@@ -126,18 +126,18 @@ func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
 	mid := time.Now().Truncate(time.Minute).Add(30 * time.Second)
 	l := limiter.NewRedis(rdb, limiter.WithPrefix(uniquePrefix(t)), limiter.WithPipelining(timeout),
 		limiter.WithClock(func() time.Time { return mid }))
-	if _, err := l.Allow(context.Background(), "warm", 1); err != nil {
+	if _, err := allowKey(l, context.Background(), "warm", 1); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Hang() // the first count waits in flight; the others gather behind it
 	first := make(chan error, 1)
 	go func() {
-		_, err := l.Allow(context.Background(), "k", 100)
+		_, err := allowKey(l, context.Background(), "k", 100)
 		first <- err
 	}()
 	time.Sleep(50 * time.Millisecond)
 	type answer struct {
-		r   limiter.Result
+		r   limiter.Minute
 		err error
 	}
 	answers := make(chan answer, 40)
@@ -149,7 +149,7 @@ func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
 				defer cancel()
 			}
-			r, err := l.Allow(ctx, "k", 100)
+			r, err := allowKey(l, ctx, "k", 100)
 			answers <- answer{r, err}
 		}()
 	}
@@ -172,7 +172,7 @@ func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
 	if failed != 20 || fmt.Sprint(remaining) != fmt.Sprint(seq(79, 98)) {
 		t.Errorf("%d failed, remaining %v; want 20 failed and the 20 others numbered 2..21", failed, remaining)
 	}
-	r, err := l.Allow(context.Background(), "k", 100)
+	r, err := allowKey(l, context.Background(), "k", 100)
 	if err != nil || r.Remaining != 78 {
 		t.Errorf("the next count = %+v, %v; want number 22 (remaining 78): the late ones uncounted", r, err)
 	}
@@ -208,16 +208,16 @@ func TestWithLingerBusyCallersShareRoundsAndStayExact(t *testing.T) {
 		clock := newClock(at(base, 20*time.Second))
 		l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
 			limiter.WithPipelining(timeout), limiter.WithLinger(linger))
-		run := func(key string) []limiter.Result {
+		run := func(key string) []limiter.Minute {
 			var mu sync.Mutex
-			var results []limiter.Result
+			var results []limiter.Minute
 			var wg sync.WaitGroup
 			for range callers {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					for range each {
-						r, err := l.Allow(context.Background(), key, limit)
+						r, err := allowKey(l, context.Background(), key, limit)
 						if err != nil {
 							t.Errorf("Allow: %v", err)
 							return

@@ -18,22 +18,39 @@ import (
 // later.
 var ErrLate = errors.New("limiter: redis received the count after its deadline; not counted")
 
-// Redis counts in Redis, so that every process sharing the Redis shares each key's
-// budget. Each Allow is one round trip: EVALSHA, falling back to EVAL once per
-// connection after a SCRIPT FLUSH or a failover.
+// Redis counts in Redis, so that every process sharing the Redis shares each budget.
+// Each Allow is one round trip, one call of one script (countScript), whatever its
+// Budgets hold: EVALSHA, falling back to EVAL once after a SCRIPT FLUSH or a
+// failover.
+//
+// A key without organisation budgets counts on a counter of its own, in the Cluster
+// hash slot of its id. The counters of an organisation's budgets share the slot of
+// the organisation's id, its keys' minute counters included:
+//
+//	<prefix>{<key>}:<window>             a key's minute, without org budgets
+//	<prefix>{o:<org>}:k:<key>:<window>   a key's minute, with them
+//	<prefix>{o:<org>}:o:<window>         the org's minute
+//	<prefix>{o:<org>}:M:<yyyymm>         the org's month (UTC)
+//
+// So all counting of one organisation with budgets lands on one Cluster shard, and a
+// key whose plan gains or loses an org budget starts its minute afresh once (it
+// changes counter). The month counter lives until a day after its month ends.
 //
 // A count carries its caller's deadline, translated to Redis's clock. That is its
 // context's deadline, or WithTimeout's if sooner. The script does not count past it.
 // So a count the caller gave up on is never written later. redisClock compares the
 // clocks.
+//
+// With WithMonthSeed, a count that finds the month's counter missing counts nothing;
+// the month is seeded (see WithMonthSeed) and the count made again with the seed:
+// two round trips and a seed call, once a month per org, or after Redis lost its
+// data.
 type Redis struct {
 	rdb   redis.Scripter
 	opts  options
 	pipe  *pipeline // nil without WithPipelining
 	clock redisClock
-
-	budgets *budgetPipeline // AllowBudgets's; nil without WithPipelining
-	seeds   *seeder         // WithMonthSeed's; nil for none
+	seeds *seeder // WithMonthSeed's; nil for none
 }
 
 // NewRedis returns a limiter counting in rdb: a *redis.Client, *redis.ClusterClient,
@@ -47,46 +64,76 @@ func NewRedis(rdb redis.Scripter, opts ...Option) *Redis {
 	l := &Redis{rdb: rdb, opts: buildOptions(opts), clock: redisClock{once: make(chan struct{}, 1)}}
 	if p, ok := rdb.(pipeliner); ok && l.opts.pipelineTimeout > 0 {
 		l.pipe = newPipeline(p, l.opts.pipelineTimeout, l.opts.linger, &l.clock)
-		l.budgets = newBudgetPipeline(p, l.opts.pipelineTimeout, l.opts.linger, &l.clock)
 	}
 	l.seeds = newSeeder(l.opts.monthSeed)
 	return l
 }
 
-// Allow counts one request of key; see Limiter. It returns errors from Redis wrapped,
-// the context's deadline and ErrLate among them, for the caller's failure policy. In
-// every error case, the count was not made.
-func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error) {
-	if limit <= 0 {
-		return Result{}, ErrBadLimit
+// Allow counts one request against b's budgets; see Limiter. Its errors are
+// ErrBadLimit and ErrNoOrg for bad budgets, WithMonthSeed's, and Redis's wrapped, the
+// context's deadline and ErrLate among them, for the caller's failure policy. In
+// every error case, nothing was counted.
+func (l *Redis) Allow(ctx context.Context, b Budgets) (Result, error) {
+	if err := b.check(); err != nil {
+		return Result{}, err
 	}
 	by := gather.Deadline(ctx, l.opts.timeout)
 	if err := l.clock.sync(ctx, by, l.rdb); err != nil {
 		return Result{}, fmt.Errorf("counting in redis: reading its clock: %w", err)
 	}
-	w, reset, ttl := windowOf(l.opts.now())
-	counter := l.counterKey(key, w)
-	deadline := l.clock.deadline(by)
-	var (
-		n   int64
-		err error
-	)
-	if l.pipe != nil {
-		n, err = l.pipe.count(ctx, by, counter, ttl, deadline)
+	t := l.opts.now()
+	w, reset, ttl := windowOf(t)
+	c := count{keyLimit: b.KeyLimit, cost: b.cost(), minuteTTL: ttl, redisDeadline: l.clock.deadline(by)}
+	var m month
+	if !b.orgWide() {
+		c.keyCounter = l.keyCounter(b.Key, w)
 	} else {
-		var cancel context.CancelFunc
-		ctx, cancel = bounded(ctx, by)
-		defer cancel()
-		var v []int64
-		v, err = incrScript.Run(ctx, l.rdb, []string{counter}, ttl, deadline).Int64Slice()
-		if err == nil {
-			n, err = l.clock.reply(v)
+		m = monthOf(t)
+		c.orgLimit, c.monthLimit, c.monthTTL, c.seed = b.OrgLimit, b.MonthLimit, m.ttlMs, firstSeed(l.seeds)
+		c.keyCounter, c.orgCounter, c.monthCounter = l.orgCounters(b, w, m.name)
+	}
+	var call *seedCall // the seed call c.seed came from
+	for range seedAttempts {
+		sent := time.Now()
+		counts, err := l.count(ctx, by, c)
+		if errors.Is(err, errMonthMissing) {
+			if call, err = l.seeds.seed(ctx, by, sent, b.Org, m.start); err != nil {
+				return Result{}, fmt.Errorf("counting in redis: seeding the month of org %s: %w: %w", b.Org, ErrMonthSeed, err)
+			}
+			c.seed = call.used
+			continue
 		}
+		if err != nil {
+			return Result{}, fmt.Errorf("counting in redis: %w", err)
+		}
+		if call != nil {
+			l.seeds.applied(call)
+		}
+		return newResult(b, counts, reset, m), nil
 	}
-	if err != nil {
-		return Result{}, fmt.Errorf("counting in redis: %w", err)
+	return Result{}, fmt.Errorf("counting in redis: %w", errMonthMissing)
+}
+
+// count runs c, through the pipeline if there is one, until deadline (zero: none).
+func (l *Redis) count(ctx context.Context, deadline time.Time, c count) (stageCounts, error) {
+	if l.pipe != nil {
+		reply, err := l.pipe.rounds.DoBy(ctx, deadline, c)
+		if err == nil {
+			err = reply.err
+		}
+		return reply.counts, err
 	}
-	return result(n, limit, reset), nil
+	ctx, cancel := bounded(ctx, deadline)
+	defer cancel()
+	round := []count{c}
+	calls := scriptCalls(round)
+	if len(calls) != 1 {
+		return stageCounts{}, fmt.Errorf("limiter: %d script calls for one count", len(calls))
+	}
+	v, err := countScript.Run(ctx, l.rdb, calls[0].keys, calls[0].args...).Int64Slice()
+	var replies [1]reply
+	readReplies(round, &calls[0], v, err, replies[:], &l.clock)
+	return replies[0].counts, replies[0].err
 }
 
 // Prepare loads the limiter's scripts into Redis and reads Redis's clock. A first
@@ -96,7 +143,7 @@ func (l *Redis) Allow(ctx context.Context, key string, limit int) (Result, error
 // is that no request waits on it. On a Redis Cluster, the scripts load on every
 // primary.
 func (l *Redis) Prepare(ctx context.Context) error {
-	for _, s := range []*redis.Script{incrScript, clockScript, budgetScript} {
+	for _, s := range []*redis.Script{countScript, clockScript} {
 		if err := s.Load(ctx, l.rdb).Err(); err != nil {
 			return fmt.Errorf("loading the limiter's scripts: %w", err)
 		}
@@ -109,9 +156,9 @@ func (l *Redis) Prepare(ctx context.Context) error {
 	return nil
 }
 
-// counterKey is the Redis key of key's counter in window w. The braces make key the
-// hash tag. So all of one key's counters live in one Cluster slot.
-func (l *Redis) counterKey(key string, w int64) string {
+// keyCounter is the Redis key of the minute counter in window w of a key without
+// organisation budgets. The braces make key the hash tag.
+func (l *Redis) keyCounter(key string, w int64) string {
 	b := make([]byte, 0, len(l.opts.prefix)+len(key)+24)
 	b = append(b, l.opts.prefix...)
 	b = append(b, '{')
@@ -119,6 +166,37 @@ func (l *Redis) counterKey(key string, w int64) string {
 	b = append(b, "}:"...)
 	b = strconv.AppendInt(b, w, 10)
 	return string(b)
+}
+
+// orgCounters returns the Redis keys of b's counters in minute window w and month
+// yyyymm (see Redis), as substrings of one string: one allocation. key is empty when
+// b has no key budget.
+func (l *Redis) orgCounters(b Budgets, w int64, yyyymm int) (key, org, month string) {
+	n := 3*(len(l.opts.prefix)+len(b.Org)+8) + len(b.Key) + 3*20
+	buf := make([]byte, 0, n)
+	tag := func() {
+		buf = append(buf, l.opts.prefix...)
+		buf = append(buf, "{o:"...)
+		buf = append(buf, b.Org...)
+		buf = append(buf, '}')
+	}
+	tag()
+	buf = append(buf, ":o:"...)
+	buf = strconv.AppendInt(buf, w, 10)
+	orgEnd := len(buf)
+	tag()
+	buf = append(buf, ":M:"...)
+	buf = strconv.AppendInt(buf, int64(yyyymm), 10)
+	monthEnd := len(buf)
+	if b.KeyLimit > 0 {
+		tag()
+		buf = append(buf, ":k:"...)
+		buf = append(buf, b.Key...)
+		buf = append(buf, ':')
+		buf = strconv.AppendInt(buf, w, 10)
+	}
+	s := string(buf)
+	return s[monthEnd:], s[:orgEnd], s[orgEnd:monthEnd]
 }
 
 // redisClock compares this process's clock with Redis's, so that Redis itself can

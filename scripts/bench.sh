@@ -525,8 +525,8 @@ bench_budgets() {
 	*) budgets_report+=" (no org budget: this build counts A's key like B's)" ;;
 	esac
 	# Redis's side, on its own: internal/capacity's workers counting random keys the
-	# plain way (Allow, the key's minute) and then through the org budgets
-	# (AllowBudgets: the key's minute, the org's minute and month in one script call),
+	# plain way (the key's minute alone) and then through the org budgets (the key's
+	# minute, the org's minute and month in one script call),
 	# as capacity.sh's (s1) does.
 	local tool="$stack/capacity" orgs=${CAP_ORGS:-10000} waiters=${BUDGETS_WAITERS:-1,4,16,64} part
 	capacity_tool

@@ -30,9 +30,9 @@ type Counts struct {
 	Cluster  bool
 	Keys     int
 	// Orgs, when positive, counts as for a plan with organisation budgets: key i
-	// belongs to organisation i mod Orgs (OrgID), and each count is AllowBudgets of
-	// the key's minute, the org's minute and the org's month, none of which any org
-	// reaches. Zero counts the key's minute alone (Allow), as for a plan without them.
+	// belongs to organisation i mod Orgs (OrgID), and each count is of the key's
+	// minute, the org's minute and the org's month, none of which any org reaches.
+	// Zero counts the key's minute alone, as for a plan without them.
 	Orgs int
 	// Timeout is the limiter's and the client's (redis_timeout).
 	Timeout time.Duration
@@ -192,13 +192,13 @@ func countWorker(ctx context.Context, args []string, in io.Reader, out io.Writer
 	}
 	n, o := *keys, *orgs
 	count := func(ctx context.Context, rng *rand.Rand) error {
-		_, err := lim.Allow(ctx, KeyID(rng.IntN(n)), 1<<30)
+		_, err := lim.Allow(ctx, limiter.Budgets{Key: KeyID(rng.IntN(n)), KeyLimit: 1 << 30})
 		return err
 	}
 	if o > 0 {
 		count = func(ctx context.Context, rng *rand.Rand) error {
 			i := rng.IntN(n)
-			_, err := lim.AllowBudgets(ctx, limiter.Budgets{Key: KeyID(i), KeyLimit: 1 << 30,
+			_, err := lim.Allow(ctx, limiter.Budgets{Key: KeyID(i), KeyLimit: 1 << 30,
 				Org: OrgID(i % o), OrgLimit: 1 << 30, MonthLimit: 1 << 50})
 			return err
 		}

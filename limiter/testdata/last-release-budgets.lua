@@ -1,27 +1,3 @@
-package limiter
-
-import "github.com/redis/go-redis/v9"
-
-// budgetScript counts requests of one organisation against their budgets, stage by
-// stage as stages says, as one atomic step on the Redis server, so that each stage is
-// exact across gateways. Every key it touches carries the org's hash tag, so it works
-// on Redis Cluster.
-//
-// One call may count several requests of the org (a pipelined round gathers them),
-// of one or several of its keys: each request meets the counts its predecessors in
-// ARGV left. So at each stage the first requests its limit leaves room for pass. The
-// script reads the requests once and counts each stage's total in one step. As
-// incrScript does, it counts no request whose deadline has passed, and the caller
-// tells which those were by comparing each deadline with the now returned. The script
-// answers the counts as they stood before the call; from them the caller numbers each
-// request with stages, as the script did. (An answer of four numbers per request
-// would cost the caller an allocation each.)
-//
-// A missing month counter is the sign of a new month, or of a Redis that lost its
-// data. Unless told what the month starts from, the script then counts nothing at
-// all, so that the caller can read the month's count from its record and call again
-// with it.
-var budgetScript = redis.NewScript(`
 -- KEYS[1]: the org's minute counter of the window.
 -- KEYS[2]: the org's month counter.
 -- KEYS[3], …: the minute counters of the org's keys, each once.
@@ -115,4 +91,3 @@ if monthLimit > 0 then
 	end
 end
 return out
-`)

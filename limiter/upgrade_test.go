@@ -1,0 +1,121 @@
+package limiter_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/limiter"
+)
+
+// The last release's scripts, verbatim: testdata/last-release-key.lua counted a key
+// without organisation budgets, testdata/last-release-budgets.lua a key with them.
+// Operators upgrade one gateway at a time, so for a while gateways of both releases
+// count on one Redis: they must share each budget exactly.
+func lastReleaseScript(t *testing.T, name string) *redis.Script {
+	t.Helper()
+	src, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return redis.NewScript(string(src))
+}
+
+// TestTheLastReleaseAndThisOneShareAKeysMinute: counts of a key without org budgets,
+// alternating between the last release's script and this release's Allow, number
+// one window: the limit lets through exactly limit of them, whoever counts.
+func TestTheLastReleaseAndThisOneShareAKeysMinute(t *testing.T) {
+	rdb := redisClient(t)
+	prefix := uniquePrefix(t)
+	now := time.Date(2030, 1, 2, 3, 4, 15, 0, time.UTC)
+	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithClock(func() time.Time { return now }))
+	old := lastReleaseScript(t, "last-release-key.lua")
+	counter := prefix + "{k}:" + strconv.FormatInt(now.Unix()/60, 10)
+	ctx := context.Background()
+	const limit = 6
+	allowed := 0
+	for i := 1; i <= 10; i++ {
+		if i%2 == 1 {
+			v, err := old.Run(ctx, rdb, []string{counter}, 60000, 0).Int64Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v[0] != int64(i) {
+				t.Fatalf("request %d: the last release counted %d", i, v[0])
+			}
+			if v[0] <= limit {
+				allowed++
+			}
+			continue
+		}
+		r, err := l.Allow(ctx, limiter.Budgets{Key: "k", KeyLimit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := limit - i; r.Key.Remaining != max(want, 0) || r.Allowed != (i <= limit) {
+			t.Fatalf("request %d: this release's %+v, want %d left", i, r.Key, max(want, 0))
+		}
+		if r.Allowed {
+			allowed++
+		}
+	}
+	if allowed != limit {
+		t.Errorf("%d of 10 allowed, want %d", allowed, limit)
+	}
+}
+
+// TestTheLastReleaseAndThisOneShareAnOrgsBudgets: the same for a key with an org
+// ceiling and a monthly quota, whose counters are the organisation's.
+func TestTheLastReleaseAndThisOneShareAnOrgsBudgets(t *testing.T) {
+	rdb := redisClient(t)
+	prefix := uniquePrefix(t)
+	now := time.Date(2030, 1, 2, 3, 4, 15, 0, time.UTC)
+	w := now.Unix() / 60
+	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithClock(func() time.Time { return now }))
+	old := lastReleaseScript(t, "last-release-budgets.lua")
+	ctx := context.Background()
+	keys := []string{
+		orgCounter(prefix, "o", w), monthCounter(prefix, "o", now),
+		keyCounter(prefix, "o", "k", w),
+	}
+	const keyLimit, orgLimit, monthLimit = 100, 7, 1000
+	// The month starts at zero (seed 0) in both releases' first count.
+	b := limiter.Budgets{Key: "k", KeyLimit: keyLimit, Org: "o", OrgLimit: orgLimit, MonthLimit: monthLimit}
+	allowed := 0
+	for i := 1; i <= 10; i++ {
+		if i%2 == 1 {
+			v, err := old.Run(ctx, rdb, keys, 120000, 86400000, 0, orgLimit, monthLimit, keyLimit, 3, 0).Int64Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// {status, now, org, month, key}: the counts before this request.
+			if v[0] != 0 || v[4] != int64(i-1) {
+				t.Fatalf("request %d: the last release answered %v", i, v)
+			}
+			if v[2] < orgLimit {
+				allowed++
+			}
+			continue
+		}
+		r, err := l.Allow(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Key.Remaining != keyLimit-i || r.Allowed != (allowed < orgLimit) {
+			t.Fatalf("request %d: this release's %+v, with %d allowed before it", i, r, allowed)
+		}
+		if r.Allowed {
+			allowed++
+		}
+	}
+	if allowed != orgLimit {
+		t.Errorf("%d of 10 allowed, want the org's %d", allowed, orgLimit)
+	}
+	if used, err := rdb.Get(ctx, keys[1]).Int64(); err != nil || used != orgLimit {
+		t.Errorf("the month holds %d (%v), want the %d allowed", used, err, orgLimit)
+	}
+}
