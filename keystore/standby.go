@@ -39,9 +39,11 @@ type Reader struct {
 	probe    time.Duration // how often each standby's health is read
 	opts     ReaderOptions
 
-	next atomic.Uint32 // spreads the lookups over the standbys in turn
-	stop chan struct{}
-	wg   sync.WaitGroup
+	next   atomic.Uint32 // spreads the lookups over the standbys in turn
+	stop   chan struct{}
+	probes context.Context // the probes' queries; cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // ReaderOptions tunes a Reader. The zero value is usable.
@@ -103,6 +105,7 @@ func NewReader(primary *Batcher, primaryPool *pgxpool.Pool, standbys []*pgxpool.
 		opts:  opts,
 		stop:  make(chan struct{}),
 	}
+	r.probes, r.cancel = context.WithCancel(context.Background())
 	for _, pool := range standbys {
 		store := &Store{pool: pool, format: primary.store.format, standby: true}
 		s := &standby{pool: pool, batcher: NewBatcher(store, opts.Batcher)}
@@ -116,9 +119,11 @@ func NewReader(primary *Batcher, primaryPool *pgxpool.Pool, standbys []*pgxpool.
 	return r
 }
 
-// Close stops the standbys' probes. It closes no pool.
+// Close stops the standbys' probes, cutting short a probe in flight, so that a hung
+// standby does not hold a config reload up. It closes no pool.
 func (r *Reader) Close() {
 	close(r.stop)
+	r.cancel()
 	r.wg.Wait()
 }
 
@@ -234,7 +239,7 @@ func (r *Reader) watch(i int) {
 // that has replayed the reading is caught up as of when it was sent. A primary that
 // does not answer says nothing about the standby.
 func (r *Reader) probeOnce(s *standby) {
-	ctx, cancel := context.WithTimeout(context.Background(), r.opts.ProbeTimeout)
+	ctx, cancel := context.WithTimeout(r.probes, r.opts.ProbeTimeout)
 	defer cancel()
 	target, sent, err := r.fence.wait(ctx, time.Time{})
 	if err != nil {

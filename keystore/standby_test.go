@@ -2,7 +2,10 @@ package keystore_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/latencyproxy"
 	"github.com/keygate/keygate/internal/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
@@ -240,4 +244,40 @@ func TestReaderIsBrokenWhenThePrimaryIsDown(t *testing.T) {
 	if _, ok, err := r.Verify(ctx, full); ok || err == nil {
 		t.Errorf("Verify with the primary down = %v, %v; want an error", ok, err)
 	}
+}
+
+// TestReaderAnswersWithinTheTimeoutWhileAStandbyHangs: a lookup bounded by the
+// Timeout, as a request is, still gets its answer from the primary while its standby
+// hangs: the standby's tries take at most half of it. Once resumed, the standby
+// answers again.
+func TestReaderAnswersWithinTheTimeoutWhileAStandbyHangs(t *testing.T) {
+	s, pool, org := newStore(t, "pro")
+	standby := standbyPool(t, pool, "DATABASE_STANDBY_FAST_URL")
+	proxy, err := latencyproxy.Start(fmt.Sprintf("%s:%d", standby.Config().ConnConfig.Host, standby.Config().ConnConfig.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	cfg := standby.Config()
+	host, port, _ := strings.Cut(proxy.Addr(), ":")
+	cfg.ConnConfig.Host = host
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Port = uint16(p)
+	const timeout = time.Second
+	r := newReader(t, s, pool, []*pgxpool.Pool{schematest.OpenPool(t, cfg)},
+		keystore.ReaderOptions{Batcher: keystore.BatcherOptions{Timeout: timeout}})
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+	waitForAStandby(t, r, full)
+
+	proxy.Hang()
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		_, ok, err := r.Verify(ctx, full)
+		cancel()
+		if !ok || err != nil {
+			t.Fatalf("lookup %d with the standby hung: Verify = %v, %v; want the primary's answer", i, ok, err)
+		}
+	}
+	proxy.Resume()
+	waitForAStandby(t, r, full)
 }
