@@ -1,10 +1,18 @@
 # keygate: the two commands are `make run` and `make test`.
-.PHONY: all build test run bench bench-capacity clean
+.PHONY: all build test run bench bench-capacity clean FORCE
 
 GO ?= go
 
+# VERSION is what the binaries report: the tag at HEAD, or Go's pseudo-version of HEAD
+# (scripts/version.sh). A release sets it: make build VERSION=v0.1.0.
+# It is computed once, not at each use.
+ifndef VERSION
+VERSION := $(shell scripts/version.sh)
+endif
+export VERSION
+
 # Sources of each binary: a binary is rebuilt only when one of them is newer.
-LIB_SRC      := $(shell find keystore limiter internal gatewayauth -name '*.go' -not -name '*_test.go') go.mod go.sum gatewayauth/go.mod
+LIB_SRC      := $(shell find keystore limiter internal gatewayauth version -name '*.go' -not -name '*_test.go') go.mod go.sum gatewayauth/go.mod
 CADDY_SRC    := $(LIB_SRC) $(shell find caddymodule -name '*.go' -not -name '*_test.go') xcaddy.sh
 UPSTREAM_SRC := $(LIB_SRC) $(shell find upstream schema -name '*.go' -not -name '*_test.go' -o -name '*.sql' -o -path '*/web/*' -type f) \
                 openapi/openapi.go $(wildcard openapi/*.yaml)
@@ -14,11 +22,17 @@ all: build
 ## build: bin/upstream and bin/caddy (Caddy with the v1_gateway module, via xcaddy.sh).
 build: bin/upstream bin/caddy
 
-bin/upstream: $(UPSTREAM_SRC)
-	$(GO) build -o $@ ./upstream/cmd/upstream
+bin/upstream: $(UPSTREAM_SRC) bin/.version
+	$(GO) build -ldflags "-X github.com/keygate/keygate/version.stamped=$(VERSION)" -o $@ ./upstream/cmd/upstream
 
-bin/caddy: $(CADDY_SRC)
+bin/caddy: $(CADDY_SRC) bin/.version
 	./xcaddy.sh
+
+# bin/.version holds the version the binaries were built with; it changes, and so
+# rebuilds them, only when VERSION does (a new commit).
+bin/.version: FORCE
+	@mkdir -p bin
+	@[ "$$(cat $@ 2>/dev/null)" = "$(VERSION)" ] || echo "$(VERSION)" >$@
 
 ## test: every test against a throwaway PostgreSQL and Redis (started and stopped here).
 test: build

@@ -5,8 +5,8 @@
 #   OUTPUT=/path/caddy ./xcaddy.sh
 #
 # It runs the README's build command for a local checkout (README.md, "Build"):
-#   xcaddy build v2.11.9 --with github.com/keygate/keygate/caddymodule \
-#     --replace github.com/keygate/keygate=<checkout> \
+#   xcaddy build v2.11.9 --with github.com/keygate/keygate/caddymodule@VERSION \
+#     --replace github.com/keygate/keygate@VERSION=<checkout> \
 #     --replace github.com/keygate/keygate/gatewayauth=<checkout>/gatewayauth
 # xcaddy is pinned as a Go tool in go.mod, so `go tool xcaddy` needs no install.
 #
@@ -16,6 +16,15 @@
 # which is not a module). gatewayauth, which the module uses to sign, is a module of
 # its own in gatewayauth/: a go.mod's replace directives bind only its own builds, not
 # xcaddy's, so it needs its own --replace.
+#
+# VERSION, scripts/version.sh's (the tag at HEAD, or Go's pseudo-version of HEAD), is
+# the version the build requires the module at, so Go's build info records it and
+# `caddy list-modules --versions` shows it. It takes both lines: --with …@VERSION
+# names it, and the replacement must be of that version, …@VERSION=<checkout>: xcaddy
+# skips the `go get` of a plugin whose module has a replacement without a version,
+# and Go then records the zero pseudo-version, v0.0.0-00010101000000-000000000000. The
+# form --with module@version=path does not serve either: its replacement applies to
+# the package path, as above.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -23,6 +32,7 @@ cd "$(dirname "$0")"
 # equal to the caddy version in go.mod.
 CADDY_VERSION=${CADDY_VERSION:-v2.11.9}
 OUTPUT=${OUTPUT:-bin/caddy}
+VERSION=${VERSION:-$(scripts/version.sh)}
 
 # Importing the plugin package makes `go get` ask whether
 # github.com/keygate/keygate/caddymodule is a module of its own, although the
@@ -37,10 +47,15 @@ if [ -n "$proxies" ]; then
 fi
 
 mkdir -p "$(dirname "$OUTPUT")"
+# xcaddy says little while Go compiles, which can take minutes: say what is built and,
+# at the end, how long it took.
+start=$SECONDS
+echo "xcaddy.sh: building $OUTPUT: Caddy $CADDY_VERSION with github.com/keygate/keygate/caddymodule $VERSION from $PWD" \
+	"(about 5 minutes on two cores the first time, under 1 with warm Go caches)" >&2
 # XCADDY_SKIP_CLEANUP=0 removes xcaddy's temporary build folder afterwards.
 XCADDY_SKIP_CLEANUP=0 go tool xcaddy build "$CADDY_VERSION" \
-	--with github.com/keygate/keygate/caddymodule \
-	--replace "github.com/keygate/keygate=$PWD" \
+	--with "github.com/keygate/keygate/caddymodule@$VERSION" \
+	--replace "github.com/keygate/keygate@$VERSION=$PWD" \
 	--replace "github.com/keygate/keygate/gatewayauth=$PWD/gatewayauth" \
 	--output "$OUTPUT"
 
@@ -49,3 +64,4 @@ if ! "$OUTPUT" list-modules | grep -x 'http.handlers.v1_gateway' >/dev/null; the
 	echo "xcaddy.sh: $OUTPUT lacks http.handlers.v1_gateway" >&2
 	exit 1
 fi
+echo "xcaddy.sh: built $OUTPUT in $((SECONDS - start))s: $("$OUTPUT" list-modules --versions | grep '^http.handlers.v1_gateway ')" >&2

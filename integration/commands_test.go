@@ -3,10 +3,12 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,6 +74,92 @@ func TestBuiltCaddyHasTheModuleAndAdaptsTheExample(t *testing.T) {
 	}
 }
 
+// TestTheBinariesReportTheCheckoutsVersion checks the version make build gives both
+// binaries: scripts/version.sh's, as `caddy list-modules --versions` shows the module
+// and as `upstream version` prints it.
+func TestTheBinariesReportTheCheckoutsVersion(t *testing.T) {
+	bin := binaries(t)
+	cmd := exec.Command(filepath.Join(root(t), "scripts", "version.sh"))
+	cmd.Env = append(os.Environ(), "VERSION=")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("scripts/version.sh: %v", err)
+	}
+	want := strings.TrimSpace(string(out))
+	if !regexp.MustCompile(`^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$`).MatchString(want) || want == "v0.0.0-00010101000000-000000000000" {
+		t.Fatalf("scripts/version.sh printed %q, want a tag or a pseudo-version of HEAD", want)
+	}
+
+	out, err = exec.Command(filepath.Join(bin, "caddy"), "list-modules", "--versions").CombinedOutput()
+	if err != nil {
+		t.Fatalf("caddy list-modules --versions: %v\n%s", err, out)
+	}
+	line := regexp.MustCompile(`(?m)^http\.handlers\.v1_gateway .*$`).Find(out)
+	if fields := strings.Fields(string(line)); len(fields) < 2 || fields[1] != want {
+		t.Errorf("caddy list-modules --versions shows %q, want http.handlers.v1_gateway %s (rebuild with make build?)", line, want)
+	}
+
+	out, err = exec.Command(filepath.Join(bin, "upstream"), "version").Output()
+	if err != nil || string(out) != `{"version":"`+want+`"}`+"\n" {
+		t.Errorf("upstream version: %v, %q; want {\"version\":%q} (rebuild with make build?)", err, out, want)
+	}
+}
+
+// TestStageSaysWhatRunsAndHowLong runs scripts/lib.sh's stage, which make test runs
+// each of its steps through: it names the stage, its time and the time in all, and
+// returns the command's status.
+func TestStageSaysWhatRunsAndHowLong(t *testing.T) {
+	cmd := exec.Command("bash", "-c", `set -euo pipefail; source scripts/lib.sh; SECONDS=125
+stage "a stage" echo working
+stage "a failing stage" sh -c 'exit 3' || echo "status $?"
+stage "never reached" false`)
+	cmd.Dir = root(t)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Errorf("the script ended with %v, want exit 1 from its last stage", err)
+	}
+	// A loaded machine may cross a second's edge: the times are read as patterns.
+	got := regexp.MustCompile(`in \ds \(2m0\ds in all\)|after \ds \(2m0\ds in all\)`).ReplaceAllStringFunc(string(out), func(s string) string {
+		return regexp.MustCompile(`\d+s`).ReplaceAllString(s, "Ns")
+	})
+	want := `==> a stage
+working
+==> a stage: done in Ns (2mNs in all)
+==> a failing stage
+==> a failing stage: FAILED (exit 3) after Ns (2mNs in all)
+status 3
+==> never reached
+==> never reached: FAILED (exit 1) after Ns (2mNs in all)
+`
+	if got != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// TestTheOpenAPICheckPrintsNoNodeNotice runs scripts/openapi-check.sh as make test
+// does: the documents pass, and Redocly CLI's notice that Node.js 20 reached its end
+// of life, which it prints under Node.js 20, is not in the output.
+func TestTheOpenAPICheckPrintsNoNodeNotice(t *testing.T) {
+	if _, err := exec.LookPath("npm"); err != nil {
+		t.Skip("no npm on this machine")
+	}
+	cmd := exec.Command(filepath.Join(root(t), "scripts", "openapi-check.sh"))
+	cmd.Dir = root(t)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("openapi-check.sh: %v\n%s", err, out)
+	}
+	for _, notice := range []string{"end-of-life", "Node.js 22", "╔"} {
+		if bytes.Contains(out, []byte(notice)) {
+			t.Errorf("openapi-check.sh printed %q:\n%s", notice, out)
+		}
+	}
+	if !bytes.Contains(out, []byte("openapi-check: both documents lint clean")) {
+		t.Errorf("openapi-check.sh did not say the documents passed:\n%s", out)
+	}
+}
+
 // TestMakeRunPrintsWorkingCurl runs scripts/run.sh (what `make run` runs after building)
 // in its checking mode: it must bring the stack up from Caddyfile.example, create the
 // demo org and key, and the curl commands it prints must work.
@@ -102,10 +190,17 @@ func TestMakeRunPrintsWorkingCurl(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run.sh: %v\n%s", err, out)
 	}
-	for _, want := range []string{"export KEY='mon_live_", "curl -s http://127.0.0.1:", "/v1/me", "Ctrl-C", "run check passed"} {
+	for _, want := range []string{"export KEY='mon_live_", "curl -s http://127.0.0.1:", "/v1/me", "Ctrl-C", "run check passed",
+		"source " + filepath.Join(top, ".stack", "run", "env") + "\n", "bin/upstream plan list\n", "make run: built in ",
+		"<the password: printed only to a terminal; set DEMO_PASSWORD to choose it>"} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("run.sh output lacks %q:\n%s", want, out)
 		}
+	}
+	// Its output is not a terminal: the password is nowhere in it (run.sh checks that
+	// no file it wrote has it, and that it listens on loopback only).
+	if bytes.Contains(out, []byte("demo-password-")) {
+		t.Errorf("run.sh printed the demo password into output that is no terminal:\n%s", out)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -47,7 +48,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1100, 800),
+		chromedp.WindowSize(1280, 800),
 	)
 	ctx, cancel := chromedp.NewContext(alloc)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
@@ -231,6 +232,18 @@ func TestDashboardInABrowser(t *testing.T) {
 	owner := newTab(t, b, base)
 	owner.do("open the login page", chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("login-email")))
 	owner.screenshot("login")
+	// The footer names the version the upstream runs, as `upstream version` prints it.
+	out, err := exec.Command(filepath.Join(binaries(t), "upstream"), "version").Output()
+	if err != nil {
+		t.Fatalf("upstream version: %v", err)
+	}
+	var v struct{ Version string }
+	if err := json.Unmarshal(out, &v); err != nil || v.Version == "" {
+		t.Fatalf("upstream version printed %q", out)
+	}
+	if foot := get(owner, "the footer", chromedp.Text(tid("version"))); foot != "keygate "+v.Version {
+		t.Errorf("the footer says %q, want %q", foot, "keygate "+v.Version)
+	}
 	owner.logIn(o.Email, o.Password)
 	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
 
@@ -262,6 +275,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 	row := chromedp.CSS(`tr[data-key-id="` + oldID + `"] `)
 	s.wantSettings(owner, row, "50", "127.0.0.0/8 ::1/128 192.0.2.0/24")
+	wantCompactRow(owner, oldID)
 	owner.screenshot("keys")
 
 	// Change the key's limit and networks in its settings form.
@@ -280,6 +294,8 @@ func TestDashboardInABrowser(t *testing.T) {
 
 	// Roll it with a grace period: both keys work.
 	owner.do("roll",
+		chromedp.Click(row+tid("roll-open")),
+		chromedp.WaitVisible(row+tid("roll-grace")),
 		chromedp.SetValue(row+tid("roll-grace"), "600"),
 		chromedp.Click(row+tid("roll")),
 		chromedp.WaitVisible(tid("new-key")),
@@ -323,14 +339,39 @@ func TestDashboardInABrowser(t *testing.T) {
 	if got := get(owner, "the update's changes", chromedp.Text(tid("audit-changes"))); got != "rate limit: 50 a minute → 40 a minute; allowed networks: 127.0.0.0/8, ::1/128, 192.0.2.0/24 → 127.0.0.1/32, ::1/128" {
 		t.Errorf("the audit trail says %q", got)
 	}
+	// People by email, keys by name: the owner did all four, on the key "deploy bot"
+	// and the key its roll made, which keeps the name.
+	for _, actor := range get(owner, "the actors", chromedp.Evaluate[[]string](`[...document.querySelectorAll('[data-testid="audit-actor"]')].map(e => e.textContent)`)) {
+		if actor != o.Email {
+			t.Errorf("the audit trail names %q, want %q", actor, o.Email)
+		}
+	}
+	for _, k := range get(owner, "the keys", chromedp.Evaluate[[]string](`[...document.querySelectorAll('[data-testid="audit-key"]')].map(e => e.textContent)`)) {
+		if !strings.HasPrefix(k, "deploy bot mon_live_") || !strings.HasSuffix(k, ".********") {
+			t.Errorf("the audit trail names a key %q, want its name and masked id", k)
+		}
+	}
 	owner.screenshot("audit")
+	owner.do("audit at 390 px", chromedp.EmulateViewport(390, 800), chromedp.Reload(), chromedp.WaitVisible(tid("audit-row")))
+	if w := get(owner, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 390 {
+		t.Errorf("at 390 px the audit page is %d px wide", w)
+	}
+	owner.screenshot("audit-390px")
+	owner.do("keys at 390 px", chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("key-row")))
+	if w := get(owner, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 390 {
+		t.Errorf("at 390 px the keys page is %d px wide", w)
+	}
+	if n := get(owner, "the masked key's lines", chromedp.Evaluate[int](`document.querySelector('[data-testid="key-masked"]').getClientRects().length`)); n != 1 {
+		t.Errorf("at 390 px the masked key takes %d lines, want 1", n)
+	}
+	owner.screenshot("keys-390px")
 	owner.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Navigate(base+"/dashboard"), chromedp.WaitVisible(tid("key-row")),
 		chromedp.Click(rolledRow+tid("edit-settings")), chromedp.WaitVisible(rolledRow+tid("save-settings")))
 	if w := get(owner, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 320 {
 		t.Errorf("at 320 px the page, a settings form open, is %d px wide", w)
 	}
 	owner.screenshot("keys-320px")
-	owner.do("wide again", chromedp.EmulateViewport(1100, 800))
+	owner.do("wide again", chromedp.EmulateViewport(1280, 800))
 
 	// A member of two organisations chooses one.
 	second := s.cli("", "org", "create", "--name", "Second org", "--plan", "pro")["id"].(string)
@@ -375,6 +416,28 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 }
 
+// wantCompactRow checks the keys page's row of keyID at the wide viewport: its masked
+// key on one line, its actions side by side on one line, the table no wider than the
+// page.
+func wantCompactRow(tb *tab, keyID string) {
+	tb.t.Helper()
+	row := `document.querySelector('tr[data-key-id="` + keyID + `"]')`
+	if n := get(tb, "the masked key's lines", chromedp.Evaluate[int](row+`.querySelector('[data-testid="key-masked"]').getClientRects().length`)); n != 1 {
+		tb.t.Errorf("the masked key takes %d lines, want 1", n)
+	}
+	tops := get(tb, "the actions' tops", chromedp.Evaluate[[]float64](`['roll-open', 'edit-settings', 'revoke'].map(id => `+
+		row+`.querySelector('[data-testid="' + id + '"]').getBoundingClientRect().top)`))
+	if len(tops) != 3 || tops[0] != tops[1] || tops[1] != tops[2] {
+		tb.t.Errorf("the actions' tops are %v, want them side by side", tops)
+	}
+	if over := get(tb, "the table's overflow", chromedp.Evaluate[int](`(s => s.scrollWidth - s.clientWidth)(document.querySelector('table.keys').parentElement)`)); over > 0 {
+		tb.t.Errorf("at 1280 px the keys table is %d px wider than the page", over)
+	}
+	if h := get(tb, "the row's height", chromedp.Evaluate[float64](row+`.getBoundingClientRect().height`)); h > 120 {
+		tb.t.Errorf("the key's row is %.0f px high, want at most 120 (a few lines)", h)
+	}
+}
+
 // wantSettings checks the keys page's limit and networks cells of the row.
 func (s *Stack) wantSettings(tb *tab, row chromedp.CSS, limit, cidrs string) {
 	s.t.Helper()
@@ -400,8 +463,9 @@ func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
 		usageRow{rolledID, now.Add(-time.Hour), keystore.OutcomeProxied, 200, 25},
 		usageRow{rolledID, now, keystore.OutcomeProxied, 404, 3},
 		usageRow{rolledID, now, keystore.OutcomeProxied, 502, 1},
+		usageRow{rolledID, now, keystore.OutcomeIPDenied, 401, 4},
 	)
-	recorded := map[string]int64{oldID: 46, rolledID: 41}
+	recorded := map[string]int64{oldID: 46, rolledID: 45}
 	// A plan with a monthly quota: the page shows the month's use against it.
 	s.cli("", "plan", "put", "--name", "metered", "--api-rate-limit", "600", "--max-monitors", "100", "--min-interval", "60",
 		"--locations", "us-east", "--check-types", "http", "--api-requests-per-month", "100000")
@@ -446,17 +510,33 @@ func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
 		}
 	}
 	checkUsage("hour", 24)
+	// Refused by address is a class of its own: in the chart, the legend and the text.
+	if n := len(get(tb, "the address class's bars", chromedp.Nodes(all(chromedp.CSS(`[data-testid="usage-chart"] rect.address`))))); n != 1 {
+		s.t.Errorf("the chart has %d bars of refused by address, want 1", n)
+	}
+	legend := get(tb, "the legend", chromedp.Text(chromedp.CSS(`ul.legend`)))
+	if !strings.Contains(legend, "Refused by address (401, outside the key's allowed networks): 4") {
+		s.t.Errorf("the legend says %q", legend)
+	}
+	if desc := get(tb, "the chart's text", chromedp.Evaluate[string](`document.querySelector('[data-testid="usage-chart"] desc').textContent`)); !strings.Contains(desc, ", 4 refused by address, ") {
+		s.t.Errorf("the chart's text says %q", desc)
+	}
 	month := get(tb, "the month", chromedp.Text(tid("usage-month")))
 	if !regexp.MustCompile(`^\d+ of 100000 requests in \d{4}-\d{2} \(UTC\), \d+ %\. It starts afresh on `).MatchString(month) {
 		s.t.Errorf("the usage page says of the month: %q", month)
 	}
 	tb.screenshot("usage")
+	tb.do("at 390 px", chromedp.EmulateViewport(390, 800), chromedp.Reload(), chromedp.WaitVisible(tid("usage-chart")))
+	if w := get(tb, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 390 {
+		s.t.Errorf("at 390 px the usage page is %d px wide", w)
+	}
+	tb.screenshot("usage-390px")
 	tb.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Reload(), chromedp.WaitVisible(tid("usage-chart")))
 	if w := get(tb, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 320 {
 		s.t.Errorf("at 320 px the usage page is %d px wide", w)
 	}
 	tb.screenshot("usage-320px")
-	tb.do("wide again", chromedp.EmulateViewport(1100, 800))
+	tb.do("wide again", chromedp.EmulateViewport(1280, 800))
 	tb.do("30 days", clickThrough(tid("usage-range-30d"), tid("usage-chart")))
 	checkUsage("day", 30)
 }

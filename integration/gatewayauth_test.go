@@ -264,19 +264,24 @@ func TestTheREADMEAndXcaddyShBuildCaddyAlike(t *testing.T) {
 	if cmd == nil {
 		t.Fatal("no `go tool xcaddy build … --output` in xcaddy.sh")
 	}
-	got := strings.Fields(strings.NewReplacer("\\\n", " ", `"`, "", "$CADDY_VERSION", "v2.11.9", "$PWD", "$HOME/keygate").Replace(string(cmd[1])))
+	got := strings.Fields(strings.NewReplacer("\\\n", " ", `"`, "", "$CADDY_VERSION", "v2.11.9", "$VERSION", "$v", "$PWD", "$HOME/keygate").Replace(string(cmd[1])))
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("xcaddy.sh builds with\n\t%s\nthe README says\n\t%s", strings.Join(got, " "), strings.Join(want, " "))
 	}
-	if !strings.Contains(readmeBlock(t, "xcaddy build", "--replace"), "|off") {
+	block := readmeBlock(t, "xcaddy build", "--replace")
+	if !strings.Contains(block, "|off") {
 		t.Error("the README's checkout build does not end its GOPROXY in |off, as xcaddy.sh does")
+	}
+	// Its $v is the checkout's version, as xcaddy.sh's $VERSION is.
+	if !strings.Contains(block, "v=$($HOME/keygate/scripts/version.sh)") {
+		t.Errorf("the README's checkout build does not set $v from scripts/version.sh:\n%s", block)
 	}
 }
 
 func TestTheREADMEBuildsCaddyFromAPublishedVersion(t *testing.T) {
 	// The README's command for a published version, against a file proxy publishing
 	// the working tree as testVersion: both modules, as a release tags them.
-	args := readmeXcaddy(t, "caddymodule@")
+	args := readmeXcaddy(t, "caddymodule@"+testVersion)
 	if !strings.Contains(strings.Join(args, " "), "@"+testVersion) {
 		t.Fatalf("the README's xcaddy build names another version than %s: %v", testVersion, args)
 	}

@@ -90,11 +90,11 @@ need_tools() {
 	[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 }
 
-# login EMAIL PASSWORD JAR BASE logs in through BASE and keeps the session in JAR.
+# login EMAIL PASSWORD JAR BASE logs in through BASE and keeps the session in JAR. The
+# body goes through standard input, so the password is in no command line ps shows.
 login() {
-	local body
-	body=$(printf '{"email":"%s","password":"%s"}' "$1" "$2")
-	curl -sf -c "$3" -o /dev/null -H 'Content-Type: application/json' -d "$body" "$4/auth/login"
+	printf '{"email":"%s","password":"%s"}' "$1" "$2" |
+		curl -sf -c "$3" -o /dev/null -H 'Content-Type: application/json' --data-binary @- "$4/auth/login"
 }
 
 # create_key ORG NAME ROLE JAR BASE creates a key through the dashboard route and prints
@@ -109,4 +109,30 @@ create_key() {
 # json_field NAME prints the string or number field NAME of the JSON object on stdin.
 json_field() {
 	sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" | head -n1
+}
+
+# stage NAME COMMAND... runs COMMAND as a stage of a long script (make test): it says
+# when the stage starts and, when it ends, how long it took and how long the script
+# has run, so that minutes of go vet or of compiling are never silent. It returns
+# COMMAND's status.
+stage() {
+	local name=$1 start=$SECONDS rc=0
+	shift
+	echo "==> $name"
+	"$@" || rc=$?
+	if [ "$rc" = 0 ]; then
+		echo "==> $name: done in $(duration $((SECONDS - start))) ($(duration "$SECONDS") in all)"
+	else
+		echo "==> $name: FAILED (exit $rc) after $(duration $((SECONDS - start))) ($(duration "$SECONDS") in all)"
+	fi
+	return "$rc"
+}
+
+# duration SECONDS prints SECONDS as 7s or 2m05s.
+duration() {
+	if [ "$1" -lt 60 ]; then
+		echo "${1}s"
+	else
+		printf '%dm%02ds\n' $(($1 / 60)) $(($1 % 60))
+	fi
 }

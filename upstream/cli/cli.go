@@ -86,6 +86,9 @@ type cli struct {
 // dispatch runs the command the first one or two words of args name. It returns the
 // name to prefix messages with.
 func (c *cli) dispatch(args []string) (string, error) {
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		args = []string{"version"} // as `caddy version`, and the flag many programs take
+	}
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		c.printUsage(c.stdout, "")
 		if len(args) == 0 {

@@ -16,6 +16,7 @@ import (
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 // run runs the command line with args and stdin against the environment env.
@@ -86,6 +87,78 @@ func TestPlanPutStoresTheBudgetsAndResetsThoseLeftOut(t *testing.T) {
 	}
 	if org, month := budgets(); org != -1 || month != -1 {
 		t.Errorf("after a put without them: org_rate_limit %d, api_requests_per_month %d; want -1, -1", org, month)
+	}
+}
+
+// TestPlanListGetAndSet reads the seeded plans back, and changes one limit of a plan
+// with plan set while the others keep what plan put gave them.
+func TestPlanListGetAndSet(t *testing.T) {
+	_, dbURL := schematest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+	const (
+		free       = `{"name":"free","api_rate_limit":0,"max_monitors":5,"min_interval_seconds":300,"locations":["us-east"],"check_types":["http"],"org_rate_limit":-1,"api_requests_per_month":-1}`
+		enterprise = `{"name":"enterprise","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-east","us-west","eu-west","eu-central","ap-southeast"],"check_types":["http","tcp","dns","icmp"],"org_rate_limit":-1,"api_requests_per_month":-1}`
+		pro        = `{"name":"pro","api_rate_limit":600,"max_monitors":100,"min_interval_seconds":60,"locations":["us-east","eu-west","ap-southeast"],"check_types":["http","tcp","dns"],"org_rate_limit":-1,"api_requests_per_month":-1}`
+		team       = `{"name":"team","api_rate_limit":100,"max_monitors":10,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],"org_rate_limit":250,"api_requests_per_month":1000000}`
+	)
+	put := []string{"plan", "put", "--name", "team", "--api-rate-limit", "100", "--max-monitors", "10", "--min-interval", "60",
+		"--locations", "us-east", "--check-types", "http", "--org-rate-limit", "250", "--api-requests-per-month", "1000000"}
+	if code, stdout, stderr := run(t, env, "", put...); code != 0 || stdout != team+"\n" {
+		t.Fatalf("plan put: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+
+	// Each step runs on what the steps before it left.
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"plan list", []string{"plan", "list"}, 0, `{"plans":[` + enterprise + "," + free + "," + pro + "," + team + `]}`, ""},
+		{"plan get", []string{"plan", "get", "--name", "pro"}, 0, pro, ""},
+		{"plan get of an unknown plan", []string{"plan", "get", "--name", "gold"}, 1, "", `upstream plan get: unknown plan "gold"`},
+		{"plan get without a name", []string{"plan", "get"}, 2, "", "upstream plan get: usage: --name is required (see --help)"},
+		{"plan list with an argument", []string{"plan", "list", "pro"}, 2, "", `upstream plan list: usage: unexpected argument "pro" (see --help)`},
+		{"plan set of one limit keeps the others", []string{"plan", "set", "--name", "team", "--org-rate-limit", "500"}, 0,
+			strings.Replace(team, `"org_rate_limit":250`, `"org_rate_limit":500`, 1), ""},
+		{"plan set of two limits and a list", []string{"plan", "set", "--name", "team", "--max-monitors", "-1", "--check-types", "http,dns"}, 0,
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":1000000}`, ""},
+		{"plan set back to none", []string{"plan", "set", "--name", "team", "--api-requests-per-month", "-1"}, 0,
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1}`, ""},
+		{"plan get after the sets", []string{"plan", "get", "--name", "team"}, 0,
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1}`, ""},
+		{"plan set without a limit", []string{"plan", "set", "--name", "team"}, 2, "", "upstream plan set: usage: give at least one limit to change (see --help)"},
+		{"plan set of an unknown plan", []string{"plan", "set", "--name", "gold", "--max-monitors", "3"}, 1, "", `upstream plan set: unknown plan "gold"`},
+		{"plan set of a bad limit", []string{"plan", "set", "--name", "team", "--org-rate-limit", "0"}, 2, "",
+			"upstream plan set: --org-rate-limit: must be -1 (none) or a number of requests a minute from 1 to 2147483647"},
+		{"plan set of an empty list", []string{"plan", "set", "--name", "team", "--locations", ""}, 2, "",
+			"upstream plan set: --locations: must list at least one of us-east,us-west,eu-west,eu-central,ap-southeast"},
+		{"plan set of a bad name", []string{"plan", "set", "--name", "Team", "--max-monitors", "3"}, 2, "",
+			"upstream plan set: --name: must match [a-z][a-z0-9_-]{0,62}"},
+		{"plan get after the refusals", []string{"plan", "get", "--name", "team"}, 0,
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := run(t, env, "", tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d (stderr %q)", code, tc.code, stderr)
+			}
+			want := ""
+			if tc.stdout != "" {
+				want = tc.stdout + "\n"
+			}
+			if stdout != want {
+				t.Errorf("stdout %q\nwant   %q", stdout, want)
+			}
+			want = ""
+			if tc.stderr != "" {
+				want = tc.stderr + "\n"
+			}
+			if stderr != want {
+				t.Errorf("stderr %q\nwant   %q", stderr, want)
+			}
+		})
 	}
 }
 
@@ -232,6 +305,7 @@ func TestOperatorCommands(t *testing.T) {
 func TestEveryCommandHasHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"help"}, {"serve", "--help"}, {"migrate", "--help"}, {"plan", "put", "--help"},
+		{"version", "--help"}, {"plan", "list", "--help"}, {"plan", "get", "--help"}, {"plan", "set", "--help"},
 		{"org", "create", "--help"}, {"org", "set-plan", "-h"}, {"user", "create", "--help"},
 		{"member", "add", "--help"}, {"org", "--help"},
 	} {
@@ -444,5 +518,20 @@ func TestServeServesUntilCancelled(t *testing.T) {
 	wantExit(t, done, " after cancellation")
 	if !strings.Contains(rest.String(), `"msg":"request"`) || !strings.Contains(rest.String(), `"msg":"stopped"`) {
 		t.Errorf("logs after start:\n%s", rest.String())
+	}
+}
+
+func TestVersionPrintsTheBinarysVersion(t *testing.T) {
+	want := `{"version":"` + version.String() + `"}` + "\n"
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		// No environment: the version needs no database.
+		code, stdout, stderr := run(t, nil, "", args...)
+		if code != 0 || stdout != want || stderr != "" {
+			t.Errorf("upstream %s: exit %d, stdout %q, stderr %q; want 0, %q", args[0], code, stdout, stderr, want)
+		}
+	}
+	code, _, stderr := run(t, nil, "", "version", "extra")
+	if code != 2 || stderr != "upstream version: usage: unexpected argument \"extra\" (see --help)\n" {
+		t.Errorf("upstream version extra: exit %d, stderr %q", code, stderr)
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"math"
 	"regexp"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 // The commands of the command line (docs/configuration.md). Each operator command
@@ -29,7 +31,11 @@ type command struct {
 var commands = []command{
 	{"serve", "serve the upstream's HTTP interface", (*cli).serve},
 	{"migrate", "apply the database schema to DATABASE_URL (idempotent)", (*cli).migrate},
+	{"version", "print the version of this binary", (*cli).version},
+	{"plan list", "print every plan", (*cli).planList},
+	{"plan get", "print one plan", (*cli).planGet},
 	{"plan put", "create a plan or replace its limits", (*cli).planPut},
+	{"plan set", "change the given limits of a plan, keeping the others", (*cli).planSet},
 	{"org create", "create an organisation on a plan", (*cli).orgCreate},
 	{"org set-plan", "move an organisation to another plan", (*cli).orgSetPlan},
 	{"user create", "create a user, the password read from standard input", (*cli).userCreate},
@@ -74,30 +80,144 @@ func (c *cli) migrate(name string, args []string) error {
 	})
 }
 
+func (c *cli) version(name string, args []string) error {
+	fs := c.flags(name, "", `Prints the version of this binary, {"version":"v0.1.0"}: a release's tag, or the Go pseudo-version of the commit it was built from. Needs no database.`)
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	return c.printJSON(struct {
+		Version string `json:"version"`
+	}{version.String()})
+}
+
+func (c *cli) planList(name string, args []string) error {
+	fs := c.flags(name, "", `Prints every plan, ordered by name, as {"plans":[…]}; each plan as plan get prints it.`)
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		plans, err := st.Plans(ctx)
+		return struct {
+			Plans []store.Plan `json:"plans"`
+		}{plans}, err
+	})
+}
+
+func (c *cli) planGet(name string, args []string) error {
+	fs := c.flags(name, "--name P",
+		`Prints plan P: {"name","api_rate_limit","max_monitors","min_interval_seconds","locations","check_types","org_rate_limit","api_requests_per_month"}.`)
+	planName := fs.String("name", "", "plan name `P` (required)")
+	if err := c.parse(fs, args, "name"); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		return st.Plan(ctx, *planName)
+	})
+}
+
 func (c *cli) planPut(name string, args []string) error {
 	fs := c.flags(name,
 		"--name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y [--org-rate-limit N] [--api-requests-per-month N]",
-		"Creates plan P, or replaces all the limits of an existing plan P: an optional limit left out is -1 (none), whatever it was. Prints the plan as JSON.")
+		"Creates plan P, or replaces all the limits of an existing plan P: an optional limit left out is -1 (none), whatever it was. To change some limits and keep the others, use plan set. Prints the plan as JSON.")
 	var p store.Plan
-	var locations, checkTypes string
-	fs.StringVar(&p.Name, "name", "", "plan name `P`, [a-z][a-z0-9_-]{0,62} (required)")
-	fs.IntVar(&p.APIRateLimit, "api-rate-limit", 0, "API requests per key per minute, `N`: 0 no API access, -1 unlimited (required)")
-	fs.IntVar(&p.MaxMonitors, "max-monitors", 0, "live monitors per organisation, `M`: -1 for no cap (required)")
-	fs.IntVar(&p.MinIntervalSeconds, "min-interval", 0, "smallest monitor interval in seconds, `S`: 10..86400 (required)")
-	fs.StringVar(&locations, "locations", "", "comma-separated probe locations, `a,b`: "+strings.Join(store.MonitorLocations, ",")+" (required)")
-	fs.StringVar(&checkTypes, "check-types", "", "comma-separated check types, `x,y`: "+strings.Join(store.MonitorTypes, ",")+" (required)")
-	fs.IntVar(&p.OrgRateLimit, "org-rate-limit", -1, "API requests per minute of all an organisation's keys together, `N`: -1 none")
-	fs.Int64Var(&p.APIRequestsPerMonth, "api-requests-per-month", -1, "API requests per UTC calendar month of all an organisation's keys together, `N`: -1 none")
+	lists := planFlags(fs, &p, " (required)")
 	if err := c.parse(fs, args, "name", "api-rate-limit", "max-monitors", "min-interval", "locations", "check-types"); err != nil {
 		return err
 	}
-	p.Locations, p.CheckTypes = splitList(locations), splitList(checkTypes)
+	lists.apply(fs, &p)
 	if err := checkPlan(p); err != nil {
 		return err
 	}
 	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
 		return st.PutPlan(ctx, p)
 	})
+}
+
+func (c *cli) planSet(name string, args []string) error {
+	fs := c.flags(name,
+		"--name P [--api-rate-limit N] [--max-monitors M] [--min-interval S] [--locations a,b] [--check-types x,y] [--org-rate-limit N] [--api-requests-per-month N]",
+		"Changes the limits of the existing plan P that are given, at least one, and keeps the others as they are. Prints the plan as JSON.\n\nexample: upstream plan set --name pro --org-rate-limit 2000")
+	var given store.Plan
+	lists := planFlags(fs, &given, "")
+	if err := c.parse(fs, args, "name"); err != nil {
+		return err
+	}
+	lists.apply(fs, &given)
+	changed := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "name" {
+			changed[f.Name] = true
+		}
+	})
+	if len(changed) == 0 {
+		return usageErrorf("give at least one limit to change (see --help)")
+	}
+	// The flags are checked as far as they can be before the database is asked.
+	probe := store.Plan{Name: given.Name, MinIntervalSeconds: store.MinInterval, OrgRateLimit: -1, APIRequestsPerMonth: -1,
+		Locations: store.MonitorLocations[:1], CheckTypes: store.MonitorTypes[:1]}
+	setPlanLimits(&probe, given, changed)
+	if err := checkPlan(probe); err != nil {
+		return err
+	}
+	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
+		return st.UpdatePlan(ctx, given.Name, func(p *store.Plan) error {
+			setPlanLimits(p, given, changed)
+			return checkPlan(*p)
+		})
+	})
+}
+
+// planLists holds the comma-separated values of --locations and --check-types until
+// apply splits them into the plan.
+type planLists struct{ locations, checkTypes string }
+
+// apply splits the list flags that fs was given into p.
+func (l *planLists) apply(fs *flag.FlagSet, p *store.Plan) {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "locations":
+			p.Locations = splitList(l.locations)
+		case "check-types":
+			p.CheckTypes = splitList(l.checkTypes)
+		}
+	})
+}
+
+// planFlags defines the flags of a plan's name and limits on fs, into p, for plan put
+// and plan set alike. required ends the help of the six limits every plan has.
+func planFlags(fs *flag.FlagSet, p *store.Plan, required string) *planLists {
+	var l planLists
+	fs.StringVar(&p.Name, "name", "", "plan name `P`, [a-z][a-z0-9_-]{0,62} (required)")
+	fs.IntVar(&p.APIRateLimit, "api-rate-limit", 0, "API requests per key per minute, `N`: 0 no API access, -1 unlimited"+required)
+	fs.IntVar(&p.MaxMonitors, "max-monitors", 0, "live monitors per organisation, `M`: -1 for no cap"+required)
+	fs.IntVar(&p.MinIntervalSeconds, "min-interval", 0, "smallest monitor interval in seconds, `S`: 10..86400"+required)
+	fs.StringVar(&l.locations, "locations", "", "comma-separated probe locations, `a,b`: "+strings.Join(store.MonitorLocations, ",")+required)
+	fs.StringVar(&l.checkTypes, "check-types", "", "comma-separated check types, `x,y`: "+strings.Join(store.MonitorTypes, ",")+required)
+	fs.IntVar(&p.OrgRateLimit, "org-rate-limit", -1, "API requests per minute of all an organisation's keys together, `N`: -1 none")
+	fs.Int64Var(&p.APIRequestsPerMonth, "api-requests-per-month", -1, "API requests per UTC calendar month of all an organisation's keys together, `N`: -1 none")
+	return &l
+}
+
+// setPlanLimits copies into p the limits of given whose flags are in changed.
+func setPlanLimits(p *store.Plan, given store.Plan, changed map[string]bool) {
+	for name := range changed {
+		switch name {
+		case "api-rate-limit":
+			p.APIRateLimit = given.APIRateLimit
+		case "max-monitors":
+			p.MaxMonitors = given.MaxMonitors
+		case "min-interval":
+			p.MinIntervalSeconds = given.MinIntervalSeconds
+		case "locations":
+			p.Locations = given.Locations
+		case "check-types":
+			p.CheckTypes = given.CheckTypes
+		case "org-rate-limit":
+			p.OrgRateLimit = given.OrgRateLimit
+		case "api-requests-per-month":
+			p.APIRequestsPerMonth = given.APIRequestsPerMonth
+		}
+	}
 }
 
 func (c *cli) orgCreate(name string, args []string) error {

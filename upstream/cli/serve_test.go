@@ -15,6 +15,7 @@ import (
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 func TestParseTrustedProxies(t *testing.T) {
@@ -81,7 +82,7 @@ func TestServeAdminAddrIsApartFromAddr(t *testing.T) {
 	for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
 		wantStatusOf("http://"+addr+path, http.StatusNotFound, `{"error":"not found"}`)
 	}
-	wantStatusOf("http://"+adminAddr+"/healthz", http.StatusOK, `{"status":"ok"}`)
+	wantStatusOf("http://"+adminAddr+"/healthz", http.StatusOK, `{"status":"ok","version":"`+version.String()+`"}`)
 	wantStatusOf("http://"+adminAddr+"/readyz", http.StatusOK, `{"status":"ready"}`)
 	wantStatusOf("http://"+adminAddr+"/metrics", http.StatusOK, `keygate_upstream_http_requests_total{code="404",route="none"} 4`)
 

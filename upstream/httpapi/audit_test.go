@@ -2,7 +2,9 @@ package httpapi_test
 
 import (
 	"fmt"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,4 +158,52 @@ func TestAuditEventsArePaginatedByCursor(t *testing.T) {
 		upstreamtest.Want(t, owner.Do("GET", "/orgs/"+org+"/audit-events?cursor="+c, ""), 400, bad("cursor", "is not a cursor this API returned"))
 	}
 	upstreamtest.WantStatus(t, owner.Do("GET", "/orgs/"+org+"/audit-events?limit=200&cursor=", ""), 200)
+}
+
+// TestTheAuditPageNamesPeopleAndKeys reads the dashboard's trail: each event names
+// its key by name and masked id, and the person who acted by email, where the JSON
+// API gives ids.
+func TestTheAuditPageNamesPeopleAndKeys(t *testing.T) {
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	ownerEmail, _, owner := e.Account(store.RoleOwner, org)
+	adminEmail, _, admin := e.Account(store.RoleAdmin, org)
+	id, _ := newKey(t, owner, org, `{"name":"ci deploys","role":"Admin"}`)
+	r := admin.Do("POST", "/orgs/"+org+"/api-keys/"+id+"/roll", `{"grace_seconds":30}`)
+	upstreamtest.WantStatus(t, r, 201)
+	var rolled struct{ ID string }
+	r.Decode(t, &rolled)
+	upstreamtest.WantStatus(t, owner.Do("DELETE", "/orgs/"+org+"/api-keys/"+rolled.ID, ""), 204)
+
+	r = owner.Do("GET", "/dashboard/orgs/"+org+"/audit", "")
+	upstreamtest.WantStatus(t, r, 200)
+	rows := regexp.MustCompile(`(?s)<tr data-testid="audit-row">.*?</tr>`).FindAllString(r.Body, -1)
+	if len(rows) != 3 {
+		t.Fatalf("%d audit rows, want 3:\n%s", len(rows), r.Body)
+	}
+	key := func(testid, keyID string) string {
+		return `<span data-testid="` + testid + `" data-key-id="` + keyID + `">ci deploys <code class="muted">` + e.Config.KeyFormat.Mask(keyID) + `</code></span>`
+	}
+	for i, want := range []struct{ action, key, actor string }{
+		{"key.revoked", key("audit-key", rolled.ID), ownerEmail},
+		{"key.rolled", key("audit-key", id) + " → " + key("audit-new-key", rolled.ID), adminEmail},
+		{"key.created", key("audit-key", id), ownerEmail},
+	} {
+		for _, part := range []string{
+			`<td data-label="Event">` + want.action + `</td>`,
+			`<td data-label="Key">` + want.key,
+			`<td data-label="By" data-testid="audit-actor">` + want.actor + `</td>`,
+		} {
+			if !strings.Contains(rows[i], part) {
+				t.Errorf("row %d lacks %s:\n%s", i, part, rows[i])
+			}
+		}
+	}
+	// The ids stay out of sight; the JSON API has them.
+	for _, email := range []string{ownerEmail, adminEmail} {
+		userID := upstreamtest.Scalar[string](e, `SELECT id::text FROM users WHERE email = $1`, email)
+		if strings.Contains(r.Body, userID) {
+			t.Errorf("the page shows the user id %s", userID)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -34,15 +35,61 @@ func (s *Server) pageAudit(w http.ResponseWriter, r *http.Request) error {
 		events = events[:auditPageSize]
 		data.NextCursor = encodeEventCursor(events[auditPageSize-1].ID)
 	}
+	keyName, actorName, err := s.auditNames(r.Context(), p.orgID, events)
+	if err != nil {
+		return err
+	}
 	for _, e := range events {
 		j := toEventJSON(e)
 		data.Events = append(data.Events, eventView{
-			At: pageTime(&e.At, ""), Action: j.Action, KeyID: j.KeyID, NewKeyID: j.NewKeyID,
-			URL: j.URL, Actor: j.Actor, Changes: changesWords(e.Changes),
+			At: pageTime(&e.At, ""), Action: j.Action, Key: keyName(j.KeyID), URL: j.URL,
+			Actor: actorName(j.Actor), Changes: changesWords(e.Changes),
 		})
+		if j.NewKeyID != "" {
+			nk := keyName(j.NewKeyID)
+			data.Events[len(data.Events)-1].NewKey = &nk
+		}
 	}
 	s.render(w, http.StatusOK, "audit", data)
 	return nil
+}
+
+// auditNames returns how the audit page names the keys and the actors of events: a
+// key by its name and masked id, a person by email. The JSON API keeps the ids.
+func (s *Server) auditNames(ctx context.Context, orgID string, events []keystore.Event) (func(id string) auditKey, func(actor string) string, error) {
+	recs, err := s.keys.List(ctx, orgID)
+	if err != nil {
+		return nil, nil, err
+	}
+	names := make(map[string]string, len(recs))
+	for _, rec := range recs {
+		names[rec.ID] = rec.Name
+	}
+	var actors []string
+	for _, e := range events {
+		actors = append(actors, e.Actor)
+	}
+	emails, err := s.store.UserEmails(ctx, actors)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyName := func(id string) auditKey {
+		name, ok := names[id]
+		if !ok {
+			name = "(a key no longer listed)"
+		}
+		return auditKey{ID: id, Name: name, Masked: s.format.Mask(id)}
+	}
+	actorName := func(actor string) string {
+		switch {
+		case actor == keystore.ActorLeakReport:
+			return "a leak report"
+		case emails[actor] != "":
+			return emails[actor]
+		}
+		return "(a user no longer listed)"
+	}
+	return keyName, actorName, nil
 }
 
 // changesWords says what a key.updated changed, each setting before and after:

@@ -44,6 +44,12 @@ type monthView struct {
 	ResetsOnWords string
 }
 
+// Columns are the headings of the classes' columns of the page's tables.
+func (usageView) Columns() []string { return usageColumns() }
+
+// KeyTableWidth is the columns of the key table: the key, the classes and the total.
+func (usageView) KeyTableWidth() int { return numClasses + 2 }
+
 // usageKeyView is a key's row of the usage page.
 type usageKeyView struct {
 	ID, Name, Masked string
@@ -71,7 +77,7 @@ func (s *Server) pageUsage(w http.ResponseWriter, r *http.Request) error {
 	g := usageGrains[pr.granularity]
 	q := store.UsageQuery{OrgID: p.orgID, Granularity: pr.granularity}
 	q.From, q.To = usageRange(g, s.now())
-	sums, err := s.store.UsageByStartAndStatus(r.Context(), q)
+	sums, err := s.store.UsageByStart(r.Context(), q)
 	if err != nil {
 		return err
 	}
@@ -116,7 +122,7 @@ func (s *Server) monthUse(ctx context.Context, orgID string) (*monthView, error)
 // usageByKey returns the rows of the usage page's key table for q, and the sums of
 // every key.
 func (s *Server) usageByKey(ctx context.Context, q store.UsageQuery) ([]usageKeyView, classCounts, error) {
-	sums, err := s.store.UsageByKeyAndStatus(ctx, q)
+	sums, err := s.store.UsageByKey(ctx, q)
 	if err != nil {
 		return nil, classCounts{}, err
 	}
@@ -130,8 +136,8 @@ func (s *Server) usageByKey(ctx context.Context, q store.UsageQuery) ([]usageKey
 		if byKey[u.KeyID] == nil {
 			byKey[u.KeyID] = new(classCounts)
 		}
-		byKey[u.KeyID][statusClass(u.Status)] += u.Count
-		all[statusClass(u.Status)] += u.Count
+		byKey[u.KeyID][usageClass(u.Outcome, u.Status)] += u.Count
+		all[usageClass(u.Outcome, u.Status)] += u.Count
 	}
 	var rows []usageKeyView
 	now := s.now()
@@ -163,7 +169,7 @@ func (s *Server) usageByKey(ctx context.Context, q store.UsageQuery) ([]usageKey
 func (s *Server) keyRequests(ctx context.Context, orgID string) (map[string]int64, error) {
 	q := store.UsageQuery{OrgID: orgID, Granularity: store.UsageHour}
 	q.From, q.To = usageRange(usageGrains[store.UsageHour], s.now())
-	sums, err := s.store.UsageByKeyAndStatus(ctx, q)
+	sums, err := s.store.UsageByKey(ctx, q)
 	if err != nil {
 		return nil, err
 	}

@@ -54,6 +54,9 @@ func TestUsagePageShowsTheChartAndEachKeysTotals(t *testing.T) {
 	u := newUsageEnv(t)
 	u.fill(t)
 	u.record(t, u.ka, usageNow, keystore.OutcomeProxied, 502, 2)
+	// A key used from outside its networks gets a 401 like any bad key; the page tells
+	// it apart by its outcome.
+	u.record(t, u.ka, usageNow, keystore.OutcomeIPDenied, 401, 3)
 	// A revoked key without requests has no row; one with requests has.
 	idle, _, err := u.e.Keys.Create(context.Background(), keystore.NewKey{OrgID: u.org, Name: "idle", Role: keystore.RoleViewer})
 	if err != nil {
@@ -75,12 +78,12 @@ func TestUsagePageShowsTheChartAndEachKeysTotals(t *testing.T) {
 	}{
 		{"the last 24 hours", "", 24,
 			"Requests of org 1 over the last 24 hours, by hour (UTC)",
-			"29 requests in all: 20 served, 3 refused by a budget, 4 other client errors, 2 server errors. The table below the chart gives each hour&#39;s numbers.",
-			[]string{u.kb + "=21", u.ka + "=8"}, "?granularity=hour"},
+			"32 requests in all: 20 served, 3 refused by a budget, 3 refused by address, 4 other client errors, 2 server errors. The table below the chart gives each hour&#39;s numbers.",
+			[]string{u.kb + "=21", u.ka + "=11"}, "?granularity=hour"},
 		{"the last 30 days", "?range=30d", 30,
 			"Requests of org 1 over the last 30 days, by day (UTC)",
-			"34 requests in all: 25 served, 3 refused by a budget, 4 other client errors, 2 server errors. The table below the chart gives each day&#39;s numbers.",
-			[]string{u.kb + "=26", u.ka + "=8"}, "?granularity=day"},
+			"37 requests in all: 25 served, 3 refused by a budget, 3 refused by address, 4 other client errors, 2 server errors. The table below the chart gives each day&#39;s numbers.",
+			[]string{u.kb + "=26", u.ka + "=11"}, "?granularity=day"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := u.viewer.Do("GET", "/dashboard/orgs/"+u.org+"/usage"+tc.query, "")
@@ -93,6 +96,11 @@ func TestUsagePageShowsTheChartAndEachKeysTotals(t *testing.T) {
 				`<svg class="chart" data-testid="usage-chart" role="img" aria-labelledby="usage-chart-title usage-chart-desc"`,
 				`<title id="usage-chart-title">` + tc.title + `</title>`,
 				`<desc id="usage-chart-desc">` + tc.desc + `</desc>`,
+				// The class has its colour, its legend entry and its column.
+				`<rect class="address" `,
+				`<span class="swatch address" aria-hidden="true"></span>Refused by address (401, outside the key&#39;s allowed networks): 3</li>`,
+				`<th scope="col">Refused by address</th>`,
+				`<td data-label="Refused by address">3</td>`,
 			} {
 				if !strings.Contains(page, want) {
 					t.Errorf("the page lacks %s", want)
@@ -127,8 +135,8 @@ func TestUsagePageShowsTheChartAndEachKeysTotals(t *testing.T) {
 	for _, m := range requests {
 		got[m[1]] = m[2]
 	}
-	if got[u.ka] != "8" || got[u.kb] != "21" || got[idle.ID] != "0" || len(got) != 3 {
-		t.Errorf("the keys page's requests in 24 hours: %v; want %s=8, %s=21, %s=0", got, u.ka, u.kb, idle.ID)
+	if got[u.ka] != "11" || got[u.kb] != "21" || got[idle.ID] != "0" || len(got) != 3 {
+		t.Errorf("the keys page's requests in 24 hours: %v; want %s=11, %s=21, %s=0", got, u.ka, u.kb, idle.ID)
 	}
 	if !strings.Contains(r.Body, `href="/dashboard/orgs/`+u.org+`/usage" data-testid="usage-link"`) {
 		t.Error("the keys page does not link to the usage page")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 // The dashboard's web files: its templates, the data they show, and its stylesheet,
@@ -22,8 +23,9 @@ import (
 var webFiles embed.FS
 
 // pages holds the dashboard's templates, one per page ("login", "orgs", "keys",
-// "revoke", "audit", "usage", "error"). Each page shares "head" and "foot".
-var pages = template.Must(template.New("").ParseFS(webFiles, "web/*.html"))
+// "revoke", "audit", "usage", "error"). Each page shares "head" and "foot". "foot"
+// names the version the upstream runs, through the function version.
+var pages = template.Must(template.New("").Funcs(template.FuncMap{"version": version.String}).ParseFS(webFiles, "web/*.html"))
 
 // staticFiles are the stylesheet, script and icon the pages load.
 var staticFiles = func() fs.FS {
@@ -97,9 +99,17 @@ type keyForm struct {
 	Name, Role, Expires, RateLimit, CIDRs string
 }
 
-// eventView is an audit event's row. Changes says a key.updated's changes in words.
+// eventView is an audit event's row. Actor is the person's email, or what else acted.
+// Changes says a key.updated's changes in words.
 type eventView struct {
-	At, Action, KeyID, NewKeyID, URL, Actor, Changes string
+	At, Action, URL, Actor, Changes string
+	Key                             auditKey
+	NewKey                          *auditKey // the key a roll created
+}
+
+// auditKey is a key as the audit page names it.
+type auditKey struct {
+	ID, Name, Masked string
 }
 
 // render writes the page tmpl with data as status. The page goes to a buffer first,

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 // readyTimeout bounds the database check of /readyz. A probe never hangs on a database
@@ -19,7 +20,8 @@ const readyTimeout = 2 * time.Second
 // address of its own (`serve --admin-addr`), never the public one:
 //
 //   - GET /metrics: m in Prometheus's format.
-//   - GET /healthz: 200 {"status":"ok"} while the process serves (liveness).
+//   - GET /healthz: 200 {"status":"ok","version":"…"} while the process serves
+//     (liveness); version is version.String().
 //   - GET /readyz: 200 {"status":"ready"} when the database answers with the schema
 //     this code needs. Otherwise 503 {"error":"not_ready","reason":"…"}: take the
 //     instance out of the load balancer, but do not restart it (readiness).
@@ -27,7 +29,7 @@ func AdminHandler(pool *pgxpool.Pool, m *Metrics) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": version.String()})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if reason := notReady(r.Context(), pool); reason != "" {

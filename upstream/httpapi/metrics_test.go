@@ -16,6 +16,7 @@ import (
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/version"
 )
 
 func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
@@ -98,7 +99,7 @@ func TestHealthzAndReadyz(t *testing.T) {
 			if res.StatusCode != tc.status || strings.TrimSpace(string(b)) != tc.readyBody || res.Header.Get("Content-Type") != "application/json" {
 				t.Errorf("/readyz = %d %q %s, want %d %s", res.StatusCode, res.Header.Get("Content-Type"), b, tc.status, tc.readyBody)
 			}
-			if status, body := upstreamtest.Get(t, admin.URL+"/healthz"); status != http.StatusOK || strings.TrimSpace(body) != `{"status":"ok"}` {
+			if status, body := upstreamtest.Get(t, admin.URL+"/healthz"); status != http.StatusOK || strings.TrimSpace(body) != `{"status":"ok","version":"`+version.String()+`"}` {
 				t.Errorf("/healthz = %d %s, want 200 while serving", status, body)
 			}
 			if status, _ := upstreamtest.Get(t, admin.URL+"/metrics"); status != http.StatusOK {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/store"
 )
 
@@ -14,12 +15,13 @@ import (
 // percent of its width and its text in pixels, so the bars fill any width and the
 // labels stay readable from 320 px up.
 
-// A status class of the chart, from the bottom of a bar up.
+// A class of the chart, from the bottom of a bar up.
 const (
-	classServed = iota // 1xx, 2xx, 3xx
-	classBudget        // 429 and 402: refused by a budget
-	classClient        // any other 4xx
-	classServer        // 5xx
+	classServed  = iota // 1xx, 2xx, 3xx
+	classBudget         // 429 and 402: refused by a budget
+	classAddress        // refused by the key's allowed networks (a 401)
+	classClient         // any other 4xx
+	classServer         // 5xx
 	numClasses
 )
 
@@ -28,13 +30,18 @@ const (
 var usageClasses = [numClasses]struct{ Name, CSS, Column, Short string }{
 	{"Served (1xx–3xx)", "served", "Served", "served"},
 	{"Refused by a budget (429, 402)", "budget", "Refused by a budget", "refused by a budget"},
+	{"Refused by address (401, outside the key's allowed networks)", "address", "Refused by address", "refused by address"},
 	{"Other client errors (4xx)", "client", "Other client errors", "other client errors"},
 	{"Server errors (5xx)", "server", "Server errors", "server errors"},
 }
 
-// statusClass returns the class of an HTTP status.
-func statusClass(status int) int {
+// usageClass returns the class of a request of the usage record. A key used from
+// outside its allowed networks gets the same 401 as a bad key, so only its outcome
+// tells it apart.
+func usageClass(outcome string, status int) int {
 	switch {
+	case outcome == keystore.OutcomeIPDenied:
+		return classAddress
 	case status < 400:
 		return classServed
 	case status == 429 || status == 402:
@@ -43,6 +50,15 @@ func statusClass(status int) int {
 		return classClient
 	}
 	return classServer
+}
+
+// usageColumns are the headings of the classes' columns, in their order.
+func usageColumns() []string {
+	cols := make([]string, numClasses)
+	for i, cl := range usageClasses {
+		cols[i] = cl.Column
+	}
+	return cols
 }
 
 // classCounts are requests by class.
@@ -140,7 +156,7 @@ type usageChartRow struct {
 }
 
 // buildUsageChart returns the chart of the requests in [from, to) by unit, from the
-// sums per start and status. title says what and when.
+// sums per start, outcome and status. title says what and when.
 func buildUsageChart(title string, from, to time.Time, g usageGrain, sums []store.UsageRow) usageChart {
 	n := int(to.Sub(from) / g.unit)
 	buckets := make([]classCounts, n)
@@ -150,7 +166,7 @@ func buildUsageChart(title string, from, to time.Time, g usageGrain, sums []stor
 		if i < 0 || i >= n {
 			continue
 		}
-		c := statusClass(u.Status)
+		c := usageClass(u.Outcome, u.Status)
 		buckets[i][c] += u.Count
 		all[c] += u.Count
 	}

@@ -36,3 +36,34 @@ func (s *Store) UserOrgs(ctx context.Context, userID string) ([]OrgMembership, e
 	}
 	return orgs, nil
 }
+
+// UserEmails returns the email of each user of ids that exists, by id, so that the
+// dashboard names people rather than ids. Ids that are not UUIDs are left out.
+func (s *Store) UserEmails(ctx context.Context, ids []string) (map[string]string, error) {
+	var uuids []string
+	for _, id := range ids {
+		if ValidUUID(id) {
+			uuids = append(uuids, id)
+		}
+	}
+	emails := map[string]string{}
+	if len(uuids) == 0 {
+		return emails, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id::text, email FROM users WHERE id = ANY($1::uuid[])`, uuids)
+	if err != nil {
+		return nil, fmt.Errorf("reading emails: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, email string
+		if err := rows.Scan(&id, &email); err != nil {
+			return nil, fmt.Errorf("reading emails: %w", err)
+		}
+		emails[id] = email
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading emails: %w", err)
+	}
+	return emails, nil
+}

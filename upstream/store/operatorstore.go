@@ -17,7 +17,7 @@ import (
 // wrote, and the command prints that as JSON. The command has checked their input. A
 // missing referent is apperr.ENOTFOUND, a duplicate apperr.ECONFLICT.
 
-// Plan is a plan as `plan put` writes and prints it.
+// Plan is a plan as the plan commands print it, and as `plan put` writes it.
 type Plan struct {
 	Name               string   `json:"name"`
 	APIRateLimit       int      `json:"api_rate_limit"`
@@ -70,6 +70,77 @@ ON CONFLICT (name) DO UPDATE SET
 		p.Name, p.APIRateLimit, p.MaxMonitors, p.MinIntervalSeconds, p.Locations, p.CheckTypes,
 		p.OrgRateLimit, p.APIRequestsPerMonth)
 	if err != nil {
+		return Plan{}, fmt.Errorf("writing plan: %w", err)
+	}
+	return p, nil
+}
+
+// planColumns are the columns of a Plan in the order scanPlan reads them.
+const planColumns = `name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
+	org_rate_limit, api_requests_per_month`
+
+// scanPlan reads one row of planColumns.
+func scanPlan(row pgx.Row) (Plan, error) {
+	var p Plan
+	err := row.Scan(&p.Name, &p.APIRateLimit, &p.MaxMonitors, &p.MinIntervalSeconds, &p.Locations, &p.CheckTypes,
+		&p.OrgRateLimit, &p.APIRequestsPerMonth)
+	return p, err
+}
+
+// Plans returns every plan, ordered by name.
+func (s *Store) Plans(ctx context.Context) ([]Plan, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+planColumns+` FROM plans ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("listing plans: %w", err)
+	}
+	plans, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Plan, error) { return scanPlan(row) })
+	if err != nil {
+		return nil, fmt.Errorf("listing plans: %w", err)
+	}
+	return plans, nil
+}
+
+// Plan returns the plan name. An unknown plan is apperr.ENOTFOUND.
+func (s *Store) Plan(ctx context.Context, name string) (Plan, error) {
+	p, err := scanPlan(s.pool.QueryRow(ctx, `SELECT `+planColumns+` FROM plans WHERE name = $1`, name))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Plan{}, apperr.Errorf(apperr.ENOTFOUND, "unknown plan %q", name)
+	}
+	if err != nil {
+		return Plan{}, fmt.Errorf("reading plan: %w", err)
+	}
+	return p, nil
+}
+
+// UpdatePlan changes the existing plan name: change gets its stored limits and
+// alters those it is given, and may refuse the result with an error. The read and the
+// write are one transaction with the row locked, so two updates of different limits
+// both hold. An unknown plan is apperr.ENOTFOUND.
+func (s *Store) UpdatePlan(ctx context.Context, name string, change func(*Plan) error) (Plan, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Plan{}, fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	p, err := scanPlan(tx.QueryRow(ctx, `SELECT `+planColumns+` FROM plans WHERE name = $1 FOR UPDATE`, name))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Plan{}, apperr.Errorf(apperr.ENOTFOUND, "unknown plan %q", name)
+	}
+	if err != nil {
+		return Plan{}, fmt.Errorf("reading plan: %w", err)
+	}
+	if err := change(&p); err != nil {
+		return Plan{}, err
+	}
+	_, err = tx.Exec(ctx, `UPDATE plans SET api_rate_limit = $2, max_monitors = $3, min_interval_seconds = $4,
+	locations = $5, check_types = $6, org_rate_limit = $7, api_requests_per_month = $8, updated_at = now()
+WHERE name = $1`,
+		name, p.APIRateLimit, p.MaxMonitors, p.MinIntervalSeconds, p.Locations, p.CheckTypes,
+		p.OrgRateLimit, p.APIRequestsPerMonth)
+	if err != nil {
+		return Plan{}, fmt.Errorf("writing plan: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}
 	return p, nil

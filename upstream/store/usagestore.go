@@ -97,22 +97,21 @@ func (s *Store) Usage(ctx context.Context, q UsageQuery, limit int) (rows []Usag
 	return rows, false, err
 }
 
-// UsageByStartAndStatus returns the sums of q's rows per start and status, by start
-// then status.
-func (s *Store) UsageByStartAndStatus(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
+// UsageByStart returns the sums of q's rows per start, outcome and status, in that
+// order.
+func (s *Store) UsageByStart(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	sql, args := usageRowsSQL(q)
-	return queryUsage(ctx, s, `SELECT start, status, sum(count)::bigint FROM (`+sql+`) r
-		GROUP BY start, status ORDER BY start, status`, args,
-		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.Start, &u.Status, &u.Count) })
+	return queryUsage(ctx, s, `SELECT start, outcome, status, sum(count)::bigint FROM (`+sql+`) r
+		GROUP BY start, outcome, status ORDER BY start, outcome COLLATE "C", status`, args,
+		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.Start, &u.Outcome, &u.Status, &u.Count) })
 }
 
-// UsageByKeyAndStatus returns the sums of q's rows per key and status, by key then
-// status.
-func (s *Store) UsageByKeyAndStatus(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
+// UsageByKey returns the sums of q's rows per key, outcome and status, in that order.
+func (s *Store) UsageByKey(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	sql, args := usageRowsSQL(q)
-	return queryUsage(ctx, s, `SELECT key_id, status, sum(count)::bigint FROM (`+sql+`) r
-		GROUP BY key_id, status ORDER BY key_id COLLATE "C", status`, args,
-		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.KeyID, &u.Status, &u.Count) })
+	return queryUsage(ctx, s, `SELECT key_id, outcome, status, sum(count)::bigint FROM (`+sql+`) r
+		GROUP BY key_id, outcome, status ORDER BY key_id COLLATE "C", outcome COLLATE "C", status`, args,
+		func(r pgx.Rows, u *UsageRow) error { return r.Scan(&u.KeyID, &u.Outcome, &u.Status, &u.Count) })
 }
 
 // queryUsage runs a read of the usage record and scans each row with scan.

@@ -362,23 +362,24 @@ func TestUsageReadsAreOrderedFilteredAndBounded(t *testing.T) {
 	}
 	// By hour, the last minute's row is in the range.
 	q.KeyID, q.Granularity, q.To = "", store.UsageHour, midnight.Add(time.Hour)
-	byStart, err := s.UsageByStartAndStatus(ctx, q)
+	byStart, err := s.UsageByStart(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := lines(withKey(byStart)), "03-15T00:00 ---- - 200 13\n03-15T00:00 ---- - 503 6\n"; got != want {
-		t.Errorf("by start and status:\n%swant:\n%s", got, want)
+	if got, want := lines(withKey(byStart)), "03-15T00:00 ---- me 200 10\n03-15T00:00 ---- proxied 200 3\n03-15T00:00 ---- proxied 503 6\n"; got != want {
+		t.Errorf("by start, outcome and status:\n%swant:\n%s", got, want)
 	}
-	byKey, err := s.UsageByKeyAndStatus(ctx, q)
+	byKey, err := s.UsageByKey(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	for _, r := range byKey {
-		got = append(got, fmt.Sprintf("%s %d %d", r.KeyID[:4], r.Status, r.Count))
+		got = append(got, fmt.Sprintf("%s %s %d %d", r.KeyID[:4], r.Outcome, r.Status, r.Count))
 	}
-	if got, want := strings.Join(got, ", "), "AAAA 200 5, AAAA 503 2, ZZZZ 200 4, ZZZZ 503 2, aaaa 200 4, aaaa 503 2"; got != want {
-		t.Errorf("by key and status: %s, want %s", got, want)
+	if got, want := strings.Join(got, ", "), "AAAA me 200 4, AAAA proxied 200 1, AAAA proxied 503 2, ZZZZ me 200 3, ZZZZ proxied 200 1, ZZZZ proxied 503 2, "+
+		"aaaa me 200 3, aaaa proxied 200 1, aaaa proxied 503 2"; got != want {
+		t.Errorf("by key, outcome and status: %s, want %s", got, want)
 	}
 	// A range with nothing in it, and another org's range, are empty.
 	q.From, q.To = midnight.Add(-time.Hour), midnight
@@ -391,10 +392,10 @@ func TestUsageReadsAreOrderedFilteredAndBounded(t *testing.T) {
 	}
 }
 
-// withKey gives totals without a key a placeholder one, for lines.
+// withKey gives sums without a key a placeholder one, for lines.
 func withKey(rows []store.UsageRow) []store.UsageRow {
 	for i := range rows {
-		rows[i].KeyID, rows[i].Outcome = "----", "-"
+		rows[i].KeyID = "----"
 	}
 	return rows
 }

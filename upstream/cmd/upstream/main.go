@@ -1,6 +1,6 @@
 // Command upstream is keygate's upstream service and its operator command line. Its
-// commands are `upstream serve`, `upstream migrate`, and the plan, org, user and
-// member commands. Run `upstream --help` for the list. They live in package cli.
+// commands are `upstream serve`, `upstream migrate`, `upstream version`, and the plan,
+// org, user and member commands. Run `upstream --help` for the list. They live in package cli.
 package main
 
 import (
