@@ -194,6 +194,9 @@ func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
 		l := lookupOf(probes)
 		b.Queue(l.sql, l.args...)
 	}
+	// A standby's batches read its replay position first (Store.lookupReplayed). On
+	// the primary it is NULL, and preparing it costs nothing more.
+	b.Queue(replayedSQL)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("preparing the key lookups: %w", err)
 	}
