@@ -38,7 +38,14 @@ const (
 )
 
 // breaker is a circuit breaker for one dependency of one gateway instance. After
-// threshold failures in a row it opens. Calls then fail at once with errBreakerOpen,
+// threshold failures in a row it opens. Failures less than spacing apart count as
+// one. A batch or pipeline round that times out fails all its calls within a tenth
+// of the timeout, since a round goes out at most that long after its first call
+// joined (keystore.Batcher, limiter). So one slow round counts as one failure, or
+// two, however many calls it carried, and never opens the breaker by itself. A
+// dependency that hangs under load fails calls all the time, and opens it
+// (threshold-1) spacings after the first timeout (docs/operations.md, Circuit
+// breakers). Calls then fail at once with errBreakerOpen,
 // instead of each waiting out a timeout on a dependency that hangs. After cooldown it
 // starts one probe in the background, and only one at a time. Calls go on failing
 // at once meanwhile. An answer closes the breaker; a failure opens it for another
@@ -56,6 +63,7 @@ const (
 type breaker struct {
 	threshold int
 	cooldown  time.Duration
+	spacing   time.Duration // failures closer together count as one; 0: each counts
 	now       func() time.Time
 	onChange  func(from, to breakerState) // called with mu held: must not call back
 	// probe asks the dependency whether it answers again, on a budget of its own, and
@@ -66,8 +74,13 @@ type breaker struct {
 	mu       sync.Mutex
 	state    breakerState // guarded by mu
 	failures int          // consecutive failures while closed; guarded by mu
+	failedAt time.Time    // when the last failure counted in failures came; guarded by mu
 	openedAt time.Time    // guarded by mu
 }
+
+// breakerSpacing is the spacing of a breaker whose calls time out after timeout: a
+// tenth of it, the longest a round waits for more calls before it goes out.
+func breakerSpacing(timeout time.Duration) time.Duration { return timeout / 10 }
 
 func newBreaker(probe func() bool, onChange func(from, to breakerState)) *breaker {
 	if onChange == nil {
@@ -117,9 +130,14 @@ func (b *breaker) done(o callResult) {
 	case o == callSucceeded:
 		b.failures = 0
 	case o == callFailed:
+		now := b.now()
+		if b.failures > 0 && now.Sub(b.failedAt) < b.spacing {
+			return // the same round's failure, most likely: no new evidence
+		}
+		b.failedAt = now
 		b.failures++
 		if b.failures >= b.threshold {
-			b.openedAt = b.now()
+			b.openedAt = now
 			b.set(breakerOpen)
 		}
 	}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"math"
 	"strconv"
 	"strings"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -57,13 +59,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    usage_flush_interval <duration>
 //	    usage_buffer     <rows>
 //	    usage            on|off
+//	    route <methods> <path> [scope <scope>] [cost <n>]
+//	    max_request_body <size>
 //	}
 //
 // database_url and gateway_secret (or identity_key) are required, typically as {env.DATABASE_URL} and
 // {env.GATEWAY_SECRET}. strip_fields takes one or more names and may be repeated; the
-// names of all its lines together replace the default list. database_read_urls takes
-// one or more URLs and may appear once. Every other option takes exactly one argument
-// and may appear once.
+// names of all its lines together replace the default list. route may be repeated:
+// its lines, in order, replace the whole built-in route table; methods are
+// comma-separated (GET,HEAD) or *. database_read_urls takes one or more URLs and may
+// appear once. Every other option takes exactly one argument and may appear once.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	if d.NextArg() {
@@ -111,6 +116,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = durationArg(d, &h.UsageFlushInterval); err == nil && h.UsageFlushInterval < caddy.Duration(minUsageFlushInterval) {
 				return d.Errf("usage_flush_interval must be at least %s", minUsageFlushInterval)
 			}
+		case "max_request_body":
+			err = sizeArg(d, &h.MaxRequestBody)
 		case "usage_buffer":
 			err = positiveIntArg(d, &h.UsageBuffer)
 		case "usage":
@@ -121,6 +128,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.IdentityKey, err = oneArg(d, h.IdentityKey != "")
 		case "identity_audience":
 			h.IdentityAudience, err = oneArg(d, h.IdentityAudience != "")
+		case "route":
+			var r Route
+			if r, err = routeArgs(d); err == nil {
+				h.Routes = append(h.Routes, r)
+			}
 		case "strip_fields":
 			names := d.RemainingArgs()
 			if len(names) == 0 {
@@ -180,6 +192,43 @@ func oneArg(d *caddyfile.Dispenser, given bool) (string, error) {
 	return arg, nil
 }
 
+// routeArgs reads a route line: methods, a path pattern, then scope and cost, each
+// at most once, in either order.
+func routeArgs(d *caddyfile.Dispenser) (Route, error) {
+	args := d.RemainingArgs()
+	if len(args) < 2 || len(args)%2 != 0 {
+		return Route{}, d.ArgErr()
+	}
+	r := Route{Path: args[1]}
+	if args[0] != "*" {
+		r.Methods = strings.Split(args[0], ",")
+	}
+	for i := 2; i < len(args); i += 2 {
+		switch k, v := args[i], args[i+1]; k {
+		case "scope":
+			if r.Scope != "" {
+				return Route{}, d.Errf("route %s %s: scope already specified", args[0], args[1])
+			}
+			r.Scope = v
+		case "cost":
+			if r.Cost != 0 {
+				return Route{}, d.Errf("route %s %s: cost already specified", args[0], args[1])
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return Route{}, d.Errf("route %s %s: cost must be a whole number of at least 1, not %q", args[0], args[1], v)
+			}
+			r.Cost = n
+		default:
+			return Route{}, d.Errf("route %s %s: unrecognized %q (scope or cost)", args[0], args[1], k)
+		}
+	}
+	if err := checkRoute(r); err != nil {
+		return Route{}, d.Err(err.Error())
+	}
+	return r, nil
+}
+
 // positiveIntArg reads the one positive whole number of the option the dispenser is on.
 func positiveIntArg(d *caddyfile.Dispenser, dst *int) error {
 	opt := d.Val()
@@ -192,6 +241,22 @@ func positiveIntArg(d *caddyfile.Dispenser, dst *int) error {
 		return d.Errf("%s must be a positive whole number, not %q", opt, arg)
 	}
 	*dst = n
+	return nil
+}
+
+// sizeArg reads the one positive size of the option the dispenser is on, in bytes
+// or with a unit as go-humanize reads it (1MiB, 512KB).
+func sizeArg(d *caddyfile.Dispenser, dst *int64) error {
+	opt := d.Val()
+	arg, err := oneArg(d, *dst != 0)
+	if err != nil {
+		return err
+	}
+	n, err := humanize.ParseBytes(arg)
+	if err != nil || n == 0 || n > math.MaxInt64 {
+		return d.Errf("%s must be a positive size such as 1MiB, not %q", opt, arg)
+	}
+	*dst = int64(n)
 	return nil
 }
 

@@ -64,6 +64,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				usage_flush_interval 5s
 				usage_buffer     5000
 				usage            off
+				max_request_body 2MiB
 			}`,
 			want: Handler{
 				LegacyKeys:             "reject",
@@ -71,6 +72,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 				UsageFlushInterval:     caddy.Duration(5 * time.Second),
 				UsageBuffer:            5000,
 				DisableUsage:           true,
+				MaxRequestBody:         2 << 20,
 				DatabaseURL:            "{env.DATABASE_URL}",
 				RedisURL:               "rediss://127.0.0.1:6379/0?addr=127.0.0.1:6380",
 				RedisMode:              "cluster",
@@ -183,13 +185,20 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"usage_flush_interval too short", "v1_gateway {\n\tusage_flush_interval 500ms\n}", "usage_flush_interval must be at least 1s", 2},
 		{"usage_flush_interval off", "v1_gateway {\n\tusage_flush_interval off\n}", "parsing usage_flush_interval", 2},
 		{"duplicate switch", "v1_gateway {\n\tdisable_count_pipelining\n\tdisable_count_pipelining\n}", "disable_count_pipelining already specified", 3},
+		{"route without a path", "v1_gateway {\n\troute GET\n}", "wrong argument count", 2},
+		{"route with a dangling word", "v1_gateway {\n\troute GET /v1/x scope\n}", "wrong argument count", 2},
+		{"route with an unknown method", "v1_gateway {\n\troute GET,FETCH /v1/x\n}", `unknown method "FETCH"`, 2},
+		{"route with a bad scope", "v1_gateway {\n\troute GET /v1/x scope Reports\n}", `scope "Reports" must match`, 2},
+		{"route with a zero cost", "v1_gateway {\n\troute GET /v1/x cost 0\n}", `cost must be a whole number of at least 1, not "0"`, 2},
+		{"route with two costs", "v1_gateway {\n\troute GET /v1/x cost 2 cost 3\n}", "cost already specified", 2},
+		{"route with an unknown word", "v1_gateway {\n\troute GET /v1/x weight 3\n}", `unrecognized "weight" (scope or cost)`, 2},
 	}
 	// An option given twice, with two valid values, is refused at its second line.
 	for _, dup := range []string{
 		"gateway_secret a b", "database_url a b", "redis_timeout 1s 2s", "redis_dial_timeout 1s 2s",
 		"batch_linger 1ms 2ms", "lookup_lanes 1 2", "redis_mode cluster single", "redis_tls_ca a.pem b.pem",
 		"legacy_keys accept reject", "last_used_interval off 1m", "usage off on", "usage on on",
-		"usage_flush_interval 5s 10s", "usage_buffer 10 20",
+		"usage_flush_interval 5s 10s", "usage_buffer 10 20", "max_request_body 1MiB 2MiB",
 	} {
 		f := strings.Fields(dup)
 		cases = append(cases, errorCase{"duplicate " + f[0],
@@ -200,6 +209,12 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		opt, arg, _ := strings.Cut(bad, " ")
 		cases = append(cases, errorCase{bad, "v1_gateway {\n\t" + bad + "\n}",
 			opt + " must be a positive whole number, not " + strconv.Quote(arg), 2})
+	}
+	// A size must be above zero and in a unit go-humanize reads.
+	for _, bad := range []string{"max_request_body 0", "max_request_body -1", "max_request_body lots", "max_request_body 1MiBs"} {
+		opt, arg, _ := strings.Cut(bad, " ")
+		cases = append(cases, errorCase{bad, "v1_gateway {\n\t" + bad + "\n}",
+			opt + " must be a positive size such as 1MiB, not " + strconv.Quote(arg), 2})
 	}
 	// A timeout or a linger of zero would make every wait fail at once.
 	for _, zero := range []string{"redis_timeout 0s", "database_dial_timeout 0s", "batch_linger 0"} {
@@ -435,39 +450,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // database, Redis and upstream. The operator's config does what
 // docs/configuration.md says.
 func TestExampleCaddyfileServes(t *testing.T) {
-	d, key, _ := newDBWithKey(t)
-	up := newUpstream(t)
-	listen := freeAddr(t)
-	// A site of any host, as the example's :8080. So a request with a bad Host still
-	// reaches its handle_errors.
-	t.Setenv("GATEWAY_ADDR", "http://:"+listen[strings.LastIndexByte(listen, ':')+1:])
-	t.Setenv("UPSTREAM_ADDR", up.addr())
-	t.Setenv("DATABASE_URL", d.url)
-	t.Setenv("REDIS_URL", redisURL(t))
-	t.Setenv("GATEWAY_SECRET", testSecret)
-	_, identityKey := gatewayauthtest.NewKey(t)
-	t.Setenv("IDENTITY_KEY", identityKey)
-
-	input, err := os.ReadFile("../Caddyfile.example")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(input, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The example logs to stderr; keep the test output quiet.
-	logPath := filepath.Join(t.TempDir(), "caddy.log")
-	cfg = []byte(strings.Replace(string(cfg), `"logging":{"logs":{"default":{`,
-		`"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"writer":{"output":"file","filename":`+strconv.Quote(logPath)+`},`, 1))
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading the example: %v\n%s", err, cfg)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	gw := &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{
-		Timeout:       10 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	gw, up, key := startExample(t)
 
 	res, body := gw.get(t, "/v1/me", key)
 	if res.StatusCode != http.StatusOK || res.Header.Get("Ratelimit-Policy") == "" {
@@ -541,7 +524,7 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		res, body := testenv.Exchange(t, gw.client, req)
 		t.Run(tc.name, func(t *testing.T) { wantJSONError(t, res, body, tc.status, tc.body) })
 	}
-	res, body = rawExchange(t, listen, "GET /v1/me HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n")
+	res, body = rawExchange(t, strings.TrimPrefix(gw.base, "http://"), "GET /v1/me HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n")
 	t.Run("an empty Host", func(t *testing.T) { wantJSONError(t, res, body, http.StatusBadRequest, `{"error":"bad_request"}`) })
 
 	// The proxied request carries the signed identity, which verifies against the JWKS
@@ -590,7 +573,7 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		testenv.Exchange(t, gw.client, req)
 	}
 	time.Sleep(100 * time.Millisecond)
-	log, _ := os.ReadFile(logPath)
+	log, _ := os.ReadFile(gw.logPath)
 	if !strings.Contains(string(log), "aborting with incomplete response") || !strings.Contains(string(log), `"logger":"http.log.access`) ||
 		!strings.Contains(string(log), "REDACTED") {
 		t.Errorf("log:\n%s", log)
@@ -604,4 +587,44 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	if strings.Contains(strings.ToLower(string(log)), strings.ToLower(secret[:16])) {
 		t.Errorf("the log shows the secret in lower case:\n%s", log)
 	}
+}
+
+// startExample loads Caddyfile.example in this process, in front of a test upstream,
+// with a fresh database holding an Editor key, which it returns.
+func startExample(t *testing.T) (gw *gateway, up *testUpstream, key string) {
+	t.Helper()
+	d, key, _ := newDBWithKey(t)
+	up = newUpstream(t)
+	listen := freeAddr(t)
+	// A site of any host, as the example's :8080. So a request with a bad Host still
+	// reaches its handle_errors.
+	t.Setenv("GATEWAY_ADDR", "http://:"+listen[strings.LastIndexByte(listen, ':')+1:])
+	t.Setenv("UPSTREAM_ADDR", up.addr())
+	t.Setenv("DATABASE_URL", d.url)
+	t.Setenv("REDIS_URL", redisURL(t))
+	t.Setenv("GATEWAY_SECRET", testSecret)
+	_, identityKey := gatewayauthtest.NewKey(t)
+	t.Setenv("IDENTITY_KEY", identityKey)
+
+	input, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(input, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example logs to stderr; keep the test output quiet.
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	cfg = []byte(strings.Replace(string(cfg), `"logging":{"logs":{"default":{`,
+		`"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"writer":{"output":"file","filename":`+strconv.Quote(logPath)+`},`, 1))
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading the example: %v\n%s", err, cfg)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	gw = &gateway{base: "http://" + listen, logPath: logPath, client: &http.Client{
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+	return gw, up, key
 }

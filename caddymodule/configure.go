@@ -71,6 +71,7 @@ func (h *Handler) configure(logger *zap.Logger) error {
 		h.format = h.format.RejectingLegacy()
 	}
 	h.fields = newFieldSet(h.StripFields)
+	h.routes = newRouteTable(h.Routes)
 	h.failMode, _ = parseLimiterFailure(h.LimiterFailure) // valid: checked by Validate
 	if identityKey != "" {
 		priv, err := gatewayauth.ReadPrivateKey(identityKey)
@@ -109,6 +110,12 @@ func (h *Handler) applyDefaults() {
 	}
 	if h.RedisTimeout == 0 {
 		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)
+	}
+	if h.Routes == nil {
+		h.Routes = slices.Clone(builtinRoutes)
+	}
+	if h.MaxRequestBody == 0 {
+		h.MaxRequestBody = defaultMaxRequestBody
 	}
 	if h.StripFields == nil {
 		h.StripFields = slices.Clone(defaultStripFields)

@@ -1,11 +1,7 @@
 package caddymodule
 
 import (
-	"net"
 	"net/http"
-	"net/netip"
-
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/keygate/keygate/keystore"
 )
@@ -70,20 +66,4 @@ func asciiEqualFold(s, lower string) bool {
 		}
 	}
 	return true
-}
-
-// clientAddr is the address a request comes from, as Caddy determines it: the
-// connection's peer, or the client a trusted proxy names (its trusted_proxies and
-// client_ip_headers). A key's allowed networks are checked against it. It is the
-// zero Addr, which no network holds, when the address cannot be read.
-func clientAddr(r *http.Request) netip.Addr {
-	s, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
-	if s == "" {
-		s = r.RemoteAddr
-		if host, _, err := net.SplitHostPort(s); err == nil {
-			s = host
-		}
-	}
-	addr, _ := netip.ParseAddr(s)
-	return addr
 }

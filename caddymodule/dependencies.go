@@ -193,7 +193,9 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, string, error) {
 		}
 	}
 	probe := postgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
-	h.lookups = newLookups(v, newBreaker(probe, h.breakerChanged("postgres")), h.metrics)
+	pb := newBreaker(probe, h.breakerChanged("postgres"))
+	pb.spacing = breakerSpacing(time.Duration(h.DatabaseTimeout))
+	h.lookups = newLookups(v, pb, h.metrics)
 	return pool, key, nil
 }
 
@@ -221,6 +223,7 @@ func (h *Handler) provisionCounts(seed limiter.MonthSeed) error {
 	lim := limiter.NewRedis(rd.client, opts...)
 	budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
 	b := newBreaker(redisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
+	b.spacing = breakerSpacing(time.Duration(h.RedisTimeout))
 	h.counts = redisCounts(lim, b, rd.warmer, h.metrics)
 	if h.failMode == failLocal {
 		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed))

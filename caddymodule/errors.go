@@ -11,10 +11,12 @@ var (
 	bodyUnauthenticated    = []byte(`{"error":"api key unauthenticated"}`)
 	bodyFeatureGated       = []byte(`{"error":"feature_gated","feature":"api","upgrade":true}`)
 	bodyForbidden          = []byte(`{"error":"forbidden","reason":"role"}`)
+	bodyScopeForbidden     = []byte(`{"error":"forbidden","reason":"scope"}`)
 	bodyQuotaExceeded      = []byte(`{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`)
 	bodyServiceUnavailable = []byte(`{"error":"service_unavailable"}`)
 	bodyBadGateway         = []byte(`{"error":"bad_gateway"}`)
 	bodyGatewayTimeout     = []byte(`{"error":"gateway_timeout"}`)
+	bodyRequestTooLarge    = []byte(`{"error":"request_too_large"}`) // the upstream's own name for 413
 )
 
 // writeJSON writes a complete JSON response the module produced itself. Shared
@@ -30,6 +32,21 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	setJSONHeaders(w.Header(), v, len(body))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// writeScopeForbidden writes the 403 of a scoped key: with required_scope, the scope
+// its route needs, or without it on a route no rule names.
+func writeScopeForbidden(w http.ResponseWriter, required string) {
+	if required == "" {
+		writeJSON(w, http.StatusForbidden, bodyScopeForbidden)
+		return
+	}
+	b := make([]byte, 0, len(bodyScopeForbidden)+len(required)+20)
+	b = append(b, bodyScopeForbidden[:len(bodyScopeForbidden)-1]...)
+	b = append(b, `,"required_scope":`...)
+	b = appendJSONString(b, required)
+	b = append(b, '}')
+	writeJSON(w, http.StatusForbidden, b)
 }
 
 // jsonHeaders is how many values setJSONHeaders sets.
@@ -68,6 +85,8 @@ func statusBody(status int) []byte {
 		return bodyGatewayTimeout
 	case http.StatusServiceUnavailable:
 		return bodyServiceUnavailable
+	case http.StatusRequestEntityTooLarge:
+		return bodyRequestTooLarge
 	}
 	text := http.StatusText(status)
 	if status == 499 {

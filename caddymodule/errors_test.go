@@ -17,7 +17,7 @@ func TestStatusBody(t *testing.T) {
 		{503, `{"error":"service_unavailable"}`},
 		{500, `{"error":"internal_server_error"}`},
 		{404, `{"error":"not_found"}`},
-		{413, `{"error":"request_entity_too_large"}`},
+		{413, `{"error":"request_too_large"}`}, // the upstream's own name
 		{418, `{"error":"i_m_a_teapot"}`},
 		{499, `{"error":"client_closed_request"}`},
 		{599, `{"error":"error"}`},

@@ -1,7 +1,8 @@
 // Package caddymodule is the Caddy module v1_gateway (http.handlers.v1_gateway). It
 // enforces the public /v1 API contract at the edge. For every request it checks the
 // API key against PostgreSQL and the networks it may be used from, the organisation's
-// API access, the key's and the organisation's budgets, and the key's role. It answers GET /v1/me itself. It hands everything else to the next
+// API access, the key's and the organisation's budgets, the key's role and scopes. It
+// answers GET /v1/me itself. It hands everything else to the next
 // handler, the reverse proxy to the upstream, with the caller's identity asserted in
 // X-Gateway-* headers. It filters the fields named in strip_fields out of every JSON
 // response. README.md gives the decision order; docs/configuration.md the options.
@@ -33,7 +34,8 @@ func init() {
 
 // Handler is the v1_gateway handler: the whole /v1 contract at the edge. It decides
 // in the order README.md gives: credentials, the key and its networks, API access, the
-// budgets, the role, GET /v1/me, the proxy. The first step that applies answers. ServeHTTP numbers
+// budgets (each request weighing its route's cost), the role and a scoped key's
+// scopes, GET /v1/me, the proxy. The first step that applies answers. ServeHTTP numbers
 // the steps.
 //
 // The module needs full paths. Use it under `handle /v1/*`, not `handle_path /v1/*`,
@@ -239,6 +241,24 @@ type Handler struct {
 	// (Caddyfile: usage off). Default: false
 	DisableUsage bool `json:"disable_usage,omitempty"`
 
+	// Routes is the route table: ordered rules, each a method set and a path pattern
+	// with the scope a scoped key needs and the cost of a request, in units of every
+	// budget. The first rule a request matches applies. A scoped key on a route no
+	// rule matches is refused; an unscoped key there counts 1. GET /v1/me needs no
+	// scope whatever the table. Naming any rule replaces the whole built-in table
+	// (docs/configuration.md, Scopes and route costs).
+	// Default: the built-in table of /v1 (monitors:read, monitors:write, monitors:delete)
+	Routes []Route `json:"routes,omitempty"`
+
+	// MaxRequestBody is the largest request body, in bytes, the gateway passes on. A
+	// larger one answers 413 request_too_large: at once when Content-Length says so,
+	// and when a chunked body crosses it on the way. The upstream's own limit is the
+	// default, so the upstream never sees more than it would accept, and the 413 is
+	// the gateway's every time (docs/configuration.md, Request bodies). The Caddyfile
+	// takes sizes such as 1MiB.
+	// Default: 1MiB
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+
 	// The runtime state, built by Provision.
 	databaseURL string   // DatabaseURL with placeholders replaced
 	readURLs    []string // DatabaseReadURLs with placeholders replaced
@@ -247,6 +267,7 @@ type Handler struct {
 	signer      *gatewayauth.Signer // nil without identity_key
 	format      keystore.Format
 	fields      *fieldSet
+	routes      *routeTable    // Routes, or builtinRoutes
 	lookups     lookups        // PostgreSQL, behind its breaker (dependencies.go)
 	counts      counts         // Redis, behind its breaker, or the in-process limiter
 	failMode    limiterFailure // LimiterFailure
@@ -381,6 +402,9 @@ func (h *Handler) Validate() error {
 	if time.Duration(h.UsageFlushInterval) < minUsageFlushInterval {
 		return fmt.Errorf("usage_flush_interval %s: must be at least %s", time.Duration(h.UsageFlushInterval), minUsageFlushInterval)
 	}
+	if h.MaxRequestBody < 0 {
+		return fmt.Errorf("max_request_body %d: must be positive", h.MaxRequestBody)
+	}
 	if h.UsageBuffer < 0 {
 		return fmt.Errorf("usage_buffer %d: must be positive", h.UsageBuffer)
 	}
@@ -390,6 +414,11 @@ func (h *Handler) Validate() error {
 	for _, name := range h.StripFields {
 		if name == "" {
 			return errors.New("strip_fields: names must not be empty")
+		}
+	}
+	for _, r := range h.Routes {
+		if err := checkRoute(r); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -428,14 +457,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	if !ok {
-		h.record(r, outcomeUnauthenticated, nil)
-		writeUnauthenticated(w)
+		h.refuse(w, r, outcomeUnauthenticated, nil)
 		return nil
 	}
 	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(clientAddr(r)) {
 		// The very answer of an unknown key: a stolen key tells its thief nothing.
-		h.record(r, outcomeIPDenied, &key)
-		writeUnauthenticated(w)
+		h.refuse(w, r, outcomeIPDenied, &key)
 		return nil
 	}
 	setIdentityPlaceholders(r, key)
@@ -450,8 +477,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 
-	// 4. The budgets: the key's minute, the organisation's minute and month.
-	count, answered := h.rateLimit(w, r, &key)
+	// 4. The budgets: the key's minute, the organisation's minute and month, each
+	// counting the cost of the request's route.
+	var rt *route
+	if key.Scopes != nil || h.routes.weighed {
+		rt = h.routes.match(r)
+	}
+	count, answered := h.rateLimit(w, r, &key, costOf(rt))
 	if answered {
 		return nil
 	}
@@ -465,8 +497,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 
+	// 5b. The scopes of a scoped key: its route's, deny by default. GET /v1/me needs
+	// none.
+	me := r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
+	if ok, missing := scopeAllows(key.Scopes, rt); !ok && !me {
+		h.record(r, outcomeForbidden, &key)
+		setRateLimit(w.Header(), count)
+		writeScopeForbidden(w, missing)
+		return nil
+	}
+
 	// 6. GET /v1/me, answered here.
-	if r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+	if me {
 		h.record(r, outcomeMe, &key)
 		setRateLimit(w.Header(), count)
 		writeMe(w, key, count)

@@ -141,6 +141,14 @@ func newUpstream(t *testing.T) *testUpstream {
 		}
 		json200(w, fmt.Sprintf(`{"read":%d}`, n))
 	})
+	// /auth/login stands for the dashboard's routes: it reads the whole body first.
+	mux.HandleFunc("/auth/login", func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			return
+		}
+		json200(w, fmt.Sprintf(`{"read":%d}`, n))
+	})
 	mux.HandleFunc("/v1/me", func(w http.ResponseWriter, r *http.Request) {
 		json200(w, `{"upstream":"me","method":"`+r.Method+`"}`)
 	})
@@ -322,6 +330,10 @@ type gatewayConfig struct {
 	// passiveHealth has the reverse proxy take its upstream out of rotation for 30 s
 	// after one failure (passive health checks, max_fails 1).
 	passiveHealth bool
+	// trustedProxies, if not empty, are the server's trusted_proxies (static ranges);
+	// trustedStrict sets its trusted_proxies_strict.
+	trustedProxies []string
+	trustedStrict  bool
 }
 
 // gateway is a running in-process Caddy.
@@ -374,6 +386,12 @@ func caddyConfig(listen, logPath string, gc gatewayConfig) []byte {
 			"handle":   []any{map[string]any{"handler": "metrics"}},
 			"terminal": true,
 		}}, server["routes"].([]any)...)
+	}
+	if len(gc.trustedProxies) > 0 {
+		server["trusted_proxies"] = map[string]any{"source": "static", "ranges": gc.trustedProxies}
+	}
+	if gc.trustedStrict {
+		server["trusted_proxies_strict"] = 1
 	}
 	if gc.accessLog {
 		server["logs"] = map[string]any{"should_log_credentials": gc.logCreds}

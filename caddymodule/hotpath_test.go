@@ -9,6 +9,7 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -29,7 +30,19 @@ var hotKeys = map[string]keystore.Key{
 	"HotOrgsHotOrgsHotOrgs1": {ID: "HotOrgsHotOrgsHotOrgs1", OrgID: "22222222-2222-4222-8222-222222222222", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
 		OrgRateLimit: 1 << 30, MonthlyQuota: 1 << 50},
 	"HotOverHotOverHotOver1": {ID: "HotOverHotOverHotOver1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1},
+	"HotScopedHotScopedHot1": {ID: "HotScopedHotScopedHot1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
+		Scopes: []string{"monitors:read", "monitors:write"}},
 }
+
+// twentyRules is a route table of 20 rules whose last matches the hot path's GET of a
+// monitor, with a cost above 1 somewhere, so that every request is matched.
+var twentyRules = func() []Route {
+	var rs []Route
+	for i := range 19 {
+		rs = append(rs, Route{Methods: []string{"GET", "POST"}, Path: fmt.Sprintf("/v1/service%d/*", i), Scope: "s:read", Cost: 1 + i%3})
+	}
+	return append(rs, Route{Methods: []string{"GET", "HEAD"}, Path: "/v1/monitors/*", Scope: "monitors:read"})
+}()
 
 // hotVerifier is fakeVerifier without the call counter, so that it can serve in
 // parallel.
@@ -76,9 +89,12 @@ type hotRequest struct {
 	auth []string
 }
 
-func newHotRequest(tb testing.TB, method, path, auth string) *hotRequest {
+func newHotRequest(tb testing.TB, method, path, auth string, routes []Route) *hotRequest {
 	tb.Helper()
 	h := newTestHandler(tb, hotVerifier{}, "")
+	if routes != nil {
+		h.routes = newRouteTable(routes)
+	}
 	h.counts = localCounts(limiter.NewLocal(), h.metrics)
 	h.usage = keystore.NewUsage(nil, keystore.UsageOptions{}) // counted as by default; never flushed here
 	r := httptest.NewRequest(method, "http://gw"+path, nil)
@@ -107,20 +123,23 @@ var hotPaths = []struct {
 	name         string
 	method, path string
 	auth         string
+	routes       []Route // nil: the built-in table
 	status       int
 }{
-	{"proxied", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), http.StatusOK},
-	{"proxied_budgets", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotOrgsHotOrgsHotOrgs1"), http.StatusOK},
-	{"me", http.MethodGet, "/v1/me", bearer("HotAdminHotAdminHotAd1"), http.StatusOK},
-	{"unknown_key", http.MethodGet, "/v1/monitors", bearer("UnknownUnknownUnknown1"), http.StatusUnauthorized},
-	{"malformed_key", http.MethodGet, "/v1/monitors", "Bearer mon_live_nope", http.StatusUnauthorized},
-	{"over_limit", http.MethodGet, "/v1/monitors", bearer("HotOverHotOverHotOver1"), http.StatusTooManyRequests},
+	{"proxied", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK},
+	{"proxied_budgets", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotOrgsHotOrgsHotOrgs1"), nil, http.StatusOK},
+	{"proxied_scoped", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotScopedHotScopedHot1"), nil, http.StatusOK},
+	{"proxied_20_rules", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), twentyRules, http.StatusOK},
+	{"me", http.MethodGet, "/v1/me", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK},
+	{"unknown_key", http.MethodGet, "/v1/monitors", bearer("UnknownUnknownUnknown1"), nil, http.StatusUnauthorized},
+	{"malformed_key", http.MethodGet, "/v1/monitors", "Bearer mon_live_nope", nil, http.StatusUnauthorized},
+	{"over_limit", http.MethodGet, "/v1/monitors", bearer("HotOverHotOverHotOver1"), nil, http.StatusTooManyRequests},
 }
 
 func BenchmarkServeHTTP(b *testing.B) {
 	for _, p := range hotPaths {
 		b.Run(p.name, func(b *testing.B) {
-			hr := newHotRequest(b, p.method, p.path, p.auth)
+			hr := newHotRequest(b, p.method, p.path, p.auth, p.routes)
 			hr.serve(b) // the over-limit key's first request is allowed
 			if got := hr.serve(b); got != p.status {
 				b.Fatalf("status %d, want %d", got, p.status)
@@ -138,12 +157,14 @@ func BenchmarkServeHTTP(b *testing.B) {
 // them to let a regression through. The ExtraLogFields of the test outlive a
 // request, so its growth is not counted.
 var maxHotAllocs = map[string]float64{
-	"proxied":         12,
-	"proxied_budgets": 12,
-	"me":              10, // its body, with limits, is over 99 bytes: Content-Length is no small string of strconv's
-	"unknown_key":     2,
-	"malformed_key":   2,
-	"over_limit":      10,
+	"proxied":          12,
+	"proxied_budgets":  12,
+	"proxied_scoped":   13, // X-Gateway-Key-Scopes: two scopes, joined
+	"proxied_20_rules": 12,
+	"me":               10, // its body, with limits, is over 99 bytes: Content-Length is no small string of strconv's
+	"unknown_key":      2,
+	"malformed_key":    2,
+	"over_limit":       10,
 }
 
 func TestServeHTTPAllocs(t *testing.T) {
@@ -152,7 +173,7 @@ func TestServeHTTPAllocs(t *testing.T) {
 	}
 	for _, p := range hotPaths {
 		t.Run(p.name, func(t *testing.T) {
-			hr := newHotRequest(t, p.method, p.path, p.auth)
+			hr := newHotRequest(t, p.method, p.path, p.auth, p.routes)
 			hr.serve(t)
 			if got := hr.serve(t); got != p.status {
 				t.Fatalf("status %d, want %d", got, p.status)

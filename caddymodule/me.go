@@ -9,15 +9,29 @@ import (
 	"github.com/keygate/keygate/limiter"
 )
 
-// writeMe answers GET /v1/me: {"org_id":"…","role":"…","limits":{…}}, the limits
-// being the key's budgets (null: none) and its organisation's use of the month so far,
-// this request included (null without a monthly quota).
+// writeMe answers GET /v1/me: {"org_id":"…","role":"…","scopes":[…]|null,"limits":{…}},
+// the scopes a scoped key's (null: unscoped), the limits the key's budgets (null:
+// none) and its organisation's use of the month so far, this request included (null
+// without a monthly quota).
 func writeMe(w http.ResponseWriter, key keystore.Key, count limiter.Result) {
 	b := make([]byte, 0, 192)
 	b = append(b, `{"org_id":`...)
 	b = appendJSONString(b, key.OrgID)
 	b = append(b, `,"role":`...)
 	b = appendJSONString(b, string(key.Role))
+	b = append(b, `,"scopes":`...)
+	if key.Scopes == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, s := range key.Scopes {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, s)
+		}
+		b = append(b, ']')
+	}
 	b = append(b, `,"limits":{"per_minute":`...)
 	b = appendBudget(b, int64(key.RateLimit))
 	b = append(b, `,"org_per_minute":`...)

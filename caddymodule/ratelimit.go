@@ -38,13 +38,13 @@ func parseLimiterFailure(v string) (m limiterFailure, ok bool) {
 	return limiterFailure(max(i, 0)), i >= 0
 }
 
-// budgetsOf returns the budgets a request of key counts against: its own minute, and
-// its organisation's minute and month where its plan has them. A key of a plan
-// without organisation budgets counts on its own minute alone, on the counter it
+// budgetsOf returns the budgets a request of key and cost counts against: its own
+// minute, and its organisation's minute and month where its plan has them. A key of a
+// plan without organisation budgets counts on its own minute alone, on the counter it
 // always had.
-func budgetsOf(key *keystore.Key) limiter.Budgets {
+func budgetsOf(key *keystore.Key, cost int) limiter.Budgets {
 	return limiter.Budgets{Key: key.ID, KeyLimit: key.RateLimit, Org: key.OrgID,
-		OrgLimit: key.OrgRateLimit, MonthLimit: key.MonthlyQuota}
+		OrgLimit: key.OrgRateLimit, MonthLimit: key.MonthlyQuota, Cost: cost}
 }
 
 // counted reports whether b has any budget: an unlimited key of a plan without
@@ -53,16 +53,17 @@ func counted(b limiter.Budgets) bool {
 	return b.KeyLimit > 0 || b.OrgLimit > 0 || b.MonthLimit > 0
 }
 
-// rateLimit is step 4. It counts a request of key against its budgets, in the order
-// README.md gives: the key's minute, the organisation's minute, its month. The
+// rateLimit is step 4. It counts a request of key against its budgets, cost units at
+// each, in the order README.md gives: the key's minute, the organisation's minute, its
+// month. The
 // count is what the RateLimit fields of the answer show; its zero value is a request
 // not counted (an unlimited key without organisation budgets, or a count Redis could
 // not make under limiter_failure open). When Redis cannot count, h.failMode decides.
 // rateLimit answers the request itself when a budget refuses it (429 or 402), or when
 // limiter_failure closed refuses it (503). answered then tells ServeHTTP to stop.
 // Otherwise the count goes on to the answer.
-func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystore.Key) (count limiter.Result, answered bool) {
-	b := budgetsOf(key)
+func (h *Handler) rateLimit(w http.ResponseWriter, r *http.Request, key *keystore.Key, cost int) (count limiter.Result, answered bool) {
+	b := budgetsOf(key, cost)
 	if !counted(b) {
 		return limiter.Result{}, false
 	}

@@ -29,6 +29,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		writeJSON(w, http.StatusInternalServerError, statusBody(http.StatusInternalServerError))
 		return nil
 	}
+	if !h.limitBody(w, r, &key, count) {
+		return nil
+	}
 	pw := newProxyWriter(w, r, count, h.fields, h.floodLog)
 	pw.refusedLog = h.refusedLog
 	defer pw.release()
@@ -49,8 +52,9 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 
 // rewriteHeader makes hdr, the client's request header, the upstream's. It removes
 // the client's credentials and every X-Gateway-* field the client sent. It sets the
-// key's identity: X-Gateway-Org-Id, -Key-Id, -Key-Role, and X-Gateway-Secret or
-// X-Gateway-Identity or both. Its only error is a failure to sign the identity.
+// key's identity: X-Gateway-Org-Id, -Key-Id, -Key-Role, a scoped key's
+// X-Gateway-Key-Scopes (space-separated), and X-Gateway-Secret or X-Gateway-Identity
+// or both. Its only error is a failure to sign the identity.
 func (h *Handler) rewriteHeader(hdr http.Header, key keystore.Key) error {
 	for name := range hdr {
 		if len(name) >= len("X-Gateway-") && asciiEqualFold(name[:len("X-Gateway-")], "x-gateway-") {
@@ -67,9 +71,9 @@ func (h *Handler) rewriteHeader(hdr http.Header, key keystore.Key) error {
 	// gzip itself. The upstream answers whole, since a byte range of a JSON document
 	// cannot be filtered.
 	//
-	// The six values share one backing array, each slice capped at its value (see
+	// The seven values share one backing array, each slice capped at its value (see
 	// writeJSON).
-	v := []string{"identity", key.OrgID, key.ID, string(key.Role), h.secret, ""}
+	v := []string{"identity", key.OrgID, key.ID, string(key.Role), h.secret, "", ""}
 	hdr["Accept-Encoding"] = v[0:1:1]
 	delete(hdr, "Range")
 	delete(hdr, "If-Range")
@@ -79,8 +83,12 @@ func (h *Handler) rewriteHeader(hdr http.Header, key keystore.Key) error {
 	if h.secret != "" {
 		hdr["X-Gateway-Secret"] = v[4:5:5]
 	}
+	if key.Scopes != nil {
+		v[6] = strings.Join(key.Scopes, " ")
+		hdr["X-Gateway-Key-Scopes"] = v[6:7:7]
+	}
 	if h.signer != nil {
-		assertion, err := h.signer.Assertion(key.ID, key.OrgID, string(key.Role))
+		assertion, err := h.signer.Assertion(key.ID, key.OrgID, string(key.Role), key.Scopes...)
 		if err != nil {
 			return err
 		}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -239,17 +238,12 @@ const statusClientClosed = 499
 // failure is logged as the client's doing: at info level, or debug for a hang-up.
 func (pw *proxyWriter) clientFailed() {
 	err := pw.body.failed()
-	status, lvl := http.StatusBadRequest, zapcore.InfoLevel
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		status = http.StatusRequestEntityTooLarge
-	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
-		status, lvl = statusClientClosed, zapcore.DebugLevel
-	}
+	status, lvl := bodyFailure(err)
 	if c := pw.log.Check(lvl, "the client's request body could not be read; answering with a JSON error"); c != nil {
 		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(pw.r.URL.Path)), zap.Error(err))
 	}
+	// What is left of the body must never be read as another request (innermostWriter).
+	pw.Header().Set("Connection", "close")
 	pw.writeError(status)
 }
 

@@ -161,7 +161,7 @@ func TestABodyTheClientBreaksIsTheClientsFailure(t *testing.T) {
 		{
 			"chunks past request_body's max_size",
 			head + "Transfer-Encoding: chunked\r\n\r\n400\r\n" + strings.Repeat("a", 1024) + "\r\n400\r\n" + strings.Repeat("a", 1024) + "\r\n0\r\n\r\n",
-			http.StatusRequestEntityTooLarge, `{"error":"request_entity_too_large"}`,
+			http.StatusRequestEntityTooLarge, `{"error":"request_too_large"}`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

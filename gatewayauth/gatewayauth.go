@@ -77,6 +77,33 @@ type Identity struct {
 	KeyID string // the API key's id (sub)
 	OrgID string // its organisation (org_id)
 	Role  string // Admin, Editor or Viewer (role)
+	// Scope is the key's scopes, space-separated as RFC 8693's scope claim (scope):
+	// "" for an unscoped key, which may do everything its role allows.
+	Scope string
+}
+
+// Scopes returns the key's scopes, or nil for an unscoped key.
+func (id Identity) Scopes() []string {
+	if id.Scope == "" {
+		return nil
+	}
+	return strings.Fields(id.Scope)
+}
+
+// HasScope reports whether the key may act within scope: it is unscoped, bounded by
+// its role alone, or it carries scope. The gateway has already checked the route's
+// scope; a service checks finer with it, for example per resource. It says nothing of
+// the role, which a service checks as well.
+func (id Identity) HasScope(scope string) bool {
+	if id.Scope == "" {
+		return true
+	}
+	for _, s := range strings.Fields(id.Scope) {
+		if s == scope {
+			return true
+		}
+	}
+	return false
 }
 
 // Config says where a Verifier finds the gateway's public keys. Exactly one of
@@ -220,7 +247,7 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Identity, error) {
 	if err := c.check(v.now(), v.cfg.Audience, v.cfg.Leeway); err != nil {
 		return Identity{}, fmt.Errorf("%w: %v", ErrUnauthenticated, err)
 	}
-	return Identity{KeyID: c.Subject, OrgID: c.OrgID, Role: c.Role}, nil
+	return Identity{KeyID: c.Subject, OrgID: c.OrgID, Role: c.Role, Scope: c.Scope}, nil
 }
 
 // identityKey is the context key of the Identity Middleware found.

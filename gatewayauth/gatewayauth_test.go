@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -586,5 +587,46 @@ func TestWriteErrorAnswersJSONThatIsNeitherSniffedNorStored(t *testing.T) {
 				t.Errorf("WriteError = %d %v %s, want %d, JSON, nosniff, no-store, %s", rec.Code, h, rec.Body, tc.status, tc.body)
 			}
 		})
+	}
+}
+
+// TestAScopedKeysAssertionCarriesItsScopes: a Signer writes a scoped key's scopes in
+// the scope claim, space-separated, and none for an unscoped key; Verify gives them
+// back, and HasScope answers from them.
+func TestAScopedKeysAssertionCarriesItsScopes(t *testing.T) {
+	priv, file := gatewayauthtest.NewKey(t)
+	v, err := gatewayauth.New(gatewayauth.Config{KeyFile: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := gatewayauth.NewSigner(priv, gatewayauth.DefaultAudience)
+	verify := func(tok string) gatewayauth.Identity {
+		t.Helper()
+		id, err := v.Verify(context.Background(), tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	scoped, _ := s.Assertion("k1", "org", "Editor", "monitors:read", "monitors:write")
+	id := verify(scoped)
+	if id.Scope != "monitors:read monitors:write" || !slices.Equal(id.Scopes(), []string{"monitors:read", "monitors:write"}) {
+		t.Errorf("scoped identity %+v, scopes %q", id, id.Scopes())
+	}
+	if !id.HasScope("monitors:write") || id.HasScope("monitors:delete") || id.HasScope("monitors") {
+		t.Errorf("HasScope of %q: write %v, delete %v, a prefix %v", id.Scope,
+			id.HasScope("monitors:write"), id.HasScope("monitors:delete"), id.HasScope("monitors"))
+	}
+	if again, _ := s.Assertion("k1", "org", "Editor", "monitors:read"); again == scoped {
+		t.Error("changed scopes kept the old assertion")
+	}
+	unscoped, _ := s.Assertion("k2", "org", "Editor")
+	cb, _ := base64.RawURLEncoding.DecodeString(strings.Split(unscoped, ".")[1])
+	if strings.Contains(string(cb), `"scope"`) {
+		t.Errorf("an unscoped key's claims carry scope: %s", cb)
+	}
+	id = verify(unscoped)
+	if id.Scope != "" || id.Scopes() != nil || !id.HasScope("monitors:delete") {
+		t.Errorf("unscoped identity %+v: want no scopes, and HasScope true (its role bounds it)", id)
 	}
 }

@@ -34,6 +34,7 @@ type claims struct {
 	NotBefore *number  `json:"nbf,omitempty"`
 	OrgID     string   `json:"org_id"`
 	Role      string   `json:"role"`
+	Scope     string   `json:"scope,omitempty"`
 }
 
 // audience is aud: one string, or an array of them (RFC 7519 §4.1.3).

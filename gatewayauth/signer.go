@@ -4,6 +4,8 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -21,7 +23,8 @@ const maxCached = 100_000
 
 // Signer makes the gateway's identity assertions: EdDSA-signed JWTs (RFC 7519, RFC
 // 8037) with header typ JWT and kid (the key's RFC 7638 thumbprint) and claims iss
-// (Issuer), aud, sub (the API key's id), org_id, role, iat and exp (iat + Lifetime).
+// (Issuer), aud, sub (the API key's id), org_id, role, scope (a scoped key's scopes,
+// space-separated; absent for an unscoped key), iat and exp (iat + Lifetime).
 // It is safe for concurrent use.
 //
 // Signing costs tens of microseconds; a Signer signs once per key, org and role and
@@ -41,6 +44,7 @@ type Signer struct {
 // assertion is a signed assertion and what it asserts.
 type assertion struct {
 	org, role string
+	scopes    []string
 	token     string
 	issued    time.Time
 }
@@ -73,22 +77,25 @@ type signedClaims struct {
 	Expiry   int64  `json:"exp"`
 	OrgID    string `json:"org_id"`
 	Role     string `json:"role"`
+	Scope    string `json:"scope,omitempty"`
 }
 
 // Assertion returns an assertion that the request comes with API key keyID of
-// organisation orgID with role, valid for at least half of Lifetime.
-func (s *Signer) Assertion(keyID, orgID, role string) (string, error) {
+// organisation orgID with role and scopes (none: an unscoped key), valid for at least
+// half of Lifetime.
+func (s *Signer) Assertion(keyID, orgID, role string, scopes ...string) (string, error) {
 	now := s.now()
 	s.mu.RLock()
 	a, ok := s.cache[keyID]
 	s.mu.RUnlock()
-	if ok && a.org == orgID && a.role == role && now.Sub(a.issued) < reuseFor && !now.Before(a.issued) {
+	if ok && a.org == orgID && a.role == role && slices.Equal(a.scopes, scopes) &&
+		now.Sub(a.issued) < reuseFor && !now.Before(a.issued) {
 		return a.token, nil
 	}
 	payload, err := json.Marshal(signedClaims{
 		Issuer: Issuer, Audience: s.audience, Subject: keyID,
 		IssuedAt: now.Unix(), Expiry: now.Add(Lifetime).Unix(),
-		OrgID: orgID, Role: role,
+		OrgID: orgID, Role: role, Scope: strings.Join(scopes, " "),
 	})
 	if err != nil {
 		return "", err
@@ -99,7 +106,7 @@ func (s *Signer) Assertion(keyID, orgID, role string) (string, error) {
 	if len(s.cache) >= maxCached {
 		clear(s.cache)
 	}
-	s.cache[keyID] = assertion{org: orgID, role: role, token: token, issued: now}
+	s.cache[keyID] = assertion{org: orgID, role: role, scopes: slices.Clone(scopes), token: token, issued: now}
 	s.mu.Unlock()
 	return token, nil
 }

@@ -290,13 +290,13 @@ func lim(perMinute, orgPerMinute, perMonth, used int64) string {
 // proMe is the GET /v1/me body of a key with role of orgID on the pro plan: its
 // minute limit, and no organisation budget.
 func proMe(orgID, role string) string {
-	return fmt.Sprintf(`{"org_id":%q,"role":%q,"limits":%s}`, orgID, role, lim(600, -1, -1, -1))
+	return fmt.Sprintf(`{"org_id":%q,"role":%q,"scopes":null,"limits":%s}`, orgID, role, lim(600, -1, -1, -1))
 }
 
 // wantMeLimits checks a GET /v1/me 200: the whole body, its limits as lim gives them.
 func wantMeLimits(t *testing.T, what string, a answer, orgID, role, limits string) {
 	t.Helper()
-	want := fmt.Sprintf(`{"org_id":%q,"role":%q,"limits":%s}`, orgID, role, limits)
+	want := fmt.Sprintf(`{"org_id":%q,"role":%q,"scopes":null,"limits":%s}`, orgID, role, limits)
 	if a.Status != http.StatusOK || !jsonEqual(a.Body, []byte(want)) {
 		t.Errorf("%s: GET /v1/me answered %d %s, want 200 %s", what, a.Status, a.Body, want)
 	}
@@ -905,8 +905,9 @@ func TestRestrictedKeyOutsideItsNetworksIsAnUnknownKey(t *testing.T) {
 }
 
 // TestRestrictedKeyHonoursTrustedProxies checks a key's networks against the client
-// address Caddy determines: from X-Forwarded-For when the request comes from one of the
-// server's trusted_proxies (an IPv4-mapped IPv6 address counts as the IPv4 one), and
+// address: from X-Forwarded-For when the request comes from one of the server's
+// trusted_proxies, its rightmost entry that is not a trusted proxy (an IPv4-mapped IPv6
+// address counts as the IPv4 one; an unreadable entry leaves the connection's), and
 // from the connection on a gateway that trusts no proxy.
 func TestRestrictedKeyHonoursTrustedProxies(t *testing.T) {
 	s := newStackWith(t, stackOptions{globalOptions: "servers {\n\t\ttrusted_proxies static 127.0.0.1/32\n\t}"})
@@ -937,6 +938,12 @@ func TestRestrictedKeyHonoursTrustedProxies(t *testing.T) {
 		{1, loopback, "127.0.0.0/8", "", true},
 		{2, ten, "10.0.0.0/8", "10.1.2.3", false},
 		{2, loopback, "127.0.0.0/8", "10.1.2.3", true},
+		// The rightmost entry that is not a trusted proxy, whatever the client put
+		// left of it.
+		{0, ten, "10.0.0.0/8", "10.1.2.3, 203.0.113.5", false},
+		{1, ten, "10.0.0.0/8", "203.0.113.5, 10.1.2.3", true},
+		{0, ten, "10.0.0.0/8", "203.0.113.5, [::ffff:10.1.2.3]:1234", true},
+		{1, ten, "10.0.0.0/8", "10.1.2.3, zz", false},
 	} {
 		what := fmt.Sprintf("a key of %s with X-Forwarded-For %q on gateway %d", tc.name, tc.forwardedFor, tc.gw)
 		got := send(tc.gw, tc.key, tc.forwardedFor)

@@ -50,6 +50,9 @@ type Key struct {
 	MonthlyQuota int64
 	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
 	AllowedCIDRs []netip.Prefix
+	// Scopes narrow what the key's role allows: a request needs its route's scope
+	// (docs/security.md, Scopes). nil: unscoped, everything the role allows.
+	Scopes []string
 }
 
 // AllowsAddr reports whether a request from addr may use k: k has no allowed

@@ -37,6 +37,16 @@
 #       BUDGETS_WAITERS (1,4,16,64) goroutines per process (internal/capacity, with
 #       capacity.sh's CAP_KEYS, CAP_ORGS, CAP_PROCS, CAP_WARMUP, CAP_DURATION);
 #       BENCH_ONLY=budgets runs it alone and replaces it in OUT
+#   (s) the cost of scopes: a key with scopes against one without, on one gateway site,
+#       the same way (pair_run below); (s2) the cost of a route table: a gateway with a
+#       table of 20 rules (costs above 1 among them, so every request is matched, the
+#       last rule the bench's route) against one with the built-in table;
+#       BENCH_ONLY=scopes runs both alone and replaces them in OUT
+#   (t) nothing to time: 2,000 interleaved pairs on loopback, one request at a time,
+#       of a refused restricted key (right secret, wrong address) and a revoked key,
+#       whose 401s are byte-identical: both medians and the share of pairs in which
+#       each was the slower (internal/timingpair); BENCH_TIMING=0 skips it,
+#       BENCH_ONLY=timing runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
 #       key lookups on PostgreSQL, through PgBouncer and with one standby, counts on one Redis and on a
@@ -61,7 +71,8 @@
 # (cL)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
 # MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE,
-# BENCH_BUDGETS and BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o) or (k)); BENCH_CAPACITY
+# BENCH_BUDGETS, BENCH_SCOPES and BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o), (s) and
+# (t), or (k)); BENCH_CAPACITY
 # and BENCH_ONLY above, the capacity section's own CAP_* in scripts/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
@@ -80,8 +91,8 @@ OUT=${OUT:-scripts/bench-results.txt}
 bench_start_load=$(cut -d' ' -f1-3 /proc/loadavg)
 need_tools wrk curl openssl
 case ${BENCH_ONLY:-} in
-"" | capacity | usage | budgets) ;;
-*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity, usage or budgets runs alone" >&2; exit 1 ;;
+"" | capacity | usage | budgets | scopes | timing) ;;
+*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity, usage, budgets, scopes or timing runs alone" >&2; exit 1 ;;
 esac
 [ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
@@ -540,6 +551,28 @@ bench_budgets() {
 			sed '/^$/d; s/^/    /')"
 	done
 }
+# bench_timing sets timing_report: (t), a key limited to 10.9.0.0/16 asked from
+# loopback (refused with the one 401 after its lookup) against a revoked key (the same
+# 401, its row filtered out by the lookup), TIMING_PAIRS (2000) interleaved pairs on
+# the (c) gateway, one request at a time over one connection.
+bench_timing() {
+	local restricted revoked revoked_id
+	restricted=$(curl -sf -b "$jar" -H 'Content-Type: application/json' \
+		-d '{"name":"restricted","role":"Admin","allowed_cidrs":["10.9.0.0/16"]}' "http://$gw/orgs/$org/api-keys" | json_field key)
+	revoked=$(create_key "$org" revoked Admin "$jar" "http://$gw")
+	revoked_id=${revoked#mon_live_}
+	revoked_id=${revoked_id%%.*}
+	curl -sf -b "$jar" -X DELETE -o /dev/null "http://$gw/orgs/$org/api-keys/$revoked_id"
+	[ -n "$restricted" ] && [ -n "$revoked" ] || { echo "could not create the timing keys" >&2; exit 1; }
+	[ -x "$stack/timingpair" ] || go build -o "$stack/timingpair" ./internal/timingpair/cmd/timingpair
+	echo "measuring (t) a refused restricted key against a revoked key…" >&2
+	timing_report=$'
+
+'"(t) nothing to time: GET /v1/me, a refused restricted key against a revoked key"
+	timing_report+=$'
+'"$("$stack/timingpair" -url "http://$gw/v1/me" -pairs "${TIMING_PAIRS:-2000}" \
+		-a "$restricted" -a-name "restricted key, wrong address" -b "$revoked" -b-name "revoked key")"
+}
 # only_run VAR PREFIX prints VAR's report and replaces the paragraph of OUT that starts
 # with PREFIX, up to its blank line, with it (or adds it at the end): BENCH_ONLY's ending.
 # The paragraph ends with when, at which commit and on how busy a machine it ran, since
@@ -570,8 +603,41 @@ only_run() {
 	rm -f "$OUT.block"
 	echo "(written to $OUT)"
 }
-usage_report="" budgets_report=""
+# bench_scopes sets scopes_report: (s), one gateway site and two keys of the bench's
+# organisation, one with two scopes and one without, each reading the bench's monitor:
+# what matching the route and checking the key's scopes cost; and (s2), the bench key on
+# two sites, one with a table of 20 route lines and one with the built-in table: what
+# matching every request against 20 rules costs. BENCH_SCOPES=0 skips them;
+# BENCH_ONLY=scopes runs them alone, right after the setup, and replaces them in OUT.
+bench_scopes() {
+	local site scoped_key rules="" i table_report
+	scoped_key=$(create_key "$org" scoped Admin "$jar" "http://$gw" '"scopes":["monitors:read","monitors:write"]')
+	[ -n "$scoped_key" ] || { echo "could not create the scoped key" >&2; exit 1; }
+	site="127.0.0.1:$(bench_port)"
+	{
+		printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n}\n'
+		metrics_site "$site"
+	} >"$stack/Caddyfile.pair"
+	pair_caddy "$site"
+	pair_run scopes_report "(s) scopes" "$PAIR_PID" \
+		"A: key with scopes" "http://$site/v1/monitors/$monitor" "$scoped_key" \
+		"B: key without" "http://$site/v1/monitors/$monitor" "$key" 0.97 2
+	for i in $(seq 0 18); do
+		rules+="route GET,POST /v1/service$i/* scope s:read cost $((1 + i % 3))"$'\n\t\t\t'
+	done
+	rules+="route GET,HEAD /v1/monitors/* scope monitors:read"
+	bench_pair table_report "(s2) route table" "A: gateway, 20 route lines" "$rules" \
+		"B: gateway, the built-in table" "" 0.97 2
+	# One paragraph with (s), which BENCH_ONLY=scopes replaces whole.
+	scopes_report+=$'\n'"${table_report#$'\n\n'}"
+}
+usage_report="" budgets_report="" scopes_report="" timing_report=""
 case ${BENCH_ONLY:-} in
+timing)
+	bench_timing
+	only_run timing_report "(t) nothing to time"
+	exit 0
+	;;
 usage)
 	bench_usage
 	only_run usage_report "(u) usage record"
@@ -580,6 +646,11 @@ usage)
 budgets)
 	bench_budgets
 	only_run budgets_report "(o) organisation budgets"
+	exit 0
+	;;
+scopes)
+	bench_scopes
+	only_run scopes_report "(s) scopes"
 	exit 0
 	;;
 esac
@@ -783,6 +854,8 @@ if [ "${BENCH_IDENTITY:-1}" = 1 ]; then
 fi
 if [ "${BENCH_USAGE:-1}" = 1 ]; then bench_usage; fi
 if [ "${BENCH_BUDGETS:-1}" = 1 ]; then bench_budgets; fi
+if [ "${BENCH_SCOPES:-1}" = 1 ]; then bench_scopes; fi
+if [ "${BENCH_TIMING:-1}" = 1 ]; then bench_timing; fi
 # ---- end of (m), (i), (u) and (o) -----------------------------------------------------
 
 # (e) The 50 MB list, on a Caddy of its own so that its peak RSS is the filter's alone.
@@ -905,7 +978,7 @@ targets:
   PostgreSQL hung, 503s/s   $(printf '%.0f' "$f_pg_503")   (>= 100: $(verdict "$f_pg_503 >= 100"))
 EOF
 )
-report+=$metrics_report$identity_report$usage_report$budgets_report
+report+=$metrics_report$identity_report$usage_report$budgets_report$scopes_report$timing_report
 echo "$report"
 echo "$report" >"$OUT"
 echo "(written to $OUT)"

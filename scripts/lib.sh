@@ -97,12 +97,13 @@ login() {
 		curl -sf -c "$3" -o /dev/null -H 'Content-Type: application/json' --data-binary @- "$4/auth/login"
 }
 
-# create_key ORG NAME ROLE JAR BASE creates a key through the dashboard route and prints
-# the full key.
+# create_key ORG NAME ROLE JAR BASE [MEMBERS] creates a key through the dashboard route
+# and prints the full key. MEMBERS are more JSON members of the request, such as
+# "scopes":["monitors:read"].
 create_key() {
 	local out
 	out=$(curl -sf -b "$4" -H 'Content-Type: application/json' \
-		-d "{\"name\":\"$2\",\"role\":\"$3\"}" "$5/orgs/$1/api-keys")
+		-d "{\"name\":\"$2\",\"role\":\"$3\"${6:+,$6}}" "$5/orgs/$1/api-keys")
 	json_field key <<<"$out"
 }
 

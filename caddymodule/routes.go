@@ -1,0 +1,212 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net/http"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// This file holds the route table: which scope a request needs and what it costs
+// (docs/configuration.md, Scopes and route costs). A request is matched once, before
+// the budgets count it with its rule's cost; a scoped key is decided on the same
+// match after the role (scopeAllows).
+
+// Route is one rule of the route table: the requests it matches, the scope a scoped
+// key needs for them, and what each weighs against every budget.
+type Route struct {
+	// Methods are the HTTP methods the rule matches, in upper case. "*" or none:
+	// every method.
+	Methods []string `json:"methods,omitempty"`
+	// Path is a path pattern, read as Caddy's path matcher reads one: case-insensitive,
+	// on the cleaned path, "*" at the end a prefix match, at the start a suffix match,
+	// elsewhere a glob. Required.
+	Path string `json:"path"`
+	// Scope is the scope a scoped key needs for the rule's requests. Default: none
+	// (any key whose role allows the method)
+	Scope string `json:"scope,omitempty"`
+	// Cost is how many units each of the rule's requests counts against the key's
+	// minute, the organisation's minute and its month. Default: 1
+	Cost int `json:"cost,omitempty"`
+}
+
+// builtinRoutes is the table of /v1 when the config names no route
+// (docs/configuration.md, Scopes and route costs). GET /v1/me needs no scope whatever
+// the table says.
+var builtinRoutes = []Route{
+	{Methods: []string{"GET", "HEAD"}, Path: "/v1/monitors", Scope: "monitors:read"},
+	{Methods: []string{"GET", "HEAD"}, Path: "/v1/monitors/*", Scope: "monitors:read"},
+	{Methods: []string{"POST"}, Path: "/v1/monitors", Scope: "monitors:write"},
+	{Methods: []string{"PATCH"}, Path: "/v1/monitors/*", Scope: "monitors:write"},
+	{Methods: []string{"DELETE"}, Path: "/v1/monitors/*", Scope: "monitors:delete"},
+	{Methods: []string{"GET", "HEAD"}, Path: "/v1/me"},
+}
+
+// routeMethods are the methods a rule may name, each a bit of a route's method set.
+var routeMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace,
+}
+
+// scopeRE is what a scope looks like.
+var scopeRE = regexp.MustCompile(`^[a-z][a-z0-9_.:-]*$`)
+
+// checkRoute returns what is wrong with r, or nil.
+func checkRoute(r Route) error {
+	if strings.TrimSpace(r.Path) == "" {
+		return fmt.Errorf("route %v %q: the path pattern is empty", r.Methods, r.Path)
+	}
+	for _, m := range r.Methods {
+		if m != "*" && !slices.Contains(routeMethods, m) {
+			return fmt.Errorf("route %s %s: unknown method %q (one of %s, or *)", strings.Join(r.Methods, ","), r.Path, m, strings.Join(routeMethods, ", "))
+		}
+	}
+	if r.Scope != "" && !scopeRE.MatchString(r.Scope) {
+		return fmt.Errorf("route %s %s: scope %q must match %s", strings.Join(r.Methods, ","), r.Path, r.Scope, scopeRE)
+	}
+	if r.Cost < 0 {
+		return fmt.Errorf("route %s %s: cost %d must be at least 1", strings.Join(r.Methods, ","), r.Path, r.Cost)
+	}
+	return nil
+}
+
+// route is a Route as the request path uses it.
+type route struct {
+	methods uint16 // a bit per routeMethods index; all set for any method
+	pattern string // lower case
+	caddy   caddyhttp.MatchPath
+	scope   string
+	cost    int
+}
+
+// routeTable is the rules in order, and what lets most requests skip them.
+type routeTable struct {
+	rules []route
+	// weighed is whether some rule costs more than 1: without one, an unscoped key's
+	// request is counted as 1 without matching.
+	weighed bool
+}
+
+// newRouteTable builds the table of rules, which checkRoute has passed.
+func newRouteTable(rules []Route) *routeTable {
+	t := &routeTable{rules: make([]route, len(rules))}
+	for i, r := range rules {
+		rt := route{pattern: strings.ToLower(r.Path), scope: r.Scope, cost: max(r.Cost, 1)}
+		for _, m := range r.Methods {
+			if m == "*" {
+				rt.methods = ^uint16(0)
+				continue
+			}
+			rt.methods |= 1 << slices.Index(routeMethods, m)
+		}
+		if len(r.Methods) == 0 {
+			rt.methods = ^uint16(0)
+		}
+		if needsCaddy(r.Path) {
+			rt.caddy = caddyhttp.MatchPath{r.Path}
+			_ = rt.caddy.Provision(caddy.Context{}) // lower-cases; never fails
+		}
+		t.weighed = t.weighed || rt.cost > 1
+		t.rules[i] = rt
+	}
+	return t
+}
+
+// needsCaddy reports whether a pattern uses what only Caddy's matcher reads: a
+// placeholder, an escape sequence or a doubled slash. The others are matched here, as
+// Caddy does, on a path lower-cased and cleaned once for all of them.
+func needsCaddy(pattern string) bool {
+	return strings.ContainsAny(pattern, "{%") || strings.Contains(pattern, "//")
+}
+
+// match returns the first rule matching r, or nil.
+func (t *routeTable) match(r *http.Request) *route {
+	bit := uint16(1) << 15 // a method no rule names matches only rules of any method
+	if i := slices.Index(routeMethods, r.Method); i >= 0 {
+		bit = 1 << i
+	}
+	var cleaned string // r's path lower-cased and cleaned, once a rule needs it
+	for i := range t.rules {
+		rt := &t.rules[i]
+		if rt.methods&bit == 0 {
+			continue
+		}
+		if rt.caddy != nil {
+			if matchCaddy(rt.caddy, r) {
+				return rt
+			}
+			continue
+		}
+		if cleaned == "" {
+			cleaned = cleanPath(strings.ToLower(r.URL.Path))
+		}
+		if matchPattern(rt.pattern, cleaned) {
+			return rt
+		}
+	}
+	return nil
+}
+
+// matchCaddy runs Caddy's path matcher, which needs the request's replacer.
+func matchCaddy(m caddyhttp.MatchPath, r *http.Request) bool {
+	if _, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); !ok {
+		return false
+	}
+	return m.Match(r)
+}
+
+// cleanPath is path.Clean keeping a trailing slash, as Caddy's path matcher cleans.
+func cleanPath(p string) string {
+	c := path.Clean(p)
+	if c != "/" && strings.HasSuffix(p, "/") {
+		c += "/"
+	}
+	return c
+}
+
+// matchPattern matches a lower-case pattern without placeholders, escapes or doubled
+// slashes against a cleaned, lower-cased path, as Caddy's path matcher does.
+func matchPattern(pattern, p string) bool {
+	if pattern == "*" {
+		return true
+	}
+	switch n := strings.Count(pattern, "*"); {
+	case n == 2 && pattern[0] == '*' && pattern[len(pattern)-1] == '*':
+		return strings.Contains(p, pattern[1:len(pattern)-1])
+	case n == 1 && pattern[0] == '*':
+		return strings.HasSuffix(p, pattern[1:])
+	case n == 1 && pattern[len(pattern)-1] == '*':
+		return strings.HasPrefix(p, pattern[:len(pattern)-1])
+	}
+	ok, _ := path.Match(pattern, p)
+	return ok
+}
+
+// costOf is what a request of a key weighs: its rule's cost, or 1.
+func costOf(rt *route) int {
+	if rt == nil {
+		return 1
+	}
+	return rt.cost
+}
+
+// scopeAllows reports whether a key with scopes may make a request matching rt (nil:
+// no rule matched), and the scope it lacks. An unscoped key (nil scopes) is bounded by
+// its role alone. A scoped key needs the rule's scope; on a route no rule names, it is
+// refused: deny by default.
+func scopeAllows(scopes []string, rt *route) (ok bool, missing string) {
+	switch {
+	case scopes == nil:
+		return true, ""
+	case rt == nil:
+		return false, ""
+	case rt.scope == "" || slices.Contains(scopes, rt.scope):
+		return true, ""
+	}
+	return false, rt.scope
+}
