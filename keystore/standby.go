@@ -164,7 +164,9 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, b
 			s = r.pick(time.Now(), s)
 			continue
 		}
-		s.failures.Store(0)
+		if s.failures.Load() != 0 {
+			s.failures.Store(0) // only then: every core's lookups share the word
+		}
 		if replayed >= target {
 			s.caughtUp(sent)
 			if r.opts.OnLookup != nil {
