@@ -281,3 +281,36 @@ func TestReaderAnswersWithinTheTimeoutWhileAStandbyHangs(t *testing.T) {
 	proxy.Resume()
 	waitForAStandby(t, r, full)
 }
+
+// A gateway looks keys up on its standbys, with the primary answering what they
+// cannot. A key revoked on the primary before Verify is called is refused, whichever
+// server answers. (Compiled, not run: it needs a primary and a standby.)
+func ExampleNewReader() {
+	ctx := context.Background()
+	primary, err := pgxpool.New(ctx, "postgres://keygate@primary:5432/keygate")
+	if err != nil {
+		panic(err)
+	}
+	defer primary.Close()
+	standby, err := pgxpool.New(ctx, "postgres://keygate@standby1:5432/keygate")
+	if err != nil {
+		panic(err)
+	}
+	defer standby.Close()
+
+	format, _ := keystore.NewFormat("mon")
+	opts := keystore.BatcherOptions{Timeout: 2 * time.Second}
+	r := keystore.NewReader(keystore.NewBatcher(keystore.New(primary, format), opts), primary,
+		[]*pgxpool.Pool{standby}, keystore.ReaderOptions{Batcher: opts, MaxLag: time.Second})
+	defer r.Close()
+
+	key, ok, err := r.Verify(ctx, "mon_live_…")
+	switch {
+	case err != nil:
+		fmt.Println("503: the primary could not fence the lookup, or answer it")
+	case !ok:
+		fmt.Println("401")
+	default:
+		fmt.Println("key", key.ID, "of", key.OrgID)
+	}
+}
