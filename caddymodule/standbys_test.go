@@ -2,6 +2,8 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -11,6 +13,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/internal/testenv"
+	"github.com/keygate/keygate/keystore"
 )
 
 // TestStandbyOptionsParse: database_read_urls takes one or more URLs, once;
@@ -78,5 +83,56 @@ func TestStandbyOptionsDefaultsAndLimits(t *testing.T) {
 	}
 	if time.Duration(h.DatabaseReadMaxLag) != time.Second || h.DatabaseReadURLs != nil {
 		t.Errorf("defaults: database_read_max_lag %v, database_read_urls %v; want 1s and none", time.Duration(h.DatabaseReadMaxLag), h.DatabaseReadURLs)
+	}
+}
+
+// readerEntries returns the Readers pools holds, by key.
+func readerEntries() map[string]*keystore.Reader {
+	out := map[string]*keystore.Reader{}
+	pools.Range(func(key, v any) bool {
+		if e, ok := v.(readerEntry); ok {
+			out[key.(string)] = e.r
+		}
+		return true
+	})
+	return out
+}
+
+// TestStandbysSurviveAReload: a reload with the same database_read_urls keeps the
+// Reader, its standbys' pools and their health; a reload without them closes both.
+func TestStandbysSurviveAReload(t *testing.T) {
+	d, key, _ := newDBWithKey(t)
+	standby, err := url.Parse(testenv.GetenvOrSkip(t, "DATABASE_STANDBY_FAST_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary, _ := url.Parse(d.url)
+	standby.Path = primary.Path
+	standby.RawQuery = "application_name=" + randomName(t) // a pool of the test's own
+	up := newUpstream(t)
+	dbURL := d.ownURL(t)
+	reads := gatewayConfig{handler: gatewayOptions(dbURL, map[string]any{"database_read_urls": []string{standby.String()}}), upstream: up.addr()}
+	gw := startGateway(t, reads)
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/me: %d %s", res.StatusCode, body)
+	}
+	before := readerEntries()
+	if len(before) != 1 || sharedPool(standby.String()) == nil {
+		t.Fatalf("after the first load: readers %v, standby pool %v", before, sharedPool(standby.String()))
+	}
+	listen := strings.TrimPrefix(gw.base, "http://")
+	gw.reload(t, caddyConfig(listen, gw.logPath, reads))
+	if after := readerEntries(); !reflect.DeepEqual(after, before) {
+		t.Errorf("a reload with the same settings changed the Readers: %v, then %v", before, after)
+	}
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/me after the reload: %d %s", res.StatusCode, body)
+	}
+	gw.reload(t, caddyConfig(listen, gw.logPath, gatewayConfig{handler: gatewayOptions(dbURL, nil), upstream: up.addr()}))
+	if after := readerEntries(); len(after) != 0 || sharedPool(standby.String()) != nil {
+		t.Errorf("a reload without database_read_urls kept readers %v, standby pool %v", after, sharedPool(standby.String()))
+	}
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/me without standbys: %d %s", res.StatusCode, body)
 	}
 }
