@@ -54,8 +54,9 @@ type Key struct {
 	MonthlyQuota int64
 	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
 	AllowedCIDRs []netip.Prefix
-	// Scopes narrow what the key's role allows: a request needs its route's scope
-	// (docs/security.md, Scopes). nil: unscoped, everything the role allows.
+	// Scopes are the key's scopes, in the order of the package's Scopes; nil:
+	// everything its role allows. A scope never widens the role: a request needs its
+	// route's scope as well (docs/configuration.md, Scopes and route costs).
 	Scopes []string
 }
 
@@ -93,6 +94,9 @@ type Record struct {
 	// AllowedCIDRs are the networks the key may be used from, in canonical form; empty:
 	// anywhere.
 	AllowedCIDRs []netip.Prefix
+	// Scopes are the key's scopes, in the order of the package's Scopes; nil:
+	// everything its role allows.
+	Scopes []string
 }
 
 // NewKey is what a person supplies to create a key.
@@ -112,4 +116,7 @@ type NewKey struct {
 	// AllowedCIDRs is optional: the networks the key may be used from, at most
 	// MaxAllowedCIDRs, each as ParseCIDR returns it. Empty: anywhere.
 	AllowedCIDRs []netip.Prefix
+	// Scopes is optional: the key's scopes, as ParseScopes returns them. Nil:
+	// everything its role allows.
+	Scopes []string
 }

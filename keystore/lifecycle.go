@@ -72,7 +72,7 @@ VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), $7::text::jsonb)`, e.Org
 }
 
 // Roll replaces the live key keyID of orgID: it creates a key of the same name, role,
-// expiry, rate limit and allowed networks, and makes the old key expire after grace (0..MaxGrace), never later than
+// expiry, rate limit, allowed networks and scopes, and makes the old key expire after grace (0..MaxGrace), never later than
 // it already would, auditing key.rolled by actor, all in one transaction. It answers
 // ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
 // or expired key.
@@ -95,8 +95,8 @@ func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Durati
 
 	nk := NewKey{OrgID: orgID, CreatedBy: actor}
 	var role string
-	err = tx.QueryRow(ctx, `SELECT name, role, expires_at, rate_limit, allowed_cidrs FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
-		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt, &nk.RateLimit, &nk.AllowedCIDRs)
+	err = tx.QueryRow(ctx, `SELECT name, role, expires_at, rate_limit, allowed_cidrs, scopes FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
+		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt, &nk.RateLimit, &nk.AllowedCIDRs, &nk.Scopes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, "", ErrNotFound
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -31,18 +32,20 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 	return &Store{pool: pool, format: format}
 }
 
-// lookupSelect finds the live keys with their budgets and allowed networks. The key's
-// minute limit is the smaller of its own and its plan's; a plan without API access
-// keeps 0 whatever the key says. A key without networks sends NULL rather than an
-// empty array, which costs a batch's decoding more than the rest of its row. lookupOf completes its condition on the key id, then
-// lookupDigest its condition on the digest. The database's clock decides revocation
-// and expiry, on this very request.
+// lookupSelect finds the live keys with their budgets, allowed networks and scopes.
+// The key's minute limit is the smaller of its own and its plan's; a plan without API
+// access keeps 0 whatever the key says. A key without networks sends NULL rather than
+// an empty array, which costs a batch's decoding more than the rest of its row. The
+// scopes come as one text, NULL for none (splitScopes). lookupOf completes its
+// condition on the key id, then lookupDigest its condition on the digest. The
+// database's clock decides revocation and expiry, on this very request.
 const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
 CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit
 	WHEN p.api_rate_limit < 0 THEN k.rate_limit
 	ELSE least(k.rate_limit, p.api_rate_limit) END,
 p.org_rate_limit, p.api_requests_per_month,
-CASE WHEN cardinality(k.allowed_cidrs) > 0 THEN k.allowed_cidrs END
+CASE WHEN cardinality(k.allowed_cidrs) > 0 THEN k.allowed_cidrs END,
+array_to_string(k.scopes, ' ')
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
@@ -261,19 +264,34 @@ func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, LSN, 
 // scanLookup reads the rows of a lookup of ids key ids.
 func scanLookup(rows pgx.Rows, ids int) (map[string]row, error) {
 	out := make(map[string]row, ids)
-	var (
+	// d holds every column of a row: one allocation for all of them, where separate
+	// variables, each escaping through the scan's arguments, would be one each.
+	var d struct {
 		id, org, role   string
 		hash            []byte
 		limit, orgLimit int
 		quota           int64
 		cidrs           []netip.Prefix
-	)
-	_, err := pgx.ForEachRow(rows, []any{&id, &org, &role, &hash, &limit, &orgLimit, &quota, &cidrs}, func() error {
-		out[id] = row{orgID: org, role: Role(role), hash: hash, rateLimit: limit, orgRateLimit: orgLimit, monthlyQuota: quota, cidrs: cidrs}
-		cidrs = nil // the next row's scan makes its own
+		scopes          pgtype.Text
+	}
+	_, err := pgx.ForEachRow(rows, []any{&d.id, &d.org, &d.role, &d.hash, &d.limit, &d.orgLimit, &d.quota, &d.cidrs, &d.scopes}, func() error {
+		out[d.id] = row{orgID: d.org, role: Role(d.role), hash: d.hash, rateLimit: d.limit, orgRateLimit: d.orgLimit,
+			monthlyQuota: d.quota, cidrs: d.cidrs, scopes: splitScopes(d.scopes)}
+		d.cidrs = nil // the next row's scan makes its own
 		return nil
 	})
 	return out, err
+}
+
+// splitScopes returns the scopes of a lookup's row, which sends them separated by
+// spaces, and nil for NULL: a key without scopes. Scanning the list as text rather than
+// as an array spares every lookup the planning of an array scan, a few allocations, and
+// costs a key without scopes nothing. A scope never holds a space (ParseScopes).
+func splitScopes(t pgtype.Text) []string {
+	if !t.Valid {
+		return nil
+	}
+	return strings.Fields(t.String)
 }
 
 // row is what a lookup finds of a live key.
@@ -285,6 +303,7 @@ type row struct {
 	orgRateLimit int
 	monthlyQuota int64
 	cidrs        []netip.Prefix
+	scopes       []string
 }
 
 // check compares a presented secret's digest with what the lookup found, in constant
@@ -298,7 +317,7 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 		return Key{}, false
 	}
 	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit,
-		OrgRateLimit: r.orgRateLimit, MonthlyQuota: r.monthlyQuota, AllowedCIDRs: r.cidrs}, true
+		OrgRateLimit: r.orgRateLimit, MonthlyQuota: r.monthlyQuota, AllowedCIDRs: r.cidrs, Scopes: r.scopes}, true
 }
 
 // retryable reports whether a failed lookup should be tried once more. The lookup is a
@@ -316,6 +335,10 @@ func retryable(ctx context.Context, err error) bool {
 func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if !nk.Role.Valid() {
 		return Record{}, "", fmt.Errorf("invalid role %q", nk.Role)
+	}
+	var err error
+	if nk.Scopes, err = ParseScopes(nk.Scopes); err != nil {
+		return Record{}, "", err
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -354,12 +377,12 @@ func (s *Store) insertKey(ctx context.Context, tx pgx.Tx, nk NewKey) (Record, st
 		}
 		sum := HashSecret(secret)
 		r := Record{ID: keyID, OrgID: nk.OrgID, Name: nk.Name, Role: nk.Role}
-		err = tx.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at, rate_limit, allowed_cidrs)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		err = tx.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at, rate_limit, allowed_cidrs, scopes)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (key_id) DO NOTHING
-RETURNING created_at, expires_at, rate_limit, allowed_cidrs`,
-			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt, nk.RateLimit, nonNil(nk.AllowedCIDRs)).
-			Scan(&r.CreatedAt, &r.ExpiresAt, &r.RateLimit, &r.AllowedCIDRs)
+RETURNING created_at, expires_at, rate_limit, allowed_cidrs, scopes`,
+			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt, nk.RateLimit, nonNil(nk.AllowedCIDRs), nk.Scopes).
+			Scan(&r.CreatedAt, &r.ExpiresAt, &r.RateLimit, &r.AllowedCIDRs, &r.Scopes)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -387,14 +410,14 @@ FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 }
 
 // recordColumns are the columns of api_keys that make a Record, in scanRecord's order.
-const recordColumns = `key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at, rate_limit, allowed_cidrs`
+const recordColumns = `key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at, rate_limit, allowed_cidrs, scopes`
 
 // scanRecord scans a row of recordColumns.
 func scanRecord(row pgx.Row) (Record, error) {
 	var r Record
 	var role string
 	err := row.Scan(&r.ID, &r.OrgID, &r.Name, &role, &r.CreatedAt, &r.ExpiresAt, &r.RevokedAt, &r.LastUsedAt,
-		&r.RateLimit, &r.AllowedCIDRs)
+		&r.RateLimit, &r.AllowedCIDRs, &r.Scopes)
 	r.Role = Role(role)
 	return r, err
 }

@@ -26,7 +26,7 @@ const (
 const MaxAllowedCIDRs = 32
 
 // SettingError is a value of a key's setting that breaks its rule. Field is
-// FieldRateLimit or FieldAllowedCIDRs; Reason says what is wrong, in words fit for
+// FieldRateLimit, FieldAllowedCIDRs or FieldScopes; Reason says what is wrong, in words fit for
 // the person who sent it.
 type SettingError struct {
 	Field  string
@@ -176,6 +176,10 @@ type Update struct {
 	// SetAllowedCIDRs says that AllowedCIDRs is the key's new list; empty is anywhere.
 	SetAllowedCIDRs bool
 	AllowedCIDRs    []netip.Prefix
+	// SetScopes says that Scopes are the key's new scopes, as ParseScopes returns
+	// them; nil is everything its role allows.
+	SetScopes bool
+	Scopes    []string
 }
 
 // Changes is what a key.updated event changed: each setting that changed, before and
@@ -183,6 +187,7 @@ type Update struct {
 type Changes struct {
 	RateLimit    *RateLimitChange `json:"rate_limit,omitempty"`
 	AllowedCIDRs *CIDRsChange     `json:"allowed_cidrs,omitempty"`
+	Scopes       *ScopesChange    `json:"scopes,omitempty"`
 }
 
 // RateLimitChange is a key's own rate limit before and after; nil is the plan's.
@@ -197,6 +202,12 @@ type CIDRsChange struct {
 	To   []netip.Prefix `json:"to"`
 }
 
+// ScopesChange is a key's scopes before and after; nil is everything its role allows.
+type ScopesChange struct {
+	From []string `json:"from"`
+	To   []string `json:"to"`
+}
+
 // ErrNoChange is an Update that sets no setting.
 var ErrNoChange = errors.New("keystore: the update sets no setting")
 
@@ -207,8 +218,14 @@ var ErrNoChange = errors.New("keystore: the update sets no setting")
 // or expired key. The settings that change are audited as one key.updated by actor,
 // with what changed; an Update that changes nothing audits nothing.
 func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor string) (Record, error) {
-	if !u.SetRateLimit && !u.SetAllowedCIDRs {
+	if !u.SetRateLimit && !u.SetAllowedCIDRs && !u.SetScopes {
 		return Record{}, ErrNoChange
+	}
+	if u.SetScopes {
+		var err error
+		if u.Scopes, err = ParseScopes(u.Scopes); err != nil {
+			return Record{}, err
+		}
 	}
 	if u.SetAllowedCIDRs && u.AllowedCIDRs == nil {
 		u.AllowedCIDRs = []netip.Prefix{}
@@ -230,12 +247,13 @@ func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor
 	}
 
 	var (
-		live     bool
-		oldLimit *int
-		oldCIDRs []netip.Prefix
+		live      bool
+		oldLimit  *int
+		oldCIDRs  []netip.Prefix
+		oldScopes []string
 	)
-	err = tx.QueryRow(ctx, `SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()), rate_limit, allowed_cidrs
-FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(&live, &oldLimit, &oldCIDRs)
+	err = tx.QueryRow(ctx, `SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()), rate_limit, allowed_cidrs, scopes
+FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(&live, &oldLimit, &oldCIDRs, &oldScopes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, ErrNotFound
 	}
@@ -247,7 +265,7 @@ FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(
 	}
 
 	var ch Changes
-	newLimit, newCIDRs := oldLimit, oldCIDRs
+	newLimit, newCIDRs, newScopes := oldLimit, oldCIDRs, oldScopes
 	if u.SetRateLimit && !equalLimits(oldLimit, u.RateLimit) {
 		ch.RateLimit = &RateLimitChange{From: oldLimit, To: u.RateLimit}
 		newLimit = u.RateLimit
@@ -256,12 +274,16 @@ FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(
 		ch.AllowedCIDRs = &CIDRsChange{From: nonNil(oldCIDRs), To: u.AllowedCIDRs}
 		newCIDRs = u.AllowedCIDRs
 	}
+	if u.SetScopes && !equalScopes(oldScopes, u.Scopes) {
+		ch.Scopes = &ScopesChange{From: oldScopes, To: u.Scopes}
+		newScopes = u.Scopes
+	}
 	var rec Record
-	if ch.RateLimit == nil && ch.AllowedCIDRs == nil {
+	if ch.RateLimit == nil && ch.AllowedCIDRs == nil && ch.Scopes == nil {
 		rec, err = scanRecord(tx.QueryRow(ctx, `SELECT `+recordColumns+` FROM api_keys WHERE key_id = $1`, keyID))
 	} else {
-		rec, err = scanRecord(tx.QueryRow(ctx, `UPDATE api_keys SET rate_limit = $2, allowed_cidrs = $3
-WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs)))
+		rec, err = scanRecord(tx.QueryRow(ctx, `UPDATE api_keys SET rate_limit = $2, allowed_cidrs = $3, scopes = $4
+WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs), newScopes))
 		if err == nil {
 			err = audit(ctx, tx, Event{OrgID: orgID, Action: ActionUpdated, KeyID: keyID, Actor: actor, Changes: &ch})
 		}
@@ -277,6 +299,12 @@ WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs)))
 
 func equalLimits(a, b *int) bool {
 	return (a == nil && b == nil) || (a != nil && b != nil && *a == *b)
+}
+
+// equalScopes reports whether a and b are the same scopes: both nil (unscoped), or
+// both the same list. Lists are kept in the order of Scopes, so order is no matter.
+func equalScopes(a, b []string) bool {
+	return (a == nil) == (b == nil) && slices.Equal(a, b)
 }
 
 // nonNil returns list, or an empty list for nil: the JSON of a list is never null.

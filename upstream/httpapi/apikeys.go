@@ -29,6 +29,8 @@ type keySettingsJSON struct {
 	RateLimit *int `json:"rate_limit"`
 	// AllowedCIDRs is [] for anywhere, never null.
 	AllowedCIDRs []netip.Prefix `json:"allowed_cidrs"`
+	// Scopes is null for everything the role allows.
+	Scopes []string `json:"scopes"`
 }
 
 // createdKeyJSON is the answer to a key's creation or roll. It is the one answer with
@@ -49,7 +51,7 @@ func keySettings(rec keystore.Record) keySettingsJSON {
 	if cidrs == nil {
 		cidrs = []netip.Prefix{}
 	}
-	return keySettingsJSON{RateLimit: rec.RateLimit, AllowedCIDRs: cidrs}
+	return keySettingsJSON{RateLimit: rec.RateLimit, AllowedCIDRs: cidrs, Scopes: rec.Scopes}
 }
 
 // checkAPIAccess returns apperr.ErrAPIFeatureGated when the plan of p's organisation
@@ -98,7 +100,7 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p princ
 func (s *Server) createKey(ctx context.Context, p principal, in createKeyInput) (keystore.Record, string, error) {
 	rec, full, err := s.keys.Create(ctx, keystore.NewKey{
 		OrgID: p.orgID, CreatedBy: p.userID, Name: in.Name, Role: in.Role, ExpiresAt: in.ExpiresAt,
-		RateLimit: in.RateLimit, AllowedCIDRs: in.AllowedCIDRs,
+		RateLimit: in.RateLimit, AllowedCIDRs: in.AllowedCIDRs, Scopes: in.Scopes,
 	})
 	return rec, full, settingError(err)
 }
@@ -151,8 +153,8 @@ func (s *Server) keyJSON(rec keystore.Record) keyJSON {
 }
 
 // handleUpdateKey answers PATCH /orgs/{orgId}/api-keys/{id} with 200 and the key as
-// the list shows it. The body sets rate_limit, allowed_cidrs or both. A bad value is
-// 400, checked before the key; a key that is not the org's is 404, a revoked or
+// the list shows it. The body sets at least one of rate_limit, allowed_cidrs and
+// scopes. A bad value is 400, checked before the key; a key that is not the org's is 404, a revoked or
 // expired one 409.
 func (s *Server) handleUpdateKey(w http.ResponseWriter, r *http.Request, p principal) error {
 	body, err := readBody(w, r)
@@ -238,8 +240,8 @@ func (s *Server) handleRollKey(w http.ResponseWriter, r *http.Request, p princip
 }
 
 // rollKey rolls the key keyID of p's organisation, as p. The new key takes the old
-// one's name, role, expiry, rate limit and allowed networks. The old key expires after the grace, never later than
-// it would have. A key that is not the org's is apperr.ErrNotFound; a revoked or
+// one's name, role, expiry, rate limit, allowed networks and scopes. The old key
+// expires after the grace, never later than it would have. A key that is not the org's is apperr.ErrNotFound; a revoked or
 // expired one is errKeyNotLive.
 func (s *Server) rollKey(ctx context.Context, p principal, keyID string, in rollKeyInput) (keystore.Record, string, error) {
 	rec, full, err := s.keys.Roll(ctx, p.orgID, keyID, in.Grace, p.userID)

@@ -95,7 +95,7 @@ func TestCreateKeyValidatesItsBody(t *testing.T) {
 		{"expiry in the past", `{"name":"ci","role":"Admin","expires_at":"` + past + `"}`, "expires_at: must be in the future"},
 		{"expiry not RFC 3339", `{"name":"ci","role":"Admin","expires_at":"tomorrow"}`, "expires_at: must be an RFC 3339 timestamp"},
 		{"expiry a number", `{"name":"ci","role":"Admin","expires_at":1700000000}`, "expires_at: must be a string, not a number"},
-		{"unknown field", `{"name":"ci","role":"Admin","scopes":["x"]}`, "scopes: unknown field"},
+		{"unknown field", `{"name":"ci","role":"Admin","permissions":["x"]}`, "permissions: unknown field"},
 		{"repeated field", `{"name":"ci","role":"Admin","name":"cd"}`, "name: appears more than once"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -116,7 +116,7 @@ func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
 	upstreamtest.WantStatus(t, r, http.StatusCreated)
 	var created map[string]any
 	r.Decode(t, &created)
-	if got := upstreamtest.SortedKeys(created); got != "allowed_cidrs,created_at,expires_at,id,key,name,rate_limit,role" {
+	if got := upstreamtest.SortedKeys(created); got != "allowed_cidrs,created_at,expires_at,id,key,name,rate_limit,role,scopes" {
 		t.Fatalf("create answered fields %s", got)
 	}
 	id, full := created["id"].(string), created["key"].(string)
@@ -142,7 +142,7 @@ func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
 	secret := full[strings.IndexByte(full, '.')+1:]
 	r = owner.Do("GET", "/orgs/"+org+"/api-keys", "")
 	upstreamtest.Want(t, r, 200, `{"data":[{"id":"`+id+`","name":"ci","role":"Editor","created_at":`+upstreamtest.JSONBody(created["created_at"])+
-		`,"expires_at":"`+expires.Format(time.RFC3339)+`","revoked_at":null,"last_used_at":null,"masked_key":"mon_live_`+id+`.********","rate_limit":null,"allowed_cidrs":[]}]}`)
+		`,"expires_at":"`+expires.Format(time.RFC3339)+`","revoked_at":null,"last_used_at":null,"masked_key":"mon_live_`+id+`.********","rate_limit":null,"allowed_cidrs":[],"scopes":null}]}`)
 	if strings.Contains(r.Body, secret) {
 		t.Error("the list shows the secret")
 	}

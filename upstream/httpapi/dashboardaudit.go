@@ -93,7 +93,8 @@ func (s *Server) auditNames(ctx context.Context, orgID string, events []keystore
 }
 
 // changesWords says what a key.updated changed, each setting before and after:
-// "rate limit: plan's → 25 a minute; allowed networks: anywhere → 192.0.2.0/24".
+// "rate limit: plan's → 25 a minute; allowed networks: anywhere → 192.0.2.0/24;
+// scopes: all the role allows → monitors:read".
 func changesWords(c *keystore.Changes) string {
 	if c == nil {
 		return ""
@@ -105,6 +106,9 @@ func changesWords(c *keystore.Changes) string {
 	if nets := c.AllowedCIDRs; nets != nil {
 		parts = append(parts, "allowed networks: "+networksWords(nets.From)+" → "+networksWords(nets.To))
 	}
+	if sc := c.Scopes; sc != nil {
+		parts = append(parts, "scopes: "+scopesWords(sc.From)+" → "+scopesWords(sc.To))
+	}
 	return strings.Join(parts, "; ")
 }
 
@@ -113,6 +117,13 @@ func limitWords(n *int) string {
 		return "plan's"
 	}
 	return strconv.Itoa(*n) + " a minute"
+}
+
+func scopesWords(list []string) string {
+	if list == nil {
+		return "all the role allows"
+	}
+	return strings.Join(list, ", ")
 }
 
 func networksWords(list []netip.Prefix) string {

@@ -58,7 +58,7 @@ func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) erro
 		kv := s.keyView(rec, now)
 		kv.Requests = requests[rec.ID]
 		if e := data.Edit; e != nil && e.ID == rec.ID {
-			kv.LimitValue, kv.CIDRsText, kv.EditOpen = e.RateLimit, e.CIDRs, true
+			kv.LimitValue, kv.CIDRsText, kv.ScopesChecked, kv.EditOpen = e.RateLimit, e.CIDRs, e.Scopes, true
 		}
 		data.Keys = append(data.Keys, kv)
 	}
@@ -116,6 +116,7 @@ func (s *Server) keyView(rec keystore.Record, now time.Time) keyView {
 		kv.CIDRs = append(kv.CIDRs, p.String())
 	}
 	kv.LimitValue, kv.CIDRsText = kv.RateLimit, strings.Join(kv.CIDRs, "\n")
+	kv.Scopes, kv.ScopesChecked = rec.Scopes, rec.Scopes
 	return kv
 }
 
@@ -128,7 +129,7 @@ func (s *Server) pageCreateKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	data.Form = keyForm{Name: form.Get("name"), Role: form.Get("role"), Expires: form.Get("expires_at"),
-		RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs)}
+		RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs), Scopes: form[keystore.FieldScopes]}
 	rec, full, err := s.createKeyFromForm(r.Context(), p, form)
 	if err != nil {
 		return s.keysError(r.Context(), p, data, err)
@@ -188,7 +189,8 @@ func (s *Server) pageUpdateKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	if err := s.updateKeyFromForm(r.Context(), p, id, form); err != nil {
-		data.Edit = &keyEdit{ID: id, RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs)}
+		data.Edit = &keyEdit{ID: id, RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs),
+			Scopes: form[keystore.FieldScopes]}
 		return s.keysError(r.Context(), p, data, err)
 	}
 	seeOther(w, "/dashboard/orgs/"+p.orgID)

@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -24,8 +25,10 @@ var webFiles embed.FS
 
 // pages holds the dashboard's templates, one per page ("login", "orgs", "keys",
 // "revoke", "audit", "usage", "error"). Each page shares "head" and "foot". "foot"
-// names the version the upstream runs, through the function version.
-var pages = template.Must(template.New("").Funcs(template.FuncMap{"version": version.String}).ParseFS(webFiles, "web/*.html"))
+// names the version the upstream runs, through the function version. A page asks
+// "has" whether a list holds a value, to check a form's checkboxes.
+var pages = template.Must(template.New("").Funcs(template.FuncMap{"version": version.String, "has": slices.Contains[[]string, string]}).
+	ParseFS(webFiles, "web/*.html"))
 
 // staticFiles are the stylesheet, script and icon the pages load.
 var staticFiles = func() fs.FS {
@@ -52,6 +55,7 @@ type pageData struct {
 	NewKey     *newKeyView
 	Form       keyForm
 	Roles      []string
+	Scopes     []string // keys: the scopes a key may carry, keystore.Scopes
 	Events     []eventView
 	NextCursor string
 	Usage      *usageView
@@ -69,6 +73,7 @@ type planView struct {
 // keyEdit is a key's settings form as it was sent, shown again after an error.
 type keyEdit struct {
 	ID, RateLimit, CIDRs string
+	Scopes               []string
 }
 
 // keyView is a key's row: masked, times in words.
@@ -83,6 +88,10 @@ type keyView struct {
 	CIDRs      []string
 	LimitValue string
 	CIDRsText  string
+	// Scopes are the key's scopes, nil for everything its role allows; ScopesChecked
+	// are those its settings form checks.
+	Scopes        []string
+	ScopesChecked []string
 	// EditOpen opens the key's settings form: it was sent back with an error.
 	EditOpen bool
 }
@@ -97,6 +106,7 @@ type newKeyView struct {
 // keyForm is what the create form was sent with, shown again after an error.
 type keyForm struct {
 	Name, Role, Expires, RateLimit, CIDRs string
+	Scopes                                []string
 }
 
 // eventView is an audit event's row. Actor is the person's email, or what else acted.

@@ -17,7 +17,7 @@ import (
 // The inputs of a key's creation, roll and update. The API's JSON body and the
 // dashboard's form decode into the same types. The two decoders share the check of
 // each field. So a bad value gets the same message at both doors. The rules of a key's
-// own settings (rate_limit, allowed_cidrs) are package keystore's, said in its words
+// own settings (rate_limit, allowed_cidrs, scopes) are package keystore's, said in its words
 // (settingError); the rate limit is checked against the plan when the key is written.
 
 // createKeyInput is what a key's creation takes (createKey).
@@ -28,6 +28,8 @@ type createKeyInput struct {
 	RateLimit *int       // nil: the plan's
 	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
 	AllowedCIDRs []netip.Prefix
+	// Scopes are the key's scopes; nil: everything its role allows.
+	Scopes []string
 }
 
 // rollKeyInput is what a key's roll takes (rollKey).
@@ -68,6 +70,8 @@ func decodeCreateKey(body []byte, now time.Time) (createKeyInput, error) {
 			in.RateLimit, err = decodeKeyRateLimit(raw)
 		case keystore.FieldAllowedCIDRs:
 			in.AllowedCIDRs, err = decodeKeyCIDRs(raw)
+		case keystore.FieldScopes:
+			in.Scopes, err = decodeKeyScopes(raw)
 		default:
 			err = apperr.Invalid(name, "unknown field")
 		}
@@ -76,8 +80,9 @@ func decodeCreateKey(body []byte, now time.Time) (createKeyInput, error) {
 }
 
 // createKeyForm reads the dashboard's create form. Its fields are checked in the order
-// expires_at, name, role, rate_limit, allowed_cidrs. An empty expires_at means the key
-// never expires, an empty rate_limit the plan's limit, an empty allowed_cidrs anywhere.
+// expires_at, name, role, rate_limit, allowed_cidrs, scopes. An empty expires_at means
+// the key never expires, an empty rate_limit the plan's limit, an empty allowed_cidrs
+// anywhere, no scope checked everything the role allows.
 func createKeyForm(form url.Values, now time.Time) (createKeyInput, error) {
 	var in createKeyInput
 	if v := form.Get("expires_at"); v != "" {
@@ -102,6 +107,9 @@ func createKeyForm(form url.Values, now time.Time) (createKeyInput, error) {
 		return createKeyInput{}, err
 	}
 	if in.AllowedCIDRs, err = formCIDRs(form); err != nil {
+		return createKeyInput{}, err
+	}
+	if in.Scopes, err = formScopes(form); err != nil {
 		return createKeyInput{}, err
 	}
 	return in, nil
@@ -141,6 +149,43 @@ func decodeKeyCIDRs(raw json.RawMessage) ([]netip.Prefix, error) {
 	}
 	cidrs, err := keystore.ParseAllowedCIDRs(list)
 	return cidrs, settingError(err)
+}
+
+// decodeKeyScopes decodes a key's scopes: an array of strings (keystore.ParseScopes),
+// or null for everything the role allows.
+func decodeKeyScopes(raw json.RawMessage) ([]string, error) {
+	const name = keystore.FieldScopes
+	if string(raw) == "null" {
+		return nil, nil
+	}
+	if len(raw) == 0 || raw[0] != '[' {
+		return nil, apperr.Invalid(name, "must be an array of strings or null, not %s", kindOf(raw))
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, apperr.Invalid(name, "must be an array of strings or null")
+	}
+	list := make([]string, 0, len(elems))
+	for _, e := range elems {
+		s, err := decodeString(name, e)
+		if err != nil {
+			return nil, apperr.Invalid(name, "must be an array of strings or null")
+		}
+		list = append(list, s)
+	}
+	scopes, err := keystore.ParseScopes(list)
+	return scopes, settingError(err)
+}
+
+// formScopes reads a form's scopes: one checkbox a scope. None checked is everything
+// the role allows.
+func formScopes(form url.Values) ([]string, error) {
+	list := form[keystore.FieldScopes]
+	if len(list) == 0 {
+		return nil, nil
+	}
+	scopes, err := keystore.ParseScopes(list)
+	return scopes, settingError(err)
 }
 
 // formRateLimit reads a form's rate_limit: empty is the plan's limit.
@@ -186,12 +231,12 @@ func settingError(err error) error {
 	return err
 }
 
-// errNoSetting is an update that sets neither setting.
-var errNoSetting = apperr.Invalid("body", "must set rate_limit, allowed_cidrs or both")
+// errNoSetting is an update that sets no setting.
+var errNoSetting = apperr.Invalid("body", "must set at least one of rate_limit, allowed_cidrs and scopes")
 
-// decodeUpdateKey decodes an update body {"rate_limit"?,"allowed_cidrs"?}, which sets
-// at least one of them. A null rate_limit is the plan's; an empty allowed_cidrs is
-// anywhere.
+// decodeUpdateKey decodes an update body {"rate_limit"?,"allowed_cidrs"?,"scopes"?},
+// which sets at least one of them. A null rate_limit is the plan's; an empty
+// allowed_cidrs is anywhere; null scopes are everything the role allows.
 func decodeUpdateKey(body []byte) (keystore.Update, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return keystore.Update{}, errNoSetting
@@ -205,26 +250,33 @@ func decodeUpdateKey(body []byte) (keystore.Update, error) {
 		case keystore.FieldAllowedCIDRs:
 			u.SetAllowedCIDRs = true
 			u.AllowedCIDRs, err = decodeKeyCIDRs(raw)
+		case keystore.FieldScopes:
+			u.SetScopes = true
+			u.Scopes, err = decodeKeyScopes(raw)
 		default:
 			err = apperr.Invalid(name, "unknown field")
 		}
 		return err
 	})
-	if err == nil && !u.SetRateLimit && !u.SetAllowedCIDRs {
+	if err == nil && !u.SetRateLimit && !u.SetAllowedCIDRs && !u.SetScopes {
 		err = errNoSetting
 	}
 	return u, err
 }
 
-// updateKeyForm reads a key's settings form, which sets both: an empty rate_limit is
-// the plan's, an empty allowed_cidrs anywhere.
+// updateKeyForm reads a key's settings form, which sets all three: an empty rate_limit
+// is the plan's, an empty allowed_cidrs anywhere, no scope checked everything the role
+// allows.
 func updateKeyForm(form url.Values) (keystore.Update, error) {
-	u := keystore.Update{SetRateLimit: true, SetAllowedCIDRs: true}
+	u := keystore.Update{SetRateLimit: true, SetAllowedCIDRs: true, SetScopes: true}
 	var err error
 	if u.RateLimit, err = formRateLimit(form); err != nil {
 		return keystore.Update{}, err
 	}
 	if u.AllowedCIDRs, err = formCIDRs(form); err != nil {
+		return keystore.Update{}, err
+	}
+	if u.Scopes, err = formScopes(form); err != nil {
 		return keystore.Update{}, err
 	}
 	return u, nil
