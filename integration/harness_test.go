@@ -155,6 +155,8 @@ type Stack struct {
 	// --gateway-jwks against the JWKS of gateway 0, at jwksAddr.
 	identityKey string
 	jwksAddr    string
+	// upstreamArgs are more flags of the upstream's serve.
+	upstreamArgs []string
 }
 
 type gateway struct {
@@ -196,6 +198,8 @@ type stackOptions struct {
 	// gwOptions and globalOptions are the gateways' Stack.gwOptions and
 	// Stack.globalOptions (none).
 	gwOptions, globalOptions string
+	// upstreamArgs are more flags of `upstream serve` (none).
+	upstreamArgs []string
 }
 
 // newStackWith is newStack with options.
@@ -219,6 +223,7 @@ func newStackWith(t *testing.T, o stackOptions) *Stack {
 		secrets:    []string{gatewaySecret},
 	}
 	s.gwOptions, s.globalOptions = o.gwOptions, o.globalOptions
+	s.upstreamArgs = o.upstreamArgs
 	if o.databaseVia != nil {
 		s.dbURL = o.databaseVia(s.dbURL)
 	}
@@ -280,6 +285,7 @@ func (s *Stack) startUpstream() {
 	if s.jwksAddr != "" {
 		args = append(args, "--gateway-jwks", "http://"+s.jwksAddr+"/.well-known/jwks.json")
 	}
+	args = append(args, s.upstreamArgs...)
 	s.upstream = s.start("upstream", s.cliEnv, args...)
 	waitListening(s.t, s.upAddr, s.upstream)
 }

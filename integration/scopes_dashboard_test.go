@@ -182,3 +182,53 @@ func TestAKeysScopesThroughTheDashboardAPI(t *testing.T) {
 		t.Errorf("key.updated events, newest first:\n%s\nwant\n%s", strings.Join(updates, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestAKeysScopesApplyFromTheNextRequest changes a key's scopes through the dashboard
+// API between requests to the gateway: each change decides the very next request,
+// on both gateways, as the key's lookup reads the scopes with the key.
+func TestAKeysScopesApplyFromTheNextRequest(t *testing.T) {
+	s := newStack(t)
+	org, owner := s.newOwner("pro")
+	r := owner.do("POST", "/orgs/"+org.ID+"/api-keys", map[string]any{
+		"name": "ci", "role": "Editor", "scopes": []string{"monitors:read"},
+	}, nil)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	created := r.JSON(t)
+	id, key := created["id"].(string), created["key"].(string)
+	s.neverLog(key)
+	patch := func(scopes any) {
+		t.Helper()
+		if r := owner.do("PATCH", "/orgs/"+org.ID+"/api-keys/"+id, map[string]any{"scopes": scopes}, nil); r.Status != http.StatusOK {
+			t.Fatalf("PATCH scopes %v: %d %s", scopes, r.Status, r.Body)
+		}
+	}
+	const needsWrite = `{"error":"forbidden","reason":"scope","required_scope":"monitors:write"}`
+	for gw := range 2 {
+		a := s.api(key, gw)
+		if r := a.do("GET", "/v1/monitors", nil); r.Status != http.StatusOK {
+			t.Errorf("gateway %d: a read with monitors:read: %d %s", gw, r.Status, r.Body)
+		}
+		wantError(t, a.do("POST", "/v1/monitors", newMonitor("m")), http.StatusForbidden, needsWrite)
+	}
+
+	patch([]string{"monitors:read", "monitors:write"})
+	for gw := range 2 {
+		if r := s.api(key, gw).do("POST", "/v1/monitors", newMonitor("m")); r.Status != http.StatusCreated {
+			t.Errorf("gateway %d: a write after monitors:write was added: %d %s", gw, r.Status, r.Body)
+		}
+	}
+
+	patch([]string{"monitors:delete"})
+	for gw := range 2 {
+		wantError(t, s.api(key, gw).do("POST", "/v1/monitors", newMonitor("m")), http.StatusForbidden, needsWrite)
+	}
+
+	patch(nil)
+	for gw := range 2 {
+		if r := s.api(key, gw).do("POST", "/v1/monitors", newMonitor("m")); r.Status != http.StatusCreated {
+			t.Errorf("gateway %d: a write after the scopes were removed: %d %s", gw, r.Status, r.Body)
+		}
+	}
+}

@@ -39,7 +39,9 @@ type Event struct {
 	ID     int64
 	OrgID  string
 	Action string
-	KeyID  string
+	// KeyID is the key of a key.* action; WebhookID the endpoint of a webhook.* one.
+	KeyID     string
+	WebhookID string
 	// Actor is the acting user's id, or ActorLeakReport.
 	Actor string
 	// NewKeyID is the key a roll created (ActionRolled only).
@@ -72,10 +74,10 @@ VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), $7::text::jsonb)`, e.Org
 }
 
 // Roll replaces the live key keyID of orgID: it creates a key of the same name, role,
-// expiry, rate limit, allowed networks and scopes, and makes the old key expire after grace (0..MaxGrace), never later than
-// it already would, auditing key.rolled by actor, all in one transaction. It answers
-// ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
-// or expired key.
+// expiry, rate limit, allowed networks and scopes, and makes the old key expire after
+// grace (0..MaxGrace), never later than it already would, auditing key.rolled by
+// actor, all in one transaction. It answers ErrNotFound for a key id the organisation
+// does not have and ErrNotLive for a revoked or expired key.
 //
 // The old key's row is locked first, so concurrent rolls of one key run one after the
 // other: the second finds the key expired (grace 0) or rolls it again, which can only
@@ -254,7 +256,7 @@ RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
 // Events returns up to limit events of orgID's audit trail, newest first. When
 // before > 0, it returns those with an id below before.
 func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, key_id, actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
+	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, COALESCE(key_id, ''), COALESCE(webhook_id::text, ''), actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
 FROM audit_events
 WHERE org_id = $1 AND ($2 = 0 OR id < $2)
 ORDER BY id DESC LIMIT $3`, orgID, before, limit)
@@ -263,7 +265,7 @@ ORDER BY id DESC LIMIT $3`, orgID, before, limit)
 	}
 	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) {
 		var e Event
-		err := row.Scan(&e.ID, &e.OrgID, &e.Action, &e.KeyID, &e.Actor, &e.NewKeyID, &e.URL, &e.Changes, &e.At)
+		err := row.Scan(&e.ID, &e.OrgID, &e.Action, &e.KeyID, &e.WebhookID, &e.Actor, &e.NewKeyID, &e.URL, &e.Changes, &e.At)
 		return e, err
 	})
 	if err != nil {

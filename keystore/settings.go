@@ -26,8 +26,8 @@ const (
 const MaxAllowedCIDRs = 32
 
 // SettingError is a value of a key's setting that breaks its rule. Field is
-// FieldRateLimit, FieldAllowedCIDRs or FieldScopes; Reason says what is wrong, in words fit for
-// the person who sent it.
+// FieldRateLimit, FieldAllowedCIDRs or FieldScopes; Reason says what is wrong, in
+// words fit for the person who sent it.
 type SettingError struct {
 	Field  string
 	Reason string

@@ -19,6 +19,7 @@ import (
 	"github.com/keygate/keygate/schema"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/webhook"
 )
 
 // serveConfig is what serve runs with, parsed from its flags and environment.
@@ -32,6 +33,8 @@ type serveConfig struct {
 	purgeEvery time.Duration
 	// rollupEvery is the usage record's roll-up interval.
 	rollupEvery time.Duration
+	// webhookPoll is how often the webhook dispatcher looks for due deliveries.
+	webhookPoll time.Duration
 	migrate     bool
 }
 
@@ -47,7 +50,7 @@ func (c *cli) serve(name string, args []string) error {
 // parseServe parses serve's flags and environment into a serveConfig. It makes every
 // check that needs no database. So a bad command line fails at once, with exit code 2.
 func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--webhook-allow-http] [--webhook-allow-private] [--webhook-poll-interval DURATION] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
@@ -70,6 +73,9 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	fs.DurationVar(&throttle.Window, "login-window", store.DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
 	fs.IntVar(&throttle.PerEmail, "login-failures-per-email", store.DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
 	fs.IntVar(&throttle.PerClient, "login-failures-per-client", store.DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
+	fs.BoolVar(&cfg.api.Webhooks.AllowHTTP, "webhook-allow-http", false, "accept http:// webhook URLs as well as https:// ones (for tests)")
+	fs.BoolVar(&cfg.api.Webhooks.AllowPrivate, "webhook-allow-private", false, "accept webhook destinations on loopback, private, link-local and multicast addresses (for tests and private networks)")
+	fs.DurationVar(&cfg.webhookPoll, "webhook-poll-interval", webhook.DefaultPoll, "how often the webhook dispatcher looks for deliveries that are due")
 	fs.BoolVar(&cfg.migrate, "migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
 	fs.StringVar(&cfg.api.LeakReportToken, "leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
 	jwks := fs.String("gateway-jwks", c.getenv("GATEWAY_JWKS"), "the gateway's public keys, to verify the signed identity of /v1 requests (X-Gateway-Identity): a JWKS `URL` (http:// or https://, the gateway's /.well-known/jwks.json) or a PEM file (env GATEWAY_JWKS; default: none, GATEWAY_SECRET alone)")
@@ -114,6 +120,8 @@ func (cfg *serveConfig) checkBounds() error {
 		return usageErrorf("--purge-interval must be positive")
 	case cfg.rollupEvery <= 0:
 		return usageErrorf("--usage-rollup-interval must be positive")
+	case cfg.webhookPoll <= 0:
+		return usageErrorf("--webhook-poll-interval must be positive")
 	case throttle.Window <= 0:
 		return usageErrorf("--login-window must be positive")
 	case throttle.PerEmail <= 0 || throttle.PerClient <= 0:
@@ -185,6 +193,8 @@ func (c *cli) runServe(cfg serveConfig) error {
 	// Both stop before the pool closes: defers run last first.
 	defer c.background(func(ctx context.Context) { srv.RunPurge(ctx, cfg.purgeEvery) })()
 	defer c.background(func(ctx context.Context) { srv.RunUsageRollup(ctx, cfg.rollupEvery) })()
+	dispatcher := webhook.NewDispatcher(store.New(pool), keystore.New(pool, cfg.api.KeyFormat), cfg.api.Webhooks, logger, cfg.api.Metrics)
+	defer c.background(func(ctx context.Context) { dispatcher.Run(ctx, cfg.webhookPoll) })()
 	return c.listenAndServe(cfg, srv, logger)
 }
 

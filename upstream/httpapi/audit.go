@@ -9,17 +9,18 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
-// eventJSON is one audit event. new_key_id appears on key.rolled, url on key.leaked,
-// changes on key.updated.
+// eventJSON is one audit event. key_id appears on the key.* actions, webhook_id on the
+// webhook.* ones, new_key_id on key.rolled, url on key.leaked, changes on key.updated.
 type eventJSON struct {
-	ID       string            `json:"id"`
-	Action   string            `json:"action"`
-	KeyID    string            `json:"key_id"`
-	Actor    string            `json:"actor"`
-	NewKeyID string            `json:"new_key_id,omitempty"`
-	URL      string            `json:"url,omitempty"`
-	Changes  *keystore.Changes `json:"changes,omitempty"`
-	At       string            `json:"at"`
+	ID        string            `json:"id"`
+	Action    string            `json:"action"`
+	KeyID     string            `json:"key_id,omitempty"`
+	WebhookID string            `json:"webhook_id,omitempty"`
+	Actor     string            `json:"actor"`
+	NewKeyID  string            `json:"new_key_id,omitempty"`
+	URL       string            `json:"url,omitempty"`
+	Changes   *keystore.Changes `json:"changes,omitempty"`
+	At        string            `json:"at"`
 }
 
 // handleListAuditEvents answers GET /orgs/{orgId}/audit-events?limit=&cursor= with
@@ -60,14 +61,15 @@ func (s *Server) handleListAuditEvents(w http.ResponseWriter, r *http.Request, p
 // toEventJSON is e as both doors show it.
 func toEventJSON(e keystore.Event) eventJSON {
 	return eventJSON{
-		ID:       strconv.FormatInt(e.ID, 10),
-		Action:   e.Action,
-		KeyID:    e.KeyID,
-		Actor:    e.Actor,
-		NewKeyID: e.NewKeyID,
-		URL:      e.URL,
-		Changes:  e.Changes,
-		At:       timeJSON(e.At),
+		ID:        strconv.FormatInt(e.ID, 10),
+		Action:    e.Action,
+		KeyID:     e.KeyID,
+		WebhookID: e.WebhookID,
+		Actor:     e.Actor,
+		NewKeyID:  e.NewKeyID,
+		URL:       e.URL,
+		Changes:   e.Changes,
+		At:        timeJSON(e.At),
 	}
 }
 

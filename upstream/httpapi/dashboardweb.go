@@ -61,6 +61,7 @@ type pageData struct {
 	Usage      *usageView
 	Plan       *planView // keys: the plan's budgets
 	Edit       *keyEdit  // keys: a settings form sent back with an error
+	Webhooks   *webhookPage
 }
 
 // planView is what the keys page says of the plan's budgets.

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,6 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/webhook"
 )
 
 // routeNone is the route label of a request no route took. It is a 404, a 405, or a
@@ -26,6 +30,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	gates    *prometheus.CounterVec
+	webhooks *prometheus.CounterVec
 }
 
 // NewMetrics returns the upstream's metrics in a registry of their own, with the
@@ -46,9 +51,16 @@ func NewMetrics(pool *pgxpool.Pool) *Metrics {
 			Name: "keygate_upstream_gate_rejections_total",
 			Help: "Requests refused by a plan gate: monitors, min_interval_seconds, location, check_type or api.",
 		}, []string{"gate"}),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keygate_upstream_webhook_deliveries_total",
+			Help: "Webhook delivery attempts, by result: delivered, retrying (failed, tried again later) or failed (the last attempt failed).",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{webhook.ResultDelivered, webhook.ResultRetrying, webhook.ResultFailed} {
+		m.webhooks.WithLabelValues(r)
 	}
 	m.registry.MustRegister(
-		m.requests, m.duration, m.gates,
+		m.requests, m.duration, m.gates, m.webhooks, outboxCollector{store.New(pool)},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		poolCollector{pool},
@@ -86,6 +98,35 @@ func (m *Metrics) gateRejected(detail string) {
 	}
 	gate, _, _ := strings.Cut(detail, ":")
 	m.gates.WithLabelValues(gate).Inc()
+}
+
+// WebhookAttempt counts a webhook attempt by result (webhook.Observer).
+func (m *Metrics) WebhookAttempt(result string) {
+	if m == nil {
+		return
+	}
+	m.webhooks.WithLabelValues(result).Inc()
+}
+
+// outboxCollector exports the age of the oldest webhook delivery not yet made, read
+// from the database at every scrape, so every instance reports the one outbox alike.
+type outboxCollector struct{ store *store.Store }
+
+var outboxAge = prometheus.NewDesc("keygate_upstream_webhook_outbox_oldest_age_seconds",
+	"Age of the oldest pending webhook delivery of an enabled endpoint; 0 when there is none.", nil, nil)
+
+func (c outboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- outboxAge }
+
+func (c outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	age, err := c.store.OldestUndelivered(ctx, time.Now())
+	if err != nil {
+		// The series is absent while the database is: the scrape must still show the
+		// rest, the pool's statistics above all. /readyz says why.
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(outboxAge, prometheus.GaugeValue, age.Seconds())
 }
 
 // poolCollector exports pgxpool's statistics, read at every scrape.

@@ -34,6 +34,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/webhook"
 )
 
 // maxBodyBytes is the largest request body accepted; larger bodies answer 413.
@@ -78,6 +79,9 @@ type Config struct {
 	// (docs/security.md). They send it as a bearer token. It has at least
 	// MinLeakReportToken characters. Default: the route is absent.
 	LeakReportToken string
+	// Webhooks is what the operator allows of a webhook endpoint's URL
+	// (docs/webhooks.md). Default: https, public addresses only.
+	Webhooks webhook.Policy
 	// Now is the clock of the checks made in Go: a key's expiry and the login
 	// throttle's window. Default: time.Now.
 	Now func() time.Time
@@ -106,6 +110,7 @@ type Server struct {
 	leakTokenSum [sha256.Size]byte
 	leakReports  bool
 	metrics      *Metrics // may be nil
+	webhooks     webhook.Policy
 	handler      http.Handler
 }
 
@@ -138,6 +143,7 @@ func NewServer(cfg Config) (*Server, error) {
 		now:        cfg.Now,
 		passwords:  password.NewHasher(),
 		metrics:    cfg.Metrics,
+		webhooks:   cfg.Webhooks,
 		refusals: cfg.Logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, time.Minute, 1, 0)
 		})),
@@ -200,6 +206,15 @@ func (s *Server) routes() http.Handler {
 		{"POST /orgs/{orgId}/api-keys/{id}/roll", s.keyRoute(s.handleRollKey)},
 		{"GET /orgs/{orgId}/audit-events", s.keyRoute(s.handleListAuditEvents)},
 		{"GET /orgs/{orgId}/usage", s.memberRoute(anyRole, s.handleUsage)},
+		{"POST /orgs/{orgId}/webhooks", s.keyRoute(s.handleCreateWebhook)},
+		{"GET /orgs/{orgId}/webhooks", s.keyRoute(s.handleListWebhooks)},
+		{"GET /orgs/{orgId}/webhooks/{id}", s.keyRoute(s.handleGetWebhook)},
+		{"PATCH /orgs/{orgId}/webhooks/{id}", s.keyRoute(s.handleUpdateWebhook)},
+		{"DELETE /orgs/{orgId}/webhooks/{id}", s.keyRoute(s.handleDeleteWebhook)},
+		{"POST /orgs/{orgId}/webhooks/{id}/test", s.keyRoute(s.handleTestWebhook)},
+		{"POST /orgs/{orgId}/webhooks/{id}/rotate-secret", s.keyRoute(s.handleRotateWebhookSecret)},
+		{"GET /orgs/{orgId}/webhooks/{id}/deliveries", s.keyRoute(s.handleListDeliveries)},
+		{"POST /orgs/{orgId}/webhooks/{id}/deliveries/{deliveryId}/retry", s.keyRoute(s.handleRetryDelivery)},
 		{"GET /dashboard", s.page(s.pageHome)},
 		{"POST /dashboard/login", s.page(s.pageLogin)},
 		{"POST /dashboard/logout", s.page(s.pageLogout)},
@@ -211,6 +226,13 @@ func (s *Server) routes() http.Handler {
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/settings", s.page(s.pageUpdateKey)},
 		{"GET /dashboard/orgs/{orgId}/audit", s.page(s.pageAudit)},
 		{"GET /dashboard/orgs/{orgId}/usage", s.page(s.pageUsage)},
+		{"GET /dashboard/orgs/{orgId}/webhooks", s.page(s.pageWebhooks)},
+		{"POST /dashboard/orgs/{orgId}/webhooks", s.page(s.pageCreateWebhook)},
+		{"GET /dashboard/orgs/{orgId}/webhooks/{id}", s.page(s.pageWebhookDeliveries)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/test", s.page(s.pageTestWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/rotate", s.page(s.pageRotateWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/enabled", s.page(s.pageEnableWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/deliveries/{deliveryId}/retry", s.page(s.pageRetryDelivery)},
 		{"GET /dashboard/static/{file}", s.page(s.pageStatic)},
 	} {
 		mux.HandleFunc(rt.pattern, rt.handler)

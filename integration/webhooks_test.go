@@ -1,0 +1,159 @@
+package integration
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/keygate/keygate/upstream/webhook"
+)
+
+// hook is one request a webhook receiver got.
+type hook struct {
+	id, timestamp, signature string
+	body                     []byte
+}
+
+// TestWebhooksInABrowser adds an endpoint in the dashboard, sends a test event from
+// the page and sees its delivery there; the receiver, a loopback server, verifies the
+// signature with the secret the page showed once. The JSON API then shows the same
+// delivery, checked against the OpenAPI document.
+func TestWebhooksInABrowser(t *testing.T) {
+	s := newStackWith(t, stackOptions{upstreamArgs: []string{"--webhook-allow-http", "--webhook-allow-private"}})
+	base := s.URL(0)
+	o := s.newOrg("pro")
+
+	var mu sync.Mutex
+	var got []hook
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, hook{r.Header.Get("webhook-id"), r.Header.Get("webhook-timestamp"), r.Header.Get("webhook-signature"), body})
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer rc.Close()
+
+	owner := newTab(t, browser(t), base)
+	owner.logIn(o.Email, o.Password)
+	// logIn returns at the first h1, maybe still the login page's: the keys page must
+	// have loaded before another navigation, or that one aborts the login's.
+	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
+	owner.do("the webhooks page",
+		chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/webhooks"),
+		chromedp.WaitVisible(tid("webhook-url")))
+	owner.do("add an endpoint",
+		chromedp.SendKeys(tid("webhook-url"), rc.URL+"/hook"),
+		chromedp.SendKeys(tid("webhook-description"), "ops receiver"),
+		clickThrough(tid("webhook-submit"), tid("webhook-secret")))
+	secret := get(owner, "read the secret", chromedp.Text(tid("webhook-secret")))
+	s.neverLog(secret)
+	owner.screenshot("webhooks")
+	owner.do("send a test event", clickThrough(tid("webhook-test"), tid("delivery-row")))
+
+	// The dispatcher polls every second: the page shows the delivery once made.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		state := get(owner, "read the delivery's state", chromedp.Text(tid("delivery-state")))
+		if state == "delivered" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the delivery is %q after 30 s", state)
+		}
+		time.Sleep(500 * time.Millisecond)
+		owner.do("refresh", clickThrough(tid("deliveries-refresh"), tid("delivery-row")))
+	}
+	eventID := get(owner, "the event id", chromedp.AttributeValue(tid("delivery-row"), "data-event-id")).Value
+	owner.screenshot("webhook-deliveries")
+
+	mu.Lock()
+	hooks := append([]hook(nil), got...)
+	mu.Unlock()
+	if len(hooks) != 1 || hooks[0].id != eventID {
+		t.Fatalf("the receiver got %d requests (%+v), want one of %s", len(hooks), hooks, eventID)
+	}
+	ts, err := strconv.ParseInt(hooks[0].timestamp, 10, 64)
+	if err != nil || !webhook.Verify(secret, hooks[0].signature, hooks[0].id, ts, hooks[0].body) {
+		t.Errorf("the signature %q does not verify with the page's secret", hooks[0].signature)
+	}
+
+	api := s.loginOwner(o)
+	r := api.do("GET", "/orgs/"+o.ID+"/webhooks", nil, nil)
+	list := r.JSON(t)["data"].([]any)
+	if r.Status != 200 || len(list) != 1 {
+		t.Fatalf("GET webhooks: %d %s", r.Status, r.Body)
+	}
+	id := list[0].(map[string]any)["id"].(string)
+	r = api.do("GET", "/orgs/"+o.ID+"/webhooks/"+id+"/deliveries", nil, nil)
+	deliveries := r.JSON(t)["data"].([]any)
+	if r.Status != 200 || len(deliveries) != 1 || deliveries[0].(map[string]any)["state"] != "delivered" {
+		t.Fatalf("GET deliveries: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestAnUpstreamKilledMidDeliveryLosesNothing kills the upstream (SIGKILL) while a
+// receiver holds its attempt, starts it again, and sees the event delivered with the
+// same webhook-id once the dead process's lease has ended.
+func TestAnUpstreamKilledMidDeliveryLosesNothing(t *testing.T) {
+	s := newStackWith(t, stackOptions{upstreamArgs: []string{"--webhook-allow-http", "--webhook-allow-private"}})
+	o, owner := s.newOwner("pro")
+	arrived, release := make(chan string, 4), make(chan struct{})
+	var mu sync.Mutex
+	var ids []string
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		ids = append(ids, r.Header.Get("webhook-id"))
+		first := len(ids) == 1
+		mu.Unlock()
+		arrived <- r.Header.Get("webhook-id")
+		if first {
+			<-release // held until the upstream that sent it is dead
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer rc.Close()
+	defer close(release)
+
+	r := owner.do("POST", "/orgs/"+o.ID+"/webhooks", map[string]any{"url": rc.URL}, nil)
+	if r.Status != 201 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	webhookID := r.JSON(t)["id"].(string)
+	r = owner.do("POST", "/orgs/"+o.ID+"/webhooks/"+webhookID+"/test", nil, nil)
+	if r.Status != 202 {
+		t.Fatalf("test: %d %s", r.Status, r.Body)
+	}
+	eventID := r.JSON(t)["event_id"].(string)
+	select {
+	case id := <-arrived:
+		if id != eventID {
+			t.Fatalf("first attempt of %s, want %s", id, eventID)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no attempt within 30 s")
+	}
+	s.upstream.cmd.Process.Kill()
+	<-s.upstream.done
+	s.startUpstream()
+	// The killed process's claim lasts 30 s; then the new one takes it.
+	select {
+	case id := <-arrived:
+		if id != eventID {
+			t.Fatalf("second attempt of %s, want %s", id, eventID)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("the event was not attempted again within 90 s of the restart")
+	}
+	eventually(t, 30*time.Second, "the delivery recorded as delivered", func() bool {
+		r := owner.do("GET", "/orgs/"+o.ID+"/webhooks/"+webhookID+"/deliveries", nil, nil)
+		data, _ := r.JSON(t)["data"].([]any)
+		return r.Status == 200 && len(data) == 1 && data[0].(map[string]any)["state"] == "delivered"
+	})
+}

@@ -1,0 +1,275 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/store"
+)
+
+// Timeout is how long a receiver has to answer an attempt with a 2xx.
+const Timeout = 10 * time.Second
+
+// Schedule is the wait after each failed attempt before the next: after the first,
+// 5 seconds; after the seventh, 10 hours. An eighth failure fails the delivery,
+// about 27.6 hours after the event (docs/webhooks.md).
+var Schedule = []time.Duration{
+	5 * time.Second, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour,
+}
+
+// MaxAttempts is how many attempts a delivery gets from the schedule.
+var MaxAttempts = len(Schedule) + 1
+
+// DisableAfter is how long an endpoint may fail every attempt before it is disabled.
+const DisableAfter = 72 * time.Hour
+
+// DefaultPoll is how often serve's dispatcher looks for deliveries that are due.
+const DefaultPoll = time.Second
+
+// lease is how long a claim is held: longer than an attempt can take.
+const lease = Timeout + 20*time.Second
+
+// The results of an attempt, as Observer counts them.
+const (
+	ResultDelivered = "delivered"
+	ResultRetrying  = "retrying"
+	ResultFailed    = "failed"
+)
+
+// Observer counts attempts by result. httpapi.Metrics is one.
+type Observer interface {
+	WebhookAttempt(result string)
+}
+
+// Dispatcher delivers the outbox's events. Several dispatchers, in one process or
+// many, share one database: each delivery is claimed by one of them at a time
+// (store.ClaimDeliveries). Build it with NewDispatcher.
+type Dispatcher struct {
+	store    *store.Store
+	keys     *keystore.Store // the usage record, for the quota thresholds
+	logger   *zap.Logger
+	observer Observer // may be nil
+	client   *http.Client
+	// Now is the clock of the schedule, the leases and the notices; a seam for tests.
+	Now func() time.Time
+	// Batch is the most deliveries claimed and attempted at once.
+	Batch int
+}
+
+// NewDispatcher returns a Dispatcher on st whose connections follow policy. keys reads
+// the usage record for the quota thresholds; observer may be nil.
+func NewDispatcher(st *store.Store, keys *keystore.Store, policy Policy, logger *zap.Logger, observer Observer) *Dispatcher {
+	dialer := &net.Dialer{Timeout: Timeout}
+	if !policy.AllowPrivate {
+		dialer.Control = control
+	}
+	transport := &http.Transport{
+		Proxy:                 nil, // a proxy would connect where control cannot see
+		DialContext:           dialer.DialContext,
+		TLSHandshakeTimeout:   Timeout,
+		ResponseHeaderTimeout: Timeout,
+		MaxIdleConnsPerHost:   2,
+		IdleConnTimeout:       90 * time.Second,
+	}
+	return &Dispatcher{
+		store: st, keys: keys, logger: logger, observer: observer, Now: time.Now, Batch: 20,
+		client: &http.Client{
+			Transport: transport,
+			// A redirect is the receiver's answer, not a new destination: it is not
+			// followed, and it is not a 2xx.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+	}
+}
+
+// NoticeEvery is how often Run looks for the notices that are due and purges (Notices):
+// they are days apart, and the look reads every key that expires within a week.
+const NoticeEvery = time.Minute
+
+// Run delivers until ctx ends: every poll it attempts what is due until nothing is,
+// and every NoticeEvery it first writes the notices that are due. Claims it holds
+// when ctx ends are given back.
+func (d *Dispatcher) Run(ctx context.Context, poll time.Duration) {
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	var noticed time.Time
+	for {
+		if now := time.Now(); now.Sub(noticed) >= NoticeEvery {
+			noticed = now
+			if err := d.Notices(ctx); err != nil && ctx.Err() == nil {
+				d.logger.Error("writing webhook notices", zap.Error(err))
+			}
+		}
+		for ctx.Err() == nil {
+			n, err := d.RunOnce(ctx)
+			if err != nil && ctx.Err() == nil {
+				d.logger.Error("delivering webhooks", zap.Error(err))
+			}
+			if n == 0 || err != nil {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Notices writes the events that fire once and are due now: the keys' expiry and the
+// organisations' quota thresholds. It also deletes the events past their retention
+// (store.PurgeWebhooks).
+func (d *Dispatcher) Notices(ctx context.Context) error {
+	now := d.Now()
+	if _, err := d.store.PurgeWebhooks(ctx, now); err != nil {
+		return err
+	}
+	if _, err := d.store.ExpiryNotices(ctx, now); err != nil {
+		return err
+	}
+	orgs, err := d.store.QuotaOrgs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, o := range orgs {
+		used, err := d.keys.MonthUsed(ctx, o.ID, now)
+		if err != nil {
+			return err
+		}
+		if _, err := d.store.QuotaNotices(ctx, o, used, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RunOnce claims the deliveries due now, up to Batch, attempts them at once, and
+// records each outcome. It returns how many it claimed. When ctx ends, the attempts
+// in flight are given back, not counted.
+func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
+	claims, err := d.store.ClaimDeliveries(ctx, d.Now(), lease, d.Batch)
+	if err != nil || len(claims) == 0 {
+		return 0, err
+	}
+	var wg sync.WaitGroup
+	for _, c := range claims {
+		wg.Go(func() { d.deliver(ctx, c) })
+	}
+	wg.Wait()
+	return len(claims), nil
+}
+
+// deliver makes c's attempt and records it.
+func (d *Dispatcher) deliver(ctx context.Context, c store.Claim) {
+	o := d.attempt(ctx, c)
+	if ctx.Err() != nil {
+		// Stopping: the attempt was cut short by us, not by the receiver.
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := d.store.ReleaseClaim(bg, c, d.Now()); err != nil {
+			d.logger.Warn("giving back a webhook delivery", zap.Int64("delivery_id", c.DeliveryID), zap.Error(err))
+		}
+		return
+	}
+	result := ResultDelivered
+	if !o.Delivered {
+		if c.Attempts+1 < MaxAttempts {
+			o.RetryAt = o.At.Add(Schedule[c.Attempts])
+			result = ResultRetrying
+		} else {
+			result = ResultFailed
+		}
+	}
+	o.DisableAfter = DisableAfter
+	disabled, err := d.store.RecordAttempt(ctx, c, o)
+	if err != nil {
+		d.logger.Error("recording a webhook attempt", zap.Int64("delivery_id", c.DeliveryID), zap.Error(err))
+		return
+	}
+	if d.observer != nil {
+		d.observer.WebhookAttempt(result)
+	}
+	if disabled {
+		d.logger.Warn("webhook endpoint disabled: every attempt failed for 3 days",
+			zap.String("org_id", c.OrgID), zap.String("webhook_id", c.EndpointID))
+	}
+}
+
+// attempt POSTs c's body to its URL, signed, and returns what came of it.
+func (d *Dispatcher) attempt(ctx context.Context, c store.Claim) store.Outcome {
+	at := d.Now()
+	o := store.Outcome{Attempt: store.Attempt{At: at}}
+	sig, err := Sign(c.Secrets, c.EventID, at.Unix(), c.Body)
+	if err != nil {
+		o.Error = "the endpoint's secret is malformed"
+		return o
+	}
+	ctx, cancel := context.WithTimeout(ctx, Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL, nil)
+	if err != nil {
+		o.Error = "the endpoint's URL is malformed"
+		return o
+	}
+	req.Body = io.NopCloser(bytes.NewReader(c.Body))
+	req.ContentLength = int64(len(c.Body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(c.Body)), nil }
+	req.Header = http.Header{
+		"Content-Type":      {"application/json"},
+		"User-Agent":        {"keygate-webhooks/1"},
+		"Webhook-Id":        {c.EventID},
+		"Webhook-Timestamp": {strconv.FormatInt(at.Unix(), 10)},
+		"Webhook-Signature": {sig},
+	}
+	start := time.Now()
+	res, err := d.client.Do(req)
+	if err != nil {
+		o.Duration = time.Since(start)
+		o.Error = describe(err)
+		return o
+	}
+	// The body is read, up to a bound, so that the connection can be reused; it is
+	// not kept.
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	res.Body.Close()
+	o.Duration = time.Since(start)
+	o.StatusCode = res.StatusCode
+	o.Delivered = res.StatusCode >= 200 && res.StatusCode < 300
+	return o
+}
+
+// describe says why an attempt got no answer, in words safe to show the org.
+func describe(err error) string {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, ErrRefusedAddress):
+		return "refused: the destination address is not public"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		return "timeout: no answer within 10s"
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return "the host name does not resolve"
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return "connection failed"
+	}
+	var certErr *tls.CertificateVerificationError
+	if errors.As(err, &certErr) {
+		return "the TLS certificate is not trusted"
+	}
+	return "the request failed"
+}
