@@ -13,10 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/version"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/internal/version"
 )
 
 // run runs the command line with args and stdin against the environment env.

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/keygate/keygate/internal/version"
 	"github.com/keygate/keygate/schema"
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/internal/version"
 )
 
 // The commands of the command line (docs/configuration.md). Each operator command

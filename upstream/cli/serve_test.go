@@ -11,11 +11,11 @@ import (
 	"testing"
 
 	"github.com/keygate/keygate/internal/testkit/testenv"
+	"github.com/keygate/keygate/internal/version"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/internal/version"
 )
 
 func TestParseTrustedProxies(t *testing.T) {

@@ -12,9 +12,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/internal/version"
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/internal/version"
 )
 
 // The dashboard's web files: its templates, the data they show, and its stylesheet,

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/upstream/store"
 	"github.com/keygate/keygate/internal/version"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // readyTimeout bounds the database check of /readyz. A probe never hangs on a database

@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/testkit/promtest"
+	"github.com/keygate/keygate/internal/version"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
-	"github.com/keygate/keygate/internal/version"
 )
 
 func TestMetricsCountRequestsByRouteAndGateRejectionsByGate(t *testing.T) {
