@@ -103,8 +103,8 @@ func (s *Server) pageUsage(w http.ResponseWriter, r *http.Request) error {
 }
 
 // monthUse returns the use of orgID's monthly quota in the current UTC month, as the
-// usage record has it (keystore's MonthUsed: the requests that passed every budget),
-// or nil when its plan has no quota.
+// usage record has it (keystore's MonthUsed: the units of the requests that passed
+// every budget), or nil when its plan has no quota.
 func (s *Server) monthUse(ctx context.Context, orgID string) (*monthView, error) {
 	b, err := s.store.PlanBudgets(ctx, orgID)
 	if err != nil || b.APIRequestsPerMonth <= 0 {
