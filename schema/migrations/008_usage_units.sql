@@ -8,6 +8,10 @@
 -- exactly right: every request they count costs 1. Their roll-up marks count rolled
 -- and leaves extra_rolled, and this release's next roll-up adds the extra it finds
 -- unrolled (docs/operations.md, Usage).
+--
+-- It locks usage_minutes while it checks and indexes the rows there (at most 49 hours
+-- of them): the gateways' flushes wait meanwhile, off the request path, and a flush
+-- that times out is sent again.
 
 ALTER TABLE usage_minutes
 	ADD COLUMN extra        bigint NOT NULL DEFAULT 0 CHECK (extra >= 0),
