@@ -38,7 +38,7 @@ func TestOneSlowRoundOfLookupsDoesNotOpenTheBreaker(t *testing.T) {
 
 // TestAHungPostgresUnderLoadOpensTheBreakerWithinATimeoutAndAHalf: requests arrive
 // every 10 ms when PostgreSQL hangs. The first fail after database_timeout (1s); the
-// breaker opens four spacings (0.4s) later, and from then on 503s come at once.
+// breaker opens a spacing (0.2s) later, and from then on 503s come at once.
 func TestAHungPostgresUnderLoadOpensTheBreakerWithinATimeoutAndAHalf(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))

@@ -37,15 +37,15 @@ const (
 	CallIgnored                     // neither: the client went away first
 )
 
-// Breaker is a circuit breaker for one dependency of one gateway instance. After
-// threshold failures in a row it opens. Failures less than Spacing apart count as
-// one. A batch or pipeline round that times out fails all its calls within a tenth
-// of the timeout, since a round goes out at most that long after its first call
-// joined (keystore.Batcher, limiter). So one slow round counts as one failure, or
-// two, however many calls it carried, and never opens the breaker by itself. A
-// dependency that hangs under load fails calls all the time, and opens it
-// (threshold-1) spacings after the first timeout (docs/operations.md, Circuit
-// breakers). Calls then fail at once with ErrBreakerOpen,
+// Breaker is a circuit breaker for one dependency of one gateway instance. It opens
+// after threshold failures in a row that span at least Spacing: more than one
+// moment. A batch or pipeline round that times out fails all its calls within a
+// tenth of the timeout, since a round goes out at most that long after its first call
+// joined (keystore.Batcher, limiter), and Spacing is twice that (BreakerSpacing). So
+// one slow round, however many calls it carried, never opens the breaker by itself. A dependency that hangs fails the next
+// round too: under steady load a spacing after the first timeout, under a client's
+// lock-step load (each waits for its answer, then asks again) one timeout after it
+// (docs/operations.md, Circuit breakers). Calls then fail at once with ErrBreakerOpen,
 // instead of each waiting out a timeout on a dependency that hangs. After cooldown it
 // starts one probe in the background, and only one at a time. Calls go on failing
 // at once meanwhile. An answer closes the breaker; a failure opens it for another
@@ -63,7 +63,7 @@ const (
 type Breaker struct {
 	threshold int
 	cooldown  time.Duration
-	Spacing   time.Duration // failures closer together count as one; 0: each counts
+	Spacing   time.Duration // the least span of a run of failures that opens it; 0: any
 	now       func() time.Time
 	onChange  func(from, to BreakerState) // called with mu held: must not call back
 	// probe asks the dependency whether it answers again, on a budget of its own, and
@@ -74,13 +74,15 @@ type Breaker struct {
 	mu       sync.Mutex
 	state    BreakerState // guarded by mu
 	failures int          // consecutive failures while closed; guarded by mu
-	failedAt time.Time    // when the last failure counted in failures came; guarded by mu
+	failedAt time.Time    // when the first of those failures came; guarded by mu
 	openedAt time.Time    // guarded by mu
 }
 
 // BreakerSpacing is the spacing of a breaker whose calls time out after timeout: a
-// tenth of it, the longest a round waits for more calls before it goes out.
-func BreakerSpacing(timeout time.Duration) time.Duration { return timeout / 10 }
+// fifth of it. A round waits at most a tenth of it for more calls before it goes out,
+// so its calls' deadlines, each its own, lie within a tenth of each other; twice that
+// leaves room for timers that fire late on a busy machine.
+func BreakerSpacing(timeout time.Duration) time.Duration { return timeout / 5 }
 
 // NewBreaker returns a closed breaker with the default threshold and cooldown, and no
 // Spacing. probe is as the Breaker's field of that name. onChange, when not nil, hears
@@ -134,12 +136,13 @@ func (b *Breaker) Done(o CallResult) {
 		b.failures = 0
 	case o == CallFailed:
 		now := b.now()
-		if b.failures > 0 && now.Sub(b.failedAt) < b.Spacing {
-			return // the same round's failure, most likely: no new evidence
+		if b.failures == 0 {
+			b.failedAt = now
 		}
-		b.failedAt = now
 		b.failures++
-		if b.failures >= b.threshold {
+		// Failures all within a spacing of the first are one round's, most likely:
+		// not yet evidence that the dependency hangs.
+		if b.failures >= b.threshold && now.Sub(b.failedAt) >= b.Spacing {
 			b.openedAt = now
 			b.set(BreakerOpen)
 		}
