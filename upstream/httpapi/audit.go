@@ -27,35 +27,50 @@ type eventJSON struct {
 // 200 {"data":[event…],"next_cursor":string or null}, newest first. An empty limit or
 // cursor counts as absent.
 func (s *Server) handleListAuditEvents(w http.ResponseWriter, r *http.Request, p principal) error {
-	q := r.URL.Query()
-	limit, err := pageLimit(q.Get("limit"))
+	limit, before, err := cursorQuery(r)
 	if err != nil {
 		return err
-	}
-	var before int64
-	if v := q.Get("cursor"); v != "" {
-		if before, err = decodeEventCursor(v); err != nil {
-			return err
-		}
 	}
 	events, err := s.keys.Events(r.Context(), p.orgID, before, limit+1)
 	if err != nil {
 		return err
 	}
+	writeCursorPage(w, events, limit, func(e keystore.Event) int64 { return e.ID }, toEventJSON)
+	return nil
+}
+
+// cursorQuery reads a cursor-paged list's limit and cursor: the page size, and the id
+// the page starts below (0: the newest first).
+func cursorQuery(r *http.Request) (limit int, before int64, err error) {
+	q := r.URL.Query()
+	if limit, err = pageLimit(q.Get("limit")); err != nil {
+		return 0, 0, err
+	}
+	if v := q.Get("cursor"); v != "" {
+		if before, err = decodeEventCursor(v); err != nil {
+			return 0, 0, err
+		}
+	}
+	return limit, before, nil
+}
+
+// writeCursorPage answers 200 {"data":[…],"next_cursor":string or null} with items,
+// read one past limit: the first limit of them through toJSON, and the cursor of the
+// last of those when there were more.
+func writeCursorPage[T, J any](w http.ResponseWriter, items []T, limit int, id func(T) int64, toJSON func(T) J) {
 	page := struct {
-		Data       []eventJSON `json:"data"`
-		NextCursor *string     `json:"next_cursor"`
-	}{Data: make([]eventJSON, 0, min(len(events), limit))}
-	if len(events) > limit {
-		events = events[:limit]
-		c := encodeEventCursor(events[limit-1].ID)
+		Data       []J     `json:"data"`
+		NextCursor *string `json:"next_cursor"`
+	}{Data: make([]J, 0, min(len(items), limit))}
+	if len(items) > limit {
+		items = items[:limit]
+		c := encodeEventCursor(id(items[limit-1]))
 		page.NextCursor = &c
 	}
-	for _, e := range events {
-		page.Data = append(page.Data, toEventJSON(e))
+	for _, it := range items {
+		page.Data = append(page.Data, toJSON(it))
 	}
 	writeJSON(w, http.StatusOK, page)
-	return nil
 }
 
 // toEventJSON is e as both doors show it.

@@ -208,34 +208,15 @@ func toDeliveryJSON(d store.Delivery) deliveryJSON {
 // handleListDeliveries answers GET /orgs/{orgId}/webhooks/{id}/deliveries?limit=&cursor=
 // with 200 {"data":[delivery…],"next_cursor":string or null}, newest first.
 func (s *Server) handleListDeliveries(w http.ResponseWriter, r *http.Request, p principal) error {
-	q := r.URL.Query()
-	limit, err := pageLimit(q.Get("limit"))
+	limit, before, err := cursorQuery(r)
 	if err != nil {
 		return err
-	}
-	var before int64
-	if v := q.Get("cursor"); v != "" {
-		if before, err = decodeEventCursor(v); err != nil {
-			return err
-		}
 	}
 	list, err := s.store.Deliveries(r.Context(), p.orgID, r.PathValue("id"), before, limit+1)
 	if err != nil {
 		return err
 	}
-	page := struct {
-		Data       []deliveryJSON `json:"data"`
-		NextCursor *string        `json:"next_cursor"`
-	}{Data: make([]deliveryJSON, 0, min(len(list), limit))}
-	if len(list) > limit {
-		list = list[:limit]
-		c := encodeEventCursor(list[limit-1].ID)
-		page.NextCursor = &c
-	}
-	for _, d := range list {
-		page.Data = append(page.Data, toDeliveryJSON(d))
-	}
-	writeJSON(w, http.StatusOK, page)
+	writeCursorPage(w, list, limit, func(d store.Delivery) int64 { return d.ID }, toDeliveryJSON)
 	return nil
 }
 
