@@ -32,6 +32,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	v1_gateway [<matcher>] {
 //	    database_url     <url>
+//	    database_read_urls <url...>
+//	    database_read_max_lag <duration>
 //	    redis_url        <url>
 //	    redis_mode       single|cluster|sentinel
 //	    redis_tls_ca     <pem file>
@@ -65,8 +67,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // {env.GATEWAY_SECRET}. strip_fields takes one or more names and may be repeated; the
 // names of all its lines together replace the default list. route may be repeated:
 // its lines, in order, replace the whole built-in route table; methods are
-// comma-separated (GET,HEAD) or *. Every other option takes exactly one argument and
-// may appear once.
+// comma-separated (GET,HEAD) or *. database_read_urls takes one or more URLs and may
+// appear once. Every other option takes exactly one argument and may appear once.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	if d.NextArg() {
@@ -79,6 +81,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch opt := d.Val(); opt {
 		case "database_url":
 			h.DatabaseURL, err = oneArg(d, h.DatabaseURL != "")
+		case "database_read_urls":
+			if h.DatabaseReadURLs != nil {
+				return d.Errf("database_read_urls already specified")
+			}
+			if h.DatabaseReadURLs = d.RemainingArgs(); len(h.DatabaseReadURLs) == 0 {
+				return d.ArgErr()
+			}
+		case "database_read_max_lag":
+			err = durationArg(d, &h.DatabaseReadMaxLag)
 		case "redis_url":
 			if h.RedisURL, err = oneArg(d, h.RedisURL != ""); err == nil {
 				err = checkRedisMode(d, h.RedisMode, h.RedisURL)

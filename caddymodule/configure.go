@@ -19,6 +19,7 @@ import (
 // Defaults of the options.
 const (
 	defaultDatabaseTimeout = 2 * time.Second
+	defaultReadMaxLag      = time.Second
 	defaultRedisTimeout    = 200 * time.Millisecond
 	defaultLookupLanes     = 1
 	defaultDialTimeout     = 5 * time.Second
@@ -55,6 +56,10 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	repl := caddy.NewReplacer()
 	h.databaseURL = repl.ReplaceKnown(h.DatabaseURL, "")
 	h.redisURL = repl.ReplaceKnown(h.RedisURL, "")
+	h.readURLs = nil
+	for _, u := range h.DatabaseReadURLs {
+		h.readURLs = append(h.readURLs, repl.ReplaceKnown(u, ""))
+	}
 	h.secret = repl.ReplaceKnown(h.GatewaySecret, "")
 	identityKey := repl.ReplaceKnown(h.IdentityKey, "")
 
@@ -99,6 +104,9 @@ func (h *Handler) applyDefaults() {
 	}
 	if h.DatabaseTimeout == 0 {
 		h.DatabaseTimeout = caddy.Duration(defaultDatabaseTimeout)
+	}
+	if h.DatabaseReadMaxLag == 0 {
+		h.DatabaseReadMaxLag = caddy.Duration(defaultReadMaxLag)
 	}
 	if h.RedisTimeout == 0 {
 		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)

@@ -162,12 +162,13 @@ func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Resu
 
 // provisionLookups takes the shared PostgreSQL pool and builds the lookups on it:
 // batched (keystore.Batcher), or one query per request with disable_lookup_batching
-// (storeWithin). It returns the pool, for what else writes to the database.
-func (h *Handler) provisionLookups() (*pgxpool.Pool, error) {
+// (storeWithin); with database_read_urls, on the standbys first (standbys.go). It
+// returns the pool and its pools key, for what else writes to the database.
+func (h *Handler) provisionLookups() (*pgxpool.Pool, string, error) {
 	pgSetup := conns.Setup{DialTimeout: time.Duration(h.DatabaseDialTimeout), MinConns: h.DatabaseMinConns}
 	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	h.poolKeys = append(h.poolKeys, key)
 	store := keystore.New(pool, h.format)
@@ -184,13 +185,19 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, error) {
 		if h.metrics != nil {
 			opts.OnBatch = h.metrics.observeBatch
 		}
-		v = keystore.NewBatcher(store, opts)
+		b := keystore.NewBatcher(store, opts)
+		v = b
+		if len(h.readURLs) > 0 {
+			if v, err = h.provisionReads(b, pool, key, opts); err != nil {
+				return nil, "", err
+			}
+		}
 	}
 	probe := conns.PostgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
 	pb := conns.NewBreaker(probe, h.breakerChanged("postgres"))
 	pb.Spacing = conns.BreakerSpacing(time.Duration(h.DatabaseTimeout))
 	h.lookups = newLookups(v, pb, h.metrics)
-	return pool, nil
+	return pool, key, nil
 }
 
 // provisionCounts takes the shared Redis client and builds the counts on it, or on

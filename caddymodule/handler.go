@@ -62,6 +62,22 @@ type Handler struct {
 	// survives config reloads. Required.
 	DatabaseURL string `json:"database_url,omitempty"`
 
+	// DatabaseReadURLs are the URLs of hot standbys of database_url's PostgreSQL,
+	// streaming from it. Key lookups spread over those that are up and within
+	// database_read_max_lag. Each is fenced on the primary's WAL position, so a key
+	// revoked before a request arrives is refused on that request whatever a
+	// standby's lag (docs/operations.md, Standbys). With none up, the primary answers.
+	// Each has a pool of its own, sized and prepared like database_url's, that
+	// survives config reloads. Placeholders are replaced at load.
+	// Default: none (every lookup on database_url)
+	DatabaseReadURLs []string `json:"database_read_urls,omitempty"`
+
+	// DatabaseReadMaxLag leaves out of the lookups a standby of database_read_urls
+	// that has not replayed what the primary had written this long ago, until it
+	// catches up. A standby within it still answers only lookups it has caught up
+	// with. Default: 1s
+	DatabaseReadMaxLag caddy.Duration `json:"database_read_max_lag,omitempty"`
+
 	// RedisURL is the redis:// or rediss:// URL of the Redis that counts requests per
 	// key. Every gateway instance using it shares its counts, so a key has one budget
 	// however many instances serve it. Placeholders are replaced at load. Without it,
@@ -244,7 +260,8 @@ type Handler struct {
 	MaxRequestBody int64 `json:"max_request_body,omitempty"`
 
 	// The runtime state, built by Provision.
-	databaseURL string // DatabaseURL with placeholders replaced
+	databaseURL string   // DatabaseURL with placeholders replaced
+	readURLs    []string // DatabaseReadURLs with placeholders replaced
 	redisURL    string
 	secret      string
 	signer      *gatewayauth.Signer // nil without identity_key
@@ -299,11 +316,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.metrics = m
 	}
 
-	pool, err := h.provisionLookups()
+	pool, poolKey, err := h.provisionLookups() // the primary's pool, which the usage record writes through
 	if err != nil {
 		return err
 	}
-	poolKey := h.poolKeys[len(h.poolKeys)-1] // the pool's, which the usage record writes through
 	if h.LastUsedInterval > 0 {
 		lu, key := h.loadLastUsed(pool)
 		h.poolKeys = append(h.poolKeys, key)
@@ -330,6 +346,9 @@ func (h *Handler) Validate() error {
 	}
 	if strings.TrimSpace(h.databaseURL) == "" {
 		return fmt.Errorf("database_url %q is empty once its placeholders are replaced (is the environment variable set?)", h.DatabaseURL)
+	}
+	if err := h.validateReads(); err != nil {
+		return err
 	}
 	if h.RedisURL != "" && strings.TrimSpace(h.redisURL) == "" {
 		return fmt.Errorf("redis_url %q is empty once its placeholders are replaced (is the environment variable set?); remove redis_url to count in-process", h.RedisURL)

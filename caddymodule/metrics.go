@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -23,6 +24,8 @@ const (
 	metricRequests        = "keygate_requests_total"
 	metricLookupDuration  = "keygate_key_lookup_duration_seconds"
 	metricLookupBatchSize = "keygate_key_lookup_batch_size"
+	metricLookups         = "keygate_key_lookups_total"
+	metricFenceWait       = "keygate_key_lookup_fence_wait_seconds"
 	metricLimiterDuration = "keygate_limiter_duration_seconds"
 	metricLimiterErrors   = "keygate_limiter_errors_total"
 	metricDependencyUp    = "keygate_dependency_up"
@@ -46,6 +49,8 @@ type metrics struct {
 	requests        *prometheus.CounterVec
 	lookupDuration  prometheus.Histogram
 	batchSize       prometheus.Histogram
+	lookups         *prometheus.CounterVec // with database_read_urls
+	fenceWait       prometheus.Histogram   // with database_read_urls
 	limiterDuration prometheus.Histogram
 	limiterErrors   prometheus.Counter
 	dependencyUp    *prometheus.GaugeVec
@@ -57,6 +62,7 @@ type metrics struct {
 
 	// The children of the vectors, resolved once: the hot path does not hash labels.
 	byOutcome [keystore.NumOutcomes]prometheus.Counter
+	byServer  [2]prometheus.Counter // primary, standby
 	postgres  depGauge
 	redis     depGauge
 }
@@ -107,6 +113,10 @@ func newMetrics() *metrics {
 			"Time a request waited for its key lookup in PostgreSQL, batching included.", latencyBuckets),
 		batchSize: newHistogram(metricLookupBatchSize,
 			"Distinct key ids per batched key lookup query.", prometheus.ExponentialBuckets(1, 2, 10)), // 1 … 512
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricLookups,
+			Help: "Key lookups answered with database_read_urls, by server: primary or standby."}, []string{"server"}),
+		fenceWait: newHistogram(metricFenceWait,
+			"Time a key lookup on a standby waited for its reading of the primary's WAL position.", latencyBuckets),
 		limiterDuration: newHistogram(metricLimiterDuration,
 			"Time a request waited for its rate-limit count, pipelining included.", latencyBuckets),
 		limiterErrors: newCounter(metricLimiterErrors,
@@ -127,6 +137,7 @@ func newMetrics() *metrics {
 	for o := range keystore.NumOutcomes {
 		m.byOutcome[o] = m.requests.WithLabelValues(o.String())
 	}
+	m.byServer = [2]prometheus.Counter{m.lookups.WithLabelValues("primary"), m.lookups.WithLabelValues("standby")}
 	m.postgres = depGauge{vec: m.dependencyUp, name: "postgres"}
 	m.redis = depGauge{vec: m.dependencyUp, name: "redis"}
 	return m
@@ -143,7 +154,7 @@ func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.limiterDuration, m.limiterErrors, m.dependencyUp,
+	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.lookups, m.fenceWait, m.limiterDuration, m.limiterErrors, m.dependencyUp,
 		m.lastUsedDropped, m.lastUsedFlushErrors, m.usageDropped, m.usageFlushErrors}
 }
 
@@ -275,3 +286,15 @@ func (f *logFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 
 // observeBatch is the Batcher's OnBatch.
 func (m *metrics) observeBatch(size int) { m.batchSize.Observe(float64(size)) }
+
+// observeLookupServer is the Reader's OnLookup.
+func (m *metrics) observeLookupServer(standby bool) {
+	if standby {
+		m.byServer[1].Inc()
+	} else {
+		m.byServer[0].Inc()
+	}
+}
+
+// observeFenceWait is the Reader's OnFenceWait.
+func (m *metrics) observeFenceWait(d time.Duration) { m.fenceWait.Observe(d.Seconds()) }

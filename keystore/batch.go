@@ -26,8 +26,8 @@ import (
 type Batcher struct {
 	store   *Store
 	timeout time.Duration
-	onBatch func(size int)                          // BatcherOptions.OnBatch; may be nil
-	batches *gather.Gatherer[probe, map[string]row] // a presented key in, its batch's live keys out
+	onBatch func(size int)                 // BatcherOptions.OnBatch; may be nil
+	batches *gather.Gatherer[probe, found] // a presented key in, its batch's live keys out
 
 	queries, lookups atomic.Uint64 // for tests, through export_test.go
 }
@@ -73,19 +73,33 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 // VerifyParsed is Verify for a key that Format.Parse has already split; see
 // Store.VerifyParsed.
 func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
-	sum := HashSecret(secret)
 	// The deadline goes to the Gatherer, not into a context of its own: see
 	// gather.DoBy.
-	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), probe{keyID, sum})
+	k, ok, _, err := b.verifyBy(ctx, gather.Deadline(ctx, b.timeout), keyID, secret)
+	return k, ok, err
+}
+
+// verifyBy is VerifyParsed by deadline. It also returns the position a standby's
+// batch had replayed before its lookup (Store.lookup); 0 on the primary.
+func (b *Batcher) verifyBy(ctx context.Context, deadline time.Time, keyID, secret string) (Key, bool, LSN, error) {
+	sum := HashSecret(secret)
+	f, err := b.batches.DoBy(ctx, deadline, probe{keyID, sum})
 	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
-		return Key{}, false, fmt.Errorf("looking up key: %w", err)
+		return Key{}, false, 0, fmt.Errorf("looking up key: %w", err)
 	}
 	if err != nil {
-		return Key{}, false, err // the batch's, already saying what failed
+		return Key{}, false, 0, err // the batch's, already saying what failed
 	}
-	r, found := rows[keyID]
-	k, ok := check(keyID, sum, r, found)
-	return k, ok, nil
+	r, live := f.rows[keyID]
+	k, ok := check(keyID, sum, r, live)
+	return k, ok, f.replayed, nil
+}
+
+// found is what a batch's lookup found: the live keys by key id, and on a standby
+// the position it had replayed before the lookup.
+type found struct {
+	rows     map[string]row
+	replayed LSN
 }
 
 // query is the Batcher's gather.Flush: one lookup of the batch's distinct key ids and
@@ -99,7 +113,7 @@ func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, 
 // So it runs under a context with that deadline and RequestLookup's mark. It does not
 // take the request's cancellation: a client that goes away does not cut a lookup of a
 // few hundred microseconds short.
-func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, probes []probe) ([]map[string]row, error) {
+func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, probes []probe) ([]found, error) {
 	l := lookupOf(probes)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(l.ids))
@@ -112,13 +126,13 @@ func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, prob
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	rows, err := b.store.lookup(ctx, l)
+	rows, replayed, err := b.store.lookup(ctx, l)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]map[string]row, len(probes))
+	out := make([]found, len(probes))
 	for i := range out {
-		out[i] = rows
+		out[i] = found{rows, replayed}
 	}
 	return out, nil
 }

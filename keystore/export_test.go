@@ -31,6 +31,6 @@ func (s *Store) Lookup(ctx context.Context, ids []string, sums [][]byte) ([]stri
 	for i := range ids {
 		probes[i] = probe{ids[i], [32]byte(sums[i])}
 	}
-	rows, err := s.lookup(ctx, lookupOf(probes))
+	rows, _, err := s.lookup(ctx, lookupOf(probes))
 	return slices.Sorted(maps.Keys(rows)), err
 }

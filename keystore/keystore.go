@@ -5,6 +5,10 @@
 // A full key is <prefix>_live_<keyId>.<secret> (README.md, Keys). Only SHA-256 of the
 // secret is stored. The full key exists in memory once, when it is created.
 //
+// A Reader has hot standbys answer the lookups, fenced on the primary's WAL position
+// so that a revocation still applies on the next request (docs/operations.md,
+// Standbys).
+//
 // Verify keeps "rejected" apart from "broken". An unknown, revoked, expired or
 // mismatching key is (Key{}, false, nil). A database that cannot answer is
 // (Key{}, false, err). The first is a 401, the second a 503.

@@ -20,6 +20,9 @@ import (
 type Store struct {
 	pool   *pgxpool.Pool
 	format Format
+	// standby marks a Store over a hot standby: its lookups also read how far the
+	// standby has replayed (standby.go).
+	standby bool
 }
 
 // New returns a Store over pool for keys of the given format. The pool's default
@@ -194,6 +197,9 @@ func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
 		l := lookupOf(probes)
 		b.Queue(l.sql, l.args...)
 	}
+	// A standby's batches read its replay position first (Store.lookupReplayed). On
+	// the primary it is NULL, and preparing it costs nothing more.
+	b.Queue(replayedSQL)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("preparing the key lookups: %w", err)
 	}
@@ -219,7 +225,7 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 // and secret. A caller that parsed the key does not parse it again.
 func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	sum := HashSecret(secret)
-	rows, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum}}))
+	rows, _, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum}}))
 	if err != nil {
 		return Key{}, false, err
 	}
@@ -229,24 +235,35 @@ func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bo
 }
 
 // lookup runs l, once more if the first attempt fails (see retryable). It returns the
-// live keys it found, by key id: those whose digest it presented.
-func (s *Store) lookup(ctx context.Context, l lookup) (map[string]row, error) {
-	out, err := s.lookupOnce(ctx, l)
+// live keys it found, by key id: those whose digest it presented. On a standby's
+// Store it also returns the position the standby had replayed before the lookup's
+// snapshot was taken (replayedBefore); on the primary's, 0.
+func (s *Store) lookup(ctx context.Context, l lookup) (map[string]row, LSN, error) {
+	out, replayed, err := s.lookupOnce(ctx, l)
 	if retryable(ctx, err) {
-		out, err = s.lookupOnce(ctx, l)
+		out, replayed, err = s.lookupOnce(ctx, l)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("looking up keys: %w", err)
+		return nil, 0, fmt.Errorf("looking up keys: %w", err)
 	}
-	return out, nil
+	return out, replayed, nil
 }
 
-func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, error) {
+func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, LSN, error) {
+	if s.standby {
+		return s.lookupReplayed(ctx, l)
+	}
 	rows, err := s.pool.Query(ctx, l.sql, l.args...)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	out := make(map[string]row, l.ids)
+	out, err := scanLookup(rows, l.ids)
+	return out, 0, err
+}
+
+// scanLookup reads the rows of a lookup of ids key ids.
+func scanLookup(rows pgx.Rows, ids int) (map[string]row, error) {
+	out := make(map[string]row, ids)
 	// d holds every column of a row: one allocation for all of them, where separate
 	// variables, each escaping through the scan's arguments, would be one each.
 	var d struct {
@@ -257,7 +274,7 @@ func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, error
 		cidrs           []netip.Prefix
 		scopes          pgtype.Text
 	}
-	_, err = pgx.ForEachRow(rows, []any{&d.id, &d.org, &d.role, &d.hash, &d.limit, &d.orgLimit, &d.quota, &d.cidrs, &d.scopes}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&d.id, &d.org, &d.role, &d.hash, &d.limit, &d.orgLimit, &d.quota, &d.cidrs, &d.scopes}, func() error {
 		out[d.id] = row{orgID: d.org, role: Role(d.role), hash: d.hash, rateLimit: d.limit, orgRateLimit: d.orgLimit,
 			monthlyQuota: d.quota, cidrs: d.cidrs, scopes: splitScopes(d.scopes)}
 		d.cidrs = nil // the next row's scan makes its own

@@ -49,7 +49,7 @@
 #       BENCH_ONLY=timing runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
-#       key lookups on PostgreSQL and through PgBouncer, counts on one Redis and on a
+#       key lookups on PostgreSQL, through PgBouncer and with one standby, counts on one Redis and on a
 #       2-master Cluster, last_used_at writes, Caddy per request); BENCH_CAPACITY=0 skips
 #       it, BENCH_ONLY=capacity (`make bench-capacity`) runs it alone and replaces it in OUT
 #

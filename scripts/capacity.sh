@@ -7,6 +7,10 @@
 #        and W goroutines each (CAP_WAITERS) verifying random keys among CAP_KEYS
 #        (1,000,000) seeded keys, in a database of their own (keygate_capacity)
 #   (pb) the same through PgBouncer in transaction pooling (default_query_exec_mode=exec)
+#   (pr) the same through a keystore.Reader on one streaming standby of that PostgreSQL
+#        (scripts/stack.sh up-standbys), as with database_read_urls: the primary's CPU
+#        per lookup (the fence's readings and the lookups no standby answered) beside
+#        the standby's
 #   (s1) counts on one Redis: the same workers, each with a limiter.Redis with
 #        pipelining on a client of its own, counting random key ids
 #   (s2) the same on a 2-master Redis Cluster (scripts/stack.sh up-cluster2)
@@ -20,7 +24,8 @@
 #
 # Environment: CAP_KEYS (1000000), CAP_ORGS (10000), CAP_PROCS (4), CAP_WAITERS
 # (1,4,16,64,256), CAP_WARMUP (2s), CAP_DURATION (5s, each level's window), and
-# CAP_PGBOUNCER, CAP_CLUSTER, CAP_LASTUSED (1; 0 skips (pb), (s2) or (l)).
+# CAP_PGBOUNCER, CAP_STANDBY, CAP_CLUSTER, CAP_LASTUSED (1; 0 skips (pb), (pr), (s2)
+# or (l)). (pr) needs the stack's own PostgreSQL.
 
 # cap_header is the first line of the section; replace mode finds it in OUT by it.
 cap_header="capacity of each shared dependency"
@@ -89,6 +94,16 @@ capacity_main() {
 			"${common[@]}" -waiters 1,16,64 -orgs "${CAP_ORGS:-10000}" -probe-url "$cap_db" \
 			-database-url "$(with_param "$(with_database "$PGBOUNCER_DATABASE_URL" keygate_capacity)" default_query_exec_mode=exec)" \
 			-pgbouncer-pid "$(cat "$stack/pgbouncer/pgbouncer.pid")")")
+	fi
+	if [ "${CAP_STANDBY:-1}" = 1 ] && [ -f "$stack/pg.bindir" ]; then
+		echo "measuring (pr) key lookups with one standby…" >&2
+		[ -n "${DATABASE_STANDBY_FAST_URL:-}" ] || {
+			scripts/stack.sh up-standbys "$stack" >/dev/null
+			DATABASE_STANDBY_FAST_URL=$(. "$stack/env" && echo "$DATABASE_STANDBY_FAST_URL")
+		}
+		parts+=("$("$tool" lookups -label "(pr)" -title "key lookups with one standby (database_read_urls)" \
+			"${common[@]}" -waiters 1,16,64 -orgs "${CAP_ORGS:-10000}" -database-url "$cap_db" \
+			-standby-url "$(with_database "$DATABASE_STANDBY_FAST_URL" keygate_capacity)")")
 	fi
 	echo "measuring (s1) counts on one Redis…" >&2
 	parts+=("$("$tool" counts -label "(s1)" -title "counts on one Redis" "${common[@]}" -waiters "$waiters" \

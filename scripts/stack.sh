@@ -16,8 +16,15 @@
 #                                  and REDIS_SENTINEL_PRIMARY_PIDFILE
 #   scripts/stack.sh up-pgbouncer DIR opt-in, after up: PgBouncer in transaction pooling in
 #                                  front of the PostgreSQL; appends PGBOUNCER_DATABASE_URL
+#   scripts/stack.sh up-standbys DIR  opt-in, after up: two streaming standbys of the
+#                                  PostgreSQL (pg_basebackup -R), the second replaying 3 s
+#                                  late (recovery_min_apply_delay); appends DATABASE_READ_URLS
+#                                  (both, space-separated), DATABASE_STANDBY_FAST_URL and
+#                                  DATABASE_STANDBY_SLOW_URL
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
 #                                  stop or restart one server on the same port (fault tests)
+#   scripts/stack.sh stop-standby DIR N | start-standby DIR N
+#                                  the same for standby N (1 fast, 2 slow)
 #
 # It installs redis-server and PostgreSQL with apt-get when they are missing, and runs
 # PostgreSQL as the postgres user when invoked as root (PostgreSQL refuses to run as root).
@@ -330,6 +337,56 @@ up_pgbouncer() {
 	echo "export PGBOUNCER_DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
 }
 
+# start_standby N starts standby N of up-standbys on its port.
+start_standby() {
+	local n=$1
+	as_pg "$(cat "$dir/pg.bindir")/pg_ctl" -D "$dir/standby$n" -l "$dir/standby$n/log" -w -t 30 \
+		-o "-p $(cat "$dir/standby$n.port") -c listen_addresses=127.0.0.1 -k $dir/standby$n" start >/dev/null
+}
+
+# stop_standby N stops standby N, if it runs.
+stop_standby() {
+	local n=$1
+	[ -d "$dir/standby$n" ] || return 0
+	as_pg "$(cat "$dir/pg.bindir")/pg_ctl" -D "$dir/standby$n" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# up_standbys makes two standbys of the stack's PostgreSQL with pg_basebackup -R,
+# which writes standby.signal and primary_conninfo. PostgreSQL 15's defaults already
+# stream: wal_level replica, max_wal_senders 10, hot_standby on, and initdb --auth=trust
+# lets a loopback replication connection in. Standby 2 applies each commit
+# recovery_min_apply_delay late, so that a test can show the fence holding against a
+# standby that lags. The stack commits with synchronous_commit off, so a commit
+# reaches the standbys only once the WAL writer writes it: wal_writer_delay goes from
+# 200 ms to 10 ms, or every lookup after a write would wait that long for a standby.
+up_standbys() {
+	dir=$(cd "$dir" && pwd)
+	[ -f "$dir/pg.bindir" ] || die "up-standbys needs the stack's own PostgreSQL"
+	local bindir pgport n port urls=()
+	bindir=$(cat "$dir/pg.bindir")
+	pgport=$(cat "$dir/pg.port")
+	as_pg "$bindir/psql" -h 127.0.0.1 -p "$pgport" -U keygate -d postgres -qAt \
+		-c "ALTER SYSTEM SET wal_writer_delay = '10ms'" -c "SELECT pg_reload_conf()" >/dev/null
+	for n in 1 2; do
+		port=$(free_port)
+		echo "$port" >"$dir/standby$n.port"
+		as_pg "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pgport" -U keygate -D "$dir/standby$n" \
+			-R -X stream -c fast >"$dir/standby$n.log" 2>&1 ||
+			{ cat "$dir/standby$n.log" >&2; die "pg_basebackup of standby $n failed"; }
+		chmod 700 "$dir/standby$n"
+		if [ "$n" = 2 ]; then
+			echo "recovery_min_apply_delay = '3s'" | as_pg tee -a "$dir/standby$n/postgresql.conf" >/dev/null
+		fi
+		start_standby "$n"
+		urls+=("postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable")
+	done
+	cat >>"$dir/env" <<-EOF
+		export DATABASE_READ_URLS='${urls[0]} ${urls[1]}'
+		export DATABASE_STANDBY_FAST_URL='${urls[0]}'
+		export DATABASE_STANDBY_SLOW_URL='${urls[1]}'
+	EOF
+}
+
 # stop_extra stops every server up-cluster, up-cluster2, up-tls, up-sentinel and
 # up-pgbouncer started.
 stop_extra() {
@@ -346,6 +403,8 @@ down() {
 	[ -d "$dir" ] || return 0
 	stop_extra
 	stop_redis
+	stop_standby 1
+	stop_standby 2
 	stop_pg
 	rm -rf "$dir"
 }
@@ -358,6 +417,9 @@ up-cluster2) up_cluster2 ;;
 up-tls) up_tls ;;
 up-pgbouncer) up_pgbouncer ;;
 up-sentinel) up_sentinel ;;
+up-standbys) up_standbys ;;
+stop-standby) stop_standby "${3:?stop-standby DIR N}" ;;
+start-standby) start_standby "${3:?start-standby DIR N}" ;;
 stop-pg) stop_pg ;;
 start-pg) start_pg ;;
 stop-redis) stop_redis ;;

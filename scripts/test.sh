@@ -25,11 +25,13 @@ servers() {
 	scripts/stack.sh up-tls "$stack" >/dev/null
 	scripts/stack.sh up-pgbouncer "$stack" >/dev/null
 	scripts/stack.sh up-sentinel "$stack" >/dev/null
+	scripts/stack.sh up-standbys "$stack" >/dev/null
 }
-stage "throwaway servers: PostgreSQL, Redis, Cluster, TLS, PgBouncer, Sentinel" servers
+stage "throwaway servers: PostgreSQL and two standbys, Redis, Cluster, TLS, PgBouncer, Sentinel" servers
 # shellcheck disable=SC1091
 source "$stack/env"
-export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA REDIS_SENTINEL_URL REDIS_SENTINEL_PRIMARY_PIDFILE STACK_DIR="$stack"
+export DATABASE_URL REDIS_URL REDIS_CLUSTER_URL REDIS_TLS_URL REDIS_TLS_CA REDIS_TLS_WRONG_CA REDIS_SENTINEL_URL REDIS_SENTINEL_PRIMARY_PIDFILE \
+	DATABASE_READ_URLS DATABASE_STANDBY_FAST_URL DATABASE_STANDBY_SLOW_URL STACK_DIR="$stack"
 
 # Each stage says when it starts and how long it took: the whole takes about 19
 # minutes on two cores (README.md).

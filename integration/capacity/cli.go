@@ -119,6 +119,7 @@ func lookupsCommand(ctx context.Context, args []string, stdout io.Writer) error 
 	fs.StringVar(&l.DatabaseURL, "database-url", "", "the workers' database URL")
 	fs.StringVar(&l.ProbeURL, "probe-url", "", "PostgreSQL itself, to seed and measure (default: -database-url)")
 	fs.IntVar(&l.PgBouncerPID, "pgbouncer-pid", 0, "a PgBouncer between the workers and PostgreSQL, to measure too")
+	fs.StringVar(&l.StandbyURL, "standby-url", "", "a hot standby of PostgreSQL on this machine: lookups through a keystore.Reader on it, its CPU measured too")
 	fs.IntVar(&l.Lanes, "lanes", 1, "each Batcher's lanes (lookup_lanes)")
 	fs.DurationVar(&l.Timeout, "timeout", 2*time.Second, "each Batcher's timeout (database_timeout)")
 	orgs := fs.Int("orgs", 10_000, "organisations the keys belong to")
@@ -142,7 +143,11 @@ func lookupsCommand(ctx context.Context, args []string, stdout io.Writer) error 
 	if err != nil {
 		return err
 	}
-	c.heading(stdout, fmt.Sprintf("a keystore.Batcher (%d lane) on a pool of its own", l.Lanes))
+	what := fmt.Sprintf("a keystore.Batcher (%d lane) on a pool of its own", l.Lanes)
+	if l.StandbyURL != "" {
+		what = fmt.Sprintf("a keystore.Reader on one standby (Batchers of %d lane on pools of their own)", l.Lanes)
+	}
+	c.heading(stdout, what)
 	writeSeeded(stdout, s)
 	WriteLookups(stdout, l, levels)
 	return nil

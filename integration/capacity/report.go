@@ -51,6 +51,10 @@ func WriteLookups(w io.Writer, l Lookups, levels []Level) {
 	if bouncer {
 		head += fmt.Sprintf(" %9s", "pgb us/op")
 	}
+	standby := l.StandbyURL != ""
+	if standby {
+		head += fmt.Sprintf(" %9s", "sb us/op")
+	}
 	head += fmt.Sprintf(" %9s %7s %7s %6s %6s", "cli us/op", "p50 ms", "p99 ms", "hit %", "errors")
 	fmt.Fprintln(w, head)
 	for _, lv := range levels {
@@ -58,6 +62,9 @@ func WriteLookups(w io.Writer, l Lookups, levels []Level) {
 			serverCells(lv.busy(lv.Servers[0]), µsPer(lv.Servers[0], lv.Ops)))
 		if bouncer {
 			row += fmt.Sprintf(" %9.1f", µsPer(lv.Servers[1], lv.Ops))
+		}
+		if standby {
+			row += fmt.Sprintf(" %9.1f", µsPer(lv.Servers[len(lv.Servers)-1], lv.Ops))
 		}
 		hit := 0.0
 		if len(lv.Counters) == 2 && lv.Counters[0]+lv.Counters[1] > 0 {

@@ -1,0 +1,108 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/keystore"
+)
+
+// This file holds the key lookups on hot standbys (database_read_urls): their
+// options' checks and the keystore.Reader that spreads the lookups over them.
+
+// validateReads checks database_read_urls and database_read_max_lag.
+func (h *Handler) validateReads() error {
+	if h.DatabaseReadMaxLag < 0 {
+		return fmt.Errorf("database_read_max_lag %s: must be positive", time.Duration(h.DatabaseReadMaxLag))
+	}
+	if len(h.DatabaseReadURLs) > 0 && h.DisableLookupBatching {
+		return errors.New("database_read_urls needs batched lookups: remove disable_lookup_batching")
+	}
+	for i, u := range h.readURLs {
+		if strings.TrimSpace(u) == "" {
+			return fmt.Errorf("database_read_urls %q is empty once its placeholders are replaced (is the environment variable set?)", h.DatabaseReadURLs[i])
+		}
+		if u == h.databaseURL {
+			return errors.New("database_read_urls: a standby's URL is database_url's; name the primary in database_url only")
+		}
+	}
+	return nil
+}
+
+// readerEntry is a shared keystore.Reader in pools. Its standbys' health carries
+// across config reloads, so a reload does not send every lookup to the primary
+// until the probes have run.
+type readerEntry struct{ r *keystore.Reader }
+
+func (e readerEntry) Destruct() error {
+	e.r.Close()
+	return nil
+}
+
+// provisionReads takes a pool for each of database_read_urls and returns the shared
+// Reader over them, with primary answering what no standby can. primaryKey is the
+// pools key of primaryPool. Every setting the Reader is built with is in its key.
+func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool.Pool, primaryKey string, opts keystore.BatcherOptions) (*keystore.Reader, error) {
+	pgSetup := conns.Setup{DialTimeout: time.Duration(h.DatabaseDialTimeout), MinConns: h.DatabaseMinConns}
+	key := []string{"reader", primaryKey, time.Duration(h.DatabaseReadMaxLag).String(), time.Duration(h.DatabaseTimeout).String(),
+		fmt.Sprint(opts.Lanes, opts.Linger, h.metrics != nil, h.KeyPrefix, h.LegacyKeys)}
+	var standbys []*pgxpool.Pool
+	for _, u := range h.readURLs {
+		pool, k, err := loadPostgres(u, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
+		if err != nil {
+			return nil, fmt.Errorf("database_read_urls: %v", err)
+		}
+		h.poolKeys = append(h.poolKeys, k)
+		standbys = append(standbys, pool)
+		key = append(key, k)
+	}
+	readerKey := strings.Join(key, "\x01")
+	logger := h.logger
+	hosts := make([]string, len(h.readURLs))
+	for i, u := range h.readURLs {
+		hosts[i] = standbyHost(u)
+	}
+	m := h.metrics
+	v, _, err := pools.LoadOrNew(readerKey, func() (caddy.Destructor, error) {
+		ro := keystore.ReaderOptions{
+			Batcher:      opts,
+			MaxLag:       time.Duration(h.DatabaseReadMaxLag),
+			ProbeTimeout: time.Duration(h.DatabaseDialTimeout + h.DatabaseTimeout),
+			OnStandby: func(i int, in bool) {
+				if in {
+					logger.Info("standby takes key lookups", zap.String("standby", hosts[i]))
+				} else {
+					logger.Warn("standby left out of key lookups: down, or behind by more than database_read_max_lag",
+						zap.String("standby", hosts[i]))
+				}
+			},
+		}
+		if m != nil {
+			ro.OnLookup = m.observeLookupServer
+			ro.OnFenceWait = m.observeFenceWait
+		}
+		return readerEntry{keystore.NewReader(primary, primaryPool, standbys, ro)}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	h.poolKeys = append(h.poolKeys, readerKey)
+	return v.(readerEntry).r, nil
+}
+
+// standbyHost is the host and port of a standby's URL, for logs: never its password.
+// A keyword/value string is not parsed; it logs as "standby".
+func standbyHost(u string) string {
+	if p, err := url.Parse(u); err == nil && p.Host != "" {
+		return p.Host
+	}
+	return "standby"
+}

@@ -1,0 +1,319 @@
+package keystore_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
+	"github.com/keygate/keygate/internal/testkit/testenv"
+	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/keystore/keystoretest"
+	"github.com/keygate/keygate/schema/schematest"
+)
+
+// These tests need the stack's standbys: scripts/stack.sh up-standbys. The standby
+// of DATABASE_STANDBY_SLOW_URL replays every commit seconds late.
+
+// standbyPool returns a pool on the standby of the environment variable env, in the
+// test database of primary, closed when the test ends. The database reaches the
+// standby when the standby replays its creation; until then the pool's queries fail.
+func standbyPool(t *testing.T, primary *pgxpool.Pool, env string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(testenv.GetenvOrSkip(t, env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + primary.Config().ConnConfig.Database
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return schematest.OpenPool(t, cfg)
+}
+
+// counted is a Reader with its lookups counted by the server that answered them.
+type counted struct {
+	*keystore.Reader
+	standby, primary atomic.Int64
+}
+
+func newReader(t *testing.T, s *keystore.Store, pool *pgxpool.Pool, standbys []*pgxpool.Pool, opts keystore.ReaderOptions) *counted {
+	t.Helper()
+	c := &counted{}
+	opts.OnLookup = func(standby bool) {
+		if standby {
+			c.standby.Add(1)
+		} else {
+			c.primary.Add(1)
+		}
+	}
+	c.Reader = keystore.NewReader(keystore.NewBatcher(s, opts.Batcher), pool, standbys, opts)
+	t.Cleanup(c.Close)
+	return c
+}
+
+// waitForAStandby verifies full, which must be live, until a standby answers it.
+func waitForAStandby(t *testing.T, r *counted, full string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for before := r.standby.Load(); r.standby.Load() == before; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no standby answered within 30s (%d lookups on the primary)", r.primary.Load())
+		}
+		if _, ok, err := r.Verify(context.Background(), full); !ok || err != nil {
+			t.Fatalf("Verify of a live key = %v, %v", ok, err)
+		}
+		time.Sleep(5 * time.Millisecond) // until the probe lets the standby in
+	}
+}
+
+// TestReaderRefusesAKeyRevokedBeforeTheLookupOnEveryStandby revokes keys one after
+// another and looks each up at once: a lagging standby must not answer with the key
+// it still has. The slow standby has every key long before it is revoked, and still
+// has it for seconds after.
+func TestReaderRefusesAKeyRevokedBeforeTheLookupOnEveryStandby(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		envs []string
+	}{
+		{"fast standby", []string{"DATABASE_STANDBY_FAST_URL"}},
+		{"slow standby", []string{"DATABASE_STANDBY_SLOW_URL"}},
+		{"both", []string{"DATABASE_STANDBY_FAST_URL", "DATABASE_STANDBY_SLOW_URL"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s, pool, org := newStore(t, "pro")
+			var standbys []*pgxpool.Pool
+			for _, env := range tc.envs {
+				standbys = append(standbys, standbyPool(t, pool, env))
+			}
+			// A lag of a minute keeps the slow standby in: the fence alone must
+			// keep its stale rows out.
+			r := newReader(t, s, pool, standbys, keystore.ReaderOptions{MaxLag: time.Minute})
+			var keys []keystore.Record
+			var fulls []string
+			for range 5 {
+				rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+				keys, fulls = append(keys, rec), append(fulls, full)
+			}
+			waitForAStandby(t, r, fulls[len(fulls)-1])
+			for i := range keys {
+				if found, err := s.Revoke(ctx, org, keys[i].ID, "test"); !found || err != nil {
+					t.Fatalf("Revoke = %v, %v", found, err)
+				}
+				for range 3 {
+					if _, ok, err := r.Verify(ctx, fulls[i]); ok || err != nil {
+						t.Fatalf("key %d after its revocation: Verify = %v, %v; want refused", i, ok, err)
+					}
+				}
+			}
+			t.Logf("lookups: %d on standbys, %d on the primary", r.standby.Load(), r.primary.Load())
+		})
+	}
+}
+
+// TestReaderRefusesEveryLookupStartedAfterARevokeUnderLoad is the Batcher's freshness
+// test through standbys: lookups of a key run from many goroutines while it is
+// revoked, and every one that started after Revoke returned must be refused.
+func TestReaderRefusesEveryLookupStartedAfterARevokeUnderLoad(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	r := newReader(t, s, pool, []*pgxpool.Pool{
+		standbyPool(t, pool, "DATABASE_STANDBY_FAST_URL"),
+		standbyPool(t, pool, "DATABASE_STANDBY_SLOW_URL"),
+	}, keystore.ReaderOptions{MaxLag: time.Minute, Batcher: keystore.BatcherOptions{Lanes: 2}})
+	victim, full := create(t, s, keystore.NewKey{OrgID: org, Name: "victim", Role: keystore.RoleAdmin})
+	waitForAStandby(t, r, full)
+
+	var (
+		revoked    atomic.Int64 // unix nanoseconds when Revoke returned; 0 before
+		wrong, all atomic.Int64
+		stop       atomic.Bool
+		wg         sync.WaitGroup
+	)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				start := time.Now().UnixNano()
+				_, ok, err := r.Verify(ctx, full)
+				if err != nil {
+					t.Errorf("Verify: %v", err)
+					return
+				}
+				if after := revoked.Load(); after != 0 && start > after {
+					all.Add(1)
+					if ok {
+						wrong.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // load before the revoke
+	if found, err := s.Revoke(ctx, org, victim.ID, "test"); !found || err != nil {
+		t.Fatalf("Revoke = %v, %v", found, err)
+	}
+	revoked.Store(time.Now().UnixNano())
+	time.Sleep(500 * time.Millisecond) // load after it
+	stop.Store(true)
+	wg.Wait()
+	if all.Load() == 0 {
+		t.Fatal("no lookup started after the revoke")
+	}
+	if wrong.Load() != 0 {
+		t.Errorf("%d of %d lookups started after the revoke accepted the key", wrong.Load(), all.Load())
+	}
+	t.Logf("lookups: %d on standbys, %d on the primary; %d after the revoke", r.standby.Load(), r.primary.Load(), all.Load())
+}
+
+// TestReaderSendsMostLookupsToTheStandbys: while the test writes nothing, a standby
+// that keeps up answers most lookups, the primary only the fence's small query. The page
+// header of an idle primary's insert position must not keep them on the primary.
+func TestReaderSendsMostLookupsToTheStandbys(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	r := newReader(t, s, pool, []*pgxpool.Pool{standbyPool(t, pool, "DATABASE_STANDBY_FAST_URL")}, keystore.ReaderOptions{})
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+	waitForAStandby(t, r, full)
+	r.standby.Store(0)
+	r.primary.Store(0)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				if _, ok, err := r.Verify(ctx, full); !ok || err != nil {
+					t.Errorf("Verify = %v, %v", ok, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Other writers of the server (other tests' databases, the server's own
+	// background records) move the primary's position too, and send a few lookups
+	// to the primary while the standby replays them.
+	if st, pr := r.standby.Load(), r.primary.Load(); st+pr != 800 || st < 2*pr {
+		t.Errorf("lookups: %d on the standby, %d on the primary; want 800, at least two in three on the standby", st, pr)
+	}
+}
+
+// TestReaderAnswersFromThePrimaryWithoutAStandby: a standby that cannot be reached
+// costs no lookup an error; the primary answers them all.
+func TestReaderAnswersFromThePrimaryWithoutAStandby(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	r := newReader(t, s, pool, []*pgxpool.Pool{schematest.UnreachablePool(t)}, keystore.ReaderOptions{})
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+	for range 20 {
+		if _, ok, err := r.Verify(ctx, full); !ok || err != nil {
+			t.Fatalf("Verify = %v, %v", ok, err)
+		}
+	}
+	if st, pr := r.standby.Load(), r.primary.Load(); st != 0 || pr != 20 {
+		t.Errorf("lookups: %d on the standby, %d on the primary; want 0 and 20", st, pr)
+	}
+}
+
+// TestReaderIsBrokenWhenThePrimaryIsDown: without the primary a lookup cannot be
+// fenced, so a standby's answer cannot be trusted. The lookup fails: an error, never
+// a refusal or an acceptance.
+func TestReaderIsBrokenWhenThePrimaryIsDown(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+	// A pool of the Reader's own, closed below as a dead primary.
+	primary, err := pgxpool.New(ctx, pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close()
+	r := newReader(t, keystore.New(primary, keystoretest.Format(t, "mon")), primary,
+		[]*pgxpool.Pool{standbyPool(t, pool, "DATABASE_STANDBY_FAST_URL")}, keystore.ReaderOptions{})
+	waitForAStandby(t, r, full)
+	primary.Close()
+	if _, ok, err := r.Verify(ctx, full); ok || err == nil {
+		t.Errorf("Verify with the primary down = %v, %v; want an error", ok, err)
+	}
+}
+
+// TestReaderAnswersWithinTheTimeoutWhileAStandbyHangs: a lookup bounded by the
+// Timeout, as a request is, still gets its answer from the primary while its standby
+// hangs: the standby's tries take at most half of it. Once resumed, the standby
+// answers again.
+func TestReaderAnswersWithinTheTimeoutWhileAStandbyHangs(t *testing.T) {
+	s, pool, org := newStore(t, "pro")
+	standby := standbyPool(t, pool, "DATABASE_STANDBY_FAST_URL")
+	proxy, err := latencyproxy.Start(fmt.Sprintf("%s:%d", standby.Config().ConnConfig.Host, standby.Config().ConnConfig.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	cfg := standby.Config()
+	host, port, _ := strings.Cut(proxy.Addr(), ":")
+	cfg.ConnConfig.Host = host
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Port = uint16(p)
+	const timeout = time.Second
+	r := newReader(t, s, pool, []*pgxpool.Pool{schematest.OpenPool(t, cfg)},
+		keystore.ReaderOptions{Batcher: keystore.BatcherOptions{Timeout: timeout}})
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+	waitForAStandby(t, r, full)
+
+	proxy.Hang()
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		_, ok, err := r.Verify(ctx, full)
+		cancel()
+		if !ok || err != nil {
+			t.Fatalf("lookup %d with the standby hung: Verify = %v, %v; want the primary's answer", i, ok, err)
+		}
+	}
+	proxy.Resume()
+	waitForAStandby(t, r, full)
+}
+
+// A gateway looks keys up on its standbys, with the primary answering what they
+// cannot. A key revoked on the primary before Verify is called is refused, whichever
+// server answers. (Compiled, not run: it needs a primary and a standby.)
+func ExampleNewReader() {
+	ctx := context.Background()
+	primary, err := pgxpool.New(ctx, "postgres://keygate@primary:5432/keygate")
+	if err != nil {
+		panic(err)
+	}
+	defer primary.Close()
+	standby, err := pgxpool.New(ctx, "postgres://keygate@standby1:5432/keygate")
+	if err != nil {
+		panic(err)
+	}
+	defer standby.Close()
+
+	format, _ := keystore.NewFormat("mon")
+	opts := keystore.BatcherOptions{Timeout: 2 * time.Second}
+	r := keystore.NewReader(keystore.NewBatcher(keystore.New(primary, format), opts), primary,
+		[]*pgxpool.Pool{standby}, keystore.ReaderOptions{Batcher: opts, MaxLag: time.Second})
+	defer r.Close()
+
+	key, ok, err := r.Verify(ctx, "mon_live_…")
+	switch {
+	case err != nil:
+		fmt.Println("503: the primary could not fence the lookup, or answer it")
+	case !ok:
+		fmt.Println("401")
+	default:
+		fmt.Println("key", key.ID, "of", key.OrgID)
+	}
+}
