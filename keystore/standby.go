@@ -22,8 +22,13 @@ import (
 // The Fence gives each lookup a target: the primary's insert position, read after
 // the lookup began. Each standby's batch query reads, in the same round trip and
 // before its lookup, how far the standby has replayed. A lookup is answered by a
-// standby only if that is at least its target. A standby behind it is asked again
-// once, another one if there is one. Then the primary answers.
+// standby only if that is at least its target. On a primary that writes all the
+// time, a fresh target is nearly always a little past what any standby has replayed:
+// its WAL has yet to be written, sent and applied. So a lookup behind its target
+// waits for the first standby in to replay it, and is asked there again. It waits at
+// most MaxLag, and only within half the Timeout; then the primary answers. While
+// lookups wait, each standby in is asked its replay position every catchUpPoll, one
+// query for all of them.
 //
 // Each standby has its own pool, Batcher and health. A standby is left out while its
 // lookups have failed standbyFailures times in a row, or while it has not replayed a
@@ -39,11 +44,15 @@ type Reader struct {
 	probe    time.Duration // how often each standby's health is read
 	opts     ReaderOptions
 
-	next   atomic.Uint32 // spreads the lookups over the standbys in turn
-	stop   chan struct{}
-	probes context.Context // the probes' queries; cancelled by Close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	next atomic.Uint32 // spreads the lookups over the standbys in turn
+	stop chan struct{}
+
+	waiting  atomic.Int32    // lookups waiting for a standby to replay their target
+	progress sync.Mutex      // guards advanced and every standby's polling
+	advanced chan struct{}   // closed, and replaced, when a standby's replay advances
+	probes   context.Context // the probes' queries; cancelled by Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
 }
 
 // ReaderOptions tunes a Reader. The zero value is usable.
@@ -76,10 +85,17 @@ const standbyFailures = 3
 type standby struct {
 	pool     *pgxpool.Pool
 	batcher  *Batcher
-	failures atomic.Int32 // lookups that failed in a row
-	covered  atomic.Int64 // unix nanoseconds: when the latest reading it has replayed was sent
-	in       atomic.Bool  // last reported to OnStandby
+	failures atomic.Int32  // lookups that failed in a row
+	covered  atomic.Int64  // unix nanoseconds: when the latest reading it has replayed was sent
+	replayed atomic.Uint64 // the furthest position it is known to have replayed
+	in       atomic.Bool   // last reported to OnStandby
+	polling  bool          // its catch-up poll runs; guarded by Reader.progress
 }
+
+// catchUpPoll is how often each standby in is asked its replay position while
+// lookups wait for it. It adds at most that to their wait, and costs each standby
+// one small query per poll, whatever the number of lookups waiting.
+const catchUpPoll = 2 * time.Millisecond
 
 // NewReader returns a Reader with the lookups of primary, the Batcher of primaryPool,
 // and a standby over each pool of standbys. Keys have primary's format. Close stops
@@ -101,9 +117,10 @@ func NewReader(primary *Batcher, primaryPool *pgxpool.Pool, standbys []*pgxpool.
 		maxLag:  opts.MaxLag,
 		// A standby that keeps up is read four times within MaxLag, so a reading it
 		// replayed is never older than MaxLag while it keeps up.
-		probe: min(max(opts.MaxLag/4, 10*time.Millisecond), 250*time.Millisecond),
-		opts:  opts,
-		stop:  make(chan struct{}),
+		probe:    min(max(opts.MaxLag/4, 10*time.Millisecond), 250*time.Millisecond),
+		opts:     opts,
+		stop:     make(chan struct{}),
+		advanced: make(chan struct{}),
 	}
 	r.probes, r.cancel = context.WithCancel(context.Background())
 	for _, pool := range standbys {
@@ -138,8 +155,9 @@ func (r *Reader) Verify(ctx context.Context, presented string) (Key, bool, error
 
 // VerifyParsed is Verify for a key that Format.Parse has already split; see
 // Store.VerifyParsed. Its error is the primary's: a standby that fails hands the
-// lookup on. A standby's tries together wait at most half the Timeout, so a standby
-// down or hung costs a request at most that before the primary answers.
+// lookup on. A lookup's time on the standbys, its tries and its wait for their
+// replay together, is at most half the Timeout, so a standby down, hung or behind
+// costs a request at most that before the primary answers.
 func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
 	arrived := time.Now()
 	s := r.pick(arrived, nil)
@@ -154,12 +172,18 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, b
 		return Key{}, false, fmt.Errorf("fencing the key lookup: %w", err)
 	}
 	by := gather.Deadline(ctx, r.timeout/2)
-	for try := 0; try < 2 && s != nil; try++ {
+	catchUp := by
+	if t := arrived.Add(r.maxLag); t.Before(catchUp) {
+		catchUp = t
+	}
+	// A standby's replay can go back when it restarts, so its tries are counted too.
+	for failures, tries := 0, 0; s != nil && failures < 2 && tries < 4 && time.Now().Before(by); tries++ {
 		k, ok, replayed, err := s.batcher.verifyBy(ctx, by, keyID, secret)
 		if err != nil {
 			if ctx.Err() != nil {
 				return Key{}, false, fmt.Errorf("looking up key: %w", ctx.Err())
 			}
+			failures++
 			s.failed(r, time.Now())
 			s = r.pick(time.Now(), s)
 			continue
@@ -167,6 +191,7 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, b
 		if s.failures.Load() != 0 {
 			s.failures.Store(0) // only then: every core's lookups share the word
 		}
+		r.advance(s, replayed)
 		if replayed >= target {
 			s.caughtUp(sent)
 			if r.opts.OnLookup != nil {
@@ -174,12 +199,111 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, b
 			}
 			return k, ok, nil
 		}
-		// Behind: another standby if one is in, else this one once more.
-		if other := r.pick(time.Now(), s); other != nil {
-			s = other
-		}
+		s = r.awaitReplay(ctx, target, catchUp)
 	}
 	return r.fromPrimary(ctx, keyID, secret)
+}
+
+// awaitReplay returns the first standby in that has replayed target, or nil once ctx
+// ends or deadline passes. The standbys' catch-up polls run while it waits.
+func (r *Reader) awaitReplay(ctx context.Context, target LSN, deadline time.Time) *standby {
+	select {
+	case <-r.stop:
+		return nil // closed: no poll may start
+	default:
+	}
+	r.waiting.Add(1)
+	defer r.waiting.Add(-1)
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	for {
+		// The channel is taken before the positions are read: a standby that
+		// advances after the reads closes it.
+		r.progress.Lock()
+		advanced := r.advanced
+		now := time.Now()
+		var found *standby
+		for _, s := range r.standbys {
+			if !s.usable(now, r.maxLag) {
+				continue
+			}
+			if found == nil && LSN(s.replayed.Load()) >= target {
+				found = s
+			}
+			if !s.polling {
+				s.polling = true
+				r.wg.Add(1)
+				go r.poll(s)
+			}
+		}
+		r.progress.Unlock()
+		if found != nil {
+			return found
+		}
+		select {
+		case <-advanced:
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		case <-r.stop:
+			return nil
+		}
+	}
+}
+
+// poll asks s its replay position every catchUpPoll while lookups wait for a standby
+// to replay their target, and until Close. Each query is bounded by half the Timeout,
+// as a lookup's time on the standbys is. A query that fails ends the poll: s's
+// lookups and probe count its failures.
+func (r *Reader) poll(s *standby) {
+	defer r.wg.Done()
+	t := time.NewTicker(catchUpPoll)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(r.probes, r.timeout/2)
+		replayed, err := replayedLSN(ctx, s.pool)
+		cancel()
+		if err == nil {
+			r.advance(s, replayed)
+		}
+		r.progress.Lock()
+		if err != nil || r.waiting.Load() == 0 {
+			s.polling = false
+			r.progress.Unlock()
+			return
+		}
+		r.progress.Unlock()
+		select {
+		case <-r.stop:
+			r.progress.Lock()
+			s.polling = false
+			r.progress.Unlock()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// advance records that s has replayed up to replayed, and wakes the lookups waiting
+// for a standby's replay if that is further than before.
+func (r *Reader) advance(s *standby, replayed LSN) {
+	for {
+		old := s.replayed.Load()
+		if uint64(replayed) <= old {
+			return
+		}
+		if s.replayed.CompareAndSwap(old, uint64(replayed)) {
+			break
+		}
+	}
+	if r.waiting.Load() == 0 {
+		return // no one to wake: the lookups' common case takes no lock
+	}
+	r.progress.Lock()
+	close(r.advanced)
+	r.advanced = make(chan struct{})
+	r.progress.Unlock()
 }
 
 // fromPrimary looks the key up on the primary.
@@ -225,8 +349,9 @@ func (r *Reader) watch(i int) {
 	s := r.standbys[i]
 	t := time.NewTicker(r.probe)
 	defer t.Stop()
+	var readings []fenceReading
 	for {
-		r.probeOnce(s)
+		readings = r.probeOnce(s, readings)
 		r.report(s, time.Now())
 		select {
 		case <-r.stop:
@@ -236,26 +361,45 @@ func (r *Reader) watch(i int) {
 	}
 }
 
-// probeOnce reads how far s has replayed, against a reading of the primary taken
-// now. A standby that answers takes lookups again (its failures are cleared). One
-// that has replayed the reading is caught up as of when it was sent. A primary that
-// does not answer says nothing about the standby.
-func (r *Reader) probeOnce(s *standby) {
+// fenceReading is a reading of the primary's position that a probe took: its target,
+// and when it was sent.
+type fenceReading struct {
+	target LSN
+	sent   time.Time
+}
+
+// probeOnce reads how far s has replayed, after taking a reading of the primary. A
+// standby that answers takes lookups again (its failures are cleared). It is caught
+// up as of when the latest reading it has replayed was sent: that reading, or one of
+// the earlier ones, which the probe keeps while they are within MaxLag. On a primary
+// that writes all the time a standby seldom has replayed a reading taken just before,
+// yet one that keeps up has replayed the probe's previous one. While the primary does
+// not answer, the standby is judged against the readings kept. It returns the readings
+// to keep.
+func (r *Reader) probeOnce(s *standby, readings []fenceReading) []fenceReading {
 	ctx, cancel := context.WithTimeout(r.probes, r.opts.ProbeTimeout)
 	defer cancel()
 	target, sent, err := r.fence.wait(ctx, time.Time{})
-	if err != nil {
-		return
+	if err == nil {
+		readings = append(readings, fenceReading{target, sent})
+	}
+	for len(readings) > 0 && time.Since(readings[0].sent) > r.maxLag {
+		readings = readings[1:]
 	}
 	replayed, err := replayedLSN(ctx, s.pool)
 	if err != nil {
 		s.failures.Store(standbyFailures)
-		return
+		return readings
 	}
 	s.failures.Store(0)
-	if replayed >= target {
-		s.caughtUp(sent)
+	r.advance(s, replayed)
+	for i := len(readings) - 1; i >= 0; i-- {
+		if replayed >= readings[i].target {
+			s.caughtUp(readings[i].sent)
+			return readings[i+1:]
+		}
 	}
+	return readings
 }
 
 // caughtUp records that s has replayed a reading sent at sent.

@@ -356,9 +356,12 @@ stop_standby() {
 # stream: wal_level replica, max_wal_senders 10, hot_standby on, and initdb --auth=trust
 # lets a loopback replication connection in. Standby 2 applies each commit
 # recovery_min_apply_delay late, so that a test can show the fence holding against a
-# standby that lags. The stack commits with synchronous_commit off, so a commit
-# reaches the standbys only once the WAL writer writes it: wal_writer_delay goes from
-# 200 ms to 10 ms, or every lookup after a write would wait that long for a standby.
+# standby that lags. Each standby has a replication slot (-C -S): the primary keeps
+# the WAL a stopped standby has yet to receive, however much the tests write
+# meanwhile, so stop-standby and start-standby always resume streaming. The stack
+# commits with synchronous_commit off, so a commit reaches the standbys only once the
+# WAL writer writes it: wal_writer_delay goes from 200 ms to 10 ms, or every lookup
+# after a write would wait that long for a standby.
 up_standbys() {
 	dir=$(cd "$dir" && pwd)
 	[ -f "$dir/pg.bindir" ] || die "up-standbys needs the stack's own PostgreSQL"
@@ -371,7 +374,7 @@ up_standbys() {
 		port=$(free_port)
 		echo "$port" >"$dir/standby$n.port"
 		as_pg "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pgport" -U keygate -D "$dir/standby$n" \
-			-R -X stream -c fast >"$dir/standby$n.log" 2>&1 ||
+			-R -X stream -C -S "standby$n" -c fast >"$dir/standby$n.log" 2>&1 ||
 			{ cat "$dir/standby$n.log" >&2; die "pg_basebackup of standby $n failed"; }
 		chmod 700 "$dir/standby$n"
 		if [ "$n" = 2 ]; then
