@@ -166,7 +166,7 @@ func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Resu
 // returns the pool and its pools key, for what else writes to the database.
 func (h *Handler) provisionLookups() (*pgxpool.Pool, string, error) {
 	pgSetup := conns.Setup{DialTimeout: time.Duration(h.DatabaseDialTimeout), MinConns: h.DatabaseMinConns}
-	pool, key, err := loadPostgres(h.databaseURL, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
+	pool, key, err := loadPostgres(h.databaseURL, "database_url", time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
 	if err != nil {
 		return nil, "", err
 	}

@@ -65,15 +65,19 @@ const localLimiterKey = "limiter\x00local"
 // loadPostgres returns the shared pool for url, creating it if needed, and the key to
 // give back to pools.Delete. The URL holds the pool's settings (pool_max_conns, …).
 //
+// option is the option url came from: database_url for the primary, or
+// database_read_urls for a standby. It names the option in errors, and says in the
+// warning what a server that does not answer costs.
+//
 // A PostgreSQL that cannot be reached is not an error here. The gateway starts, logs
-// a warning, and answers 503 until the database is back. A URL that cannot be parsed
-// is an error.
-func loadPostgres(url string, pingTimeout time.Duration, setup conns.Setup, logger *zap.Logger) (*pgxpool.Pool, string, error) {
+// a warning, and answers 503 until the primary is back; the primary answers the
+// lookups of a standby that is down. A URL that cannot be parsed is an error.
+func loadPostgres(url, option string, pingTimeout time.Duration, setup conns.Setup, logger *zap.Logger) (*pgxpool.Pool, string, error) {
 	key := postgresPoolKey(url, setup)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
 		cfg, err := pgxpool.ParseConfig(url) // its errors hide the password
 		if err != nil {
-			return nil, fmt.Errorf("parsing database_url: %v", err)
+			return nil, fmt.Errorf("parsing %s: %v", option, err)
 		}
 		if !conns.SetsPoolParam(url, "pool_max_conns") {
 			// pgxpool's default size (4, or the number of CPUs) is below the floor.
@@ -97,7 +101,11 @@ func loadPostgres(url string, pingTimeout time.Duration, setup conns.Setup, logg
 		ctx, cancel := context.WithTimeout(context.Background(), setup.DialTimeout+pingTimeout)
 		defer cancel()
 		if err := pool.Ping(ctx); err != nil {
-			logger.Warn("postgres did not answer at start; key lookups answer 503 until it does",
+			msg := "postgres did not answer at start; key lookups answer 503 until it does"
+			if option != "database_url" {
+				msg = "a postgres standby did not answer at start; the primary answers its key lookups until it does"
+			}
+			logger.Warn(msg, zap.String("option", option),
 				zap.String("host", cfg.ConnConfig.Host), zap.Uint16("port", cfg.ConnConfig.Port), zap.Error(err))
 		}
 		return pgEntry{pool}, nil

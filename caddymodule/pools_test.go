@@ -311,6 +311,7 @@ func TestInvalidConfigIsRefusedAtLoad(t *testing.T) {
 		{"no database_url", map[string]any{"database_url": nil}, "database_url is required"},
 		{"database_url from an unset variable", map[string]any{"database_url": "{env.KG_TEST_UNSET_VARIABLE}"}, "database_url \"{env.KG_TEST_UNSET_VARIABLE}\" is empty"},
 		{"database_url not a URL", map[string]any{"database_url": "postgres://%zz"}, "parsing database_url"},
+		{"database_read_urls not a URL", map[string]any{"database_read_urls": []any{"postgres://%zz"}}, "parsing database_read_urls"},
 		{"neither gateway_secret nor identity_key", map[string]any{"gateway_secret": nil}, "gateway_secret or identity_key is required"},
 		{"gateway_secret from an unset variable", map[string]any{"gateway_secret": "{env.KG_TEST_UNSET_VARIABLE}"}, "gateway_secret \"{env.KG_TEST_UNSET_VARIABLE}\" is empty"},
 		{"gateway_secret with a newline", map[string]any{"gateway_secret": "abc\ndef"}, "gateway_secret must be a valid header value"},

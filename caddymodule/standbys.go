@@ -56,9 +56,9 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 		fmt.Sprint(opts.Lanes, opts.Linger, h.metrics != nil, h.KeyPrefix, h.LegacyKeys)}
 	var standbys []*pgxpool.Pool
 	for _, u := range h.readURLs {
-		pool, k, err := loadPostgres(u, time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
+		pool, k, err := loadPostgres(u, "database_read_urls", time.Duration(h.DatabaseTimeout), pgSetup, h.logger)
 		if err != nil {
-			return nil, fmt.Errorf("database_read_urls: %v", err)
+			return nil, err
 		}
 		h.poolKeys = append(h.poolKeys, k)
 		standbys = append(standbys, pool)
