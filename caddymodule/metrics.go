@@ -26,6 +26,7 @@ const (
 	metricLookupBatchSize = "keygate_key_lookup_batch_size"
 	metricLookups         = "keygate_key_lookups_total"
 	metricFenceWait       = "keygate_key_lookup_fence_wait_seconds"
+	metricReplayWait      = "keygate_key_lookup_replay_wait_seconds"
 	metricLimiterDuration = "keygate_limiter_duration_seconds"
 	metricLimiterErrors   = "keygate_limiter_errors_total"
 	metricDependencyUp    = "keygate_dependency_up"
@@ -51,6 +52,7 @@ type metrics struct {
 	batchSize       prometheus.Histogram
 	lookups         *prometheus.CounterVec // with database_read_urls
 	fenceWait       prometheus.Histogram   // with database_read_urls
+	replayWait      prometheus.Histogram   // with database_read_urls
 	limiterDuration prometheus.Histogram
 	limiterErrors   prometheus.Counter
 	dependencyUp    *prometheus.GaugeVec
@@ -117,6 +119,8 @@ func newMetrics() *metrics {
 			Help: "Key lookups answered with database_read_urls, by server: primary or standby."}, []string{"server"}),
 		fenceWait: newHistogram(metricFenceWait,
 			"Time a key lookup on a standby waited for its reading of the primary's WAL position.", latencyBuckets),
+		replayWait: newHistogram(metricReplayWait,
+			"Time a key lookup behind its reading of the primary's WAL position waited for a standby to replay it.", latencyBuckets),
 		limiterDuration: newHistogram(metricLimiterDuration,
 			"Time a request waited for its rate-limit count, pipelining included.", latencyBuckets),
 		limiterErrors: newCounter(metricLimiterErrors,
@@ -154,7 +158,7 @@ func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.lookups, m.fenceWait, m.limiterDuration, m.limiterErrors, m.dependencyUp,
+	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.lookups, m.fenceWait, m.replayWait, m.limiterDuration, m.limiterErrors, m.dependencyUp,
 		m.lastUsedDropped, m.lastUsedFlushErrors, m.usageDropped, m.usageFlushErrors}
 }
 
@@ -298,3 +302,6 @@ func (m *metrics) observeLookupServer(standby bool) {
 
 // observeFenceWait is the Reader's OnFenceWait.
 func (m *metrics) observeFenceWait(d time.Duration) { m.fenceWait.Observe(d.Seconds()) }
+
+// observeReplayWait is the Reader's OnReplayWait.
+func (m *metrics) observeReplayWait(d time.Duration) { m.replayWait.Observe(d.Seconds()) }

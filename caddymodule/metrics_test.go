@@ -442,7 +442,7 @@ func TestGrafanaDashboardQueriesOnlyExportedGatewaySeries(t *testing.T) {
 		shown[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")] = true
 	}
 	for _, c := range []string{metricRequests, metricLookupDuration, metricLookupBatchSize, metricLimiterDuration, metricLimiterErrors, metricDependencyUp,
-		metricUsageDropped, metricUsageErrors, metricLookups, metricFenceWait} {
+		metricUsageDropped, metricUsageErrors, metricLookups, metricFenceWait, metricReplayWait} {
 		if !shown[c] {
 			t.Errorf("the dashboard has no panel over %s", c)
 		}

@@ -88,6 +88,7 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 		if m != nil {
 			ro.OnLookup = m.observeLookupServer
 			ro.OnFenceWait = m.observeFenceWait
+			ro.OnReplayWait = m.observeReplayWait
 		}
 		return readerEntry{keystore.NewReader(primary, primaryPool, standbys, ro)}, nil
 	})

@@ -72,6 +72,10 @@ type ReaderOptions struct {
 	// OnFenceWait, if set, is called with each lookup's wait for its reading of the
 	// primary's position. It must be fast. Default: none.
 	OnFenceWait func(time.Duration)
+	// OnReplayWait, if set, is called with the wait of each lookup that waited for a
+	// standby to replay its reading, whether one did or the primary answered. It must
+	// be fast. Default: none.
+	OnReplayWait func(time.Duration)
 	// OnStandby, if set, is called when standby i (in the order given to NewReader)
 	// joins (in) or leaves the lookups, for logs. Default: none.
 	OnStandby func(i int, in bool)
@@ -214,6 +218,10 @@ func (r *Reader) awaitReplay(ctx context.Context, target LSN, deadline time.Time
 	}
 	r.waiting.Add(1)
 	defer r.waiting.Add(-1)
+	if r.opts.OnReplayWait != nil {
+		began := time.Now()
+		defer func() { r.opts.OnReplayWait(time.Since(began)) }()
+	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	for {

@@ -46,6 +46,7 @@ type counted struct {
 	*keystore.Reader
 	standby, primary atomic.Int64
 	in               atomic.Int32
+	waits            atomic.Int64 // lookups that waited for a standby's replay
 }
 
 func newReader(t *testing.T, s *keystore.Store, pool *pgxpool.Pool, standbys []*pgxpool.Pool, opts keystore.ReaderOptions) *counted {
@@ -58,6 +59,7 @@ func newReader(t *testing.T, s *keystore.Store, pool *pgxpool.Pool, standbys []*
 			c.primary.Add(1)
 		}
 	}
+	opts.OnReplayWait = func(time.Duration) { c.waits.Add(1) }
 	opts.OnStandby = func(_ int, in bool) {
 		if in {
 			c.in.Add(1)
@@ -294,6 +296,9 @@ func TestReaderWaitsForAStandbyToReplayAWritingPrimary(t *testing.T) {
 	wg.Wait()
 	if st, pr := r.standby.Load(), r.primary.Load(); st+pr != 200 || st < 2*pr {
 		t.Errorf("lookups under write load: %d on the standby, %d on the primary; want 200, at least two in three on the standby", st, pr)
+	}
+	if r.waits.Load() == 0 {
+		t.Errorf("no lookup waited for the standby's replay: the write load did not move the primary's position")
 	}
 	if n := r.in.Load(); n != 1 {
 		t.Errorf("standbys in after the load: %d, want 1", n)
