@@ -24,11 +24,13 @@ const (
 )
 
 // newStandbyStack is newStack with both gateways reading keys from the stack's two
-// standbys, with more v1_gateway options in extra.
+// standbys, with more v1_gateway options in extra. It returns once the fast standby
+// has replayed the test's database and whatever the suite wrote before it.
 func newStandbyStack(t *testing.T, extra string) *Stack {
 	t.Helper()
 	fast := testenv.GetenvOrSkip(t, "DATABASE_STANDBY_FAST_URL")
 	slow := testenv.GetenvOrSkip(t, "DATABASE_STANDBY_SLOW_URL")
+	defer testenv.WaitForReplay(t, testenv.Getenv(t, "DATABASE_URL"), fast, 2*time.Minute)
 	return newStackWith(t, stackOptions{
 		// The test's database has a name of its own; the standbys have it too.
 		databaseVia: func(direct string) string {

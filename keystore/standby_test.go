@@ -26,8 +26,13 @@ import (
 // standbyPool returns a pool on the standby of the environment variable env, in the
 // test database of primary, closed when the test ends. The database reaches the
 // standby when the standby replays its creation; until then the pool's queries fail.
+// The fast standby is waited for until it has replayed the creation, and whatever the
+// other packages wrote before it.
 func standbyPool(t *testing.T, primary *pgxpool.Pool, env string) *pgxpool.Pool {
 	t.Helper()
+	if env == "DATABASE_STANDBY_FAST_URL" {
+		testenv.WaitForReplay(t, testenv.Getenv(t, "DATABASE_URL"), testenv.GetenvOrSkip(t, env), 2*time.Minute)
+	}
 	u, err := url.Parse(testenv.GetenvOrSkip(t, env))
 	if err != nil {
 		t.Fatal(err)
