@@ -26,6 +26,11 @@
 #       of its own, PAIR_ROUNDS alternating runs each (bench_pair below)
 #   (i) the cost of signed identity: the gateway with identity_key and with
 #       gateway_secret alone, the same way (bench_pair below)
+#   (sb) key lookups on a standby: the gateway with database_read_urls on one streaming
+#       standby (stack.sh up-standbys) and with every lookup on the primary, the same way:
+#       the throughput ratio (target 0.97: within 0.03) and the primary's CPU per request
+#       (PostgreSQL CPU counts the primary's processes only); BENCH_STANDBY=0 skips it,
+#       BENCH_ONLY=standby runs it alone and replaces it in OUT
 #   (u) the cost of the usage record: the gateway with it on (the default) and with
 #       usage off, the same way; then (u1) PostgreSQL's CPU per row written and rolled
 #       up and per month read (integration/capacity); BENCH_ONLY=usage runs it alone and
@@ -72,7 +77,7 @@
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
 # MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE,
 # BENCH_BUDGETS, BENCH_SCOPES and BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o), (s) and
-# (t), or (k)); BENCH_CAPACITY
+# (t), or (k)); BENCH_STANDBY (1; 0 skips (sb)); BENCH_CAPACITY
 # and BENCH_ONLY above, the capacity section's own CAP_* in scripts/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
@@ -91,8 +96,8 @@ OUT=${OUT:-scripts/bench-results.txt}
 bench_start_load=$(cut -d' ' -f1-3 /proc/loadavg)
 need_tools wrk curl openssl
 case ${BENCH_ONLY:-} in
-"" | capacity | usage | budgets | scopes | timing) ;;
-*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity, usage, budgets, scopes or timing runs alone" >&2; exit 1 ;;
+"" | capacity | usage | budgets | scopes | timing | standby) ;;
+*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity, usage, budgets, scopes, timing or standby runs alone" >&2; exit 1 ;;
 esac
 [ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
@@ -673,7 +678,21 @@ bench_scopes() {
 	# One paragraph with (s), which BENCH_ONLY=scopes replaces whole.
 	scopes_report+=$'\n'"${table_report#$'\n\n'}"
 }
-usage_report="" budgets_report="" scopes_report="" timing_report=""
+# bench_standby sets standby_report: (sb), the bench key on two gateway sites of one
+# Caddy, one with database_read_urls on the bench stack's fast standby (started here
+# unless it runs) and one with every lookup on the primary. The standby runs on the same
+# machine, so its CPU competes with the gateway's; the primary's CPU per request
+# (PostgreSQL CPU A - B) shows what leaves the primary.
+bench_standby() {
+	local standby
+	# The bench's own stack, never a standby the caller's environment names: it must
+	# stream from this PostgreSQL.
+	[ -f "$stack/standby1.port" ] || scripts/stack.sh up-standbys "$stack" >/dev/null
+	standby=$(. "$stack/env" && echo "$DATABASE_STANDBY_FAST_URL")
+	bench_pair standby_report "(sb) lookups on a standby" "A: gateway, database_read_urls" \
+		"database_read_urls $standby" "B: gateway, lookups on the primary" "" 0.97
+}
+usage_report="" budgets_report="" scopes_report="" timing_report="" standby_report=""
 case ${BENCH_ONLY:-} in
 timing)
 	bench_timing
@@ -693,6 +712,11 @@ budgets)
 scopes)
 	bench_scopes
 	only_run scopes_report "(s) scopes"
+	exit 0
+	;;
+standby)
+	bench_standby
+	only_run standby_report "(sb) lookups on a standby"
 	exit 0
 	;;
 esac
@@ -894,6 +918,7 @@ if [ "${BENCH_IDENTITY:-1}" = 1 ]; then
 	bench_pair identity_report "(i) signed identity" "A: gateway, identity_key" "identity_key $stack/identity.pem" \
 		"B: gateway, gateway_secret alone" ""
 fi
+if [ "${BENCH_STANDBY:-1}" = 1 ]; then bench_standby; fi
 if [ "${BENCH_USAGE:-1}" = 1 ]; then bench_usage; fi
 if [ "${BENCH_BUDGETS:-1}" = 1 ]; then bench_budgets; fi
 if [ "${BENCH_SCOPES:-1}" = 1 ]; then bench_scopes; fi
@@ -1020,7 +1045,7 @@ targets:
   PostgreSQL hung, 503s/s   $(printf '%.0f' "$f_pg_503")   (>= 100: $(verdict "$f_pg_503 >= 100"))
 EOF
 )
-report+=$metrics_report$identity_report$usage_report$budgets_report$scopes_report$timing_report
+report+=$metrics_report$identity_report$standby_report$usage_report$budgets_report$scopes_report$timing_report
 echo "$report"
 echo "$report" >"$OUT"
 echo "(written to $OUT)"
