@@ -48,8 +48,9 @@ type Reader struct {
 	stop chan struct{}
 
 	waiting  atomic.Int32    // lookups waiting for a standby to replay their target
-	progress sync.Mutex      // guards advanced and every standby's polling
+	progress sync.Mutex      // guards advanced, closed and every standby's polling
 	advanced chan struct{}   // closed, and replaced, when a standby's replay advances
+	closed   bool            // Close has begun: no poll starts
 	probes   context.Context // the probes' queries; cancelled by Close
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -143,6 +144,9 @@ func NewReader(primary *Batcher, primaryPool *pgxpool.Pool, standbys []*pgxpool.
 // Close stops the standbys' probes, cutting short a probe in flight, so that a hung
 // standby does not hold a config reload up. It closes no pool.
 func (r *Reader) Close() {
+	r.progress.Lock()
+	r.closed = true
+	r.progress.Unlock()
 	close(r.stop)
 	r.cancel()
 	r.wg.Wait()
@@ -209,13 +213,9 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, b
 }
 
 // awaitReplay returns the first standby in that has replayed target, or nil once ctx
-// ends or deadline passes. The standbys' catch-up polls run while it waits.
+// ends, deadline passes or no standby is in. The standbys' catch-up polls run while it
+// waits.
 func (r *Reader) awaitReplay(ctx context.Context, target LSN, deadline time.Time) *standby {
-	select {
-	case <-r.stop:
-		return nil // closed: no poll may start
-	default:
-	}
 	r.waiting.Add(1)
 	defer r.waiting.Add(-1)
 	if r.opts.OnReplayWait != nil {
@@ -231,10 +231,12 @@ func (r *Reader) awaitReplay(ctx context.Context, target LSN, deadline time.Time
 		advanced := r.advanced
 		now := time.Now()
 		var found *standby
+		in := false
 		for _, s := range r.standbys {
-			if !s.usable(now, r.maxLag) {
+			if r.closed || !s.usable(now, r.maxLag) {
 				continue
 			}
+			in = true
 			if found == nil && LSN(s.replayed.Load()) >= target {
 				found = s
 			}
@@ -245,7 +247,7 @@ func (r *Reader) awaitReplay(ctx context.Context, target LSN, deadline time.Time
 			}
 		}
 		r.progress.Unlock()
-		if found != nil {
+		if found != nil || !in {
 			return found
 		}
 		select {
