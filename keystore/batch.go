@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -67,16 +68,16 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 	if !ok {
 		return Key{}, false, nil
 	}
-	return b.VerifyParsed(ctx, keyID, secret)
+	return b.VerifyParsed(ctx, keyID, secret, netip.Addr{})
 }
 
-// VerifyParsed is Verify for a key that Format.Parse has already split; see
-// Store.VerifyParsed.
-func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
+// VerifyParsed is Verify for a key that Format.Parse has already split, asked from
+// from; see Store.VerifyParsed.
+func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
 	sum := HashSecret(secret)
 	// The deadline goes to the Gatherer, not into a context of its own: see
 	// gather.DoBy.
-	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), probe{keyID, sum})
+	rows, err := b.batches.DoBy(ctx, gather.Deadline(ctx, b.timeout), probe{keyID, sum, from.Unmap()})
 	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
 		return Key{}, false, fmt.Errorf("looking up key: %w", err)
 	}
