@@ -529,4 +529,5 @@ var (
 	_ caddyfile.Unmarshaler       = (*Handler)(nil)
 	_ Verifier                    = (*keystore.Store)(nil)
 	_ Verifier                    = (*keystore.Batcher)(nil)
+	_ Denier                      = (*keystore.Denials)(nil)
 )
