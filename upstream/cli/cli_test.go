@@ -333,6 +333,45 @@ func TestEveryCommandHasHelp(t *testing.T) {
 	}
 }
 
+// TestPlanPutAndSetHelpSayWhichLimitsEachRequires reads the two commands' --help:
+// plan put requires the limits every plan has and defaults the budgets to -1; plan
+// set requires only the name.
+func TestPlanPutAndSetHelpSayWhichLimitsEachRequires(t *testing.T) {
+	for _, tc := range []struct {
+		command, synopsis, required string
+	}{
+		{"put", "usage: upstream plan put --name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y [--org-rate-limit N] [--api-requests-per-month N]",
+			"api-rate-limit,check-types,locations,max-monitors,min-interval,name"},
+		{"set", "usage: upstream plan set --name P [--api-rate-limit N] [--max-monitors M] [--min-interval S] [--locations a,b] [--check-types x,y] [--org-rate-limit N] [--api-requests-per-month N]",
+			"name"},
+	} {
+		t.Run(tc.command, func(t *testing.T) {
+			code, stdout, stderr := run(t, nil, "", "plan", tc.command, "--help")
+			if code != 0 || stderr != "" {
+				t.Fatalf("exit %d, stderr %q", code, stderr)
+			}
+			if synopsis, _, _ := strings.Cut(stdout, "\n"); synopsis != tc.synopsis {
+				t.Errorf("synopsis %q, want %q", synopsis, tc.synopsis)
+			}
+			var required, defaults []string
+			for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+) .*\n\s+(.*)$`).FindAllStringSubmatch(stdout, -1) {
+				switch {
+				case strings.HasSuffix(m[2], " (required)"):
+					required = append(required, m[1])
+				case strings.HasSuffix(m[2], " (default -1)"):
+					defaults = append(defaults, m[1])
+				}
+			}
+			if got := strings.Join(required, ","); got != tc.required {
+				t.Errorf("required flags %s, want %s", got, tc.required)
+			}
+			if got := strings.Join(defaults, ","); got != "api-requests-per-month,org-rate-limit" {
+				t.Errorf("flags defaulting to -1: %s", got)
+			}
+		})
+	}
+}
+
 func TestCommandsNeedTheirEnvironment(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
