@@ -2,9 +2,10 @@ package caddymodule
 
 // The hot path of ServeHTTP, request by request, as Caddy calls it: a replacer and
 // the extra log fields in the context. It runs on a Verifier double, limiter.NewLocal,
-// the usage record in memory and a next handler writing a small JSON body. BenchmarkServeHTTP reports
-// allocations per request (go test -bench ServeHTTP -benchmem ./caddymodule), and
-// TestServeHTTPAllocs holds them. PostgreSQL and Redis costs are make bench's
+// the usage record in memory and a next handler writing a small JSON body.
+// BenchmarkServeHTTP reports allocations and the process's CPU per request
+// (go test -bench ServeHTTP -benchmem ./caddymodule), and TestServeHTTPAllocs holds
+// the allocations. PostgreSQL and Redis costs are make bench's
 // (scripts/bench.sh).
 
 import (
@@ -14,10 +15,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/keygate/keygate/internal/testkit/benchcpu"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
@@ -145,9 +148,19 @@ func BenchmarkServeHTTP(b *testing.B) {
 				b.Fatalf("status %d, want %d", got, p.status)
 			}
 			b.ReportAllocs()
+			self := benchcpu.Self()
+			start, err := self.Read()
+			if err != nil {
+				b.Fatal(err)
+			}
 			for b.Loop() {
 				hr.serve(b)
 			}
+			end, err := self.Read()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(end-start)/float64(time.Microsecond)/float64(b.N), self.Unit)
 		})
 	}
 }

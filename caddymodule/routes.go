@@ -79,9 +79,38 @@ func checkRoute(r Route) error {
 type route struct {
 	methods uint16 // a bit per routeMethods index; all set for any method
 	pattern string // lower case
+	shape   shape  // of pattern, decided once
+	lit     string // pattern without the stars its shape names
 	caddy   caddyhttp.MatchPath
 	scope   string
 	cost    int
+}
+
+// shape is how a pattern matches, as Caddy's path matcher reads it.
+type shape uint8
+
+const (
+	shapeGlob     shape = iota // path.Match
+	shapeAny                   // "*"
+	shapePrefix                // "/v1/monitors/*"
+	shapeSuffix                // "*.json"
+	shapeContains              // "*/monitors/*"
+)
+
+// shapeOf returns the shape of a lower-case pattern and the literal it compares.
+func shapeOf(pattern string) (shape, string) {
+	if pattern == "*" {
+		return shapeAny, ""
+	}
+	switch n := strings.Count(pattern, "*"); {
+	case n == 2 && pattern[0] == '*' && pattern[len(pattern)-1] == '*':
+		return shapeContains, pattern[1 : len(pattern)-1]
+	case n == 1 && pattern[0] == '*':
+		return shapeSuffix, pattern[1:]
+	case n == 1 && pattern[len(pattern)-1] == '*':
+		return shapePrefix, pattern[:len(pattern)-1]
+	}
+	return shapeGlob, pattern
 }
 
 // routeTable is the rules in order, and what lets most requests skip them.
@@ -97,6 +126,7 @@ func newRouteTable(rules []Route) *routeTable {
 	t := &routeTable{rules: make([]route, len(rules))}
 	for i, r := range rules {
 		rt := route{pattern: strings.ToLower(r.Path), scope: r.Scope, cost: max(r.Cost, 1)}
+		rt.shape, rt.lit = shapeOf(rt.pattern)
 		for _, m := range r.Methods {
 			if m == "*" {
 				rt.methods = ^uint16(0)
@@ -145,7 +175,7 @@ func (t *routeTable) match(r *http.Request) *route {
 		if cleaned == "" {
 			cleaned = cleanPath(strings.ToLower(r.URL.Path))
 		}
-		if matchPattern(rt.pattern, cleaned) {
+		if rt.matches(cleaned) {
 			return rt
 		}
 	}
@@ -169,21 +199,20 @@ func cleanPath(p string) string {
 	return c
 }
 
-// matchPattern matches a lower-case pattern without placeholders, escapes or doubled
-// slashes against a cleaned, lower-cased path, as Caddy's path matcher does.
-func matchPattern(pattern, p string) bool {
-	if pattern == "*" {
+// matches matches the rule's pattern, without placeholders, escapes or doubled slashes,
+// against a cleaned, lower-cased path, as Caddy's path matcher does.
+func (rt *route) matches(p string) bool {
+	switch rt.shape {
+	case shapeAny:
 		return true
+	case shapePrefix:
+		return strings.HasPrefix(p, rt.lit)
+	case shapeSuffix:
+		return strings.HasSuffix(p, rt.lit)
+	case shapeContains:
+		return strings.Contains(p, rt.lit)
 	}
-	switch n := strings.Count(pattern, "*"); {
-	case n == 2 && pattern[0] == '*' && pattern[len(pattern)-1] == '*':
-		return strings.Contains(p, pattern[1:len(pattern)-1])
-	case n == 1 && pattern[0] == '*':
-		return strings.HasSuffix(p, pattern[1:])
-	case n == 1 && pattern[len(pattern)-1] == '*':
-		return strings.HasPrefix(p, pattern[:len(pattern)-1])
-	}
-	ok, _ := path.Match(pattern, p)
+	ok, _ := path.Match(rt.lit, p)
 	return ok
 }
 

@@ -16,36 +16,43 @@ import (
 )
 
 // BenchmarkBatcherVerify verifies keys from 1, 4 and 32 goroutines at once, through a
-// Batcher over the real PostgreSQL. allocs/op is what one verification costs, batching
-// included. cpu-µs/op is this process's CPU per verification, and pg-µs/op is
-// PostgreSQL's. Run it on a stack of its own, with -benchtime 3s or more (see
-// internal/testkit/benchcpu).
+// Batcher over the real PostgreSQL, for keys without scopes and with two. allocs/op is
+// what one verification costs, batching included. cpu-µs/op is this process's CPU per
+// verification, and pg-µs/op is PostgreSQL's. Run it on a stack of its own, with
+// -benchtime 3s or more (see internal/testkit/benchcpu).
 func BenchmarkBatcherVerify(b *testing.B) {
-	pool, _ := schematest.NewPool(b)
-	s := keystore.New(pool, keystoretest.Format(b, "mon"))
-	var org string
-	if err := pool.QueryRow(context.Background(),
-		`INSERT INTO orgs (name, plan) VALUES ('acme', 'pro') RETURNING id::text`).Scan(&org); err != nil {
-		b.Fatal(err)
+	for _, kind := range []struct {
+		name   string
+		scopes []string
+	}{{"unscoped", nil}, {"scoped", []string{"monitors:read", "monitors:write"}}} {
+		b.Run(kind.name, func(b *testing.B) {
+			pool, _ := schematest.NewPool(b)
+			s := keystore.New(pool, keystoretest.Format(b, "mon"))
+			var org string
+			if err := pool.QueryRow(context.Background(),
+				`INSERT INTO orgs (name, plan) VALUES ('acme', 'pro') RETURNING id::text`).Scan(&org); err != nil {
+				b.Fatal(err)
+			}
+			var keys []string
+			for range 16 {
+				_, full, err := s.Create(context.Background(), keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin, Scopes: kind.scopes})
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys = append(keys, full)
+			}
+			v := keystore.NewBatcher(s, keystore.BatcherOptions{})
+			pg, err := benchcpu.Postgres(pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchcpu.Run(b, func(b *testing.B, i int) {
+				if _, ok, err := v.Verify(context.Background(), keys[i%len(keys)]); !ok || err != nil {
+					b.Errorf("Verify = %v, %v", ok, err)
+				}
+			}, benchcpu.Self(), pg)
+		})
 	}
-	var keys []string
-	for range 16 {
-		_, full, err := s.Create(context.Background(), keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleViewer})
-		if err != nil {
-			b.Fatal(err)
-		}
-		keys = append(keys, full)
-	}
-	v := keystore.NewBatcher(s, keystore.BatcherOptions{})
-	pg, err := benchcpu.Postgres(pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	benchcpu.Run(b, func(b *testing.B, i int) {
-		if _, ok, err := v.Verify(context.Background(), keys[i%len(keys)]); !ok || err != nil {
-			b.Errorf("Verify = %v, %v", ok, err)
-		}
-	}, benchcpu.Self(), pg)
 }
 
 // BenchmarkLookup reports the PostgreSQL CPU of one key lookup, for batches of 1 and 8
