@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -81,10 +82,19 @@ func resultOf(ctx context.Context, err error) conns.CallResult {
 }
 
 // lookups are the request path's PostgreSQL: each key lookup goes through verifier,
-// behind PostgreSQL's breaker.
+// behind PostgreSQL's breaker. A key the lookup refused is looked at again through
+// denials, after its answer (refuseLookedUp).
 type lookups struct {
 	dep      dependency
 	verifier Verifier
+	denials  Denier // nil: a refused key is never recorded as ip_denied
+}
+
+// Denier tells whether a key its lookup refused was refused for its address: a live
+// key with that secret and allowed networks, whose ID and OrgID the Key holds. It is
+// a keystore.Denials. It bounds each look's wait itself.
+type Denier interface {
+	Denied(ctx context.Context, keyID, secret string) (keystore.Key, bool, error)
 }
 
 func newLookups(v Verifier, b *conns.Breaker, m *metrics) lookups {
@@ -97,16 +107,29 @@ func newLookups(v Verifier, b *conns.Breaker, m *metrics) lookups {
 
 // verify looks the key up, unless the breaker is open. The verifier bounds the wait
 // by database_timeout itself.
-func (l *lookups) verify(ctx context.Context, keyID, secret string) (key keystore.Key, ok bool, err error) {
+func (l *lookups) verify(ctx context.Context, keyID, secret string, from netip.Addr) (key keystore.Key, ok bool, err error) {
 	start := l.dep.start()
 	if l.dep.allow() {
-		key, ok, err = l.verifier.VerifyParsed(ctx, keyID, secret)
+		key, ok, err = l.verifier.VerifyParsed(ctx, keyID, secret, from)
 		l.dep.done(ctx, err)
 	} else {
 		err = conns.ErrBreakerOpen
 	}
 	l.dep.observe(ctx, start, err)
 	return key, ok, err
+}
+
+// denied tells whether a key its lookup refused was refused for its address. It is
+// asked after the answer, so it is not timed as a lookup, and it tells the breaker
+// nothing: a failure is the next lookup's to find. It asks nothing while the breaker
+// is not closed. A client that goes away does not cut it short: its owner should
+// still see the refusal.
+func (l *lookups) denied(ctx context.Context, keyID, secret string) (keystore.Key, bool) {
+	if l.denials == nil || (l.dep.breaker != nil && !l.dep.breaker.Closed()) {
+		return keystore.Key{}, false
+	}
+	key, ok, err := l.denials.Denied(context.WithoutCancel(ctx), keyID, secret)
+	return key, ok && err == nil
 }
 
 // counts are the request path's Redis: each rate-limit count goes through lim,
@@ -197,6 +220,7 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, string, error) {
 	pb := conns.NewBreaker(probe, h.breakerChanged("postgres"))
 	pb.Spacing = conns.BreakerSpacing(time.Duration(h.DatabaseTimeout))
 	h.lookups = newLookups(v, pb, h.metrics)
+	h.lookups.denials = keystore.NewDenials(store, time.Duration(h.DatabaseTimeout))
 	return pool, key, nil
 }
 
@@ -257,10 +281,10 @@ type storeWithin struct {
 	timeout time.Duration
 }
 
-func (s storeWithin) VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
+func (s storeWithin) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (keystore.Key, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	return s.store.VerifyParsed(ctx, keyID, secret)
+	return s.store.VerifyParsed(ctx, keyID, secret, from)
 }
 
 // breakerChanged returns the hook of a dependency's breaker. It logs the breaker

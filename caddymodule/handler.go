@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -282,12 +283,15 @@ type Handler struct {
 }
 
 // Verifier looks up a presented key, split by keystore.Format.Parse into its key id
-// and secret. It is a keystore.Batcher, or a keystore.Store in a storeWithin. It
-// keeps "rejected" apart from "broken". An unknown, revoked or expired key, or a
-// wrong secret, is (Key{}, false, nil): the 401. A lookup that could not be made is
-// an error: the 503. It bounds each lookup's wait by database_timeout itself.
+// and secret, asked from the client address from (clientAddr). It is a
+// keystore.Batcher, or a keystore.Store in a storeWithin. It keeps "rejected" apart
+// from "broken". An unknown, revoked or expired key, a wrong secret, or a key whose
+// allowed networks do not hold from, is (Key{}, false, nil): the 401. A key found may
+// still not allow from (a batch partner's address found it): ServeHTTP checks again.
+// A lookup that could not be made is an error: the 503. It bounds each lookup's wait
+// by database_timeout itself.
 type Verifier interface {
-	VerifyParsed(ctx context.Context, keyID, secret string) (keystore.Key, bool, error)
+	VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (keystore.Key, bool, error)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -448,18 +452,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 
-	// 2. The key, on this very request.
-	key, ok, err := h.lookups.verify(r.Context(), keyID, secret)
+	// 2. The key, on this very request, from this address.
+	from := clientAddr(r)
+	key, ok, err := h.lookups.verify(r.Context(), keyID, secret, from)
 	if err != nil {
 		h.lookupFailed(r, err)
 		h.answer(w, r, keystore.OutcomeLookupUnavailable, nil, bodyServiceUnavailable)
 		return nil
 	}
 	if !ok {
-		h.refuse(w, r, keystore.OutcomeUnauthenticated, nil)
+		h.refuseLookedUp(w, r, keyID, secret)
 		return nil
 	}
-	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(clientAddr(r)) {
+	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(from) {
 		// The very answer of an unknown key: a stolen key tells its thief nothing.
 		h.refuse(w, r, keystore.OutcomeIPDenied, &key)
 		return nil
@@ -543,4 +548,5 @@ var (
 	_ caddyfile.Unmarshaler       = (*Handler)(nil)
 	_ Verifier                    = (*keystore.Store)(nil)
 	_ Verifier                    = (*keystore.Batcher)(nil)
+	_ Denier                      = (*keystore.Denials)(nil)
 )

@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ var twentyRules = func() []Route {
 // parallel.
 type hotVerifier struct{}
 
-func (hotVerifier) VerifyParsed(_ context.Context, keyID, secret string) (keystore.Key, bool, error) {
+func (hotVerifier) VerifyParsed(_ context.Context, keyID, secret string, _ netip.Addr) (keystore.Key, bool, error) {
 	k, ok := hotKeys[keyID]
 	if !ok || secret != testSecretPart {
 		return keystore.Key{}, false, nil

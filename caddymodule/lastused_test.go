@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -24,7 +25,7 @@ type idVerifier struct {
 	calls int
 }
 
-func (v *idVerifier) VerifyParsed(_ context.Context, keyID, _ string) (keystore.Key, bool, error) {
+func (v *idVerifier) VerifyParsed(_ context.Context, keyID, _ string, _ netip.Addr) (keystore.Key, bool, error) {
 	v.calls++
 	k, ok := v.known[keyID]
 	return k, ok, nil

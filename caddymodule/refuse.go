@@ -19,6 +19,22 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, o keystore.Outc
 	h.record(r, o, key)
 }
 
+// refuseLookedUp is refuse for a key its lookup refused: unknown, dead, a wrong
+// secret, or used from outside its allowed networks, which the lookup filters out as
+// it does a dead key. After the 401 is out, a second look (lookups.denied) tells the
+// last apart, to record it as ip_denied against its key; anything else is recorded
+// as unauthenticated. The second look delays no answer: only the request's own
+// return, and so the next request on its connection (docs/security.md, Timing).
+func (h *Handler) refuseLookedUp(w http.ResponseWriter, r *http.Request, keyID, secret string) {
+	writeUnauthenticated(w, keystore.OutcomeUnauthenticated.Status())
+	flush(w)
+	if key, ok := h.lookups.denied(r.Context(), keyID, secret); ok {
+		h.record(r, keystore.OutcomeIPDenied, &key)
+		return
+	}
+	h.record(r, keystore.OutcomeUnauthenticated, nil)
+}
+
 // flush sends what w holds to the client, as http.ResponseController does, through
 // the Unwrap of Caddy's writers, which implement no Flush of their own. Unlike a
 // ResponseController it allocates nothing.

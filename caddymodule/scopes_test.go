@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ import (
 // oneKey is a Verifier double that knows one key, whatever the key id.
 type oneKey struct{ key keystore.Key }
 
-func (v oneKey) VerifyParsed(context.Context, string, string) (keystore.Key, bool, error) {
+func (v oneKey) VerifyParsed(context.Context, string, string, netip.Addr) (keystore.Key, bool, error) {
 	return v.key, true, nil
 }
 

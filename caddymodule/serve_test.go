@@ -52,22 +52,34 @@ var testKeys = map[string]keystore.Key{
 func bearer(id string) string { return "Bearer mon_live_" + id + "." + testSecretPart }
 
 // fakeVerifier is the Verifier double: testKeys with testSecretPart, or err for every
-// lookup. It counts its calls.
+// lookup. As the store does, it refuses a key asked from outside its networks, and
+// tells such a key apart afterwards as its Denier. It counts its lookups.
 type fakeVerifier struct {
 	err   error
 	calls int
 }
 
-func (v *fakeVerifier) VerifyParsed(_ context.Context, keyID, secret string) (keystore.Key, bool, error) {
+func (v *fakeVerifier) VerifyParsed(_ context.Context, keyID, secret string, from netip.Addr) (keystore.Key, bool, error) {
 	v.calls++
 	if v.err != nil {
 		return keystore.Key{}, false, v.err
 	}
 	k, ok := testKeys[keyID]
-	if !ok || secret != testSecretPart {
+	if !ok || secret != testSecretPart || from.IsValid() && !k.AllowsAddr(from) {
 		return keystore.Key{}, false, nil
 	}
 	return k, true, nil
+}
+
+func (v *fakeVerifier) Denied(ctx context.Context, keyID, secret string) (keystore.Key, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return keystore.Key{}, false, err
+	}
+	k, ok := testKeys[keyID]
+	if !ok || secret != testSecretPart || len(k.AllowedCIDRs) == 0 {
+		return keystore.Key{}, false, nil
+	}
+	return keystore.Key{ID: k.ID, OrgID: k.OrgID}, true, nil
 }
 
 // failingLimiter is a Redis that cannot count.
@@ -102,9 +114,11 @@ func newTestHandler(t testing.TB, v Verifier, limiterFailure string) *Handler {
 }
 
 // withDoubles gives h the request path Provision builds, on v and lim. The lookups
-// go behind a PostgreSQL breaker, and the counts are in process.
+// go behind a PostgreSQL breaker, with v as their Denier if it is one, and the
+// counts are in process.
 func withDoubles(h *Handler, v Verifier, lim limiter.Limiter) {
 	h.lookups = newLookups(v, conns.NewBreaker(nil, h.breakerChanged("postgres")), h.metrics)
+	h.lookups.denials, _ = v.(Denier)
 	h.counts = localCounts(lim, h.metrics)
 }
 

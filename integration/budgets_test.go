@@ -87,14 +87,6 @@ func (c *Client) createKeyWith(orgID, name, role string, fields map[string]any) 
 	return id, key
 }
 
-// call is one request of a burst: key, to gateway gw.
-type call struct {
-	key          string
-	gw           int
-	method, path string
-	body         any
-}
-
 // calls returns n GET path of key, alternating between gateways 0 and 1.
 func calls(key, path string, n int) []call {
 	out := make([]call, n)

@@ -247,13 +247,15 @@ func TestDashboardInABrowser(t *testing.T) {
 	owner.logIn(o.Email, o.Password)
 	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
 
-	// Create a key through the form, with its own limit and networks (the loopback
-	// ones, from which this test calls /v1), and read it once.
+	// Create a key through the form, with its own limit, networks (the loopback ones,
+	// from which this test calls /v1) and scopes (/v1/me needs none), and read it once.
 	owner.do("create a key",
 		chromedp.SendKeys(tid("create-key-name"), "deploy bot"),
 		chromedp.SetValue(tid("create-key-role"), "Editor"),
 		chromedp.SendKeys(tid("create-key-rate-limit"), "50"),
 		chromedp.SendKeys(tid("create-key-cidrs"), "127.0.0.0/8,\n::1\n192.0.2.0/24"),
+		chromedp.Click(scopeBox(tid("create-key-scopes"), "monitors:read")),
+		chromedp.Click(scopeBox(tid("create-key-scopes"), "monitors:write")),
 		chromedp.Click(tid("create-key-submit")),
 		chromedp.WaitVisible(tid("new-key")),
 	)
@@ -275,6 +277,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 	row := chromedp.CSS(`tr[data-key-id="` + oldID + `"] `)
 	s.wantSettings(owner, row, "50", "127.0.0.0/8 ::1/128 192.0.2.0/24")
+	wantScopes(owner, row, "monitors:read monitors:write")
 	wantCompactRow(owner, oldID)
 	owner.screenshot("keys")
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -608,6 +609,59 @@ func (a *api) do(method, path string, body any) Resp {
 		h.Set("Authorization", "Bearer "+a.key)
 	}
 	return doRequest(a.s.t, a.http, method, a.base+path, body, h)
+}
+
+// call is a /v1 request: key, to gateway gw.
+type call struct {
+	key          string
+	gw           int
+	method, path string
+	body         any
+}
+
+// step is a call and the status it must answer.
+type step struct {
+	call
+	status int
+}
+
+// sendSteps sends steps in order, and fails the test at the first that answers another
+// status than its own.
+func (s *Stack) sendSteps(steps []step) {
+	s.t.Helper()
+	for i, st := range steps {
+		if r := s.send(st.call); r.Status != st.status {
+			s.t.Fatalf("step %d, %s %s on gateway %d: %d %s, want %d", i, st.method, st.path, st.gw, r.Status, r.Body, st.status)
+		}
+	}
+}
+
+// usageRecordRow is a row of the usage record as GET /orgs/{orgId}/usage answers it.
+type usageRecordRow struct {
+	KeyID   string `json:"key_id"`
+	Outcome string `json:"outcome"`
+	Status  int    `json:"status"`
+	Count   int64  `json:"count"`
+	Units   int64  `json:"units"`
+}
+
+// name is the row's "key_id outcome status", by which the usage tests compare rows.
+func (u usageRecordRow) name() string { return fmt.Sprintf("%s %s %d", u.KeyID, u.Outcome, u.Status) }
+
+// usage reads orgID's usage record through GET /orgs/{orgId}/usage with the query q.
+func (c *Client) usage(orgID string, q url.Values) []usageRecordRow {
+	c.s.t.Helper()
+	r := c.do("GET", "/orgs/"+orgID+"/usage?"+q.Encode(), nil, nil)
+	if r.Status != 200 {
+		c.s.t.Fatalf("reading usage: %d %s", r.Status, r.Body)
+	}
+	var body struct {
+		Data []usageRecordRow `json:"data"`
+	}
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		c.s.t.Fatalf("usage body %s: %v", r.Body, err)
+	}
+	return body.Data
 }
 
 // raw sends a request to any URL with exactly the given headers (no Authorization added).

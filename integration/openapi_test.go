@@ -391,8 +391,9 @@ func networks(n int) []string {
 
 func TestAGoClientGeneratedFromTheDocumentsWorks(t *testing.T) {
 	// openapi/testdata/goclient, built on the clients oapi-codegen generates from the
-	// documents, logs in, creates keys and uses them: a create with a config, a PATCH
-	// of one field, and the typed bodies of 400, 402, 403 and 404.
+	// documents, logs in, creates keys, narrows one's scopes and sends them as null
+	// again, and uses the keys: a create with a config, a PATCH of one field, and the
+	// typed bodies of 400, 402, 403 and 404.
 	dir := openapitest.GoClient(t)
 	bin := filepath.Join(t.TempDir(), "goclient")
 	openapitest.Go(t, dir, "build", "-o", bin, ".")

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -12,31 +11,15 @@ import (
 	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
-// usageUnits reads orgID's usage record by day over the UTC day of at, through the
-// usage API, as "key outcome status" → "count/units".
+// usageUnits reads orgID's usage record by day over the UTC day of at, as
+// "key outcome status" → "count/units".
 func (c *Client) usageUnits(orgID string, at time.Time) map[string]string {
 	c.s.t.Helper()
 	day := at.UTC().Truncate(24 * time.Hour)
 	q := url.Values{"granularity": {"day"}, "from": {day.Format(time.RFC3339)}, "to": {day.AddDate(0, 0, 1).Format(time.RFC3339)}}
-	r := c.do("GET", "/orgs/"+orgID+"/usage?"+q.Encode(), nil, nil)
-	if r.Status != 200 {
-		c.s.t.Fatalf("reading usage: %d %s", r.Status, r.Body)
-	}
-	var body struct {
-		Data []struct {
-			KeyID   string `json:"key_id"`
-			Outcome string `json:"outcome"`
-			Status  int    `json:"status"`
-			Count   int64  `json:"count"`
-			Units   int64  `json:"units"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(r.Body, &body); err != nil {
-		c.s.t.Fatalf("usage body %s: %v", r.Body, err)
-	}
 	out := map[string]string{}
-	for _, d := range body.Data {
-		out[fmt.Sprintf("%s %s %d", d.KeyID, d.Outcome, d.Status)] = fmt.Sprintf("%d/%d", d.Count, d.Units)
+	for _, u := range c.usage(orgID, q) {
+		out[u.name()] = fmt.Sprintf("%d/%d", u.Count, u.Units)
 	}
 	return out
 }
@@ -59,30 +42,17 @@ func TestTheUsageRecordCountsEachRequestsUnits(t *testing.T) {
 
 	waitForWindowRoom(20) // the small key's minute, and every request in one UTC day
 	start := time.Now()
-	for i, step := range []struct {
-		key          string
-		gw           int
-		method, path string
-		status       int
-	}{
-		{editor, 0, "POST", "/v1/monitors", http.StatusCreated},
-		{editor, 1, "POST", "/v1/monitors", http.StatusCreated},
-		{editor, 1, "GET", "/v1/monitors", http.StatusOK},
-		{editor, 0, "GET", "/v1/monitors", http.StatusOK},
-		{editor, 1, "GET", "/v1/monitors", http.StatusOK},
-		{editor, 0, "GET", "/v1/me", http.StatusOK},
-		{small, 0, "POST", "/v1/monitors", http.StatusCreated},
-		{small, 1, "POST", "/v1/monitors", http.StatusTooManyRequests}, // 5 with 3 left
-		{viewer, 0, "POST", "/v1/monitors", http.StatusForbidden},      // the role: after the budgets
-	} {
-		var body any
-		if step.method == "POST" {
-			body = newMonitor(fmt.Sprint("m", i))
-		}
-		if r := s.api(step.key, step.gw).do(step.method, step.path, body); r.Status != step.status {
-			t.Fatalf("step %d (%s %s on gateway %d): %d %s; want %d", i, step.method, step.path, step.gw, r.Status, r.Body, step.status)
-		}
-	}
+	s.sendSteps([]step{
+		{call{editor, 0, "POST", "/v1/monitors", newMonitor("m0")}, http.StatusCreated},
+		{call{editor, 1, "POST", "/v1/monitors", newMonitor("m1")}, http.StatusCreated},
+		{call{editor, 1, "GET", "/v1/monitors", nil}, http.StatusOK},
+		{call{editor, 0, "GET", "/v1/monitors", nil}, http.StatusOK},
+		{call{editor, 1, "GET", "/v1/monitors", nil}, http.StatusOK},
+		{call{editor, 0, "GET", "/v1/me", nil}, http.StatusOK},
+		{call{small, 0, "POST", "/v1/monitors", newMonitor("m6")}, http.StatusCreated},
+		{call{small, 1, "POST", "/v1/monitors", newMonitor("m7")}, http.StatusTooManyRequests}, // 5 with 3 left
+		{call{viewer, 0, "POST", "/v1/monitors", newMonitor("m8")}, http.StatusForbidden},      // the role: after the budgets
+	})
 	want := map[string]string{
 		editorID + " proxied 201":     "2/10",
 		editorID + " proxied 200":     "3/3",

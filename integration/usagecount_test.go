@@ -6,8 +6,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"maps"
 	"net/url"
 	"slices"
@@ -25,24 +23,9 @@ func (c *Client) usageTotals(orgID string, from time.Time) map[string]int64 {
 	c.s.t.Helper()
 	to := time.Now().UTC().Truncate(time.Minute).Add(time.Minute)
 	q := url.Values{"granularity": {"minute"}, "from": {from.UTC().Truncate(time.Minute).Format(time.RFC3339)}, "to": {to.Format(time.RFC3339)}}
-	r := c.do("GET", "/orgs/"+orgID+"/usage?"+q.Encode(), nil, nil)
-	if r.Status != 200 {
-		c.s.t.Fatalf("reading usage: %d %s", r.Status, r.Body)
-	}
-	var body struct {
-		Data []struct {
-			KeyID   string `json:"key_id"`
-			Outcome string `json:"outcome"`
-			Status  int    `json:"status"`
-			Count   int64  `json:"count"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(r.Body, &body); err != nil {
-		c.s.t.Fatalf("usage body %s: %v", r.Body, err)
-	}
 	out := map[string]int64{}
-	for _, d := range body.Data {
-		out[fmt.Sprintf("%s %s %d", d.KeyID, d.Outcome, d.Status)] += d.Count
+	for _, u := range c.usage(orgID, q) {
+		out[u.name()] += u.Count
 	}
 	return out
 }
@@ -83,40 +66,28 @@ func TestUsageOfTwoGatewaysAddsUpAndAGracefulStopLosesNothing(t *testing.T) {
 	s.cli("", "org", "set-plan", "--org", gated.ID, "--plan", "free")
 
 	waitForWindowRoom(20) // the small key's three requests in one rate-limit window
-	type step struct {
-		key          string
-		gw           int
-		method, path string
-		body         any
-		status       int
-	}
 	missing := "/v1/monitors/00000000-0000-4000-8000-000000000000"
-	steps := []step{
-		{admin, a, "GET", "/v1/me", nil, 200},
-		{admin, b, "GET", "/v1/me", nil, 200},
-		{admin, b, "GET", "/v1/me", nil, 200},
-		{admin, a, "POST", "/v1/monitors", newMonitor("usage"), 201},
-		{admin, a, "GET", "/v1/monitors", nil, 200},
-		{admin, b, "GET", "/v1/monitors", nil, 200},
-		{admin, a, "GET", missing, nil, 404},
-		{admin, b, "GET", missing, nil, 404},
-		{viewer, a, "GET", "/v1/monitors", nil, 200},
-		{viewer, a, "POST", "/v1/monitors", newMonitor("no"), 403},
-		{viewer, b, "DELETE", missing, nil, 403},
-		{smallKey, a, "GET", "/v1/me", nil, 200},
-		{smallKey, b, "GET", "/v1/me", nil, 200},
-		{smallKey, a, "GET", "/v1/me", nil, 429},
-		{smallKey, b, "GET", "/v1/monitors", nil, 429},
-		{gatedKey, a, "GET", "/v1/me", nil, 403},
-		{gatedKey, b, "GET", "/v1/monitors", nil, 403},
-		{"mon_live_nope", a, "GET", "/v1/me", nil, 401},            // no key: no one's
-		{admin[:len(admin)-1] + "x", b, "GET", "/v1/me", nil, 401}, // a wrong secret: no one's
-	}
-	for _, st := range steps {
-		if r := s.api(st.key, st.gw).do(st.method, st.path, st.body); r.Status != st.status {
-			t.Fatalf("%s %s on gateway %d: %d %s, want %d", st.method, st.path, st.gw, r.Status, r.Body, st.status)
-		}
-	}
+	s.sendSteps([]step{
+		{call{admin, a, "GET", "/v1/me", nil}, 200},
+		{call{admin, b, "GET", "/v1/me", nil}, 200},
+		{call{admin, b, "GET", "/v1/me", nil}, 200},
+		{call{admin, a, "POST", "/v1/monitors", newMonitor("usage")}, 201},
+		{call{admin, a, "GET", "/v1/monitors", nil}, 200},
+		{call{admin, b, "GET", "/v1/monitors", nil}, 200},
+		{call{admin, a, "GET", missing, nil}, 404},
+		{call{admin, b, "GET", missing, nil}, 404},
+		{call{viewer, a, "GET", "/v1/monitors", nil}, 200},
+		{call{viewer, a, "POST", "/v1/monitors", newMonitor("no")}, 403},
+		{call{viewer, b, "DELETE", missing, nil}, 403},
+		{call{smallKey, a, "GET", "/v1/me", nil}, 200},
+		{call{smallKey, b, "GET", "/v1/me", nil}, 200},
+		{call{smallKey, a, "GET", "/v1/me", nil}, 429},
+		{call{smallKey, b, "GET", "/v1/monitors", nil}, 429},
+		{call{gatedKey, a, "GET", "/v1/me", nil}, 403},
+		{call{gatedKey, b, "GET", "/v1/monitors", nil}, 403},
+		{call{"mon_live_nope", a, "GET", "/v1/me", nil}, 401},            // no key: no one's
+		{call{admin[:len(admin)-1] + "x", b, "GET", "/v1/me", nil}, 401}, // a wrong secret: no one's
+	})
 
 	for _, i := range []int{a, b} {
 		s.gateways[i].proc.stop() // SIGTERM

@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -67,23 +68,23 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 	if !ok {
 		return Key{}, false, nil
 	}
-	return b.VerifyParsed(ctx, keyID, secret)
+	return b.VerifyParsed(ctx, keyID, secret, netip.Addr{})
 }
 
-// VerifyParsed is Verify for a key that Format.Parse has already split; see
-// Store.VerifyParsed.
-func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
+// VerifyParsed is Verify for a key that Format.Parse has already split, asked from
+// from; see Store.VerifyParsed.
+func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
 	// The deadline goes to the Gatherer, not into a context of its own: see
 	// gather.DoBy.
-	k, ok, _, err := b.verifyBy(ctx, gather.Deadline(ctx, b.timeout), keyID, secret)
+	k, ok, _, err := b.verifyBy(ctx, gather.Deadline(ctx, b.timeout), keyID, secret, from)
 	return k, ok, err
 }
 
 // verifyBy is VerifyParsed by deadline. It also returns the position a standby's
 // batch had replayed before its lookup (Store.lookup); 0 on the primary.
-func (b *Batcher) verifyBy(ctx context.Context, deadline time.Time, keyID, secret string) (Key, bool, LSN, error) {
+func (b *Batcher) verifyBy(ctx context.Context, deadline time.Time, keyID, secret string, from netip.Addr) (Key, bool, LSN, error) {
 	sum := HashSecret(secret)
-	f, err := b.batches.DoBy(ctx, deadline, probe{keyID, sum})
+	f, err := b.batches.DoBy(ctx, deadline, probe{keyID, sum, from.Unmap()})
 	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
 		return Key{}, false, 0, fmt.Errorf("looking up key: %w", err)
 	}

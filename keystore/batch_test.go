@@ -292,12 +292,12 @@ func TestBatcherMarksOnlyTheLookupsItRunsInline(t *testing.T) {
 	batched := 0
 	for i, l := range seen {
 		switch {
-		case i < 2 && (l.args != 2 || !l.marked):
-			t.Errorf("lookup %d, of a lone request, = %+v; want one id and its digest, marked", i, l)
-		case l.args > 2 && l.marked:
+		case i < 2 && (l.args != 3 || !l.marked):
+			t.Errorf("lookup %d, of a lone request, = %+v; want one id, its digest and address, marked", i, l)
+		case l.args > 3 && l.marked:
 			t.Errorf("lookup %d, of a batch, = %+v; want it unmarked", i, l)
 		}
-		if l.args > 2 {
+		if l.args > 3 {
 			batched++
 		}
 	}

@@ -2,6 +2,7 @@ package keystore
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 )
@@ -30,31 +31,42 @@ func TestDistinctKeepsFirstAppearancesInOrder(t *testing.T) {
 	}
 }
 
-func TestSplitPresentsEachIDAndEachDigestOnce(t *testing.T) {
+func TestSplitPresentsEachIDAndEachPairOfDigestAndAddressOnce(t *testing.T) {
 	sum := func(s string) [32]byte { return HashSecret(s) }
+	p := func(id, secret string) probe { return probe{id: id, sum: sum(secret)} }
+	from := func(id, secret, addr string) probe {
+		return probe{id: id, sum: sum(secret), addr: netip.MustParseAddr(addr)}
+	}
 	var many []probe // beyond the scan, through the map
 	for i := range 100 {
-		many = append(many, probe{fmt.Sprint(i % 40), sum(fmt.Sprint(i % 30))})
+		many = append(many, from(fmt.Sprint(i%40), fmt.Sprint(i%30), fmt.Sprintf("10.0.0.%d", i%2)))
 	}
 	for _, tc := range []struct {
 		name   string
 		probes []probe
 		ids    int
-		sums   int
+		pairs  int
 	}{
-		{"one", []probe{{"a", sum("x")}}, 1, 1},
-		{"one key from many requests", []probe{{"a", sum("x")}, {"a", sum("x")}, {"a", sum("x")}}, 1, 1},
-		{"one id, two secrets", []probe{{"a", sum("x")}, {"a", sum("y")}}, 1, 2},
-		{"two keys", []probe{{"a", sum("x")}, {"b", sum("y")}, {"a", sum("x")}}, 2, 2},
+		{"one", []probe{p("a", "x")}, 1, 1},
+		{"one key from many requests", []probe{p("a", "x"), p("a", "x"), p("a", "x")}, 1, 1},
+		{"one id, two secrets", []probe{p("a", "x"), p("a", "y")}, 1, 2},
+		{"two keys", []probe{p("a", "x"), p("b", "y"), p("a", "x")}, 2, 2},
+		{"one key from two addresses", []probe{from("a", "x", "10.0.0.1"), from("a", "x", "10.0.0.2"), from("a", "x", "10.0.0.1")}, 1, 2},
 		{"many", many, 40, 30},
 	} {
-		ids, sums := split(tc.probes)
-		if len(ids) != tc.ids || len(sums) != tc.sums {
-			t.Errorf("%s: %d ids and %d digests, want %d and %d", tc.name, len(ids), len(sums), tc.ids, tc.sums)
+		ids, sums, addrs := split(tc.probes)
+		if len(ids) != tc.ids || len(sums) != tc.pairs || len(addrs) != tc.pairs {
+			t.Errorf("%s: %d ids, %d digests and %d addresses, want %d, %d and %d",
+				tc.name, len(ids), len(sums), len(addrs), tc.ids, tc.pairs, tc.pairs)
+			continue
 		}
-		for _, p := range tc.probes {
-			if !slices.Contains(ids, p.id) || !slices.ContainsFunc(sums, func(s []byte) bool { return string(s) == string(p.sum[:]) }) {
-				t.Errorf("%s: %q or its digest is not presented", tc.name, p.id)
+		for _, pr := range tc.probes {
+			paired := false
+			for i := range sums {
+				paired = paired || string(sums[i]) == string(pr.sum[:]) && addrs[i] == pr.addr
+			}
+			if !slices.Contains(ids, pr.id) || !paired {
+				t.Errorf("%s: %q or its digest and address is not presented", tc.name, pr.id)
 			}
 		}
 	}

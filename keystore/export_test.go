@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"maps"
+	"net/netip"
 	"slices"
 )
 
@@ -27,9 +28,14 @@ var LookupAnySQL = lookupAnySQL
 // Lookup runs s's lookup of ids (distinct key ids) presenting the digests sums, and
 // returns the ids of the live keys it found, sorted.
 func (s *Store) Lookup(ctx context.Context, ids []string, sums [][]byte) ([]string, error) {
+	return s.LookupFrom(ctx, ids, sums, make([]netip.Addr, len(ids)))
+}
+
+// LookupFrom is Lookup of one batch whose requests came from addrs, by index.
+func (s *Store) LookupFrom(ctx context.Context, ids []string, sums [][]byte, addrs []netip.Addr) ([]string, error) {
 	probes := make([]probe, len(ids))
 	for i := range ids {
-		probes[i] = probe{ids[i], [32]byte(sums[i])}
+		probes[i] = probe{id: ids[i], sum: [32]byte(sums[i]), addr: addrs[i].Unmap()}
 	}
 	rows, _, err := s.lookup(ctx, lookupOf(probes))
 	return slices.Sorted(maps.Keys(rows)), err

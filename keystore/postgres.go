@@ -37,7 +37,7 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 // access keeps 0 whatever the key says. A key without networks sends NULL rather than
 // an empty array, which costs a batch's decoding more than the rest of its row. The
 // scopes come as one text, NULL for none (splitScopes). lookupOf completes its
-// condition on the key id, then lookupDigest its condition on the digest. The
+// condition on the key id, then lookupDigest its condition on the digest and address. The
 // database's clock decides revocation and expiry, on this very request.
 const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
 CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit
@@ -51,25 +51,33 @@ JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
 WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AND k.key_id `
 
-// lookupDigest is the condition on the presented digests of a lookup statement whose
-// ids take params parameters. The stored digest must be one of them. They come after
-// the ids, as one bytea (one) or one array (any). So a live key id with a wrong secret
-// costs the database what a revoked or expired one does: a row found and filtered out.
+// lookupDigest is the condition on the presented digests and client addresses of a
+// lookup statement whose ids take params parameters. They come after the ids: one
+// bytea and one inet (one), or two arrays of the same length, the digests and the
+// addresses of the batch's requests, in pairs (any). The stored digest must be one of
+// them. A key with allowed networks must also hold the address paired with its digest,
+// or be paired with NULL, which skips the address check (Store.VerifyParsed).
+//
+// So a live key id with a wrong secret, or a key used from outside its networks, costs
+// the database what a revoked or expired one does: a row found and filtered out.
 // Otherwise the organisation and plan would be joined and a row sent back, which
 // paired requests could tell apart from an unknown id (docs/security.md). The database
 // compares SHA-256 digests, which say nothing of a secret. check compares again, in
-// constant time.
+// constant time. A key without networks costs the address check one cardinality.
 //
 // It is a CASE so that PostgreSQL leaves it out of its estimate of the keys the id
 // condition finds. As a plain condition it takes it for a rare one. On small tables it
 // would then put api_keys first in the join, scanning the organisations and plans once
 // per key found rather than once.
 func lookupDigest(params int, one bool) string {
-	arg := "$" + strconv.Itoa(params+1)
+	sum, addr := "$"+strconv.Itoa(params+1), "$"+strconv.Itoa(params+2)
 	if one {
-		return " AND CASE WHEN k.secret_hash = " + arg + " THEN true END"
+		return " AND CASE WHEN k.secret_hash = " + sum + " AND (cardinality(k.allowed_cidrs) = 0 OR " +
+			addr + "::inet <<= ANY(k.allowed_cidrs) OR " + addr + "::inet IS NULL) THEN true END"
 	}
-	return " AND CASE WHEN k.secret_hash = ANY(" + arg + ") THEN true END"
+	return " AND CASE WHEN k.secret_hash = ANY(" + sum + "::bytea[]) AND (cardinality(k.allowed_cidrs) = 0 OR EXISTS (" +
+		"SELECT FROM unnest(" + sum + "::bytea[], " + addr + "::inet[]) p(sum, addr) WHERE p.sum = k.secret_hash" +
+		" AND (p.addr IS NULL OR p.addr <<= ANY(k.allowed_cidrs)))) THEN true END"
 }
 
 // The lookup's statements, one per shape of batch. PostgreSQL keeps a generic plan,
@@ -105,10 +113,12 @@ const (
 	maxInListIDs = 1 << maxInListLog
 )
 
-// probe is a presented key: its id and the digest of its secret.
+// probe is a presented key: its id, the digest of its secret, and the client address
+// it came from, never IPv4-mapped. The zero address skips the key's networks.
 type probe struct {
-	id  string
-	sum [32]byte
+	id   string
+	sum  [32]byte
+	addr netip.Addr
 }
 
 // lookup is a lookup statement with its arguments, and how many distinct key ids it
@@ -119,60 +129,70 @@ type lookup struct {
 	ids  int
 }
 
-// lookupOf returns the lookup of the key ids of probes, with their digests. probes
-// must not be empty.
+// lookupOf returns the lookup of the key ids of probes, with their digests and
+// addresses. probes must not be empty.
 func lookupOf(probes []probe) lookup {
 	if len(probes) == 1 {
-		return lookup{lookupOneSQL, []any{probes[0].id, probes[0].sum[:]}, 1}
+		return lookup{lookupOneSQL, []any{probes[0].id, probes[0].sum[:], probes[0].addr}, 1}
 	}
-	ids, sums := split(probes)
+	ids, sums, addrs := split(probes)
 	n := len(ids)
 	switch {
 	case n == 1 && len(sums) == 1:
-		return lookup{lookupOneSQL, []any{ids[0], sums[0]}, 1}
+		return lookup{lookupOneSQL, []any{ids[0], sums[0], addrs[0]}, 1}
 	case n <= maxInListIDs:
 		i := max(bits.Len(uint(n-1)), 1) // 2^i is the smallest power of two >= n, and >= 2
-		args := make([]any, 1<<i+1)
+		args := make([]any, 1<<i+2)
 		for j := range 1 << i {
 			args[j] = ids[min(j, n-1)]
 		}
-		args[1<<i] = sums
+		args[1<<i], args[1<<i+1] = sums, addrs
 		return lookup{lookupInSQL[i], args, n}
 	default:
-		return lookup{lookupAnySQL, []any{ids, sums}, n}
+		return lookup{lookupAnySQL, []any{ids, sums, addrs}, n}
 	}
 }
 
-// split returns the distinct key ids and the distinct digests of probes, each in
-// order of first appearance. Requests of one key share both. So a batch of them is a
-// lookup of one id and one digest.
-func split(probes []probe) (ids []string, sums [][]byte) {
+// split returns the distinct key ids of probes, and their distinct pairs of digest
+// and address as two slices of one length, each in order of first appearance.
+// Requests of one key from one address share all three. So a batch of them is a
+// lookup of one id, one digest and one address. A key asked from two addresses keeps
+// both: each pair is checked against the key's networks.
+func split(probes []probe) (ids []string, sums [][]byte, addrs []netip.Addr) {
 	ids = make([]string, len(probes))
 	for i := range probes {
 		ids[i] = probes[i].id
 	}
 	ids = distinct(ids)
 	sums = make([][]byte, 0, len(probes))
+	addrs = make([]netip.Addr, 0, len(probes))
 	if len(probes) <= 32 {
 	next:
 		for i := range probes {
-			for _, kept := range sums {
-				if string(kept) == string(probes[i].sum[:]) {
+			for j, kept := range sums {
+				if string(kept) == string(probes[i].sum[:]) && addrs[j] == probes[i].addr {
 					continue next
 				}
 			}
 			sums = append(sums, probes[i].sum[:])
+			addrs = append(addrs, probes[i].addr)
 		}
-		return ids, sums
+		return ids, sums, addrs
 	}
-	seen := make(map[[32]byte]struct{}, len(probes))
+	type pair struct {
+		sum  [32]byte
+		addr netip.Addr
+	}
+	seen := make(map[pair]struct{}, len(probes))
 	for i := range probes {
-		if _, dup := seen[probes[i].sum]; !dup {
-			seen[probes[i].sum] = struct{}{}
+		p := pair{probes[i].sum, probes[i].addr}
+		if _, dup := seen[p]; !dup {
+			seen[p] = struct{}{}
 			sums = append(sums, probes[i].sum[:])
+			addrs = append(addrs, probes[i].addr)
 		}
 	}
-	return ids, sums
+	return ids, sums, addrs
 }
 
 // PrepareLookups prepares every lookup statement on conn in one batch. pgx pipelines
@@ -192,7 +212,7 @@ func PrepareLookups(ctx context.Context, conn *pgx.Conn) error {
 	for n := 1; n <= 2*maxInListIDs; n *= 2 {
 		probes := make([]probe, min(n, maxInListIDs+1))
 		for i := range probes {
-			probes[i] = probe{strconv.Itoa(i), dummyHash} // no key id is this short
+			probes[i] = probe{id: strconv.Itoa(i), sum: dummyHash} // no key id is this short
 		}
 		l := lookupOf(probes)
 		b.Queue(l.sql, l.args...)
@@ -213,19 +233,23 @@ var dummyHash = sha256.Sum256([]byte("keygate: no such key"))
 // Verify checks a presented full key with one PostgreSQL round trip. It returns
 // ok == false with a nil error for a malformed, unknown, revoked or expired key, or a
 // wrong secret. It returns a non-nil error only when the database could not answer.
+// It does not check the key's allowed networks: the caller does, with Key.AllowsAddr.
 func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error) {
 	keyID, secret, ok := s.format.Parse(presented)
 	if !ok {
 		return Key{}, false, nil
 	}
-	return s.VerifyParsed(ctx, keyID, secret)
+	return s.VerifyParsed(ctx, keyID, secret, netip.Addr{})
 }
 
 // VerifyParsed is Verify for a key that Format.Parse has already split into its key id
-// and secret. A caller that parsed the key does not parse it again.
-func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
+// and secret, asked from the client address from. A caller that parsed the key does
+// not parse it again. A key with allowed networks none of which holds from is refused
+// as a dead key is, inside the lookup (docs/security.md, Timing). The zero from skips
+// that check, as Verify does. An IPv4-mapped from counts as its IPv4 address.
+func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
 	sum := HashSecret(secret)
-	rows, _, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum}}))
+	rows, _, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum, from.Unmap()}}))
 	if err != nil {
 		return Key{}, false, err
 	}

@@ -3,6 +3,7 @@ package keystore
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,19 +159,19 @@ func (r *Reader) Verify(ctx context.Context, presented string) (Key, bool, error
 	if !ok {
 		return Key{}, false, nil
 	}
-	return r.VerifyParsed(ctx, keyID, secret)
+	return r.VerifyParsed(ctx, keyID, secret, netip.Addr{})
 }
 
-// VerifyParsed is Verify for a key that Format.Parse has already split; see
-// Store.VerifyParsed. Its error is the primary's: a standby that fails hands the
+// VerifyParsed is Verify for a key that Format.Parse has already split, asked from
+// from; see Store.VerifyParsed. Its error is the primary's: a standby that fails hands the
 // lookup on. A lookup's time on the standbys, its tries and its wait for their
 // replay together, is at most half the Timeout, so a standby down, hung or behind
 // costs a request at most that before the primary answers.
-func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, bool, error) {
+func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
 	arrived := time.Now()
 	s := r.pick(arrived, nil)
 	if s == nil {
-		return r.fromPrimary(ctx, keyID, secret)
+		return r.fromPrimary(ctx, keyID, secret, from)
 	}
 	target, sent, err := r.fence.wait(ctx, gather.Deadline(ctx, r.timeout))
 	if r.opts.OnFenceWait != nil {
@@ -186,7 +187,7 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, b
 	}
 	// A standby's replay can go back when it restarts, so its tries are counted too.
 	for failures, tries := 0, 0; s != nil && failures < 2 && tries < 4 && time.Now().Before(by); tries++ {
-		k, ok, replayed, err := s.batcher.verifyBy(ctx, by, keyID, secret)
+		k, ok, replayed, err := s.batcher.verifyBy(ctx, by, keyID, secret, from)
 		if err != nil {
 			if ctx.Err() != nil {
 				return Key{}, false, fmt.Errorf("looking up key: %w", ctx.Err())
@@ -209,7 +210,7 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string) (Key, b
 		}
 		s = r.awaitReplay(ctx, target, catchUp)
 	}
-	return r.fromPrimary(ctx, keyID, secret)
+	return r.fromPrimary(ctx, keyID, secret, from)
 }
 
 // awaitReplay returns the first standby in that has replayed target, or nil once ctx
@@ -317,8 +318,8 @@ func (r *Reader) advance(s *standby, replayed LSN) {
 }
 
 // fromPrimary looks the key up on the primary.
-func (r *Reader) fromPrimary(ctx context.Context, keyID, secret string) (Key, bool, error) {
-	k, ok, err := r.primary.VerifyParsed(ctx, keyID, secret)
+func (r *Reader) fromPrimary(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
+	k, ok, err := r.primary.VerifyParsed(ctx, keyID, secret, from)
 	if err == nil && r.opts.OnLookup != nil {
 		r.opts.OnLookup(false)
 	}

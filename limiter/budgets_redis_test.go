@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -68,7 +69,7 @@ func TestLateBudgetCountsAreRefusedAloneInTheirCall(t *testing.T) {
 		_, err := l.Allow(context.Background(), b)
 		first <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	testenv.Eventually(t, 10*time.Second, "the first count in flight", func() bool { return proxy.Held() > 0 })
 	type answer struct {
 		r   limiter.Result
 		err error

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/limiter"
 )
 
@@ -135,7 +136,7 @@ func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
 		_, err := allowKey(l, context.Background(), "k", 100)
 		first <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	testenv.Eventually(t, 10*time.Second, "the first count in flight", func() bool { return proxy.Held() > 0 })
 	type answer struct {
 		r   limiter.Minute
 		err error

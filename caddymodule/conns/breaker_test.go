@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // testBreaker is a breaker on a clock the test moves. Its probe waits for the test's
@@ -46,16 +48,11 @@ func call(b *testBreaker, o CallResult) bool {
 // half-open.
 func (b *testBreaker) settled(t *testing.T) {
 	t.Helper()
-	for range 1000 {
+	testenv.Eventually(t, 10*time.Second, "the probe's answer applied", func() bool {
 		b.Breaker.mu.Lock()
-		half := b.state == BreakerHalfOpen
-		b.Breaker.mu.Unlock()
-		if !half {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatal("the probe's answer was never applied")
+		defer b.Breaker.mu.Unlock()
+		return b.state != BreakerHalfOpen
+	})
 }
 
 func TestBreakerOpensAfterThresholdFailuresInARow(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/internal/version"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
@@ -333,6 +334,45 @@ func TestEveryCommandHasHelp(t *testing.T) {
 	}
 }
 
+// TestPlanPutAndSetHelpSayWhichLimitsEachRequires reads the two commands' --help:
+// plan put requires the limits every plan has and defaults the budgets to -1; plan
+// set requires only the name.
+func TestPlanPutAndSetHelpSayWhichLimitsEachRequires(t *testing.T) {
+	for _, tc := range []struct {
+		command, synopsis, required string
+	}{
+		{"put", "usage: upstream plan put --name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y [--org-rate-limit N] [--api-requests-per-month N]",
+			"api-rate-limit,check-types,locations,max-monitors,min-interval,name"},
+		{"set", "usage: upstream plan set --name P [--api-rate-limit N] [--max-monitors M] [--min-interval S] [--locations a,b] [--check-types x,y] [--org-rate-limit N] [--api-requests-per-month N]",
+			"name"},
+	} {
+		t.Run(tc.command, func(t *testing.T) {
+			code, stdout, stderr := run(t, nil, "", "plan", tc.command, "--help")
+			if code != 0 || stderr != "" {
+				t.Fatalf("exit %d, stderr %q", code, stderr)
+			}
+			if synopsis, _, _ := strings.Cut(stdout, "\n"); synopsis != tc.synopsis {
+				t.Errorf("synopsis %q, want %q", synopsis, tc.synopsis)
+			}
+			var required, defaults []string
+			for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+) .*\n\s+(.*)$`).FindAllStringSubmatch(stdout, -1) {
+				switch {
+				case strings.HasSuffix(m[2], " (required)"):
+					required = append(required, m[1])
+				case strings.HasSuffix(m[2], " (default -1)"):
+					defaults = append(defaults, m[1])
+				}
+			}
+			if got := strings.Join(required, ","); got != tc.required {
+				t.Errorf("required flags %s, want %s", got, tc.required)
+			}
+			if got := strings.Join(defaults, ","); got != "api-requests-per-month,org-rate-limit" {
+				t.Errorf("flags defaulting to -1: %s", got)
+			}
+		})
+	}
+}
+
 func TestCommandsNeedTheirEnvironment(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -479,36 +519,25 @@ func TestServeServesUntilCancelled(t *testing.T) {
 		INSERT INTO sessions (token_hash, user_id, expires_at) SELECT sha256('t'), id, now() - interval '1 second' FROM u`); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	count := func(sql string) int {
 		var n int
-		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM sessions`).Scan(&n); err != nil {
+		if err := conn.QueryRow(context.Background(), sql).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("serve did not purge the expired session within 20s")
-		}
+		return n
 	}
+	testenv.Eventually(t, 20*time.Second, "serve purging the expired session", func() bool {
+		return count(`SELECT count(*) FROM sessions`) == 0
+	})
 
 	// serve rolls the usage record up on its own schedule.
 	if _, err := conn.Exec(context.Background(), `INSERT INTO usage_minutes (org_id, key_id, start, outcome, status, count)
 		VALUES (gen_random_uuid(), 'AAAAbbbbCCCCdddd', date_trunc('minute', now()), 'proxied', 200, 3)`); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := conn.QueryRow(context.Background(), `SELECT coalesce(sum(count), 0) FROM usage_days`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("serve did not roll the usage record up within 20s")
-		}
-	}
+	testenv.Eventually(t, 20*time.Second, "serve rolling the usage record up", func() bool {
+		return count(`SELECT coalesce(sum(count), 0) FROM usage_days`) == 3
+	})
 
 	cancel()
 	var rest strings.Builder

@@ -116,15 +116,13 @@ func (c *cli) planGet(name string, args []string) error {
 }
 
 func (c *cli) planPut(name string, args []string) error {
-	fs := c.flags(name,
-		"--name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y [--org-rate-limit N] [--api-requests-per-month N]",
+	fs := c.flags(name, planSynopsis(true),
 		"Creates plan P, or replaces all the limits of an existing plan P: an optional limit left out is -1 (none), whatever it was. To change some limits and keep the others, use plan set. Prints the plan as JSON.")
 	var p store.Plan
-	lists := planFlags(fs, &p, " (required)")
-	if err := c.parse(fs, args, "name", "api-rate-limit", "max-monitors", "min-interval", "locations", "check-types"); err != nil {
+	required := planFlags(fs, &p, true)
+	if err := c.parse(fs, args, required...); err != nil {
 		return err
 	}
-	lists.apply(fs, &p)
 	if err := checkPlan(p); err != nil {
 		return err
 	}
@@ -134,19 +132,19 @@ func (c *cli) planPut(name string, args []string) error {
 }
 
 func (c *cli) planSet(name string, args []string) error {
-	fs := c.flags(name,
-		"--name P [--api-rate-limit N] [--max-monitors M] [--min-interval S] [--locations a,b] [--check-types x,y] [--org-rate-limit N] [--api-requests-per-month N]",
+	fs := c.flags(name, planSynopsis(false),
 		"Changes the limits of the existing plan P that are given, at least one, and keeps the others as they are. Prints the plan as JSON.\n\nexample: upstream plan set --name pro --org-rate-limit 2000")
 	var given store.Plan
-	lists := planFlags(fs, &given, "")
+	planFlags(fs, &given, false)
 	if err := c.parse(fs, args, "name"); err != nil {
 		return err
 	}
-	lists.apply(fs, &given)
-	changed := map[string]bool{}
+	var changed []planLimit
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name != "name" {
-			changed[f.Name] = true
+		for _, l := range planLimits {
+			if l.flag == f.Name {
+				changed = append(changed, l)
+			}
 		}
 	})
 	if len(changed) == 0 {
@@ -155,69 +153,119 @@ func (c *cli) planSet(name string, args []string) error {
 	// The flags are checked as far as they can be before the database is asked.
 	probe := store.Plan{Name: given.Name, MinIntervalSeconds: store.MinInterval, OrgRateLimit: -1, APIRequestsPerMonth: -1,
 		Locations: store.MonitorLocations[:1], CheckTypes: store.MonitorTypes[:1]}
-	setPlanLimits(&probe, given, changed)
+	setPlanLimits(&probe, &given, changed)
 	if err := checkPlan(probe); err != nil {
 		return err
 	}
 	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {
 		return st.UpdatePlan(ctx, given.Name, func(p *store.Plan) error {
-			setPlanLimits(p, given, changed)
+			setPlanLimits(p, &given, changed)
 			return checkPlan(*p)
 		})
 	})
 }
 
-// planLists holds the comma-separated values of --locations and --check-types until
-// apply splits them into the plan.
-type planLists struct{ locations, checkTypes string }
+// planLimit is a limit of a plan as plan put and plan set take it: its flag, the
+// flag's help with its placeholder in backquotes, and the field the flag sets. A
+// required limit is one every plan has, which plan put requires; the others are -1,
+// none, when left out.
+type planLimit struct {
+	flag, help string
+	required   bool
+	field      func(p *store.Plan) any // *int, *int64 or *[]string
+}
 
-// apply splits the list flags that fs was given into p.
-func (l *planLists) apply(fs *flag.FlagSet, p *store.Plan) {
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "locations":
-			p.Locations = splitList(l.locations)
-		case "check-types":
-			p.CheckTypes = splitList(l.checkTypes)
+// planLimits are the limits of a plan, in the order of plan put's and plan set's
+// synopses.
+var planLimits = []planLimit{
+	{"api-rate-limit", "API requests per key per minute, `N`: 0 no API access, -1 unlimited", true,
+		func(p *store.Plan) any { return &p.APIRateLimit }},
+	{"max-monitors", "live monitors per organisation, `M`: -1 for no cap", true,
+		func(p *store.Plan) any { return &p.MaxMonitors }},
+	{"min-interval", "smallest monitor interval in seconds, `S`: 10..86400", true,
+		func(p *store.Plan) any { return &p.MinIntervalSeconds }},
+	{"locations", "comma-separated probe locations, `a,b`: " + strings.Join(store.MonitorLocations, ","), true,
+		func(p *store.Plan) any { return &p.Locations }},
+	{"check-types", "comma-separated check types, `x,y`: " + strings.Join(store.MonitorTypes, ","), true,
+		func(p *store.Plan) any { return &p.CheckTypes }},
+	{"org-rate-limit", "API requests per minute of all an organisation's keys together, `N`: -1 none", false,
+		func(p *store.Plan) any { return &p.OrgRateLimit }},
+	{"api-requests-per-month", "API requests per UTC calendar month of all an organisation's keys together, `N`: -1 none", false,
+		func(p *store.Plan) any { return &p.APIRequestsPerMonth }},
+}
+
+// planNameHelp is the help of --name, which both plan put and plan set require.
+const planNameHelp = "plan name `P`, [a-z][a-z0-9_-]{0,62} (required)"
+
+// planFlags defines on fs the flags of a plan's name and limits, into p, for plan put
+// (put) and plan set alike, and returns the flags plan put requires.
+func planFlags(fs *flag.FlagSet, p *store.Plan, put bool) (required []string) {
+	fs.StringVar(&p.Name, "name", "", planNameHelp)
+	required = append(required, "name")
+	for _, l := range planLimits {
+		help, def := l.help, -1
+		if l.required {
+			def = 0
+			required = append(required, l.flag)
+			if put {
+				help += " (required)"
+			}
 		}
-	})
-}
-
-// planFlags defines the flags of a plan's name and limits on fs, into p, for plan put
-// and plan set alike. required ends the help of the six limits every plan has.
-func planFlags(fs *flag.FlagSet, p *store.Plan, required string) *planLists {
-	var l planLists
-	fs.StringVar(&p.Name, "name", "", "plan name `P`, [a-z][a-z0-9_-]{0,62} (required)")
-	fs.IntVar(&p.APIRateLimit, "api-rate-limit", 0, "API requests per key per minute, `N`: 0 no API access, -1 unlimited"+required)
-	fs.IntVar(&p.MaxMonitors, "max-monitors", 0, "live monitors per organisation, `M`: -1 for no cap"+required)
-	fs.IntVar(&p.MinIntervalSeconds, "min-interval", 0, "smallest monitor interval in seconds, `S`: 10..86400"+required)
-	fs.StringVar(&l.locations, "locations", "", "comma-separated probe locations, `a,b`: "+strings.Join(store.MonitorLocations, ",")+required)
-	fs.StringVar(&l.checkTypes, "check-types", "", "comma-separated check types, `x,y`: "+strings.Join(store.MonitorTypes, ",")+required)
-	fs.IntVar(&p.OrgRateLimit, "org-rate-limit", -1, "API requests per minute of all an organisation's keys together, `N`: -1 none")
-	fs.Int64Var(&p.APIRequestsPerMonth, "api-requests-per-month", -1, "API requests per UTC calendar month of all an organisation's keys together, `N`: -1 none")
-	return &l
-}
-
-// setPlanLimits copies into p the limits of given whose flags are in changed.
-func setPlanLimits(p *store.Plan, given store.Plan, changed map[string]bool) {
-	for name := range changed {
-		switch name {
-		case "api-rate-limit":
-			p.APIRateLimit = given.APIRateLimit
-		case "max-monitors":
-			p.MaxMonitors = given.MaxMonitors
-		case "min-interval":
-			p.MinIntervalSeconds = given.MinIntervalSeconds
-		case "locations":
-			p.Locations = given.Locations
-		case "check-types":
-			p.CheckTypes = given.CheckTypes
-		case "org-rate-limit":
-			p.OrgRateLimit = given.OrgRateLimit
-		case "api-requests-per-month":
-			p.APIRequestsPerMonth = given.APIRequestsPerMonth
+		switch v := l.field(p).(type) {
+		case *int:
+			fs.IntVar(v, l.flag, def, help)
+		case *int64:
+			fs.Int64Var(v, l.flag, int64(def), help)
+		case *[]string:
+			fs.Var((*listFlag)(v), l.flag, help)
 		}
 	}
+	return required
+}
+
+// planSynopsis is plan put's (put) or plan set's synopsis: --name and each limit with
+// its placeholder, in brackets where the command does not require it.
+func planSynopsis(put bool) string {
+	name, _ := flag.UnquoteUsage(&flag.Flag{Usage: planNameHelp})
+	words := []string{"--name " + name}
+	for _, l := range planLimits {
+		arg, _ := flag.UnquoteUsage(&flag.Flag{Usage: l.help})
+		w := "--" + l.flag + " " + arg
+		if !put || !l.required {
+			w = "[" + w + "]"
+		}
+		words = append(words, w)
+	}
+	return strings.Join(words, " ")
+}
+
+// setPlanLimits copies into p the limits of given that are in changed.
+func setPlanLimits(p, given *store.Plan, changed []planLimit) {
+	for _, l := range changed {
+		switch v := l.field(p).(type) {
+		case *int:
+			*v = *l.field(given).(*int)
+		case *int64:
+			*v = *l.field(given).(*int64)
+		case *[]string:
+			*v = *l.field(given).(*[]string)
+		}
+	}
+}
+
+// listFlag is a flag of comma-separated values, split as splitList splits them.
+type listFlag []string
+
+func (l *listFlag) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(*l, ",")
+}
+
+func (l *listFlag) Set(s string) error {
+	*l = splitList(s)
+	return nil
 }
 
 func (c *cli) orgCreate(name string, args []string) error {

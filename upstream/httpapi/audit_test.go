@@ -191,7 +191,7 @@ func TestTheAuditPageNamesPeopleAndKeys(t *testing.T) {
 	} {
 		for _, part := range []string{
 			`<td data-label="Event">` + want.action + `</td>`,
-			`<td data-label="Key">` + want.key,
+			`<td data-label="Key or webhook">` + want.key,
 			`<td data-label="By" data-testid="audit-actor">` + want.actor + `</td>`,
 		} {
 			if !strings.Contains(rows[i], part) {
@@ -204,6 +204,65 @@ func TestTheAuditPageNamesPeopleAndKeys(t *testing.T) {
 		userID := upstreamtest.Scalar[string](e, `SELECT id::text FROM users WHERE email = $1`, email)
 		if strings.Contains(r.Body, userID) {
 			t.Errorf("the page shows the user id %s", userID)
+		}
+	}
+}
+
+// TestTheAuditPageNamesWebhooks reads webhook events on the dashboard's trail: each
+// names its endpoint where the JSON API has its webhook_id, by URL with a link to its
+// deliveries, or by id once deleted; the dispatcher's disabling names the dispatcher.
+func TestTheAuditPageNamesWebhooks(t *testing.T) {
+	e := newWebhookEnv(t)
+	org := e.Org("pro")
+	ownerEmail, _, owner := e.Account(store.RoleOwner, org)
+	ids := map[string]string{}
+	for _, name := range []string{"kept", "gone"} {
+		r := owner.Do("POST", "/orgs/"+org+"/webhooks", `{"url":"http://127.0.0.1:9/`+name+`"}`)
+		upstreamtest.WantStatus(t, r, 201)
+		var ep struct{ ID string }
+		r.Decode(t, &ep)
+		ids[name] = ep.ID
+	}
+	upstreamtest.WantStatus(t, owner.Do("DELETE", "/orgs/"+org+"/webhooks/"+ids["gone"], ""), 204)
+	// The dispatcher disables an endpoint only after days of failures: its audit row
+	// is written as the dispatcher writes it.
+	e.Exec(`INSERT INTO audit_events (org_id, action, webhook_id, actor) VALUES ($1, $2, $3, $4)`,
+		org, store.ActionWebhookDisabled, ids["kept"], store.ActorDispatcher)
+
+	var page struct{ Data []map[string]any }
+	owner.Do("GET", "/orgs/"+org+"/audit-events", "").Decode(t, &page)
+	r := owner.Do("GET", "/dashboard/orgs/"+org+"/audit", "")
+	upstreamtest.WantStatus(t, r, 200)
+	rows := regexp.MustCompile(`(?s)<tr data-testid="audit-row">.*?</tr>`).FindAllString(r.Body, -1)
+	if len(rows) != 4 || len(page.Data) != 4 {
+		t.Fatalf("%d audit rows and %d events, want 4:\n%s", len(rows), len(page.Data), r.Body)
+	}
+	listed := func(id, url string) string {
+		return `<td data-label="Key or webhook"><span data-testid="audit-webhook" data-webhook-id="` + id + `">webhook <a href="/dashboard/orgs/` +
+			org + `/webhooks/` + id + `"><code>` + url + `</code></a></span></td>`
+	}
+	gone := `<td data-label="Key or webhook"><span data-testid="audit-webhook" data-webhook-id="` + ids["gone"] +
+		`">a webhook no longer listed <code class="muted">` + ids["gone"] + `</code></span></td>`
+	for i, want := range []struct{ action, webhook, actor string }{
+		{"webhook.disabled", listed(ids["kept"], "http://127.0.0.1:9/kept"), "the webhook dispatcher"},
+		{"webhook.deleted", gone, ownerEmail},
+		{"webhook.created", gone, ownerEmail},
+		{"webhook.created", listed(ids["kept"], "http://127.0.0.1:9/kept"), ownerEmail},
+	} {
+		if page.Data[i]["action"] != want.action || !strings.Contains(want.webhook, `data-webhook-id="`+fmt.Sprint(page.Data[i]["webhook_id"])+`"`) {
+			t.Errorf("event %d is %v, the page's row %s", i, page.Data[i], want.webhook)
+		}
+		for _, part := range []string{
+			`<td data-label="Event">` + want.action + `</td>`,
+			want.webhook,
+			`<td data-label="By" data-testid="audit-actor">` + want.actor + `</td>`,
+		} {
+			if !strings.Contains(rows[i], part) {
+				t.Errorf("row %d lacks %s:\n%s", i, part, rows[i])
+			}
+		}
+		if strings.Contains(rows[i], `data-testid="audit-key"`) {
+			t.Errorf("row %d names a key:\n%s", i, rows[i])
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/store"
 )
 
 // auditPageSize is the number of audit events on one page of the dashboard's trail.
@@ -35,61 +36,96 @@ func (s *Server) pageAudit(w http.ResponseWriter, r *http.Request) error {
 		events = events[:auditPageSize]
 		data.NextCursor = encodeEventCursor(events[auditPageSize-1].ID)
 	}
-	keyName, actorName, err := s.auditNames(r.Context(), p.orgID, events)
+	names, err := s.auditNames(r.Context(), p.orgID, events)
 	if err != nil {
 		return err
 	}
 	for _, e := range events {
 		j := toEventJSON(e)
-		data.Events = append(data.Events, eventView{
-			At: pageTime(&e.At, ""), Action: j.Action, Key: keyName(j.KeyID), URL: j.URL,
-			Actor: actorName(j.Actor), Changes: changesWords(e.Changes),
-		})
-		if j.NewKeyID != "" {
-			nk := keyName(j.NewKeyID)
-			data.Events[len(data.Events)-1].NewKey = &nk
+		v := eventView{
+			At: pageTime(&e.At, ""), Action: j.Action, URL: j.URL,
+			Actor: names.actor(j.Actor), Changes: changesWords(e.Changes),
 		}
+		if j.KeyID != "" {
+			v.Key = names.key(j.KeyID)
+		}
+		if j.NewKeyID != "" {
+			v.NewKey = names.key(j.NewKeyID)
+		}
+		if j.WebhookID != "" {
+			v.Webhook = names.webhook(j.WebhookID)
+		}
+		data.Events = append(data.Events, v)
 	}
 	s.render(w, http.StatusOK, "audit", data)
 	return nil
 }
 
-// auditNames returns how the audit page names the keys and the actors of events: a
-// key by its name and masked id, a person by email. The JSON API keeps the ids.
-func (s *Server) auditNames(ctx context.Context, orgID string, events []keystore.Event) (func(id string) auditKey, func(actor string) string, error) {
+// auditNamer names what the audit page shows of events, where the JSON API gives ids:
+// a key by its name and masked id, a webhook endpoint by its URL, a person by email.
+type auditNamer struct {
+	mask     func(id string) string
+	keys     map[string]string // key id → name
+	webhooks map[string]string // endpoint id → URL
+	emails   map[string]string // user id → email
+}
+
+// auditNames reads the names of the keys, endpoints and people that events name.
+// The endpoints are read only when an event is of one.
+func (s *Server) auditNames(ctx context.Context, orgID string, events []keystore.Event) (auditNamer, error) {
+	n := auditNamer{mask: s.format.Mask, keys: map[string]string{}, webhooks: map[string]string{}}
 	recs, err := s.keys.List(ctx, orgID)
 	if err != nil {
-		return nil, nil, err
+		return auditNamer{}, err
 	}
-	names := make(map[string]string, len(recs))
 	for _, rec := range recs {
-		names[rec.ID] = rec.Name
+		n.keys[rec.ID] = rec.Name
 	}
 	var actors []string
+	var webhookEvents bool
 	for _, e := range events {
 		actors = append(actors, e.Actor)
+		webhookEvents = webhookEvents || e.WebhookID != ""
 	}
-	emails, err := s.store.UserEmails(ctx, actors)
-	if err != nil {
-		return nil, nil, err
-	}
-	keyName := func(id string) auditKey {
-		name, ok := names[id]
-		if !ok {
-			name = "(a key no longer listed)"
+	if webhookEvents {
+		list, err := s.store.Webhooks(ctx, orgID)
+		if err != nil {
+			return auditNamer{}, err
 		}
-		return auditKey{ID: id, Name: name, Masked: s.format.Mask(id)}
-	}
-	actorName := func(actor string) string {
-		switch {
-		case actor == keystore.ActorLeakReport:
-			return "a leak report"
-		case emails[actor] != "":
-			return emails[actor]
+		for _, wh := range list {
+			n.webhooks[wh.ID] = wh.URL
 		}
-		return "(a user no longer listed)"
 	}
-	return keyName, actorName, nil
+	if n.emails, err = s.store.UserEmails(ctx, actors); err != nil {
+		return auditNamer{}, err
+	}
+	return n, nil
+}
+
+func (n auditNamer) key(id string) *auditKey {
+	name, ok := n.keys[id]
+	if !ok {
+		name = "(a key no longer listed)"
+	}
+	return &auditKey{ID: id, Name: name, Masked: n.mask(id)}
+}
+
+// webhook names the endpoint id by its URL. A deleted endpoint has none, and the
+// page links only to one that is still listed.
+func (n auditNamer) webhook(id string) *auditWebhook {
+	return &auditWebhook{ID: id, URL: n.webhooks[id]}
+}
+
+func (n auditNamer) actor(actor string) string {
+	switch {
+	case actor == keystore.ActorLeakReport:
+		return "a leak report"
+	case actor == store.ActorDispatcher:
+		return "the webhook dispatcher"
+	case n.emails[actor] != "":
+		return n.emails[actor]
+	}
+	return "(a user no longer listed)"
 }
 
 // changesWords says what a key.updated changed, each setting before and after:

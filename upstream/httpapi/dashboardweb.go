@@ -111,16 +111,24 @@ type keyForm struct {
 }
 
 // eventView is an audit event's row. Actor is the person's email, or what else acted.
-// Changes says a key.updated's changes in words.
+// Changes says a key.updated's changes in words. A key.* event has a Key, a
+// webhook.* event a Webhook, as the JSON API's key_id and webhook_id.
 type eventView struct {
 	At, Action, URL, Actor, Changes string
-	Key                             auditKey
+	Key                             *auditKey
 	NewKey                          *auditKey // the key a roll created
+	Webhook                         *auditWebhook
 }
 
 // auditKey is a key as the audit page names it.
 type auditKey struct {
 	ID, Name, Masked string
+}
+
+// auditWebhook is a webhook endpoint as the audit page names it. URL is empty once
+// the endpoint is deleted.
+type auditWebhook struct {
+	ID, URL string
 }
 
 // render writes the page tmpl with data as status. The page goes to a buffer first,

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 )
 
@@ -20,20 +21,13 @@ func TestRunPurgePurgesOnScheduleUntilStopped(t *testing.T) {
 		defer close(stopped)
 		e.Server.RunPurge(ctx, 20*time.Millisecond)
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for upstreamtest.Scalar[int](e, `SELECT count(*) FROM sessions`) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the expired session was not purged within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, "the expired session purged", func() bool {
+		return upstreamtest.Scalar[int](e, `SELECT count(*) FROM sessions`) == 0
+	})
 	// The purge logs after its last DELETE, so the line may follow the empty table.
-	for e.Logs.FilterMessage("purged").Len() < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("no purge logged within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, "a purge logged", func() bool {
+		return e.Logs.FilterMessage("purged").Len() >= 1
+	})
 	cancel()
 	select {
 	case <-stopped:

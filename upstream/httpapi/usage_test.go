@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
@@ -306,13 +307,9 @@ func TestRunUsageRollupRollsUpOnScheduleUntilStopped(t *testing.T) {
 		defer close(stopped)
 		u.e.Server.RunUsageRollup(ctx, 20*time.Millisecond)
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for upstreamtest.Scalar[int](u.e, `SELECT count(*) FROM usage_minutes WHERE count > rolled OR key_id = $1`, u.kb) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the usage record was not rolled up and purged within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, "the usage record rolled up and purged", func() bool {
+		return upstreamtest.Scalar[int](u.e, `SELECT count(*) FROM usage_minutes WHERE count > rolled OR key_id = $1`, u.kb) == 0
+	})
 	if n := upstreamtest.Scalar[int64](u.e, `SELECT sum(count) FROM usage_days`); n != 3 {
 		t.Errorf("usage_days holds %d, want 3", n)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -81,10 +82,7 @@ func TestHashingQueueLetsAFewWaitAndRefusesTheRest(t *testing.T) {
 	for range hashQueueLen {
 		go func() { _, err := h.Hash(ctx, "waiting password"); errs <- err }()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(h.queue) < cap(h.queue) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the queue full", func() bool { return len(h.queue) == cap(h.queue) })
 	if _, err := h.Hash(context.Background(), "one too many"); err != apperr.ErrHashQueueFull {
 		t.Errorf("hash with a full queue: %v, want apperr.ErrHashQueueFull", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema/schematest"
 	"github.com/keygate/keygate/upstream/apperr"
@@ -458,7 +459,14 @@ func TestPurgeUsageKeepsARowAGatewayAddsToMeanwhile(t *testing.T) {
 		}
 		purged <- m
 	}()
-	time.Sleep(300 * time.Millisecond) // let the purge wait on the row
+	testenv.Eventually(t, 10*time.Second, "the purge waiting on the row", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM usage_minutes%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -84,6 +84,44 @@ func auditWebhook(ctx context.Context, tx pgx.Tx, orgID, action, webhookID, acto
 	return nil
 }
 
+// commitWebhook audits action by actor on orgID's endpoint id within tx and commits
+// tx, so that a change is never without its audit row.
+func commitWebhook(ctx context.Context, tx pgx.Tx, orgID, action, id, actor string) error {
+	if err := auditWebhook(ctx, tx, orgID, action, id, actor); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("committing webhook: %w", err)
+	}
+	return nil
+}
+
+// changeWebhook runs query on orgID's endpoint id and audits it as action by actor,
+// in one transaction. query takes orgID as $1, id as $2 and args from $3 on, and
+// returns the endpoint's webhookColumns. An id that is not the org's, or that query
+// finds no row for, is ErrWebhookNotFound. doing names the change in its errors.
+func (s *Store) changeWebhook(ctx context.Context, orgID, id, actor, action, doing, query string, args ...any) (Webhook, error) {
+	if !ValidUUID(id) {
+		return Webhook{}, ErrWebhookNotFound
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Webhook{}, fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	wh, err := scanWebhook(tx.QueryRow(ctx, query, append([]any{orgID, id}, args...)...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Webhook{}, ErrWebhookNotFound
+	}
+	if err != nil {
+		return Webhook{}, fmt.Errorf("%s: %w", doing, err)
+	}
+	if err := commitWebhook(ctx, tx, orgID, action, id, actor); err != nil {
+		return Webhook{}, err
+	}
+	return wh, nil
+}
+
 // CreateWebhook adds an endpoint to orgID with secret, audited as webhook.created by
 // actor. w's URL and events must have been checked. The org's row is locked, so that
 // concurrent creations count one at a time: the eleventh is ErrTooManyWebhooks.
@@ -122,11 +160,8 @@ VALUES ($1, $2, $3, $4, $5) RETURNING `+webhookColumns, orgID, *w.URL, desc, eve
 	if err != nil {
 		return Webhook{}, fmt.Errorf("creating webhook: %w", err)
 	}
-	if err := auditWebhook(ctx, tx, orgID, ActionWebhookCreated, wh.ID, actor); err != nil {
+	if err := commitWebhook(ctx, tx, orgID, ActionWebhookCreated, wh.ID, actor); err != nil {
 		return Webhook{}, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return Webhook{}, fmt.Errorf("committing webhook: %w", err)
 	}
 	return wh, nil
 }
@@ -163,15 +198,7 @@ func (s *Store) Webhook(ctx context.Context, orgID, id string) (Webhook, error) 
 // webhook.updated by actor. Enabling an endpoint clears its failure streak; disabling
 // one records that a person did.
 func (s *Store) UpdateWebhook(ctx context.Context, orgID, id, actor string, w WebhookWrite) (Webhook, error) {
-	if !ValidUUID(id) {
-		return Webhook{}, ErrWebhookNotFound
-	}
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return Webhook{}, fmt.Errorf("beginning transaction: %w", err)
-	}
-	defer tx.Rollback(ctx)
-	wh, err := scanWebhook(tx.QueryRow(ctx, `UPDATE webhook_endpoints SET
+	return s.changeWebhook(ctx, orgID, id, actor, ActionWebhookUpdated, "updating webhook", `UPDATE webhook_endpoints SET
 	url = COALESCE($3, url),
 	description = COALESCE($4, description),
 	events = COALESCE($5, events),
@@ -179,77 +206,24 @@ func (s *Store) UpdateWebhook(ctx context.Context, orgID, id, actor string, w We
 	disabled_reason = CASE WHEN $6::boolean IS NULL THEN disabled_reason WHEN $6 THEN NULL ELSE COALESCE(disabled_reason, 'user') END,
 	failing_since = CASE WHEN $6::boolean THEN NULL ELSE failing_since END,
 	updated_at = now()
-WHERE org_id = $1 AND id = $2 RETURNING `+webhookColumns, orgID, id, w.URL, w.Description, w.Events, w.Enabled))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Webhook{}, ErrWebhookNotFound
-	}
-	if err != nil {
-		return Webhook{}, fmt.Errorf("updating webhook: %w", err)
-	}
-	if err := auditWebhook(ctx, tx, orgID, ActionWebhookUpdated, id, actor); err != nil {
-		return Webhook{}, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return Webhook{}, fmt.Errorf("committing webhook: %w", err)
-	}
-	return wh, nil
+WHERE org_id = $1 AND id = $2 RETURNING `+webhookColumns, w.URL, w.Description, w.Events, w.Enabled)
 }
 
 // DeleteWebhook deletes orgID's endpoint id and its deliveries, audited as
 // webhook.deleted by actor.
 func (s *Store) DeleteWebhook(ctx context.Context, orgID, id, actor string) error {
-	if !ValidUUID(id) {
-		return ErrWebhookNotFound
-	}
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("beginning transaction: %w", err)
-	}
-	defer tx.Rollback(ctx)
-	tag, err := tx.Exec(ctx, `DELETE FROM webhook_endpoints WHERE org_id = $1 AND id = $2`, orgID, id)
-	if err != nil {
-		return fmt.Errorf("deleting webhook: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return ErrWebhookNotFound
-	}
-	if err := auditWebhook(ctx, tx, orgID, ActionWebhookDeleted, id, actor); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("committing webhook: %w", err)
-	}
-	return nil
+	_, err := s.changeWebhook(ctx, orgID, id, actor, ActionWebhookDeleted, "deleting webhook",
+		`DELETE FROM webhook_endpoints WHERE org_id = $1 AND id = $2 RETURNING `+webhookColumns)
+	return err
 }
 
 // RotateWebhookSecret gives orgID's endpoint id the secret next, audited as
 // webhook.secret_rotated by actor. The secret it had signs beside next until
 // SecretOverlap after now.
 func (s *Store) RotateWebhookSecret(ctx context.Context, orgID, id, actor, next string, now time.Time) (Webhook, error) {
-	if !ValidUUID(id) {
-		return Webhook{}, ErrWebhookNotFound
-	}
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return Webhook{}, fmt.Errorf("beginning transaction: %w", err)
-	}
-	defer tx.Rollback(ctx)
-	wh, err := scanWebhook(tx.QueryRow(ctx, `UPDATE webhook_endpoints
+	return s.changeWebhook(ctx, orgID, id, actor, ActionWebhookRotated, "rotating webhook secret", `UPDATE webhook_endpoints
 SET previous_secret = secret, previous_expires_at = $4, secret = $3, updated_at = now()
-WHERE org_id = $1 AND id = $2 RETURNING `+webhookColumns, orgID, id, next, now.Add(SecretOverlap)))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Webhook{}, ErrWebhookNotFound
-	}
-	if err != nil {
-		return Webhook{}, fmt.Errorf("rotating webhook secret: %w", err)
-	}
-	if err := auditWebhook(ctx, tx, orgID, ActionWebhookRotated, id, actor); err != nil {
-		return Webhook{}, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return Webhook{}, fmt.Errorf("committing webhook: %w", err)
-	}
-	return wh, nil
+WHERE org_id = $1 AND id = $2 RETURNING `+webhookColumns, next, now.Add(SecretOverlap))
 }
 
 // TestWebhook writes a webhook.test event for orgID's endpoint id alone, whatever

@@ -22,6 +22,7 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 	delay  atomic.Int64 // time.Duration added to every reply chunk
+	held   atomic.Int64 // chunks waiting for the proxy to stop hanging
 
 	mu    sync.Mutex
 	open  chan struct{} // closed while not hung; guarded by mu
@@ -62,6 +63,10 @@ func (p *Proxy) Hang() {
 	default:
 	}
 }
+
+// Held reports how many chunks wait at the proxy now. While it hangs, that is every
+// chunk sent through it since: a test waits on Held to know a request is in flight.
+func (p *Proxy) Held() int { return int(p.held.Load()) }
 
 // Resume forwards again whatever was held.
 func (p *Proxy) Resume() {
@@ -175,7 +180,9 @@ func (p *Proxy) pipe(dst, src net.Conn, reply bool) {
 			continue
 		}
 		time.Sleep(time.Until(c.at))
+		p.held.Add(1)
 		<-p.gate()
+		p.held.Add(-1)
 		if _, err := dst.Write(c.b); err != nil {
 			failed = true
 		}

@@ -2,7 +2,10 @@ module goclient
 
 go 1.26.0
 
-require github.com/oapi-codegen/runtime v1.8.0
+require (
+	github.com/oapi-codegen/nullable v1.2.0
+	github.com/oapi-codegen/runtime v1.8.0
+)
 
 require (
 	github.com/apapsch/go-jsonmerge/v2 v2.0.0 // indirect

@@ -8,8 +8,9 @@
 // Run, it logs in at the dashboard as an Owner of -org (a plan with the API, http
 // monitors and us-east, without icmp), creates an Admin and a Viewer key, and uses
 // them on /v1: a create with a config, a PATCH of one field, and the typed error bodies
-// of 400, 402, 403 and 404. It exits 1, saying why, when an answer is not what the
-// documents promise.
+// of 400, 402, 403 and 404. Before that it narrows the Viewer key's scopes and gives
+// them back with {"scopes":null}. It exits 1, saying why, when an answer is not what
+// the documents promise.
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oapi-codegen/nullable"
 	openapi_types "github.com/oapi-codegen/runtime/types"
 
 	"goclient/dashboard"
@@ -64,12 +66,15 @@ func run(ctx context.Context, base, email, password, orgText string) error {
 	if login.StatusCode() != http.StatusNoContent {
 		return unexpected("login", login.HTTPResponse, login.Body)
 	}
-	admin, err := createKey(ctx, dash, org, v1.Admin)
+	_, admin, err := createKey(ctx, dash, org, v1.Admin)
 	if err != nil {
 		return err
 	}
-	viewer, err := createKey(ctx, dash, org, v1.Viewer)
+	viewerID, viewer, err := createKey(ctx, dash, org, v1.Viewer)
 	if err != nil {
+		return err
+	}
+	if err := scopeKey(ctx, dash, org, viewerID); err != nil {
 		return err
 	}
 	api, err := v1.NewClientWithResponses(base, v1.WithRequestEditorFn(bearer(admin)))
@@ -83,22 +88,60 @@ func run(ctx context.Context, base, email, password, orgText string) error {
 	return useMonitors(ctx, api, readOnly)
 }
 
-// createKey creates a key of role in org through the dashboard and returns the full key.
-func createKey(ctx context.Context, dash *dashboard.ClientWithResponses, org openapi_types.UUID, role v1.Role) (string, error) {
+// createKey creates a key of role in org through the dashboard and returns its id and
+// the full key.
+func createKey(ctx context.Context, dash *dashboard.ClientWithResponses, org openapi_types.UUID, role v1.Role) (id, key string, err error) {
 	r, err := dash.CreateApiKeyWithResponse(ctx, org, dashboard.CreateApiKeyJSONRequestBody{Name: "goclient " + string(role), Role: role})
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if r.JSON201 == nil {
 		if r.JSON403 != nil {
-			return "", forbidden("create key", *r.JSON403)
+			return "", "", forbidden("create key", *r.JSON403)
 		}
-		return "", unexpected("create key", r.HTTPResponse, r.Body)
+		return "", "", unexpected("create key", r.HTTPResponse, r.Body)
 	}
 	if r.JSON201.Role != role || !strings.Contains(r.JSON201.Key, "_live_") {
-		return "", fmt.Errorf("create key: a %s key answered as role %s", role, r.JSON201.Role)
+		return "", "", fmt.Errorf("create key: a %s key answered as role %s", role, r.JSON201.Role)
 	}
-	return r.JSON201.Key, nil
+	return r.JSON201.Id, r.JSON201.Key, nil
+}
+
+// scopeKey narrows the key id of org to monitors:read, changes its rate limit while
+// leaving its scopes out, and then sends both as null: the key has everything its role
+// allows and the plan's rate limit again. A nullable.Nullable tells a member left out
+// from one sent as null.
+func scopeKey(ctx context.Context, dash *dashboard.ClientWithResponses, org openapi_types.UUID, id string) error {
+	for _, step := range []struct {
+		what      string
+		body      dashboard.ApiKeyUpdate
+		scopes    []dashboard.Scope // nil: null
+		rateLimit int               // 0: null
+	}{
+		{"PATCH scopes", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullableWithValue(dashboard.KeyScopes{dashboard.MonitorsRead})},
+			[]dashboard.Scope{dashboard.MonitorsRead}, 0},
+		{"PATCH the rate limit alone", dashboard.ApiKeyUpdate{RateLimit: nullable.NewNullableWithValue(30)},
+			[]dashboard.Scope{dashboard.MonitorsRead}, 30},
+		{"PATCH scopes and rate limit null", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullNullable[dashboard.KeyScopes](),
+			RateLimit: nullable.NewNullNullable[dashboard.KeyRateLimit]()}, nil, 0},
+	} {
+		r, err := dash.UpdateApiKeyWithResponse(ctx, org, id, step.body)
+		if err != nil {
+			return err
+		}
+		if r.JSON200 == nil {
+			return unexpected(step.what, r.HTTPResponse, r.Body)
+		}
+		k := r.JSON200
+		scopes, _ := k.Scopes.Get()
+		rateLimit, _ := k.RateLimit.Get()
+		if k.Scopes.IsNull() != (step.scopes == nil) || !slices.Equal(scopes, step.scopes) ||
+			k.RateLimit.IsNull() != (step.rateLimit == 0) || rateLimit != step.rateLimit {
+			return fmt.Errorf("%s: scopes %v (null %t), rate limit %d (null %t); want %v, %d",
+				step.what, scopes, k.Scopes.IsNull(), rateLimit, k.RateLimit.IsNull(), step.scopes, step.rateLimit)
+		}
+	}
+	return nil
 }
 
 func bearer(key string) v1.RequestEditorFn {
@@ -114,7 +157,7 @@ func useMonitors(ctx context.Context, api, readOnly *v1.ClientWithResponses) err
 	if err != nil {
 		return err
 	}
-	if me.JSON200 == nil || me.JSON200.Role != v1.Admin || me.JSON200.Limits.PerMinute == nil || *me.JSON200.Limits.PerMinute < 1 {
+	if me.JSON200 == nil || me.JSON200.Role != v1.Admin || me.JSON200.Limits.PerMinute.IsNull() || me.JSON200.Limits.PerMinute.MustGet() < 1 {
 		return unexpected("GET /v1/me", me.HTTPResponse, me.Body)
 	}
 
