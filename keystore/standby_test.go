@@ -3,6 +3,7 @@ package keystore_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -320,6 +321,29 @@ func TestReaderWaitsForAStandbyToReplayAWritingPrimary(t *testing.T) {
 	}
 	if r.standby.Load() == before {
 		t.Errorf("no refusal after the revoke came from the standby")
+	}
+}
+
+// TestReaderChecksTheClientAddressOnTheStandby: a key with allowed networks, asked
+// from outside them, is refused by the standby's lookup as by the primary's; asked from
+// inside, the standby answers it.
+func TestReaderChecksTheClientAddressOnTheStandby(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	r := newReader(t, s, pool, []*pgxpool.Pool{standbyPool(t, pool, "DATABASE_STANDBY_FAST_URL")}, keystore.ReaderOptions{})
+	_, full := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin,
+		AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}})
+	waitForAStandby(t, r, full)
+	id, secret, _ := keystoretest.Format(t, "mon").Parse(full)
+	before := r.standby.Load()
+	if _, ok, err := r.VerifyParsed(ctx, id, secret, netip.MustParseAddr("203.0.113.1")); ok || err != nil {
+		t.Errorf("from outside the key's networks: VerifyParsed = %v, %v; want refused", ok, err)
+	}
+	if _, ok, err := r.VerifyParsed(ctx, id, secret, netip.MustParseAddr("10.9.1.1")); !ok || err != nil {
+		t.Errorf("from inside the key's networks: VerifyParsed = %v, %v; want accepted", ok, err)
+	}
+	if got := r.standby.Load() - before; got != 2 {
+		t.Errorf("%d of the 2 lookups answered by the standby, want both", got)
 	}
 }
 
