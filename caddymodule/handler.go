@@ -11,18 +11,14 @@ package caddymodule
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/netip"
 	"slices"
-	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
@@ -339,93 +335,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		used = u.MonthUsed
 	}
 	return h.provisionCounts(h.monthSeed(used))
-}
-
-// Validate checks the options. Caddy calls it after Provision, which has applied the
-// defaults and replaced the placeholders, so it sees the values in use. It is fast
-// and dials nothing.
-func (h *Handler) Validate() error {
-	if h.DatabaseURL == "" {
-		return errors.New("database_url is required")
-	}
-	if strings.TrimSpace(h.databaseURL) == "" {
-		return fmt.Errorf("database_url %q is empty once its placeholders are replaced (is the environment variable set?)", h.DatabaseURL)
-	}
-	if err := h.validateReads(); err != nil {
-		return err
-	}
-	if h.RedisURL != "" && strings.TrimSpace(h.redisURL) == "" {
-		return fmt.Errorf("redis_url %q is empty once its placeholders are replaced (is the environment variable set?); remove redis_url to count in-process", h.RedisURL)
-	}
-	if h.GatewaySecret == "" && h.IdentityKey == "" {
-		return errors.New("gateway_secret or identity_key is required: the upstream refuses /v1 requests without one")
-	}
-	if h.secret == "" && h.IdentityKey == "" {
-		return fmt.Errorf("gateway_secret %q is empty once its placeholders are replaced (is the environment variable set?)", h.GatewaySecret)
-	}
-	if h.secret != "" && (!httpguts.ValidHeaderFieldValue(h.secret) || strings.TrimSpace(h.secret) != h.secret) {
-		return errors.New("gateway_secret must be a valid header value: no control characters, no leading or trailing whitespace")
-	}
-	if !keystore.ValidPrefix(h.KeyPrefix) {
-		return fmt.Errorf("key_prefix %q: must match [a-z][a-z0-9]{0,15}", h.KeyPrefix)
-	}
-	if _, ok := parseLimiterFailure(h.LimiterFailure); !ok {
-		return fmt.Errorf("limiter_failure %q: must be open, closed or local", h.LimiterFailure)
-	}
-	if h.DatabaseTimeout < 0 {
-		return fmt.Errorf("database_timeout %s: must be positive", time.Duration(h.DatabaseTimeout))
-	}
-	if h.RedisTimeout < 0 {
-		return fmt.Errorf("redis_timeout %s: must be positive", time.Duration(h.RedisTimeout))
-	}
-	if h.DatabaseDialTimeout < 0 {
-		return fmt.Errorf("database_dial_timeout %s: must be positive", time.Duration(h.DatabaseDialTimeout))
-	}
-	if h.RedisDialTimeout < 0 {
-		return fmt.Errorf("redis_dial_timeout %s: must be positive", time.Duration(h.RedisDialTimeout))
-	}
-	if h.DatabaseMinConns < 0 {
-		return fmt.Errorf("database_min_conns %d: must be positive", h.DatabaseMinConns)
-	}
-	if h.RedisMinConns < 0 {
-		return fmt.Errorf("redis_min_conns %d: must be positive", h.RedisMinConns)
-	}
-	if h.LookupLanes < 0 {
-		return fmt.Errorf("lookup_lanes %d: must be positive", h.LookupLanes)
-	}
-	if linger := time.Duration(h.BatchLinger); linger < 0 || 10*linger > time.Duration(min(h.DatabaseTimeout, h.RedisTimeout)) {
-		return fmt.Errorf("batch_linger %s: must be at most a tenth of database_timeout (%s) and of redis_timeout (%s)",
-			linger, time.Duration(h.DatabaseTimeout), time.Duration(h.RedisTimeout))
-	}
-	if h.LegacyKeys != legacyKeysAccept && h.LegacyKeys != legacyKeysReject {
-		return fmt.Errorf("legacy_keys %q: must be accept or reject", h.LegacyKeys)
-	}
-	if h.LastUsedInterval > 0 && time.Duration(h.LastUsedInterval) < minLastUsedInterval {
-		return fmt.Errorf("last_used_interval %s: must be at least %s, or off", time.Duration(h.LastUsedInterval), minLastUsedInterval)
-	}
-	if time.Duration(h.UsageFlushInterval) < minUsageFlushInterval {
-		return fmt.Errorf("usage_flush_interval %s: must be at least %s", time.Duration(h.UsageFlushInterval), minUsageFlushInterval)
-	}
-	if h.MaxRequestBody < 0 {
-		return fmt.Errorf("max_request_body %d: must be positive", h.MaxRequestBody)
-	}
-	if h.UsageBuffer < 0 {
-		return fmt.Errorf("usage_buffer %d: must be positive", h.UsageBuffer)
-	}
-	if len(h.StripFields) == 0 {
-		return errors.New("strip_fields: at least one name is required")
-	}
-	for _, name := range h.StripFields {
-		if name == "" {
-			return errors.New("strip_fields: names must not be empty")
-		}
-	}
-	for _, r := range h.Routes {
-		if err := checkRoute(r); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Cleanup gives back the pools Provision took, in reverse order: the last-used
