@@ -16,7 +16,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -149,19 +148,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 				b.Fatalf("status %d, want %d", got, p.status)
 			}
 			b.ReportAllocs()
-			self := benchcpu.Self()
-			start, err := self.Read()
-			if err != nil {
-				b.Fatal(err)
-			}
-			for b.Loop() {
-				hr.serve(b)
-			}
-			end, err := self.Read()
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(end-start)/float64(time.Microsecond)/float64(b.N), self.Unit)
+			benchcpu.Loop(b, func() { hr.serve(b) }, benchcpu.Self())
 		})
 	}
 }

@@ -69,11 +69,28 @@ func Run(b *testing.B, op func(b *testing.B, i int), probes ...Probe) {
 			b.ResetTimer()
 			parallel(b.N, n, func(i int) { op(b, i) })
 			b.StopTimer()
-			end := read(b, probes)
-			for i, p := range probes {
-				b.ReportMetric(float64(end[i]-start[i])/float64(time.Microsecond)/float64(b.N), p.Unit)
-			}
+			report(b, start, probes)
 		})
+	}
+}
+
+// Loop runs op in a b.Loop, from one goroutine, and reports the probes' CPU per
+// operation beside ns/op. Call it after the setup, as Run.
+func Loop(b *testing.B, op func(), probes ...Probe) {
+	b.Helper()
+	start := read(b, probes)
+	for b.Loop() {
+		op()
+	}
+	report(b, start, probes)
+}
+
+// report reports each probe's growth since start, per operation of b.
+func report(b *testing.B, start []time.Duration, probes []Probe) {
+	b.Helper()
+	end := read(b, probes)
+	for i, p := range probes {
+		b.ReportMetric(float64(end[i]-start[i])/float64(time.Microsecond)/float64(b.N), p.Unit)
 	}
 }
 
