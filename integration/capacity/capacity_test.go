@@ -135,6 +135,17 @@ func TestKeysHaveTheKeyShape(t *testing.T) {
 	}
 }
 
+func TestKeysPrintsEveryNthKey(t *testing.T) {
+	var out strings.Builder
+	if err := Main(context.Background(), []string{"keys", "-count", "3", "-every", "500"}, strings.NewReader(""), &out); err != nil {
+		t.Fatal(err)
+	}
+	want := FullKey(0) + "\n" + FullKey(500) + "\n" + FullKey(1000) + "\n"
+	if out.String() != want {
+		t.Errorf("keys printed %q, want %q", out.String(), want)
+	}
+}
+
 func TestQuantile(t *testing.T) {
 	counts := make([]uint64, latencyBuckets)
 	counts[bucketOf(500*time.Microsecond)] = 98
@@ -411,6 +422,7 @@ func TestMainRefusesBadUsage(t *testing.T) {
 		{"counts", "-waiters", "0"},
 		{"lastused", "-sizes", "-3"},
 		{"usage", "-sizes", "1,x"},
+		{"keys", "-every", "0"},
 		{"worker", "lookups", "-keys", "0"},
 	} {
 		if err := Main(context.Background(), args, strings.NewReader(""), io.Discard); err == nil {

@@ -1,6 +1,7 @@
 package capacity
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -16,12 +17,14 @@ import (
 // worker reads its orders from stdin; every command writes its report to stdout.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: capacity seed|lookups|counts|lastused|usage [flags]")
+		return errors.New("usage: capacity seed|keys|lookups|counts|lastused|usage [flags]")
 	}
 	cmd, args := args[0], args[1:]
 	switch cmd {
 	case "seed":
 		return seedCommand(ctx, args, stdout)
+	case "keys":
+		return keysCommand(args, stdout)
 	case "lookups":
 		return lookupsCommand(ctx, args, stdout)
 	case "counts":
@@ -100,6 +103,26 @@ func seedCommand(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	writeSeeded(stdout, s)
 	return nil
+}
+
+// keysCommand prints keys of Seed as clients present them (FullKey), one a line:
+// -count keys, every -every-th from key 0, so that they spread over Seed's whole
+// range of ids.
+func keysCommand(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("keys", flag.ContinueOnError)
+	count := fs.Int("count", 2000, "keys to print")
+	every := fs.Int("every", 500, "the step between their numbers")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *count <= 0 || *every <= 0 {
+		return errors.New("-count and -every must be positive")
+	}
+	w := bufio.NewWriter(stdout)
+	for i := range *count {
+		fmt.Fprintln(w, FullKey(i**every))
+	}
+	return w.Flush()
 }
 
 func writeSeeded(w io.Writer, s Seeded) {

@@ -4,6 +4,7 @@
 // docs/scaling.md):
 //
 //	capacity seed     -database-url URL [-keys 1000000] [-orgs 10000]
+//	capacity keys     [-count 2000] [-every 500]
 //	capacity lookups  -database-url URL [-probe-url URL] [-pgbouncer-pid PID] [-procs 4] [-waiters 1,4,16,64,256]
 //	capacity counts   -redis-url URL [-cluster] [-procs 4] [-waiters 1,4,16,64,256]
 //	capacity lastused -database-url URL [-sizes 1000,10000,100000]
