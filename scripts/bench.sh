@@ -52,6 +52,16 @@
 #       whose 401s are byte-identical: both medians and the share of pairs in which
 #       each was the slower (internal/testkit/timingpair); BENCH_TIMING=0 skips it,
 #       BENCH_ONLY=timing runs it alone and replaces it in OUT
+#   (mk) many keys: 1,000,000 keys seeded into the bench's database (integration/capacity),
+#       every 500th moved to the bench org, so that 2,000 keys read the bench's monitor;
+#       PAIR_ROUNDS rounds of three runs, their order rotating (rotate_runs below): plain
+#       Caddy, the gateway with the bench key alone, and the gateway with the 2,000 keys
+#       (one wrk Lua script for both gateway runs, round robin over its keys in each thread).
+#       Medians of the rounds: the 2,000 keys' throughput over plain's (target 0.80), the
+#       bench key's beside it, CPU per request by process, and the distinct key ids and
+#       requests per lookup query (the gateway's /metrics). It leaves the 1,000,000 keys
+#       in the database, so it runs after the other pairs. BENCH_MANYKEYS=0 skips it,
+#       BENCH_ONLY=manykeys runs it alone and replaces it in OUT
 #   (k) the gateway on a 3-master Redis Cluster beside the single Redis
 #   capacity: each shared dependency on its own, as CPU per operation (scripts/capacity.sh:
 #       key lookups on PostgreSQL, through PgBouncer and with one standby, counts on one Redis and on a
@@ -77,11 +87,13 @@
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
 # MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE,
 # BENCH_BUDGETS, BENCH_SCOPES and BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o), (s) and
-# (t), or (k)); BENCH_STANDBY (1; 0 skips (sb)); BENCH_CAPACITY
+# (t), or (k)); BENCH_STANDBY (1; 0 skips (sb)); BENCH_MANYKEYS (1; 0 skips (mk)); BENCH_CAPACITY
 # and BENCH_ONLY above, the capacity section's own CAP_* in scripts/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
-# meanwhile) and DIR/run.txt (that run's figures, as in the CPU table).
+# meanwhile) and DIR/run.txt (that run's figures, as in the CPU table); and, with (mk),
+# DIR/manykeys.cpu.pprof, DIR/manykeys.top.txt and DIR/manykeys.run.txt, the same for
+# one more run of the 2,000 keys.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -96,8 +108,8 @@ OUT=${OUT:-scripts/bench-results.txt}
 bench_start_load=$(cut -d' ' -f1-3 /proc/loadavg)
 need_tools wrk curl openssl
 case ${BENCH_ONLY:-} in
-"" | capacity | usage | budgets | scopes | timing | standby) ;;
-*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity, usage, budgets, scopes, timing or standby runs alone" >&2; exit 1 ;;
+"" | capacity | usage | budgets | scopes | timing | standby | manykeys) ;;
+*) echo "bench: BENCH_ONLY=$BENCH_ONLY: only capacity, usage, budgets, scopes, timing, standby or manykeys runs alone" >&2; exit 1 ;;
 esac
 [ "${BENCH_MATCHED:-1}" = 1 ] && need_tools hey
 
@@ -128,6 +140,8 @@ unbatched="127.0.0.1:$(bench_port)"
 lingering="127.0.0.1:$(bench_port)"
 linger=${BENCH_LINGER:-2ms}
 big="127.0.0.1:$(bench_port)"
+# The gateway's /metrics, read around the (mk) runs for the lookups' batch sizes.
+metrics_addr="127.0.0.1:$(bench_port)"
 
 bin/upstream serve --addr "$up" >"$stack/upstream.log" 2>&1 &
 upstream_pid=$!
@@ -181,6 +195,10 @@ fi
 http://$plain {
 	bind 127.0.0.1
 	reverse_proxy $up
+}
+http://$metrics_addr {
+	bind 127.0.0.1
+	metrics
 }
 EOF
 	gateway_site "$gw" "lookup_lanes   ${LANES:-1}"
@@ -373,10 +391,12 @@ median() {
 spread() {
 	printf '%s\n' "$@" | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%.1f..%.1f", lo, hi}'
 }
+# rates LINE... prints the req/s of measure_cpu's lines, rounded, on one line.
+rates() { printf '%s\n' "$@" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}'; }
 # cpu_row NAME LINE prints one row of a CPU table.
 cpu_row() {
 	local name=$1
-	read -r rps p50 p99 c u p r <<<"$2"
+	read -r rps p50 p99 c u p r _ <<<"$2"
 	printf '    %-24s %8.0f %8.3f %8.3f %8.1f %8.1f %8.1f %8.1f\n' "$name" "$rps" "$p50" "$p99" "$c" "$u" "$p" "$r"
 }
 cpu_header() {
@@ -386,7 +406,45 @@ cpu_header() {
 
 verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 
+# profile_run PPROF TOP RUN COMMAND... runs COMMAND (measure_cpu's command line) once,
+# with Caddy's CPU profile through its admin endpoint meanwhile (PROFILE/PPROF), the
+# busiest processes by CPU (PROFILE/TOP) and the run's own line (PROFILE/RUN). Only with
+# PROFILE set, which turns the main Caddy's admin endpoint on.
+profile_run() {
+	local pprof=$1 top=$2 run=$3 secs prof_pids
+	shift 3
+	secs=$((${DURATION%s} > 2 ? ${DURATION%s} - 2 : 1))
+	(sleep 1; curl -s -o "$PROFILE/$pprof" "http://$admin/debug/pprof/profile?seconds=$secs") &
+	prof_pids=($!)
+	(sleep 1; top -b -d "$secs" -n 2 -w 200 | awk '/^top -/ {n++} n == 2' | head -n 20 >"$PROFILE/$top") &
+	prof_pids+=($!)
+	"$@" >"$PROFILE/$run"
+	wait "${prof_pids[@]}" || true # top ends on SIGPIPE
+}
+
 # ---- (m), (i), (u) and (o): two gateways, or two keys, in one Caddy ---------------------
+# rotate_runs TITLE NAME... runs PAIR_ROUNDS rounds of one run of each NAME, round r
+# starting with NAME number r (counting round the list) and going on in turn, so that
+# none always has the warmer (or the more disturbed) slot: with two, odd rounds run A
+# first and even rounds B. A run is the command in the array NAME_cmd (measure_cpu's
+# command line, or one that prints a line like it); its line is added to the array
+# NAME_runs, so that the rounds' lines of two names pair up by index (per_round).
+rotate_runs() {
+	local _rr_title=$1 _rr_round _rr_i _rr_n
+	shift
+	local _rr_names=("$@")
+	_rr_n=${#_rr_names[@]}
+	for _rr_round in $(seq 1 "$PAIR_ROUNDS"); do
+		echo "measuring $_rr_title, round $_rr_round…" >&2
+		for ((_rr_i = 0; _rr_i < _rr_n; _rr_i++)); do
+			local -n _rr_cmd=${_rr_names[(_rr_round - 1 + _rr_i) % _rr_n]}_cmd
+			local -n _rr_runs=${_rr_names[(_rr_round - 1 + _rr_i) % _rr_n]}_runs
+			_rr_runs+=("$("${_rr_cmd[@]}")")
+			unset -n _rr_cmd _rr_runs
+		done
+	done
+}
+
 # pair_run VAR TITLE PID LABEL_A URL_A KEY_A LABEL_B URL_B KEY_B [RATIO [CPU]] measures
 # URL_A with key KEY_A and URL_B with KEY_B, both served by the Caddy PID, PAIR_ROUNDS
 # times alternating, Caddy's, PostgreSQL's and Redis's CPU per request included, stops
@@ -401,25 +459,15 @@ verdict() { if awk "BEGIN {exit !($1)}"; then echo met; else echo MISSED; fi; }
 pair_run() {
 	local -n _report=$1
 	local title=$2 pid=$3 label_a=$4 url_a=$5 key_a=$6 label_b=$7 url_b=$8 key_b=$9
-	local want_ratio=${10:-0.95} want_cpu=${11:-} round
+	local want_ratio=${10:-0.95} want_cpu=${11:-}
 	local auth_a=(-H "Authorization: Bearer $key_a") auth_b=(-H "Authorization: Bearer $key_b") load_start
 	load_start=$(cut -d' ' -f1 /proc/loadavg)
 	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth_a[@]}" "$url_a" >/dev/null
 	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" "${auth_b[@]}" "$url_b" >/dev/null
 	# cpu_snapshot reads caddy_pid: this Caddy's, for these runs.
 	local caddy_pid=$pid a_runs=() b_runs=()
-	# Odd rounds measure A first, even rounds B first, so that neither always has the
-	# warmer (or the more disturbed) slot.
-	for round in $(seq 1 "$PAIR_ROUNDS"); do
-		echo "measuring $title, round $round…" >&2
-		if ((round % 2)); then
-			a_runs+=("$(measure_cpu ok "$url_a" "${auth_a[@]}")")
-			b_runs+=("$(measure_cpu ok "$url_b" "${auth_b[@]}")")
-		else
-			b_runs+=("$(measure_cpu ok "$url_b" "${auth_b[@]}")")
-			a_runs+=("$(measure_cpu ok "$url_a" "${auth_a[@]}")")
-		fi
-	done
+	local a_cmd=(measure_cpu ok "$url_a" "${auth_a[@]}") b_cmd=(measure_cpu ok "$url_b" "${auth_b[@]}")
+	rotate_runs "$title" a b
 	kill "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
 	local a_rps a_p99 a_cpu a_pg a_rd b_rps b_p99 b_cpu b_pg b_rd ratio runs_a runs_b cpu_diff pg_diff rd_diff cpu_rounds cpu_verdict=""
@@ -441,8 +489,7 @@ pair_run() {
 	# shellcheck disable=SC2086 # one figure a word
 	pg_median=$(printf '%+.1f' "$(median 1 $pg_rounds)")
 	[ -z "$want_cpu" ] || cpu_verdict="   (<= +$want_cpu: $(verdict "$cpu_median <= $want_cpu"))"
-	runs_a=$(printf '%s\n' "${a_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
-	runs_b=$(printf '%s\n' "${b_runs[@]}" | awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}')
+	runs_a=$(rates "${a_runs[@]}") runs_b=$(rates "${b_runs[@]}")
 	_report=$'\n\n'$(
 		cat <<EOT
 $title, mean of $PAIR_ROUNDS alternating runs      req/s      p99 ms  caddy us/req
@@ -692,7 +739,123 @@ bench_standby() {
 	bench_pair standby_report "(sb) lookups on a standby" "A: gateway, database_read_urls" \
 		"database_read_urls $standby" "B: gateway, lookups on the primary" "" 0.97
 }
-usage_report="" budgets_report="" scopes_report="" timing_report="" standby_report=""
+# lookup_batches prints the gateway's lookup queries so far, the distinct key ids they
+# held and the requests they answered ("queries ids requests"), from its /metrics: the
+# one set of keygate_* series that every gateway site of the main Caddy shares.
+lookup_batches() {
+	curl -sf "http://$metrics_addr/metrics" | awk '
+		$1 == "keygate_key_lookup_batch_size_count" {q = $2}
+		$1 == "keygate_key_lookup_batch_size_sum" {ids = $2}
+		$1 == "keygate_key_lookup_duration_seconds_count" {r = $2}
+		END {printf "%.0f %.0f %.0f\n", q, ids, r}'
+}
+# with_batches COMMAND... runs COMMAND (measure_cpu's command line on the main Caddy)
+# and prints its line and two more fields: the distinct key ids and the requests per
+# lookup query meanwhile (0 0 when it made no query).
+with_batches() {
+	local before after line
+	before=$(lookup_batches)
+	line=$("$@")
+	after=$(lookup_batches)
+	echo "$line $(awk -v b="$before" -v a="$after" 'BEGIN {
+		split(b, x); split(a, y); q = y[1] - x[1]
+		if (q > 0) printf "%.1f %.1f", (y[2] - x[2]) / q, (y[3] - x[3]) / q; else printf "0 0"
+	}')"
+}
+# bench_manykeys sets manykeys_report: (mk), many keys against one on the (c) gateway,
+# with the plain site beside them. integration/capacity seeds 1,000,000 keys over
+# 10,000 organisations on the "pro" plan into the bench's database. One UPDATE moves
+# every 500th of them, 2,000 spread over the whole range of ids, to the bench org,
+# whose plan refuses nothing here, so that they read the bench's monitor as the bench
+# key does. Both gateway runs send their keys through one wrk Lua script, so that wrk
+# costs the same in both; each of its threads takes the keys of its file in turn (round
+# robin), from a start of its own. The 1,000,000 keys stay: later runs look keys up in
+# the larger table.
+bench_manykeys() {
+	local rows=1000000 n=2000 every=500 seeded moved
+	capacity_tool
+	echo "seeding $rows keys for (mk)…" >&2
+	seeded=$("$stack/capacity" seed -database-url "$DATABASE_URL" -keys "$rows" -orgs 10000)
+	moved=$(psql "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 <<-SQL
+		UPDATE api_keys SET org_id = '$org' WHERE key_id IN
+			(SELECT 'capacity' || lpad(i::text, 14, '0') FROM generate_series(0, $(((n - 1) * every)), $every) AS i);
+		VACUUM ANALYZE api_keys;
+		SELECT count(*) FROM api_keys WHERE org_id = '$org' AND key_id LIKE 'capacity%';
+	SQL
+	)
+	[ "$moved" = "$n" ] || { echo "bench: (mk) moved $moved keys to the bench org, not $n" >&2; exit 1; }
+	"$stack/capacity" keys -count "$n" -every "$every" >"$stack/manykeys.txt"
+	echo "$key" >"$stack/onekey.txt"
+	# keys_script FILE prints the Lua script that sends FILE's keys.
+	keys_script() {
+		sed "s#@FILE@#$1#" <<-'EOF'
+		-- Each request carries the next key of @FILE@, in turn. setup numbers the
+		-- threads; thread t starts at key t * 997, so that the threads are not in step.
+		local threads = 0
+		function setup(thread)
+			threads = threads + 1
+			thread:set("number", threads)
+		end
+		function init()
+			reqs = {}
+			for line in io.lines("@FILE@") do
+				reqs[#reqs + 1] = wrk.format(nil, nil, {["Authorization"] = "Bearer " .. line})
+			end
+			i = (number * 997) % #reqs
+		end
+		function request()
+			i = i % #reqs + 1
+			return reqs[i]
+		end
+		EOF
+	}
+	keys_script "$stack/onekey.txt" >"$stack/onekey.lua"
+	keys_script "$stack/manykeys.txt" >"$stack/manykeys.lua"
+	local code url="http://$gw/v1/monitors/$monitor"
+	code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(tail -n1 "$stack/manykeys.txt")" "$url")
+	[ "$code" = 200 ] || { echo "bench: (mk) the last of the 2,000 keys answered $code, not 200" >&2; exit 1; }
+	local mkp_cmd=(with_batches measure_cpu ok "http://$plain/v1/monitors/$monitor" "${ident[@]}")
+	local mk1_cmd=(with_batches measure_cpu ok "$url" -s "$stack/onekey.lua")
+	local mkn_cmd=(with_batches measure_cpu ok "$url" -s "$stack/manykeys.lua")
+	local mkp_runs=() mk1_runs=() mkn_runs=() load_start
+	load_start=$(cut -d' ' -f1 /proc/loadavg)
+	wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" -s "$stack/manykeys.lua" "$url" >/dev/null
+	rotate_runs "(mk) many keys" mkn mk1 mkp
+	if [ -n "${PROFILE:-}" ]; then
+		echo "profiling (mk)…" >&2
+		profile_run manykeys.cpu.pprof manykeys.top.txt manykeys.run.txt "${mkn_cmd[@]}"
+	fi
+	local name ratio_n ratio_1 rounds_n rounds_1 pg_diff
+	rounds_n=$(per_round 1 / %.3f mkn_runs mkp_runs | paste -sd' ')
+	rounds_1=$(per_round 1 / %.3f mk1_runs mkp_runs | paste -sd' ')
+	pg_diff=$(per_round 6 - %+.1f mkn_runs mk1_runs | paste -sd' ')
+	# shellcheck disable=SC2086 # one figure a word
+	ratio_n=$(median 1 $rounds_n) ratio_1=$(median 1 $rounds_1)
+	manykeys_report=$'\n\n'"(mk) many keys: GET /v1/monitors/{id} with $n keys among $rows rows, every ${every}th, medians of $PAIR_ROUNDS rounds"
+	manykeys_report+=$'\n'"    of three runs, their order rotating; wrk -t$THREADS -c$CONNS -d$DURATION, one Lua script for both gateway runs (round robin per thread)"
+	manykeys_report+=$'\n'"$seeded"
+	manykeys_report+=$'\n'"$(cpu_header "" | awk 'NR == 1 {printf "%s %9s %9s\n", $0, "ids", "requests"; next}
+		{printf "%s %9s %9s\n", $0, "/query", "/query"}')"
+	for name in mkn mk1 mkp; do
+		local -n _mk_runs=${name}_runs
+		local line="" f label
+		for f in 1 2 3 4 5 6 7 8 9; do line+="$(median "$f" "${_mk_runs[@]}") "; done
+		case $name in
+		mkn) label="A: gateway, $n keys" ;;
+		mk1) label="B: gateway, one key" ;;
+		mkp) label="P: plain reverse_proxy" ;;
+		esac
+		manykeys_report+=$'\n'"$(cpu_row "$label" "$line")$(awk -v l="$line" 'BEGIN {split(l, f); printf " %9.1f %9.1f", f[8], f[9]}')"
+		unset -n _mk_runs
+	done
+	manykeys_report+=$'\n'"    A/P throughput ratio     $(printf %.3f "$ratio_n") median of the rounds   (>= 0.80: $(verdict "$ratio_n >= 0.80")); rounds $rounds_n"
+	manykeys_report+=$'\n'"    B/P throughput ratio     $(printf %.3f "$ratio_1") median of the rounds (informational); rounds $rounds_1"
+	manykeys_report+=$'\n'"    Caddy CPU A - P, B - P   $(median 1 "$(per_round 4 - %.1f mkn_runs mkp_runs)" | xargs printf %+.1f), $(median 1 "$(per_round 4 - %.1f mk1_runs mkp_runs)" | xargs printf %+.1f) us/req medians of the rounds"
+	manykeys_report+=$'\n'"    PostgreSQL CPU A - B     $(median 1 $pg_diff | xargs printf %+.1f) us/req median of the rounds; rounds $pg_diff"
+	manykeys_report+=$'\n'"    runs (req/s): A $(rates "${mkn_runs[@]}"); B $(rates "${mk1_runs[@]}"); P $(rates "${mkp_runs[@]}");"
+	manykeys_report+=" load average $load_start before the rounds, $(cut -d' ' -f1 /proc/loadavg) after"
+}
+usage_report="" budgets_report="" scopes_report="" timing_report="" standby_report="" manykeys_report=""
 case ${BENCH_ONLY:-} in
 timing)
 	bench_timing
@@ -717,6 +880,11 @@ scopes)
 standby)
 	bench_standby
 	only_run standby_report "(sb) lookups on a standby"
+	exit 0
+	;;
+manykeys)
+	bench_manykeys
+	only_run manykeys_report "(mk) many keys"
 	exit 0
 	;;
 esac
@@ -756,13 +924,7 @@ done
 # PROFILE: one more run of (c), outside the rounds (profiling costs CPU of its own).
 if [ -n "${PROFILE:-}" ]; then
 	echo "profiling (c)…" >&2
-	secs=$(( ${DURATION%s} > 2 ? ${DURATION%s} - 2 : 1 ))
-	(sleep 1; curl -s -o "$PROFILE/gateway.cpu.pprof" "http://$admin/debug/pprof/profile?seconds=$secs") &
-	prof_pids=($!)
-	(sleep 1; top -b -d "$secs" -n 2 -w 200 | awk '/^top -/ {n++} n == 2' | head -n 20 >"$PROFILE/top.txt") &
-	prof_pids+=($!)
-	measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}" >"$PROFILE/run.txt"
-	wait "${prof_pids[@]}" || true # top ends on SIGPIPE
+	profile_run gateway.cpu.pprof top.txt run.txt measure_cpu ok "http://$gw/v1/monitors/$monitor" "${auth[@]}"
 fi
 # ---- (r) CPU per request at an equal rate (informational) ---------------------------
 # At full load the gateway serves fewer requests a second than plain Caddy, and on 2
@@ -923,6 +1085,8 @@ if [ "${BENCH_USAGE:-1}" = 1 ]; then bench_usage; fi
 if [ "${BENCH_BUDGETS:-1}" = 1 ]; then bench_budgets; fi
 if [ "${BENCH_SCOPES:-1}" = 1 ]; then bench_scopes; fi
 if [ "${BENCH_TIMING:-1}" = 1 ]; then bench_timing; fi
+# Last of them: it leaves 1,000,000 keys in the database.
+if [ "${BENCH_MANYKEYS:-1}" = 1 ]; then bench_manykeys; fi
 # ---- end of (m), (i), (u) and (o) -----------------------------------------------------
 
 # (e) The 50 MB list, on a Caddy of its own so that its peak RSS is the filter's alone.
@@ -1045,7 +1209,7 @@ targets:
   PostgreSQL hung, 503s/s   $(printf '%.0f' "$f_pg_503")   (>= 100: $(verdict "$f_pg_503 >= 100"))
 EOF
 )
-report+=$metrics_report$identity_report$standby_report$usage_report$budgets_report$scopes_report$timing_report
+report+=$metrics_report$identity_report$standby_report$usage_report$budgets_report$scopes_report$timing_report$manykeys_report
 echo "$report"
 echo "$report" >"$OUT"
 echo "(written to $OUT)"
