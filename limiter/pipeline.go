@@ -21,8 +21,8 @@ type pipeliner interface {
 // pipeline gathers the counts of concurrent Allow calls into one Redis pipeline, a
 // round. Under load, Redis then reads and answers many counts per round trip. The
 // gathering is internal/gather's, and so is its freshness (see its package doc). The
-// pipeline adds the script: one call per counter's hash slot in the round (see
-// scriptCalls).
+// pipeline adds the script: one call per counter's hash slot in the round, or, on one
+// Redis server, one call for all the keys without org budgets (see scriptCalls).
 //
 // A round goes out at once if the one lane is free, or when the lane's round returns.
 // At the latest, it goes out on its own maxWait after its first count joined. No timer
@@ -31,6 +31,7 @@ type pipeliner interface {
 // carries its caller's deadline, which the script checks.
 type pipeline struct {
 	rdb     pipeliner
+	oneNode bool // rdb is one server (or a Sentinel's primary): no hash slots to keep apart
 	timeout time.Duration
 	clock   *redisClock
 	rounds  *gather.Gatherer[count, reply]
@@ -61,7 +62,8 @@ type reply struct {
 }
 
 func newPipeline(rdb pipeliner, timeout, linger time.Duration, clock *redisClock) *pipeline {
-	p := &pipeline{rdb: rdb, timeout: timeout, clock: clock}
+	_, oneNode := rdb.(*redis.Client) // a Cluster's or a Ring's keys live on several
+	p := &pipeline{rdb: rdb, oneNode: oneNode, timeout: timeout, clock: clock}
 	p.rounds = gather.New(p.send, gather.Options{Lanes: 1, MaxWait: max(timeout/10, time.Millisecond), Inline: true, Linger: linger})
 	return p
 }
@@ -82,7 +84,7 @@ func (p *pipeline) send(ctx context.Context, deadline time.Time, _ bool, round [
 	ctx, cancel := bounded(ctx, deadline)
 	defer cancel()
 	replies := make([]reply, len(round))
-	calls := scriptCalls(round)
+	calls := scriptCalls(round, p.oneNode)
 	sent := sendCalls(ctx, p.rdb, countScript, len(calls), func(c int) ([]string, []any) {
 		return calls[c].keys, calls[c].args
 	}, func(c int, v []int64, err error) {
@@ -152,10 +154,12 @@ type scriptCall struct {
 // scriptCalls splits round into script calls, one per hash slot: the counts of a key
 // without org budgets by its counter, the others by org counter, month counter and
 // org limits (an org's plan changed mid-round goes as two), the groups and their
-// members in the order of arrival. A call holds each key counter once, with its limit:
-// a count of a key counter already in its call with another limit (the key's limit
-// changed mid-round) goes in a call of its own.
-func scriptCalls(round []count) []scriptCall {
+// members in the order of arrival. On oneNode, a Redis without hash slots, the counts
+// of every key without org budgets go in one group: a round of many keys costs Redis
+// one call rather than one per key. A call holds each key counter once, with its
+// limit: a count of a key counter already in its call with another limit (the key's
+// limit changed mid-round) goes in a call of its own.
+func scriptCalls(round []count, oneNode bool) []scriptCall {
 	var groups [][]int
 	if len(round) == 1 {
 		groups = oneCount
@@ -169,7 +173,7 @@ func scriptCalls(round []count) []scriptCall {
 		for i := range round {
 			c := &round[i]
 			k := group{c.orgCounter, c.monthCounter, c.orgLimit, c.monthLimit}
-			if c.orgCounter == "" {
+			if c.orgCounter == "" && !oneNode {
 				k.slot = c.keyCounter
 			}
 			g, ok := index[k]

@@ -126,7 +126,7 @@ func (l *Redis) count(ctx context.Context, deadline time.Time, c count) (stageCo
 	ctx, cancel := bounded(ctx, deadline)
 	defer cancel()
 	round := []count{c}
-	calls := scriptCalls(round)
+	calls := scriptCalls(round, false) // one count: one group either way
 	if len(calls) != 1 {
 		return stageCounts{}, fmt.Errorf("limiter: %d script calls for one count", len(calls))
 	}
