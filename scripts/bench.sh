@@ -93,7 +93,7 @@
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
 # meanwhile) and DIR/run.txt (that run's figures, as in the CPU table); and, with (mk),
 # DIR/manykeys.cpu.pprof, DIR/manykeys.top.txt and DIR/manykeys.run.txt, the same for
-# one more run of the 2,000 keys.
+# one more run of the 2,000 keys, and DIR/onekey.* for one more run of the one key.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -824,6 +824,7 @@ bench_manykeys() {
 	if [ -n "${PROFILE:-}" ]; then
 		echo "profiling (mk)…" >&2
 		profile_run manykeys.cpu.pprof manykeys.top.txt manykeys.run.txt "${mkn_cmd[@]}"
+		profile_run onekey.cpu.pprof onekey.top.txt onekey.run.txt "${mk1_cmd[@]}"
 	fi
 	local name ratio_n ratio_1 rounds_n rounds_1 pg_diff
 	rounds_n=$(per_round 1 / %.3f mkn_runs mkp_runs | paste -sd' ')
