@@ -826,10 +826,9 @@ bench_manykeys() {
 		profile_run manykeys.cpu.pprof manykeys.top.txt manykeys.run.txt "${mkn_cmd[@]}"
 		profile_run onekey.cpu.pprof onekey.top.txt onekey.run.txt "${mk1_cmd[@]}"
 	fi
-	local name ratio_n ratio_1 rounds_n rounds_1 pg_diff
+	local name ratio_n ratio_1 rounds_n rounds_1
 	rounds_n=$(per_round 1 / %.3f mkn_runs mkp_runs | paste -sd' ')
 	rounds_1=$(per_round 1 / %.3f mk1_runs mkp_runs | paste -sd' ')
-	pg_diff=$(per_round 6 - %+.1f mkn_runs mk1_runs | paste -sd' ')
 	# shellcheck disable=SC2086 # one figure a word
 	ratio_n=$(median 1 $rounds_n) ratio_1=$(median 1 $rounds_1)
 	manykeys_report=$'\n\n'"(mk) many keys: GET /v1/monitors/{id} with $n keys among $rows rows, every ${every}th, medians of $PAIR_ROUNDS rounds"
@@ -852,7 +851,12 @@ bench_manykeys() {
 	manykeys_report+=$'\n'"    A/P throughput ratio     $(printf %.3f "$ratio_n") median of the rounds   (>= 0.80: $(verdict "$ratio_n >= 0.80")); rounds $rounds_n"
 	manykeys_report+=$'\n'"    B/P throughput ratio     $(printf %.3f "$ratio_1") median of the rounds (informational); rounds $rounds_1"
 	manykeys_report+=$'\n'"    Caddy CPU A - P, B - P   $(median 1 "$(per_round 4 - %.1f mkn_runs mkp_runs)" | xargs printf %+.1f), $(median 1 "$(per_round 4 - %.1f mk1_runs mkp_runs)" | xargs printf %+.1f) us/req medians of the rounds"
-	manykeys_report+=$'\n'"    PostgreSQL CPU A - B     $(median 1 $pg_diff | xargs printf %+.1f) us/req median of the rounds; rounds $pg_diff"
+	local f diff what=([4]=Caddy [6]=PostgreSQL [7]=Redis) # measure_cpu's fields
+	for f in 4 6 7; do
+		diff=$(per_round "$f" - %+.1f mkn_runs mk1_runs | paste -sd' ')
+		# shellcheck disable=SC2086 # one figure a word
+		manykeys_report+=$'\n'"$(printf '    %-24s' "${what[f]} CPU A - B") $(median 1 $diff | xargs printf %+.1f) us/req median of the rounds; rounds $diff"
+	done
 	manykeys_report+=$'\n'"    runs (req/s): A $(rates "${mkn_runs[@]}"); B $(rates "${mk1_runs[@]}"); P $(rates "${mkp_runs[@]}");"
 	manykeys_report+=" load average $load_start before the rounds, $(cut -d' ' -f1 /proc/loadavg) after"
 }
