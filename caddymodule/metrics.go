@@ -118,7 +118,7 @@ func newMetrics() *metrics {
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricLookups,
 			Help: "Key lookups answered with database_read_urls, by server: primary or standby."}, []string{"server"}),
 		fenceWait: newHistogram(metricFenceWait,
-			"Time a key lookup on a standby waited for its reading of the primary's WAL position.", latencyBuckets),
+			"Time a key lookup on a standby waited for its reading of the primary's WAL position after the standby answered.", latencyBuckets),
 		replayWait: newHistogram(metricReplayWait,
 			"Time a key lookup behind its reading of the primary's WAL position waited for a standby to replay it.", latencyBuckets),
 		limiterDuration: newHistogram(metricLimiterDuration,

@@ -76,15 +76,16 @@ func (b *Batcher) Verify(ctx context.Context, presented string) (Key, bool, erro
 func (b *Batcher) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
 	// The deadline goes to the Gatherer, not into a context of its own: see
 	// gather.DoBy.
-	k, ok, _, err := b.verifyBy(ctx, gather.Deadline(ctx, b.timeout), keyID, secret, from)
+	k, ok, _, err := b.verifyBy(ctx, gather.Deadline(ctx, b.timeout), keyID, secret, from, nil)
 	return k, ok, err
 }
 
-// verifyBy is VerifyParsed by deadline. It also returns the position a standby's
-// batch had replayed before its lookup (Store.lookup); 0 on the primary.
-func (b *Batcher) verifyBy(ctx context.Context, deadline time.Time, keyID, secret string, from netip.Addr) (Key, bool, LSN, error) {
+// verifyBy is VerifyParsed by deadline, with the Fence's reading rd sent as its batch
+// is (nil: none). It also returns the position a standby's batch had replayed before
+// its lookup (Store.lookup); 0 on the primary.
+func (b *Batcher) verifyBy(ctx context.Context, deadline time.Time, keyID, secret string, from netip.Addr, rd *reading) (Key, bool, LSN, error) {
 	sum := HashSecret(secret)
-	f, err := b.batches.DoBy(ctx, deadline, probe{keyID, sum, from.Unmap()})
+	f, err := b.batches.DoBy(ctx, deadline, probe{keyID, sum, from.Unmap(), rd})
 	if err != nil && (err == ctx.Err() || err == context.DeadlineExceeded) {
 		return Key{}, false, 0, fmt.Errorf("looking up key: %w", err)
 	}
@@ -115,6 +116,13 @@ type found struct {
 // take the request's cancellation: a client that goes away does not cut a lookup of a
 // few hundred microseconds short.
 func (b *Batcher) query(_ context.Context, deadline time.Time, inline bool, probes []probe) ([]found, error) {
+	var sent *reading
+	for _, p := range probes {
+		if p.reading != nil && p.reading != sent {
+			sent = p.reading
+			sent.send()
+		}
+	}
 	l := lookupOf(probes)
 	b.queries.Add(1)
 	b.lookups.Add(uint64(l.ids))

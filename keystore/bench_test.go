@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/testkit/benchcpu"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -51,6 +52,56 @@ func BenchmarkBatcherVerify(b *testing.B) {
 					b.Errorf("Verify = %v, %v", ok, err)
 				}
 			}, benchcpu.Self(), pg)
+		})
+	}
+}
+
+// BenchmarkReaderVerify verifies one key from 1, 4 and 32 goroutines at once, on the
+// primary through a Batcher, and through a Reader whose lookups the stack's fast
+// standby answers (scripts/stack.sh up-standbys), each fenced on the primary.
+// cpu-µs/op is this process's CPU per verification, pg-µs/op the primary's and
+// standby-µs/op the standby's: what moving the lookups to a standby costs the gateway
+// and saves the primary. Run it on a stack of its own, with -benchtime 3s or more.
+func BenchmarkReaderVerify(b *testing.B) {
+	pool, _ := schematest.NewPool(b)
+	s := keystore.New(pool, keystoretest.Format(b, "mon"))
+	var org string
+	if err := pool.QueryRow(context.Background(),
+		`INSERT INTO orgs (name, plan) VALUES ('acme', 'pro') RETURNING id::text`).Scan(&org); err != nil {
+		b.Fatal(err)
+	}
+	_, key, err := s.Create(context.Background(), keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
+	if err != nil {
+		b.Fatal(err)
+	}
+	standby := standbyPool(b, pool, "DATABASE_STANDBY_FAST_URL")
+	testenv.WaitForReplay(b, testenv.Getenv(b, "DATABASE_URL"), testenv.Getenv(b, "DATABASE_STANDBY_FAST_URL"), 2*time.Minute)
+	pg, err := benchcpu.Postgres(pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sb, err := benchcpu.Postgres(standby)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sb.Unit = "standby-µs/op"
+	for _, via := range []string{"primary", "standby"} {
+		b.Run(via, func(b *testing.B) {
+			var v interface {
+				Verify(context.Context, string) (keystore.Key, bool, error)
+			}
+			primary := keystore.NewBatcher(s, keystore.BatcherOptions{})
+			v = primary
+			if via == "standby" {
+				r := keystore.NewReader(primary, pool, []*pgxpool.Pool{standby}, keystore.ReaderOptions{})
+				defer r.Close()
+				v = r
+			}
+			benchcpu.Run(b, func(b *testing.B, i int) {
+				if _, ok, err := v.Verify(context.Background(), key); !ok || err != nil {
+					b.Errorf("Verify = %v, %v", ok, err)
+				}
+			}, benchcpu.Self(), pg, sb)
 		})
 	}
 }

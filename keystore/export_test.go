@@ -40,3 +40,15 @@ func (s *Store) LookupFrom(ctx context.Context, ids []string, sums [][]byte, add
 	rows, _, err := s.lookup(ctx, lookupOf(probes))
 	return slices.Sorted(maps.Keys(rows)), err
 }
+
+// FenceReadings is the number of readings of the primary's position r has sent, its
+// probes' included.
+func (r *Reader) FenceReadings() uint64 { return r.fence.readings.Load() }
+
+// StandbyQueries is the number of batch queries r's standbys have been sent.
+func (r *Reader) StandbyQueries() (n uint64) {
+	for _, s := range r.standbys {
+		n += s.batcher.queries.Load()
+	}
+	return n
+}

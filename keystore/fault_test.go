@@ -2,8 +2,6 @@ package keystore_test
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,14 +27,7 @@ func slowStore(t *testing.T) (*keystore.Store, string, *latencyproxy.Proxy) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := latencyproxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	host, port, _ := net.SplitHostPort(p.Addr())
-	n, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+	p := schematest.Proxied(t, cfg)
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -36,10 +37,12 @@ func fenceTarget(insert LSN) LSN {
 }
 
 // Fence reads the primary's WAL insert position for the lookups on standbys. It
-// keeps at most one reading in flight. Every call that arrives while one is in flight
-// waits for the next one, sent as soon as the first answers and shared by all of
-// them. So a call always gets a reading taken after it arrived, and the primary
-// answers one small query per round trip whatever the request rate.
+// keeps at most one reading in flight. A lookup holds the next reading when it
+// arrives, and its batch query asks for that reading as the batch is sent. So every
+// reading is sent after each lookup that holds it arrived, and is shared by all of
+// them. Under load a reading is sent only as a batch goes out, one per batch at most,
+// never back to back. A batch sent while a reading is in flight has its reading sent
+// when that one answers.
 //
 // The insert position, unlike pg_current_wal_lsn(), covers a commit made with
 // synchronous_commit off whose record is not yet written. A standby that has
@@ -49,17 +52,21 @@ type Fence struct {
 	pool    *pgxpool.Pool
 	timeout time.Duration
 
+	readings atomic.Uint64 // sent so far, for tests through export_test.go
+
 	mu      sync.Mutex
 	sending bool     // a reading is in flight
-	next    *reading // the reading that calls arriving now wait for; nil: none yet
+	next    *reading // the reading that lookups arriving now hold; nil: none yet
+	asked   bool     // next is to be sent as soon as the reading in flight answers
 }
 
 // reading is one query of the primary's insert position.
 type reading struct {
-	done chan struct{} // closed when lsn and err are set
-	sent time.Time     // when the query was sent: after every call waiting for it arrived
-	lsn  LSN           // the fenceTarget of the position read
-	err  error
+	fence *Fence
+	done  chan struct{} // closed when lsn and err are set
+	sent  time.Time     // when the query was sent; zero until then (guarded by fence.mu)
+	lsn   LSN           // the fenceTarget of the position read
+	err   error
 }
 
 // newFence returns a Fence reading the primary through pool, each query bounded by
@@ -68,22 +75,53 @@ func newFence(pool *pgxpool.Pool, timeout time.Duration) *Fence {
 	return &Fence{pool: pool, timeout: timeout}
 }
 
-// wait returns the first reading sent after the call, and when it was sent. It stops
-// when ctx ends or deadline passes (zero: none).
-func (f *Fence) wait(ctx context.Context, deadline time.Time) (LSN, time.Time, error) {
+// hold returns the next reading, to be sent after the call.
+func (f *Fence) hold() *reading {
 	f.mu.Lock()
 	r := f.next
 	if r == nil {
-		r = &reading{done: make(chan struct{})}
+		r = &reading{fence: f, done: make(chan struct{})}
 		f.next = r
 	}
-	if !f.sending {
-		f.sending = true
-		f.next = nil
-		r.sent = time.Now()
-		go f.read(r)
-	}
 	f.mu.Unlock()
+	return r
+}
+
+// send asks for r to be sent: now if no reading is in flight, else as soon as the one
+// in flight answers. A reading already sent stays as it is.
+func (r *reading) send() {
+	f := r.fence
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !r.sent.IsZero() {
+		return
+	}
+	if f.sending {
+		f.asked = true // r is f.next: a reading not sent is the next one
+		return
+	}
+	f.sending = true
+	f.next = nil
+	r.sent = time.Now()
+	go f.read(r)
+}
+
+// wait returns the first reading sent after the call, and when it was sent. It stops
+// when ctx ends or deadline passes (zero: none).
+func (f *Fence) wait(ctx context.Context, deadline time.Time) (LSN, time.Time, error) {
+	r := f.hold()
+	r.send()
+	return r.await(ctx, deadline)
+}
+
+// await returns r's position and when r was sent, once it has answered. It stops when
+// ctx ends or deadline passes (zero: none). r must have been sent (send).
+func (r *reading) await(ctx context.Context, deadline time.Time) (LSN, time.Time, error) {
+	select {
+	case <-r.done:
+		return r.lsn, r.sent, r.err
+	default:
+	}
 	var expired <-chan time.Time
 	if !deadline.IsZero() {
 		t := time.NewTimer(time.Until(deadline))
@@ -100,12 +138,13 @@ func (f *Fence) wait(ctx context.Context, deadline time.Time) (LSN, time.Time, e
 	}
 }
 
-// read sends r, then every reading that calls began to wait for meanwhile, one at a
-// time, until none waits.
+// read sends r, then the next reading while one was asked for meanwhile, one at a
+// time.
 func (f *Fence) read(r *reading) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 		var insert int64
+		f.readings.Add(1)
 		// The difference of two pg_lsn values is a numeric: the position in bytes.
 		err := f.pool.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0')::int8`).Scan(&insert)
 		cancel()
@@ -115,13 +154,13 @@ func (f *Fence) read(r *reading) {
 		r.lsn = fenceTarget(LSN(insert))
 		close(r.done)
 		f.mu.Lock()
-		r = f.next
-		if r == nil {
+		if !f.asked || f.next == nil {
 			f.sending = false
 			f.mu.Unlock()
 			return
 		}
-		f.next = nil
+		r = f.next
+		f.next, f.asked = nil, false
 		r.sent = time.Now()
 		f.mu.Unlock()
 	}

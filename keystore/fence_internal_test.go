@@ -1,6 +1,14 @@
 package keystore
 
-import "testing"
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/schema/schematest"
+)
 
 // TestFenceTargetSkipsThePageHeader: an insert position just past a page's header
 // asks only for the page's boundary, where a standby that replayed everything stops.
@@ -23,4 +31,66 @@ func TestFenceTargetSkipsThePageHeader(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFenceSendsAReadingOnlyWhenABatchAsks: a reading a lookup holds goes out only
+// when its batch asks for it, and one asked for while another is in flight goes out
+// as that one answers, never before. Lookups arriving meanwhile hold it too. Nothing
+// else sends readings: a busy gateway sends at most one a batch.
+func TestFenceSendsAReadingOnlyWhenABatchAsks(t *testing.T) {
+	const delay = 100 * time.Millisecond
+	f := newFence(slowPool(t, delay), 5*time.Second)
+	ctx := context.Background()
+
+	first := f.hold()
+	if again := f.hold(); again != first {
+		t.Fatal("two lookups arriving together hold different readings")
+	}
+	time.Sleep(delay)
+	if n := f.readings.Load(); n != 0 {
+		t.Fatalf("%d readings sent before any batch asked", n)
+	}
+	first.send()
+	second := f.hold()
+	if second == first {
+		t.Fatal("a lookup arriving after the reading was sent holds it")
+	}
+	second.send() // while first is in flight
+	if f.hold() != second {
+		t.Fatal("a lookup arriving before the asked-for reading goes out holds another one")
+	}
+	if _, _, err := first.await(ctx, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	_, sent, err := second.await(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent.Before(answered.Add(-time.Millisecond)) {
+		t.Errorf("the second reading was sent %v before the first answered", answered.Sub(sent))
+	}
+	third := f.hold()
+	time.Sleep(2 * delay)
+	if n := f.readings.Load(); n != 2 {
+		t.Errorf("%d readings sent; want 2: the third is held, never asked for", n)
+	}
+	select {
+	case <-third.done:
+		t.Error("a reading no batch asked for answered")
+	default:
+	}
+}
+
+// slowPool returns a pool on a fresh test database, reached through a proxy that
+// holds every reply back by delay.
+func slowPool(t *testing.T, delay time.Duration) *pgxpool.Pool {
+	t.Helper()
+	_, u := schematest.NewPool(t)
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schematest.Proxied(t, cfg).SetDelay(delay)
+	return schematest.OpenPool(t, cfg)
 }

@@ -116,9 +116,10 @@ const (
 // probe is a presented key: its id, the digest of its secret, and the client address
 // it came from, never IPv4-mapped. The zero address skips the key's networks.
 type probe struct {
-	id   string
-	sum  [32]byte
-	addr netip.Addr
+	id      string
+	sum     [32]byte
+	addr    netip.Addr
+	reading *reading // on a standby, the Fence's reading the request holds; sent with its batch
 }
 
 // lookup is a lookup statement with its arguments, and how many distinct key ids it
@@ -249,7 +250,7 @@ func (s *Store) Verify(ctx context.Context, presented string) (Key, bool, error)
 // that check, as Verify does. An IPv4-mapped from counts as its IPv4 address.
 func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
 	sum := HashSecret(secret)
-	rows, _, err := s.lookup(ctx, lookupOf([]probe{{keyID, sum, from.Unmap()}}))
+	rows, _, err := s.lookup(ctx, lookupOf([]probe{{id: keyID, sum: sum, addr: from.Unmap()}}))
 	if err != nil {
 		return Key{}, false, err
 	}

@@ -21,15 +21,16 @@ import (
 // the primary.
 //
 // The Fence gives each lookup a target: the primary's insert position, read after
-// the lookup began. Each standby's batch query reads, in the same round trip and
-// before its lookup, how far the standby has replayed. A lookup is answered by a
-// standby only if that is at least its target. On a primary that writes all the
-// time, a fresh target is nearly always a little past what any standby has replayed:
-// its WAL has yet to be written, sent and applied. So a lookup behind its target
-// waits for the first standby in to replay it, and is asked there again. It waits at
-// most MaxLag, and only within half the Timeout; then the primary answers. While
-// lookups wait, each standby in is asked its replay position every catchUpPoll, one
-// query for all of them.
+// the lookup began. The reading goes out with the lookup's batch, so the two round
+// trips overlap, and it serves the whole batch. Each standby's batch query reads, in
+// the same round trip and before its lookup, how far the standby has replayed. A
+// lookup is answered by a standby only if that is at least its target. On a primary
+// that writes all the time, a fresh target is nearly always a little past what any
+// standby has replayed: its WAL has yet to be written, sent and applied. So a lookup
+// behind its target waits for the first standby in to replay it, and is asked there
+// again. It waits at most MaxLag, and only within half the Timeout; then the primary
+// answers. While lookups wait, each standby in is asked its replay position every
+// catchUpPoll, one query for all of them.
 //
 // Each standby has its own pool, Batcher and health. A standby is left out while its
 // lookups have failed standbyFailures times in a row, or while it has not replayed a
@@ -72,7 +73,7 @@ type ReaderOptions struct {
 	// answered it. It must be fast. Default: none.
 	OnLookup func(standby bool)
 	// OnFenceWait, if set, is called with each lookup's wait for its reading of the
-	// primary's position. It must be fast. Default: none.
+	// primary's position once its standby answered. It must be fast. Default: none.
 	OnFenceWait func(time.Duration)
 	// OnReplayWait, if set, is called with the wait of each lookup that waited for a
 	// standby to replay its reading, whether one did or the primary answered. It must
@@ -168,26 +169,26 @@ func (r *Reader) Verify(ctx context.Context, presented string) (Key, bool, error
 // replay together, is at most half the Timeout, so a standby down, hung or behind
 // costs a request at most that before the primary answers.
 func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
-	arrived := time.Now()
-	s := r.pick(arrived, nil)
+	s := r.pick(time.Now(), nil)
 	if s == nil {
 		return r.fromPrimary(ctx, keyID, secret, from)
 	}
-	target, sent, err := r.fence.wait(ctx, gather.Deadline(ctx, r.timeout))
-	if r.opts.OnFenceWait != nil {
-		r.opts.OnFenceWait(time.Since(arrived))
-	}
-	if err != nil {
-		return Key{}, false, fmt.Errorf("fencing the key lookup: %w", err)
-	}
+	rd := r.fence.hold() // the first reading sent after the request arrived
+	arrived := time.Now()
+	fenceBy := gather.Deadline(ctx, r.timeout)
 	by := gather.Deadline(ctx, r.timeout/2)
 	catchUp := by
 	if t := arrived.Add(r.maxLag); t.Before(catchUp) {
 		catchUp = t
 	}
+	var (
+		fenced bool
+		target LSN
+		sent   time.Time
+	)
 	// A standby's replay can go back when it restarts, so its tries are counted too.
 	for failures, tries := 0, 0; s != nil && failures < 2 && tries < 4 && time.Now().Before(by); tries++ {
-		k, ok, replayed, err := s.batcher.verifyBy(ctx, by, keyID, secret, from)
+		k, ok, replayed, err := s.batcher.verifyBy(ctx, by, keyID, secret, from, rd)
 		if err != nil {
 			if ctx.Err() != nil {
 				return Key{}, false, fmt.Errorf("looking up key: %w", ctx.Err())
@@ -201,6 +202,18 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string, from ne
 			s.failures.Store(0) // only then: every core's lookups share the word
 		}
 		r.advance(s, replayed)
+		if !fenced {
+			// The reading went out with the batch, and is often in already.
+			waited := time.Now()
+			target, sent, err = rd.await(ctx, fenceBy)
+			if r.opts.OnFenceWait != nil {
+				r.opts.OnFenceWait(time.Since(waited))
+			}
+			if err != nil {
+				return Key{}, false, fmt.Errorf("fencing the key lookup: %w", err)
+			}
+			fenced = true
+		}
 		if replayed >= target {
 			s.caughtUp(sent)
 			if r.opts.OnLookup != nil {

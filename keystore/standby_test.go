@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
@@ -29,7 +26,7 @@ import (
 // standby when the standby replays its creation; until then the pool's queries fail.
 // The fast standby is waited for until it has replayed the creation, and whatever the
 // other packages wrote before it.
-func standbyPool(t *testing.T, primary *pgxpool.Pool, env string) *pgxpool.Pool {
+func standbyPool(t testing.TB, primary *pgxpool.Pool, env string) *pgxpool.Pool {
 	t.Helper()
 	if env == "DATABASE_STANDBY_FAST_URL" {
 		testenv.WaitForReplay(t, testenv.Getenv(t, "DATABASE_URL"), testenv.GetenvOrSkip(t, env), 2*time.Minute)
@@ -241,8 +238,9 @@ func TestReaderRefusesEveryLookupStartedAfterARevokeUnderLoad(t *testing.T) {
 }
 
 // TestReaderSendsMostLookupsToTheStandbys: while the test writes nothing, a standby
-// that keeps up answers most lookups, the primary only the fence's small query. The page
-// header of an idle primary's insert position must not keep them on the primary.
+// that keeps up answers most lookups, the primary only the fence's small query, at
+// most one a batch. The page header of an idle primary's insert position must not
+// keep them on the primary.
 func TestReaderSendsMostLookupsToTheStandbys(t *testing.T) {
 	ctx := context.Background()
 	s, pool, org := newStore(t, "pro")
@@ -251,6 +249,7 @@ func TestReaderSendsMostLookupsToTheStandbys(t *testing.T) {
 	waitForAStandby(t, r, full)
 	r.standby.Store(0)
 	r.primary.Store(0)
+	began, readings, queries := time.Now(), r.FenceReadings(), r.StandbyQueries()
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
@@ -270,6 +269,11 @@ func TestReaderSendsMostLookupsToTheStandbys(t *testing.T) {
 	// to the primary while the standby replays them.
 	if st, pr := r.standby.Load(), r.primary.Load(); st+pr != 800 || st < 2*pr {
 		t.Errorf("lookups: %d on the standby, %d on the primary; want 800, at least two in three on the standby", st, pr)
+	}
+	// A reading goes out only with a batch, or for the probe (every 250 ms here).
+	readings, queries = r.FenceReadings()-readings, r.StandbyQueries()-queries
+	if probes := uint64(time.Since(began)/(250*time.Millisecond)) + 2; readings > queries+probes {
+		t.Errorf("%d readings of the primary for %d batches on the standby; want at most one a batch (and %d for the probe)", readings, queries, probes)
 	}
 }
 
@@ -393,16 +397,8 @@ func TestReaderIsBrokenWhenThePrimaryIsDown(t *testing.T) {
 func TestReaderAnswersWithinTheTimeoutWhileAStandbyHangs(t *testing.T) {
 	s, pool, org := newStore(t, "pro")
 	standby := standbyPool(t, pool, "DATABASE_STANDBY_FAST_URL")
-	proxy, err := latencyproxy.Start(fmt.Sprintf("%s:%d", standby.Config().ConnConfig.Host, standby.Config().ConnConfig.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
 	cfg := standby.Config()
-	host, port, _ := strings.Cut(proxy.Addr(), ":")
-	cfg.ConnConfig.Host = host
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Port = uint16(p)
+	proxy := schematest.Proxied(t, cfg)
 	const timeout = time.Second
 	r := newReader(t, s, pool, []*pgxpool.Pool{schematest.OpenPool(t, cfg)},
 		keystore.ReaderOptions{Batcher: keystore.BatcherOptions{Timeout: timeout}})

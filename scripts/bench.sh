@@ -87,7 +87,8 @@
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
 # MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE,
 # BENCH_BUDGETS, BENCH_SCOPES and BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o), (s) and
-# (t), or (k)); BENCH_STANDBY (1; 0 skips (sb)); BENCH_MANYKEYS (1; 0 skips (mk)); BENCH_CAPACITY
+# (t), or (k)); BENCH_STANDBY (1; 0 skips (sb)), STANDBY_WARMUP ((sb)'s warm-up, 10s);
+# BENCH_MANYKEYS (1; 0 skips (mk)); BENCH_CAPACITY
 # and BENCH_ONLY above, the capacity section's own CAP_* in scripts/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin
 # endpoint, during one more (c) run after the rounds), DIR/top.txt (CPU by process
@@ -736,8 +737,24 @@ bench_standby() {
 	# stream from this PostgreSQL.
 	[ -f "$stack/standby1.port" ] || scripts/stack.sh up-standbys "$stack" >/dev/null
 	standby=$(. "$stack/env" && echo "$DATABASE_STANDBY_FAST_URL")
-	bench_pair standby_report "(sb) lookups on a standby" "A: gateway, database_read_urls" \
+	# A standby just made still replays what the setup wrote: the rounds start once it
+	# has caught up, after a longer warm-up (STANDBY_WARMUP, 10s) than the other pairs'.
+	wait_replayed "$standby"
+	WARMUP=${STANDBY_WARMUP:-10s} bench_pair standby_report "(sb) lookups on a standby" "A: gateway, database_read_urls" \
 		"database_read_urls $standby" "B: gateway, lookups on the primary" "" 0.97
+}
+# wait_replayed URL waits, a minute at most, until the standby of URL has replayed the
+# bench PostgreSQL's WAL as written when called.
+wait_replayed() {
+	local lsn i psql
+	psql="$(cat "$stack/pg.bindir")/psql"
+	lsn=$("$psql" "$DATABASE_URL" -qAtc "SELECT pg_current_wal_lsn()")
+	for i in $(seq 600); do
+		[ "$("$psql" "$1" -qAtc "SELECT pg_last_wal_replay_lsn() >= '$lsn'")" = t ] && return 0
+		sleep 0.1
+	done
+	echo "bench: the standby has not replayed $lsn within a minute" >&2
+	exit 1
 }
 # lookup_batches prints the gateway's lookup queries so far, the distinct key ids they
 # held and the requests they answered ("queries ids requests"), from its /metrics: the

@@ -6,13 +6,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"net/url"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/schema"
 )
@@ -103,4 +106,20 @@ func OpenPool(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// Proxied points cfg at a latencyproxy in front of the server cfg names, for a test
+// that makes that server slow or hung without touching it, and returns the proxy,
+// closed when the test ends.
+func Proxied(t testing.TB, cfg *pgxpool.Config) *latencyproxy.Proxy {
+	t.Helper()
+	p, err := latencyproxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	if err != nil {
+		t.Fatalf("starting a latency proxy: %v", err)
+	}
+	t.Cleanup(p.Close)
+	host, port, _ := net.SplitHostPort(p.Addr())
+	n, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+	return p
 }
