@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/testkit/benchcpu"
-	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -27,13 +26,7 @@ func BenchmarkBatcherVerify(b *testing.B) {
 		scopes []string
 	}{{"unscoped", nil}, {"scoped", []string{"monitors:read", "monitors:write"}}} {
 		b.Run(kind.name, func(b *testing.B) {
-			pool, _ := schematest.NewPool(b)
-			s := keystore.New(pool, keystoretest.Format(b, "mon"))
-			var org string
-			if err := pool.QueryRow(context.Background(),
-				`INSERT INTO orgs (name, plan) VALUES ('acme', 'pro') RETURNING id::text`).Scan(&org); err != nil {
-				b.Fatal(err)
-			}
+			s, pool, org := newStore(b, "pro")
 			var keys []string
 			for range 16 {
 				_, full, err := s.Create(context.Background(), keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin, Scopes: kind.scopes})
@@ -63,19 +56,12 @@ func BenchmarkBatcherVerify(b *testing.B) {
 // standby-µs/op the standby's: what moving the lookups to a standby costs the gateway
 // and saves the primary. Run it on a stack of its own, with -benchtime 3s or more.
 func BenchmarkReaderVerify(b *testing.B) {
-	pool, _ := schematest.NewPool(b)
-	s := keystore.New(pool, keystoretest.Format(b, "mon"))
-	var org string
-	if err := pool.QueryRow(context.Background(),
-		`INSERT INTO orgs (name, plan) VALUES ('acme', 'pro') RETURNING id::text`).Scan(&org); err != nil {
-		b.Fatal(err)
-	}
+	s, pool, org := newStore(b, "pro")
 	_, key, err := s.Create(context.Background(), keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin})
 	if err != nil {
 		b.Fatal(err)
 	}
-	standby := standbyPool(b, pool, "DATABASE_STANDBY_FAST_URL")
-	testenv.WaitForReplay(b, testenv.Getenv(b, "DATABASE_URL"), testenv.Getenv(b, "DATABASE_STANDBY_FAST_URL"), 2*time.Minute)
+	standby := standbyPool(b, pool, "DATABASE_STANDBY_FAST_URL") // replayed what the primary holds
 	pg, err := benchcpu.Postgres(pool)
 	if err != nil {
 		b.Fatal(err)

@@ -18,14 +18,14 @@ import (
 )
 
 // newStore returns a Store on a fresh database, and an org on plan.
-func newStore(t *testing.T, plan string) (*keystore.Store, *pgxpool.Pool, string) {
+func newStore(t testing.TB, plan string) (*keystore.Store, *pgxpool.Pool, string) {
 	t.Helper()
 	pool, _ := schematest.NewPool(t)
 	s := keystore.New(pool, keystoretest.Format(t, "mon"))
 	return s, pool, newOrg(t, pool, plan)
 }
 
-func newOrg(t *testing.T, pool *pgxpool.Pool, plan string) string {
+func newOrg(t testing.TB, pool *pgxpool.Pool, plan string) string {
 	t.Helper()
 	var id string
 	if err := pool.QueryRow(context.Background(),
