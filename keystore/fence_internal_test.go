@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
 
@@ -42,13 +43,19 @@ func TestFenceSendsAReadingOnlyWhenABatchAsks(t *testing.T) {
 	f := newFence(slowPool(t, delay), 5*time.Second)
 	ctx := context.Background()
 
+	// inFlight reports whether a reading is in flight, and whether r has been sent.
+	inFlight := func(r *reading) (sending, sent bool) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.sending, !r.sent.IsZero()
+	}
+
 	first := f.hold()
 	if again := f.hold(); again != first {
 		t.Fatal("two lookups arriving together hold different readings")
 	}
-	time.Sleep(delay)
-	if n := f.readings.Load(); n != 0 {
-		t.Fatalf("%d readings sent before any batch asked", n)
+	if sending, sent := inFlight(first); sending || sent || f.readings.Load() != 0 {
+		t.Fatalf("a reading sent before any batch asked (in flight %v, held one sent %v)", sending, sent)
 	}
 	first.send()
 	second := f.hold()
@@ -63,6 +70,14 @@ func TestFenceSendsAReadingOnlyWhenABatchAsks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	testenv.Eventually(t, 5*time.Second, "the second reading going out", func() bool {
+		_, sent := inFlight(second)
+		return sent
+	})
+	third := f.hold() // while the second is in flight; no batch asks for it
+	if third == second {
+		t.Fatal("a lookup arriving after the second reading went out holds it")
+	}
 	_, sent, err := second.await(ctx, time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -71,8 +86,14 @@ func TestFenceSendsAReadingOnlyWhenABatchAsks(t *testing.T) {
 	if gap := sent.Sub(firstSent); gap < delay {
 		t.Errorf("the second reading was sent %v after the first: before the first answered", gap)
 	}
-	third := f.hold()
-	time.Sleep(2 * delay)
+	// Once the second has answered, the fence stops: nothing asked for the third.
+	testenv.Eventually(t, 5*time.Second, "the fence's reader stopping", func() bool {
+		sending, _ := inFlight(third)
+		return !sending
+	})
+	if _, sent := inFlight(third); sent {
+		t.Error("a reading no batch asked for was sent")
+	}
 	if n := f.readings.Load(); n != 2 {
 		t.Errorf("%d readings sent; want 2: the third is held, never asked for", n)
 	}
