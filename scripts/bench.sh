@@ -735,7 +735,7 @@ bench_standby() {
 	local standby
 	# The bench's own stack, never a standby the caller's environment names: it must
 	# stream from this PostgreSQL.
-	[ -f "$stack/standby1.port" ] || scripts/stack.sh up-standbys "$stack" >/dev/null
+	scripts/stack.sh up-standbys "$stack" >/dev/null
 	standby=$(. "$stack/env" && echo "$DATABASE_STANDBY_FAST_URL")
 	# A standby just made still replays what the setup wrote: the rounds start once it
 	# has caught up, after a longer warm-up (STANDBY_WARMUP, 10s) than the other pairs'.

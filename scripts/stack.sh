@@ -20,7 +20,7 @@
 #                                  PostgreSQL (pg_basebackup -R), the second replaying 3 s
 #                                  late (recovery_min_apply_delay); appends DATABASE_READ_URLS
 #                                  (both, space-separated), DATABASE_STANDBY_FAST_URL and
-#                                  DATABASE_STANDBY_SLOW_URL
+#                                  DATABASE_STANDBY_SLOW_URL; once they are up, does nothing
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
 #                                  stop or restart one server on the same port (fault tests)
 #   scripts/stack.sh stop-standby DIR N | start-standby DIR N
@@ -365,6 +365,11 @@ stop_standby() {
 up_standbys() {
 	dir=$(cd "$dir" && pwd)
 	[ -f "$dir/pg.bindir" ] || die "up-standbys needs the stack's own PostgreSQL"
+	# A stack keeps its standbys: make bench's (sb) brings them up, and its capacity
+	# section's (pr) asks again.
+	if [ -f "$dir/standby1.port" ] && [ -f "$dir/standby2.port" ]; then
+		return 0
+	fi
 	local bindir pgport n port urls=()
 	bindir=$(cat "$dir/pg.bindir")
 	pgport=$(cat "$dir/pg.port")
