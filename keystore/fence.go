@@ -2,13 +2,11 @@ package keystore
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -141,23 +139,16 @@ func (r *reading) await(ctx context.Context, deadline time.Time) (LSN, time.Time
 }
 
 // read sends r, then the next reading while one was asked for meanwhile, one at a
-// time. A run of readings shares one connection of the pool, held until the run ends:
-// under load a reading goes out with nearly every batch, and acquiring a connection
-// for each cost more than the query. A reading whose connection failed is tried once
-// more on another, as a lookup is (retryable).
+// time. A reading that fails is tried once more, as a lookup is (retryable): after a
+// restart of the primary, the pool's idle connections fail their first query.
 func (f *Fence) read(r *reading) {
-	var conn *pgxpool.Conn
-	defer func() {
-		if conn != nil {
-			conn.Release()
-		}
-	}()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+		var insert int64
 		f.readings.Add(1)
-		insert, err := f.query(ctx, &conn)
+		err := f.pool.QueryRow(ctx, insertSQL).Scan(&insert)
 		if retryable(ctx, err) {
-			insert, err = f.query(ctx, &conn)
+			err = f.pool.QueryRow(ctx, insertSQL).Scan(&insert)
 		}
 		cancel()
 		if err != nil {
@@ -181,67 +172,3 @@ func (f *Fence) read(r *reading) {
 // insertSQL reads the primary's WAL insert position. The difference of two pg_lsn
 // values is a numeric: the position in bytes.
 const insertSQL = `SELECT (pg_current_wal_insert_lsn() - '0/0')::int8`
-
-// insertStatement is insertSQL's prepared statement, on the connections that the
-// fence has read on.
-const insertStatement = "keygate_fence_insert"
-
-// query reads the primary's insert position on *conn, which it first acquires from
-// the pool when nil. A query that fails releases *conn and sets it to nil: the pool
-// drops a broken connection, and the next query acquires another.
-//
-// Where the pool prepares statements, the query is insertStatement's, executed on the
-// connection itself and its one binary int8 read from the wire. pgx's QueryRow and
-// Scan of a row cost the gateway a quarter more CPU a reading (BenchmarkFenceRead).
-// In the exec modes that prepare nothing (PgBouncer in transaction pooling) it is a
-// plain QueryRow.
-func (f *Fence) query(ctx context.Context, conn **pgxpool.Conn) (int64, error) {
-	if *conn == nil {
-		c, err := f.pool.Acquire(ctx)
-		if err != nil {
-			return 0, err
-		}
-		*conn = c
-	}
-	insert, err := readInsert(ctx, (*conn).Conn())
-	if err != nil {
-		(*conn).Release()
-		*conn = nil
-	}
-	return insert, err
-}
-
-// readInsert reads the insert position on conn (see Fence.query).
-func readInsert(ctx context.Context, conn *pgx.Conn) (int64, error) {
-	var insert int64
-	switch conn.Config().DefaultQueryExecMode {
-	case pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe:
-	default:
-		err := conn.QueryRow(ctx, insertSQL).Scan(&insert)
-		return insert, err
-	}
-	// Prepare is a lookup in the connection's own map once the statement is there.
-	if _, err := conn.Prepare(ctx, insertStatement, insertSQL); err != nil {
-		return 0, err
-	}
-	rr := conn.PgConn().ExecPrepared(ctx, insertStatement, nil, nil, binaryResult)
-	rows, valid := 0, false
-	for rr.NextRow() {
-		rows++
-		v := rr.Values()
-		if valid = len(v) == 1 && len(v[0]) == 8; valid {
-			insert = int64(binary.BigEndian.Uint64(v[0]))
-		}
-	}
-	if _, err := rr.Close(); err != nil {
-		return 0, err
-	}
-	if rows != 1 || !valid {
-		return 0, fmt.Errorf("%d rows, not one int8", rows)
-	}
-	return insert, nil
-}
-
-// binaryResult asks for a statement's one column in binary: an int8 is then its
-// eight bytes, big-endian.
-var binaryResult = []int16{pgx.BinaryFormatCode}

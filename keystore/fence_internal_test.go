@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/keygate/keygate/internal/testkit/benchcpu"
 	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/schema/schematest"
 )
@@ -42,8 +41,7 @@ func TestFenceTargetSkipsThePageHeader(t *testing.T) {
 // else sends readings: a busy gateway sends at most one a batch.
 func TestFenceSendsAReadingOnlyWhenABatchAsks(t *testing.T) {
 	const delay = 100 * time.Millisecond
-	slow, _ := slowPool(t, delay)
-	f := newFence(slow, 5*time.Second)
+	f := newFence(slowPool(t, delay), 5*time.Second)
 	ctx := context.Background()
 
 	// inFlight reports whether a reading is in flight, and whether r has been sent.
@@ -107,143 +105,54 @@ func TestFenceSendsAReadingOnlyWhenABatchAsks(t *testing.T) {
 	}
 }
 
-// TestFenceReadsARunOnOneConnection: the readings of a run, each asked for while the
-// one before was in flight, share one connection of the pool, acquired once. A reading
-// whose connection was closed under it is tried again on another, and answers.
-func TestFenceReadsARunOnOneConnection(t *testing.T) {
-	slow, direct := slowPool(t, 100*time.Millisecond)
-	f := newFence(slow, 5*time.Second)
+// TestFenceTriesAFailedReadingAgain: a reading whose connection the primary closed,
+// as a restart closes every idle one, is tried once more on another connection, and
+// answers.
+func TestFenceTriesAFailedReadingAgain(t *testing.T) {
+	pool, u := schematest.NewPool(t)
+	f := newFence(pool, 5*time.Second)
 	ctx := context.Background()
-	acquired := slow.Stat().AcquireCount()
-
-	// run sends n readings, each asked for while the one before is in flight, then
-	// waits for the fence to stop. cut, when set, runs while the second is in flight.
-	run := func(n int, cut func()) {
+	read := func() error {
 		t.Helper()
-		r := f.hold()
-		r.send()
-		for i := 1; i <= n; i++ {
-			// r goes out as the one before answers; only then is the next one new.
-			testenv.Eventually(t, 5*time.Second, "the reading going out", func() bool {
-				f.mu.Lock()
-				defer f.mu.Unlock()
-				return !r.sent.IsZero()
-			})
-			var next *reading
-			if i < n {
-				next = f.hold()
-				next.send() // asked for while r is in flight
-			}
-			if i == 2 && cut != nil {
-				cut()
-			}
-			if _, _, err := r.await(ctx, time.Now().Add(5*time.Second)); err != nil {
-				t.Fatalf("reading %d of %d: %v", i, n, err)
-			}
-			r = next
-		}
-		testenv.Eventually(t, 5*time.Second, "the fence's reader stopping", func() bool {
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			return !f.sending
-		})
+		_, _, err := f.wait(ctx, time.Now().Add(5*time.Second))
+		return err
 	}
-
-	run(5, nil)
-	if n := slow.Stat().AcquireCount() - acquired; n != 1 {
-		t.Errorf("a run of 5 readings acquired %d connections; want 1", n)
+	if err := read(); err != nil {
+		t.Fatal(err)
 	}
-
-	// The backend of the fence's connection is ended while the run goes on: the next
-	// reading fails on it, and is tried again on a connection acquired anew.
-	acquired = slow.Stat().AcquireCount()
-	run(4, func() {
-		var ended int
-		err := direct.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = $1`, insertSQL).Scan(&ended)
-		if err != nil || ended != 1 {
-			t.Fatalf("ending the fence's backend: %d ended, %v", ended, err)
-		}
-	})
-	if n := slow.Stat().AcquireCount() - acquired; n != 2 {
-		t.Errorf("a run of 4 readings whose connection was cut acquired %d connections; want 2", n)
+	if idle := pool.Stat().IdleConns(); idle != 1 {
+		t.Fatalf("%d idle connections in the fence's pool; want 1, the reading's", idle)
 	}
-}
-
-// TestReadInsertReadsThePositionInEveryExecMode: the insert position read on the
-// wire, in the modes that prepare statements, or through QueryRow in those that do
-// not, lies between two readings of it taken before and after.
-func TestReadInsertReadsThePositionInEveryExecMode(t *testing.T) {
-	pool, _ := schematest.NewPool(t)
-	ctx := context.Background()
-	position := func() int64 {
-		t.Helper()
-		var insert int64
-		if err := pool.QueryRow(ctx, insertSQL).Scan(&insert); err != nil {
-			t.Fatal(err)
-		}
-		return insert
+	// The reading's backend ends, from a connection of its own outside the pool: the
+	// next reading takes the pool's one connection, now closed.
+	admin, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
-		t.Run(mode.String(), func(t *testing.T) {
-			cfg := pool.Config().ConnConfig.Copy()
-			cfg.DefaultQueryExecMode = mode
-			conn, err := pgx.ConnectConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
-			for range 2 { // the second on the statement prepared by the first
-				before := position()
-				got, err := readInsert(ctx, conn)
-				after := position()
-				if err != nil || got < before || got > after || got == 0 {
-					t.Fatalf("readInsert = %d, %v; want a position from %d to %d", got, err, before, after)
-				}
-				if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'keygate', 'test')"); err != nil {
-					t.Fatal(err) // moves the insert position on
-				}
-			}
-		})
+	defer admin.Close(ctx)
+	var ended int
+	err = admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = $1`, insertSQL).Scan(&ended)
+	if err != nil || ended != 1 {
+		t.Fatalf("ending the reading's backend: %d ended, %v", ended, err)
 	}
-}
-
-// BenchmarkFenceRead reports the gateway's CPU for one reading of the primary's insert
-// position: "pool" as a query of the pool, which acquires and releases a connection
-// each time, and "held" as the fence reads in a run, on one connection it holds.
-func BenchmarkFenceRead(b *testing.B) {
-	pool, _ := schematest.NewPool(b)
-	ctx := context.Background()
-	b.Run("pool", func(b *testing.B) {
-		benchcpu.Loop(b, func() {
-			var insert int64
-			if err := pool.QueryRow(ctx, insertSQL).Scan(&insert); err != nil {
-				b.Fatal(err)
-			}
-		}, benchcpu.Self())
-	})
-	b.Run("held", func(b *testing.B) {
-		f := newFence(pool, 5*time.Second)
-		var conn *pgxpool.Conn
-		defer func() { conn.Release() }()
-		benchcpu.Loop(b, func() {
-			if _, err := f.query(ctx, &conn); err != nil {
-				b.Fatal(err)
-			}
-		}, benchcpu.Self())
-	})
+	if err := read(); err != nil {
+		t.Errorf("a reading after its connection was ended: %v", err)
+	}
+	if n := f.readings.Load(); n != 2 {
+		t.Errorf("%d readings sent; want 2", n)
+	}
 }
 
 // slowPool returns a pool on a fresh test database, reached through a proxy that
-// holds every reply back by delay, and a pool reaching the same database directly.
-func slowPool(t testing.TB, delay time.Duration) (slow, direct *pgxpool.Pool) {
+// holds every reply back by delay.
+func slowPool(t *testing.T, delay time.Duration) *pgxpool.Pool {
 	t.Helper()
-	direct, u := schematest.NewPool(t)
+	_, u := schematest.NewPool(t)
 	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	schematest.Proxied(t, cfg).SetDelay(delay)
-	return schematest.OpenPool(t, cfg), direct
+	return schematest.OpenPool(t, cfg)
 }
