@@ -20,7 +20,7 @@
 #                                  PostgreSQL (pg_basebackup -R), the second replaying 3 s
 #                                  late (recovery_min_apply_delay); appends DATABASE_READ_URLS
 #                                  (both, space-separated), DATABASE_STANDBY_FAST_URL and
-#                                  DATABASE_STANDBY_SLOW_URL; once they are up, does nothing
+#                                  DATABASE_STANDBY_SLOW_URL; once made, starts those stopped
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
 #                                  stop or restart one server on the same port (fault tests)
 #   scripts/stack.sh stop-standby DIR N | start-standby DIR N
@@ -337,9 +337,10 @@ up_pgbouncer() {
 	echo "export PGBOUNCER_DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
 }
 
-# start_standby N starts standby N of up-standbys on its port.
+# start_standby N starts standby N of up-standbys on its port, unless it runs.
 start_standby() {
 	local n=$1
+	as_pg "$(cat "$dir/pg.bindir")/pg_ctl" -D "$dir/standby$n" status >/dev/null 2>&1 && return 0
 	as_pg "$(cat "$dir/pg.bindir")/pg_ctl" -D "$dir/standby$n" -l "$dir/standby$n/log" -w -t 30 \
 		-o "-p $(cat "$dir/standby$n.port") -c listen_addresses=127.0.0.1 -k $dir/standby$n" start >/dev/null
 }
@@ -365,9 +366,11 @@ stop_standby() {
 up_standbys() {
 	dir=$(cd "$dir" && pwd)
 	[ -f "$dir/pg.bindir" ] || die "up-standbys needs the stack's own PostgreSQL"
-	# A stack keeps its standbys: make bench's (sb) brings them up, and its capacity
-	# section's (pr) asks again.
+	# A stack keeps its standbys: make bench's (sb) makes them and stops them after its
+	# rounds, and its capacity section's (pr) starts them again.
 	if [ -f "$dir/standby1.port" ] && [ -f "$dir/standby2.port" ]; then
+		start_standby 1
+		start_standby 2
 		return 0
 	fi
 	local bindir pgport n port urls=()
