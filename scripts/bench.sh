@@ -750,17 +750,17 @@ bench_standby() {
 	scripts/stack.sh stop-standby "$stack" 1
 	scripts/stack.sh stop-standby "$stack" 2
 }
-# wait_replayed URL waits, a minute at most, until the standby of URL has replayed the
-# bench PostgreSQL's WAL as written when called.
+# wait_replayed URL [SECONDS] waits, SECONDS (60) at most, until the standby of URL has
+# replayed the bench PostgreSQL's WAL as written when called.
 wait_replayed() {
-	local lsn i psql
+	local lsn i psql secs=${2:-60}
 	psql="$(cat "$stack/pg.bindir")/psql"
 	lsn=$("$psql" "$DATABASE_URL" -qAtc "SELECT pg_current_wal_lsn()")
-	for i in $(seq 600); do
-		[ "$("$psql" "$1" -qAtc "SELECT pg_last_wal_replay_lsn() >= '$lsn'")" = t ] && return 0
+	for i in $(seq $((secs * 10))); do
+		[ "$("$psql" "$1" -qAtc "SELECT pg_last_wal_replay_lsn() >= '$lsn'" 2>/dev/null)" = t ] && return 0
 		sleep 0.1
 	done
-	echo "bench: the standby has not replayed $lsn within a minute" >&2
+	echo "bench: the standby has not replayed $lsn within $secs s" >&2
 	exit 1
 }
 # lookup_batches prints the gateway's lookup queries so far, the distinct key ids they
