@@ -146,6 +146,22 @@ func TestKeysPrintsEveryNthKey(t *testing.T) {
 	}
 }
 
+func TestHitCellHasNoShareWithoutBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		counters []float64
+		want     string
+	}{
+		{[]float64{95, 5}, "95.0"},
+		{[]float64{0, 10}, "0.0"},
+		{[]float64{0, 0}, "—"}, // every lookup on a standby: the primary read no block
+		{nil, "—"},
+	} {
+		if got := hitCell(tc.counters); got != tc.want {
+			t.Errorf("hitCell(%v) = %q, want %q", tc.counters, got, tc.want)
+		}
+	}
+}
+
 func TestQuantile(t *testing.T) {
 	counts := make([]uint64, latencyBuckets)
 	counts[bucketOf(500*time.Microsecond)] = 98

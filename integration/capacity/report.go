@@ -66,15 +66,21 @@ func WriteLookups(w io.Writer, l Lookups, levels []Level) {
 		if standby {
 			row += fmt.Sprintf(" %9.1f", µsPer(lv.Servers[len(lv.Servers)-1], lv.Ops))
 		}
-		hit := 0.0
-		if len(lv.Counters) == 2 && lv.Counters[0]+lv.Counters[1] > 0 {
-			hit = 100 * lv.Counters[0] / (lv.Counters[0] + lv.Counters[1])
-		}
-		row += fmt.Sprintf(" %9.1f %7.3f %7.3f %6.1f %6d", µsPer(lv.Client, lv.Ops),
-			ms(quantile(lv.Latency, 0.5)), ms(quantile(lv.Latency, 0.99)), hit, lv.Errors+lv.Rejected)
+		row += fmt.Sprintf(" %9.1f %7.3f %7.3f %6s %6d", µsPer(lv.Client, lv.Ops),
+			ms(quantile(lv.Latency, 0.5)), ms(quantile(lv.Latency, 0.99)), hitCell(lv.Counters), lv.Errors+lv.Rejected)
 		fmt.Fprintln(w, row)
 	}
 	writeErrors(w, levels)
+}
+
+// hitCell is the share of the primary's blocks found in shared_buffers, from its
+// counters (hits, reads). A primary that touched no block, every lookup on a standby,
+// has no share: "—", not 0.0.
+func hitCell(counters []float64) string {
+	if len(counters) != 2 || counters[0]+counters[1] <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f", 100*counters[0]/(counters[0]+counters[1]))
 }
 
 // WriteCounts writes the table of a Counts measurement; primaries is how many
