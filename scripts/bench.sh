@@ -745,10 +745,10 @@ bench_standby() {
 	WARMUP=${STANDBY_WARMUP:-10s} PAIR_ROUNDS=${STANDBY_ROUNDS:-10} bench_pair standby_report "(sb) lookups on a standby" "A: gateway, database_read_urls" \
 		"database_read_urls $standby" "B: gateway, lookups on the primary" "" 0.97
 	# Running, the standbys would replay every later write of the bench on the same two
-	# cores: the usage record's, (mk)'s million keys. The capacity section's (pr)
-	# starts them again.
-	scripts/stack.sh stop-standby "$stack" 1
-	scripts/stack.sh stop-standby "$stack" 2
+	# cores: the usage record's, (mk)'s million keys. Stopped, their replication slots
+	# would make the primary keep all that WAL. So they go; the capacity section's (pr)
+	# makes new ones.
+	scripts/stack.sh down-standbys "$stack"
 }
 # wait_replayed URL [SECONDS] waits, SECONDS (60) at most, until the standby of URL has
 # replayed the bench PostgreSQL's WAL as written when called.

@@ -100,8 +100,8 @@ capacity_main() {
 		[ -n "${DATABASE_STANDBY_FAST_URL:-}" ] || {
 			scripts/stack.sh up-standbys "$stack" >/dev/null
 			DATABASE_STANDBY_FAST_URL=$(. "$stack/env" && echo "$DATABASE_STANDBY_FAST_URL")
-			# Stopped since (sb), the standby has yet to replay (p)'s database and its
-			# keys, which the measurement connects to.
+			# A standby just made may still replay (p)'s database and its keys, which
+			# the measurement connects to.
 			wait_replayed "$DATABASE_STANDBY_FAST_URL" 600
 		}
 		parts+=("$("$tool" lookups -label "(pr)" -title "key lookups with one standby (database_read_urls)" \

@@ -21,6 +21,8 @@
 #                                  late (recovery_min_apply_delay); appends DATABASE_READ_URLS
 #                                  (both, space-separated), DATABASE_STANDBY_FAST_URL and
 #                                  DATABASE_STANDBY_SLOW_URL; once made, starts those stopped
+#   scripts/stack.sh down-standbys DIR  stops and removes both standbys, their replication
+#                                  slots and their lines of DIR/env; up-standbys makes new ones
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
 #                                  stop or restart one server on the same port (fault tests)
 #   scripts/stack.sh stop-standby DIR N | start-standby DIR N
@@ -366,8 +368,7 @@ stop_standby() {
 up_standbys() {
 	dir=$(cd "$dir" && pwd)
 	[ -f "$dir/pg.bindir" ] || die "up-standbys needs the stack's own PostgreSQL"
-	# A stack keeps its standbys: make bench's (sb) makes them and stops them after its
-	# rounds, and its capacity section's (pr) starts them again.
+	# Standbys already made are only started, if stopped: up-standbys may come twice.
 	if [ -f "$dir/standby1.port" ] && [ -f "$dir/standby2.port" ]; then
 		start_standby 1
 		start_standby 2
@@ -396,6 +397,22 @@ up_standbys() {
 		export DATABASE_STANDBY_FAST_URL='${urls[0]}'
 		export DATABASE_STANDBY_SLOW_URL='${urls[1]}'
 	EOF
+}
+
+# down_standbys stops and removes the standbys of up_standbys, drops their replication
+# slots and takes their URLs out of DIR/env. A slot left behind would make the primary
+# keep every byte of WAL written after it, for as long as the stack runs.
+down_standbys() {
+	dir=$(cd "$dir" && pwd)
+	[ -f "$dir/pg.bindir" ] || die "down-standbys needs the stack's own PostgreSQL"
+	local n
+	for n in 1 2; do
+		stop_standby "$n"
+		as_pg "$(cat "$dir/pg.bindir")/psql" -h 127.0.0.1 -p "$(cat "$dir/pg.port")" -U keygate -d postgres -qAt \
+			-c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'standby$n'" >/dev/null
+		rm -rf "$dir/standby$n" "$dir/standby$n.port" "$dir/standby$n.log"
+	done
+	sed -i '/^export DATABASE_READ_URLS=/d; /^export DATABASE_STANDBY_FAST_URL=/d; /^export DATABASE_STANDBY_SLOW_URL=/d' "$dir/env"
 }
 
 # stop_extra stops every server up-cluster, up-cluster2, up-tls, up-sentinel and
@@ -429,6 +446,7 @@ up-tls) up_tls ;;
 up-pgbouncer) up_pgbouncer ;;
 up-sentinel) up_sentinel ;;
 up-standbys) up_standbys ;;
+down-standbys) down_standbys ;;
 stop-standby) stop_standby "${3:?stop-standby DIR N}" ;;
 start-standby) start_standby "${3:?start-standby DIR N}" ;;
 stop-pg) stop_pg ;;
