@@ -746,8 +746,8 @@ bench_standby() {
 		"database_read_urls $standby" "B: gateway, lookups on the primary" "" 0.97
 	# Running, the standbys would replay every later write of the bench on the same two
 	# cores: the usage record's, (mk)'s million keys. Stopped, their replication slots
-	# would make the primary keep all that WAL. So they go; the capacity section's (pr)
-	# makes new ones.
+	# would make the primary keep all that WAL. So it removes them; the capacity
+	# section's (pr) makes new ones.
 	scripts/stack.sh down-standbys "$stack"
 }
 # wait_replayed URL [SECONDS] waits, SECONDS (60) at most, until the standby of URL has
