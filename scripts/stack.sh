@@ -140,8 +140,7 @@ up() {
 			shared_buffers = 128MB
 		EOF
 		start_pg
-		as_pg "$bindir/psql" -h 127.0.0.1 -p "$port" -U keygate -d postgres -qAt \
-			-c "CREATE DATABASE keygate" >/dev/null
+		pg_admin "CREATE DATABASE keygate"
 		echo "export DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
 	fi
 	if [ -n "${REDIS_URL:-}" ]; then
@@ -339,6 +338,17 @@ up_pgbouncer() {
 	echo "export PGBOUNCER_DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
 }
 
+# pg_admin SQL... runs each SQL in turn on the stack's own PostgreSQL, in its postgres
+# database, as its superuser keygate.
+pg_admin() {
+	local args=() sql
+	for sql in "$@"; do
+		args+=(-c "$sql")
+	done
+	as_pg "$(cat "$dir/pg.bindir")/psql" -h 127.0.0.1 -p "$(cat "$dir/pg.port")" -U keygate -d postgres -qAt \
+		"${args[@]}" >/dev/null
+}
+
 # start_standby N starts standby N of up-standbys on its port, unless it runs.
 start_standby() {
 	local n=$1
@@ -377,8 +387,7 @@ up_standbys() {
 	local bindir pgport n port urls=()
 	bindir=$(cat "$dir/pg.bindir")
 	pgport=$(cat "$dir/pg.port")
-	as_pg "$bindir/psql" -h 127.0.0.1 -p "$pgport" -U keygate -d postgres -qAt \
-		-c "ALTER SYSTEM SET wal_writer_delay = '10ms'" -c "SELECT pg_reload_conf()" >/dev/null
+	pg_admin "ALTER SYSTEM SET wal_writer_delay = '10ms'" "SELECT pg_reload_conf()"
 	for n in 1 2; do
 		port=$(free_port)
 		echo "$port" >"$dir/standby$n.port"
@@ -405,13 +414,10 @@ up_standbys() {
 down_standbys() {
 	dir=$(cd "$dir" && pwd)
 	[ -f "$dir/pg.bindir" ] || die "down-standbys needs the stack's own PostgreSQL"
-	local n
-	for n in 1 2; do
-		stop_standby "$n"
-		as_pg "$(cat "$dir/pg.bindir")/psql" -h 127.0.0.1 -p "$(cat "$dir/pg.port")" -U keygate -d postgres -qAt \
-			-c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'standby$n'" >/dev/null
-		rm -rf "$dir/standby$n" "$dir/standby$n.port" "$dir/standby$n.log"
-	done
+	stop_standby 1
+	stop_standby 2
+	pg_admin "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN ('standby1', 'standby2')"
+	rm -rf "$dir"/standby[12] "$dir"/standby[12].port "$dir"/standby[12].log
 	sed -i '/^export DATABASE_READ_URLS=/d; /^export DATABASE_STANDBY_FAST_URL=/d; /^export DATABASE_STANDBY_SLOW_URL=/d' "$dir/env"
 }
 
