@@ -11,6 +11,9 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/caddymodule/routetable"
 )
 
 func init() {
@@ -98,7 +101,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if h.RedisMode, err = oneArg(d, h.RedisMode != ""); err != nil {
 				break
 			}
-			if h.RedisMode != redisModeSingle && h.RedisMode != redisModeCluster && h.RedisMode != redisModeSentinel {
+			if h.RedisMode != conns.RedisSingle && h.RedisMode != conns.RedisCluster && h.RedisMode != conns.RedisSentinel {
 				return d.Errf("redis_mode must be single, cluster or sentinel, not %q", h.RedisMode)
 			}
 			err = checkRedisMode(d, h.RedisMode, h.RedisURL)
@@ -223,7 +226,7 @@ func routeArgs(d *caddyfile.Dispenser) (Route, error) {
 			return Route{}, d.Errf("route %s %s: unrecognized %q (scope or cost)", args[0], args[1], k)
 		}
 	}
-	if err := checkRoute(r); err != nil {
+	if err := routetable.Check(r); err != nil {
 		return Route{}, d.Err(err.Error())
 	}
 	return r, nil
@@ -330,7 +333,7 @@ func flagArg(d *caddyfile.Dispenser, dst *bool) error {
 // error names the line: a sentinel URL without master_name. A URL with placeholders
 // is checked in Provision, once they are replaced.
 func checkRedisMode(d *caddyfile.Dispenser, mode, url string) error {
-	if mode != redisModeSentinel || url == "" || strings.Contains(url, "{") {
+	if mode != conns.RedisSentinel || url == "" || strings.Contains(url, "{") {
 		return nil
 	}
 	opts, err := redis.ParseFailoverURL(url)

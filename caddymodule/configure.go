@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/keygate/keygate/caddymodule/routetable"
+	"github.com/keygate/keygate/fieldstrip"
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 )
@@ -74,8 +76,8 @@ func (h *Handler) configure(logger *zap.Logger) error {
 	if h.LegacyKeys == legacyKeysReject {
 		h.format = h.format.RejectingLegacy()
 	}
-	h.fields = newFieldSet(h.StripFields)
-	h.routes = newRouteTable(h.Routes)
+	h.fields = fieldstrip.NewFields(h.StripFields)
+	h.routes = routetable.New(h.Routes)
 	h.failMode, _ = parseLimiterFailure(h.LimiterFailure) // valid: checked by Validate
 	if identityKey != "" {
 		priv, err := gatewayauth.ReadPrivateKey(identityKey)
@@ -116,7 +118,7 @@ func (h *Handler) applyDefaults() {
 		h.RedisTimeout = caddy.Duration(defaultRedisTimeout)
 	}
 	if h.Routes == nil {
-		h.Routes = slices.Clone(builtinRoutes)
+		h.Routes = slices.Clone(routetable.Builtin)
 	}
 	if h.MaxRequestBody == 0 {
 		h.MaxRequestBody = defaultMaxRequestBody
@@ -239,7 +241,7 @@ func (h *Handler) Validate() error {
 		}
 	}
 	for _, r := range h.Routes {
-		if err := checkRoute(r); err != nil {
+		if err := routetable.Check(r); err != nil {
 			return err
 		}
 	}

@@ -449,7 +449,7 @@ func TestGoRedisThrowsAwayAConnectionWhoseCommandTimedOut(t *testing.T) {
 	// been read. The gateway cannot keep it, so the warmer opens another on its own
 	// budget (docs/dependencies.md). This test notices if go-redis starts keeping it.
 	rd := newLatencyProxy(t, hostOf(t, redisURL(t)))
-	client, _, err := newRedisClient(redisModeSingle, withHost(t, redisURL(t), rd.Addr()), "", time.Second, time.Second)
+	client, _, err := conns.NewRedisClient(conns.RedisSingle, withHost(t, redisURL(t), rd.Addr()), "", time.Second, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/caddymodule/routetable"
+	"github.com/keygate/keygate/fieldstrip"
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
@@ -263,20 +265,24 @@ type Handler struct {
 	secret      string
 	signer      *gatewayauth.Signer // nil without identity_key
 	format      keystore.Format
-	fields      *fieldSet
-	routes      *routeTable    // Routes, or builtinRoutes
-	lookups     lookups        // PostgreSQL, behind its breaker (dependencies.go)
-	counts      counts         // Redis, behind its breaker, or the in-process limiter
-	failMode    limiterFailure // LimiterFailure
-	fallback    *limiter.Local // failLocal: this instance's counts while Redis cannot count
-	metrics     *metrics       // nil with DisableMetrics
-	lastUsed    recorder       // nil with last_used_interval off
-	usage       usageRecorder  // nil with usage off
-	poolKeys    []string       // what to give back to pools in Cleanup
-	logger      *zap.Logger    // from ctx.Logger()
-	floodLog    *zap.Logger    // logger, at most one entry a second per message, for failures that come in floods
-	refusedLog  *zap.Logger    // logger of an upstream refusing the gateway's credentials (upstreamRefusedLog)
+	fields      *fieldstrip.Fields
+	routes      *routetable.Table // Routes, or routetable.Builtin
+	lookups     lookups           // PostgreSQL, behind its breaker (dependencies.go)
+	counts      counts            // Redis, behind its breaker, or the in-process limiter
+	failMode    limiterFailure    // LimiterFailure
+	fallback    *limiter.Local    // failLocal: this instance's counts while Redis cannot count
+	metrics     *metrics          // nil with DisableMetrics
+	lastUsed    recorder          // nil with last_used_interval off
+	usage       usageRecorder     // nil with usage off
+	poolKeys    []string          // what to give back to pools in Cleanup
+	logger      *zap.Logger       // from ctx.Logger()
+	floodLog    *zap.Logger       // logger, at most one entry a second per message, for failures that come in floods
+	refusedLog  *zap.Logger       // logger of an upstream refusing the gateway's credentials (upstreamRefusedLog)
 }
+
+// Route is one rule of the route table (Routes): the requests it matches, the scope
+// a scoped key needs for them and what each costs. Package routetable matches them.
+type Route = routetable.Rule
 
 // Verifier looks up a presented key, split by keystore.Format.Parse into its key id
 // and secret, asked from the client address from (clientAddr). It is a
@@ -391,11 +397,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 4. The budgets: the key's minute, the organisation's minute and month, each
 	// counting the cost of the request's route.
-	var rt *route
-	if key.Scopes != nil || h.routes.weighed {
-		rt = h.routes.match(r)
+	var rt *routetable.Route
+	if key.Scopes != nil || h.routes.Weighed {
+		rt = h.routes.Match(r)
 	}
-	cost := costOf(rt)
+	cost := rt.Cost()
 	count, answered := h.rateLimit(w, r, &key, cost)
 	if answered {
 		return nil
@@ -412,7 +418,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// 5b. The scopes of a scoped key: its route's, deny by default. GET /v1/me needs
 	// none.
 	me := r.URL.Path == "/v1/me" && (r.Method == http.MethodGet || r.Method == http.MethodHead)
-	if ok, missing := scopeAllows(key.Scopes, rt); !ok && !me {
+	if ok, missing := rt.Allows(key.Scopes); !ok && !me {
 		setRateLimit(w.Header(), count)
 		h.answerUnits(w, r, keystore.OutcomeForbidden, &key, cost, scopeForbiddenBody(missing))
 		return nil

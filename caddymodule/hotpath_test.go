@@ -20,6 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/keygate/keygate/caddymodule/routetable"
 	"github.com/keygate/keygate/internal/testkit/benchcpu"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
@@ -96,7 +97,7 @@ func newHotRequest(tb testing.TB, method, path, auth string, routes []Route) *ho
 	tb.Helper()
 	h := newTestHandler(tb, hotVerifier{}, "")
 	if routes != nil {
-		h.routes = newRouteTable(routes)
+		h.routes = routetable.New(routes)
 	}
 	h.counts = localCounts(limiter.NewLocal(), h.metrics)
 	h.usage = keystore.NewUsage(nil, keystore.UsageOptions{}) // counted as by default; never flushed here

@@ -1,9 +1,6 @@
 package caddymodule
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -62,51 +59,15 @@ func redisPoolKey(mode, url, caFile string, timeout time.Duration, s conns.Setup
 
 const localLimiterKey = "limiter\x00local"
 
-// loadPostgres returns the shared pool for url, creating it if needed, and the key to
-// give back to pools.Delete. The URL holds the pool's settings (pool_max_conns, …).
-//
-// option is the option url came from: database_url for the primary, or
-// database_read_urls for a standby. It names the option in errors, and says in the
-// warning what a server that does not answer costs.
-//
-// A PostgreSQL that cannot be reached is not an error here. The gateway starts, logs
-// a warning, and answers 503 until the primary is back; the primary answers the
-// lookups of a standby that is down. A URL that cannot be parsed is an error.
+// loadPostgres returns the shared pool for url, creating it if needed
+// (conns.OpenPostgres), and the key to give back to pools.Delete. option is the
+// option url came from.
 func loadPostgres(url, option string, pingTimeout time.Duration, setup conns.Setup, logger *zap.Logger) (*pgxpool.Pool, string, error) {
 	key := postgresPoolKey(url, setup)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		cfg, err := pgxpool.ParseConfig(url) // its errors hide the password
+		pool, err := conns.OpenPostgres(url, option, pingTimeout, setup, logger)
 		if err != nil {
-			return nil, fmt.Errorf("parsing %s: %v", option, err)
-		}
-		if !conns.SetsPoolParam(url, "pool_max_conns") {
-			// pgxpool's default size (4, or the number of CPUs) is below the floor.
-			cfg.MaxConns = max(cfg.MaxConns, cfg.MinConns, int32(setup.MinConns))
-		} else if cfg.MaxConns < int32(setup.MinConns) {
-			logger.Warn("pool_max_conns is below database_min_conns; while PostgreSQL is slow, batched lookups may wait for a connection past database_timeout",
-				zap.Int32("pool_max_conns", cfg.MaxConns), zap.Int("database_min_conns", setup.MinConns))
-		}
-		conns.TunePostgres(cfg, pingTimeout, setup)
-		if !conns.SetsPoolParam(url, "pool_max_conn_lifetime_jitter") {
-			// The floor's connections open together at start. Without jitter they
-			// would all retire together, every pool_max_conn_lifetime (1h), and the
-			// lookups of that moment would wait for new ones.
-			cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4
-		}
-		// The pool outlives this config, so it is not bound to the config's context.
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		if err != nil {
-			return nil, fmt.Errorf("creating postgres pool: %v", err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), setup.DialTimeout+pingTimeout)
-		defer cancel()
-		if err := pool.Ping(ctx); err != nil {
-			msg := "postgres did not answer at start; key lookups answer 503 until it does"
-			if option != "database_url" {
-				msg = "a postgres standby did not answer at start; the primary answers its key lookups until it does"
-			}
-			logger.Warn(msg, zap.String("option", option),
-				zap.String("host", cfg.ConnConfig.Host), zap.Uint16("port", cfg.ConnConfig.Port), zap.Error(err))
+			return nil, err
 		}
 		return pgEntry{pool}, nil
 	})
@@ -116,29 +77,16 @@ func loadPostgres(url, option string, pingTimeout time.Duration, setup conns.Set
 	return v.(pgEntry).pool, key, nil
 }
 
-// loadRedis returns the shared Redis client for url, creating it if needed, and its
-// key in pools.
-//
-// timeout bounds every part of a command: the wait for a pooled connection, the
-// write and the read. setup's DialTimeout bounds a dial (see commandLimits).
-// Commands are not retried: a dead Redis must cost a request one timeout, not
-// several. As with PostgreSQL, a Redis that is down at start is a warning, not an
-// error.
+// loadRedis returns the shared Redis client for url, creating it if needed
+// (conns.OpenRedis), and its key in pools.
 func loadRedis(mode, url, caFile string, timeout time.Duration, setup conns.Setup, logger *zap.Logger) (redisEntry, string, error) {
 	key := redisPoolKey(mode, url, caFile, timeout, setup)
 	v, _, err := pools.LoadOrNew(key, func() (caddy.Destructor, error) {
-		client, addr, err := newRedisClient(mode, url, caFile, timeout, setup.DialTimeout)
+		client, warmer, err := conns.OpenRedis(mode, url, caFile, timeout, setup, logger)
 		if err != nil {
-			// Unlike pgx's, go-redis's errors may quote the URL, password and all.
-			return nil, errors.New(redactUserinfo(err.Error(), url))
+			return nil, err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), setup.DialTimeout+timeout)
-		defer cancel()
-		if err := client.Ping(ctx).Err(); err != nil {
-			logger.Warn("redis did not answer at start; limiter_failure applies until it does",
-				zap.String("mode", mode), zap.String("addr", addr), zap.Error(err))
-		}
-		return redisEntry{client, conns.StartRedisWarmer(client, setup.MinConns, setup.DialTimeout+timeout)}, nil
+		return redisEntry{client, warmer}, nil
 	})
 	if err != nil {
 		return redisEntry{}, "", err

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -16,8 +15,7 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// This file keeps secrets out of logs: the keygate_redact log filter, and the user
-// information of a URL quoted in an error message (redactUserinfo).
+// This file keeps secrets out of logs: the keygate_redact log filter.
 
 func init() {
 	caddy.RegisterModule(RedactFilter{})
@@ -120,42 +118,6 @@ func redactValues(values []string) []string {
 		}
 	}
 	return out
-}
-
-// redactUserinfo removes from msg the user information of rawURL (user:password).
-// It removes it whole, its password alone, and every piece of it, raw or escaped.
-// go-redis's errors may quote a URL, password and all.
-func redactUserinfo(msg, rawURL string) string {
-	// Everything up to the last @ is taken for user information. A password with an
-	// unescaped / or @ makes the URL ambiguous. Too much redacted beats too little.
-	_, rest, ok := strings.Cut(rawURL, "://")
-	if !ok {
-		rest = rawURL
-	}
-	at := strings.LastIndex(rest, "@")
-	if at < 0 {
-		return msg
-	}
-	userinfo := rest[:at]
-	secrets := []string{userinfo}
-	if _, password, ok := strings.Cut(userinfo, ":"); ok && password != "" {
-		secrets = append(secrets, password, keystore.PercentDecode(password))
-	}
-	// A parser that misreads the URL may quote any piece of it: a password with a /
-	// in it becomes a host and a port.
-	for _, piece := range strings.FieldsFunc(userinfo, func(r rune) bool { return strings.ContainsRune(":/@?#", r) }) {
-		if len(piece) >= 3 {
-			secrets = append(secrets, piece)
-		}
-	}
-	for _, s := range secrets {
-		if s == "" {
-			continue
-		}
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-		msg = strings.ReplaceAll(msg, strconv.Quote(s)[1:len(strconv.Quote(s))-1], "xxxxx")
-	}
-	return msg
 }
 
 // Interface guards

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/limiter"
 )
@@ -26,7 +27,7 @@ func TestClusterSharesOneExactBudget(t *testing.T) {
 	var lims []*limiter.Redis
 	var cc *redis.ClusterClient
 	for range 3 {
-		c, _, err := newRedisClient(redisModeCluster, url, "", 2*time.Second, 2*time.Second)
+		c, _, err := conns.NewRedisClient(conns.RedisCluster, url, "", 2*time.Second, 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +85,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 	ctx := context.Background()
 	key := fmt.Sprintf("tls%d", time.Now().UnixNano())
 
-	c, _, err := newRedisClient(redisModeSingle, url, ca, 2*time.Second, 2*time.Second)
+	c, _, err := conns.NewRedisClient(conns.RedisSingle, url, ca, 2*time.Second, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 		}
 	}
 
-	bad, _, err := newRedisClient(redisModeSingle, url, wrong, 2*time.Second, 2*time.Second)
+	bad, _, err := conns.NewRedisClient(conns.RedisSingle, url, wrong, 2*time.Second, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestTLSRedisWithCA(t *testing.T) {
 func TestSentinelFailoverKeepsCounting(t *testing.T) {
 	url := testenv.GetenvOrSkip(t, "REDIS_SENTINEL_URL")
 	pidfile := testenv.GetenvOrSkip(t, "REDIS_SENTINEL_PRIMARY_PIDFILE")
-	c, _, err := newRedisClient(redisModeSentinel, url, "", 300*time.Millisecond, 300*time.Millisecond)
+	c, _, err := conns.NewRedisClient(conns.RedisSentinel, url, "", 300*time.Millisecond, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/fieldstrip"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
@@ -41,9 +42,9 @@ const (
 //   - sets the request's RateLimit fields, replacing any the upstream sent;
 //   - makes an ETag weak, since the body may be rewritten;
 //   - for any body a status may have: removes Content-Length and Accept-Ranges,
-//     decodes gzip or deflate, and streams the body through the JSON filter. The
-//     filter filters a body labelled JSON, and sniffs any other (sniff.go). Any
-//     other Content-Encoding is answered 502, rather than let unfiltered fields
+//     decodes gzip or deflate, and streams the body through the JSON filter
+//     (package fieldstrip). It filters a body labelled JSON, and sniffs any other.
+//     Any other Content-Encoding is answered 502, rather than let unfiltered fields
 //     through;
 //   - replaces the body of an error (status >= 400) that is not JSON by
 //     {"error":"<status text>"}, so that every /v1 error is JSON.
@@ -57,9 +58,9 @@ type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
 	r       *http.Request
-	count   limiter.Result // the request's count, for the RateLimit fields
-	fields  *fieldSet      // strip_fields
-	log     *zap.Logger    // the handler's rate-limited logger
+	count   limiter.Result     // the request's count, for the RateLimit fields
+	fields  *fieldstrip.Fields // strip_fields
+	log     *zap.Logger        // the handler's rate-limited logger
 	// refusedLog logs an upstream's 401: the upstream refused the credentials of a
 	// request the gateway authenticated (upstreamRefusedLog).
 	refusedLog *zap.Logger
@@ -67,14 +68,14 @@ type proxyWriter struct {
 	body   clientBody // the request's body, as the reverse proxy reads it
 	mode   writerMode
 	status int
-	filter *jsonFilter
+	filter *fieldstrip.Filter
 	// In modeDecode, the handler writes the compressed body to pipe. A goroutine
 	// decodes it into filter, and sends its outcome on done.
 	pipe *io.PipeWriter
 	done chan error
 }
 
-func newProxyWriter(w http.ResponseWriter, r *http.Request, count limiter.Result, fields *fieldSet, log *zap.Logger) *proxyWriter {
+func newProxyWriter(w http.ResponseWriter, r *http.Request, count limiter.Result, fields *fieldstrip.Fields, log *zap.Logger) *proxyWriter {
 	pw := &proxyWriter{
 		wrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		r:       r,
@@ -118,7 +119,7 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	// sniffed, whatever its label: text/plain, application/octet-stream, none.
 	isJSON := false
 	for _, ct := range hdr.Values("Content-Type") {
-		isJSON = isJSON || isJSONType(ct)
+		isJSON = isJSON || fieldstrip.IsJSONType(ct)
 	}
 	switch {
 	case status >= 400 && !isJSON:
@@ -143,12 +144,12 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	switch encoding {
 	case "", "identity":
 		hdr.Del("Content-Encoding")
-		pw.filter = newJSONFilter(pw.ResponseWriter, pw.fields, !isJSON)
+		pw.filter = fieldstrip.NewFilter(pw.ResponseWriter, pw.fields, !isJSON)
 		pw.mode = modeFilter
 		pw.ResponseWriter.WriteHeader(status)
 	case "gzip", "x-gzip", "deflate":
 		hdr.Del("Content-Encoding")
-		pw.filter = newJSONFilter(pw.ResponseWriter, pw.fields, !isJSON)
+		pw.filter = fieldstrip.NewFilter(pw.ResponseWriter, pw.fields, !isJSON)
 		pw.mode = modeDecode
 		pw.ResponseWriter.WriteHeader(status)
 		pw.startDecoder(encoding)
@@ -385,7 +386,7 @@ func (pw *proxyWriter) release() {
 		pw.pipe, pw.done = nil, nil
 	}
 	if pw.filter != nil {
-		putJSONFilter(pw.filter)
+		pw.filter.Release()
 		pw.filter = nil
 	}
 }
@@ -413,22 +414,6 @@ func bodyAllowedForStatus(status int) bool {
 		return false
 	}
 	return true
-}
-
-// isJSONType reports whether a Content-Type names a JSON body: application/json,
-// any +json suffix (application/problem+json), and the JSON streaming types
-// (application/x-ndjson, application/jsonl, application/json-seq). Any media type
-// that mentions json counts: when in doubt, the body is filtered.
-func isJSONType(ct string) bool {
-	if i := strings.IndexByte(ct, ';'); i >= 0 {
-		ct = ct[:i]
-	}
-	for i := 0; i+4 <= len(ct); i++ {
-		if (ct[i]|0x20) == 'j' && (ct[i+1]|0x20) == 's' && (ct[i+2]|0x20) == 'o' && (ct[i+3]|0x20) == 'n' {
-			return true
-		}
-	}
-	return false
 }
 
 // Interface guards

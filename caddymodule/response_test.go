@@ -306,23 +306,3 @@ func TestJSONIsFilteredWhateverItsLabel(t *testing.T) {
 		})
 	}
 }
-
-func TestIsJSONType(t *testing.T) {
-	for ct, want := range map[string]bool{
-		"application/json":                true,
-		"application/json; charset=utf-8": true,
-		"Application/JSON":                true,
-		"application/problem+json":        true,
-		"application/x-ndjson":            true,
-		"application/vnd.api+json":        true,
-		"text/json":                       true,
-		"text/plain":                      false,
-		"text/html; charset=json":         false,
-		"":                                false,
-		"application/octet-stream":        false,
-	} {
-		if got := isJSONType(ct); got != want {
-			t.Errorf("isJSONType(%q) = %v, want %v", ct, got, want)
-		}
-	}
-}

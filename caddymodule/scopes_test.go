@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -191,26 +190,6 @@ func TestACustomTableWeighsEachRoute(t *testing.T) {
 	}
 }
 
-// TestRouteMatchingIsCaddys: the table's own matcher agrees with Caddy's path matcher
-// on every pattern it handles, and hands the rest to Caddy's.
-func TestRouteMatchingIsCaddys(t *testing.T) {
-	patterns := []string{"/v1/monitors", "/v1/monitors/*", "/v1/monitors*", "*/m1", "*monitors*", "/v1/*/m1",
-		"/v1/monitors/m?", "/V1/Monitors", "*", "/v1/%6donitors", "/v1//monitors"}
-	paths := []string{"/v1/monitors", "/v1/monitors/", "/v1/monitors/m1", "/V1/MONITORS/M1", "/v1//monitors",
-		"/v1/./monitors/m1", "/v1/monitors/../me", "/v1/monitorsx", "/v1/reports/m1", "/v1/%6donitors"}
-	for _, p := range patterns {
-		table := newRouteTable([]Route{{Path: p}})
-		for _, path := range paths {
-			r := httptest.NewRequest("GET", "http://gw"+path, nil)
-			r = withReplacer(r)
-			want := caddyhttp.MatchPath{strings.ToLower(p)}.Match(r)
-			if got := table.match(r) != nil; got != want {
-				t.Errorf("pattern %q, path %q: matched %v, Caddy's matcher %v", p, path, got, want)
-			}
-		}
-	}
-}
-
 // TestBadRoutesAreRefused: what caddy validate refuses.
 func TestBadRoutesAreRefused(t *testing.T) {
 	for _, r := range []Route{
@@ -223,9 +202,4 @@ func TestBadRoutesAreRefused(t *testing.T) {
 			t.Errorf("route %+v was accepted", r)
 		}
 	}
-}
-
-// withReplacer gives r the replacer Caddy's server gives every request.
-func withReplacer(r *http.Request) *http.Request {
-	return r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
 }

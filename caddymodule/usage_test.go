@@ -19,6 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/caddymodule/routetable"
 	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 )
@@ -147,7 +148,7 @@ func testUsageCountsEveryAnswer(t *testing.T, routes []Route, cost int) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newTestHandler(t, &fakeVerifier{err: tc.verifierErr}, tc.limiterFailure)
 			if routes != nil {
-				h.routes = newRouteTable(routes)
+				h.routes = routetable.New(routes)
 			}
 			counted := &countedRows{}
 			h.usage = counted

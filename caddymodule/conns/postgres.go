@@ -2,12 +2,14 @@ package conns
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/keystore"
 )
@@ -33,6 +35,52 @@ func SetsPoolParam(url, name string) bool {
 	}
 	_, ok := cfg.RuntimeParams[name]
 	return ok
+}
+
+// OpenPostgres opens the pool of url, tuned by TunePostgres, and pings it. The URL
+// holds the pool's settings (pool_max_conns, …). option is the option url came from:
+// database_url for the primary, or database_read_urls for a standby. It names the
+// option in errors, and says in the warning what a server that does not answer
+// costs.
+//
+// A PostgreSQL that cannot be reached is not an error here. The gateway starts, logs
+// a warning, and answers 503 until the primary is back; the primary answers the
+// lookups of a standby that is down. A URL that cannot be parsed is an error.
+func OpenPostgres(url, option string, pingTimeout time.Duration, setup Setup, logger *zap.Logger) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url) // its errors hide the password
+	if err != nil {
+		return nil, fmt.Errorf("parsing %s: %v", option, err)
+	}
+	if !SetsPoolParam(url, "pool_max_conns") {
+		// pgxpool's default size (4, or the number of CPUs) is below the floor.
+		cfg.MaxConns = max(cfg.MaxConns, cfg.MinConns, int32(setup.MinConns))
+	} else if cfg.MaxConns < int32(setup.MinConns) {
+		logger.Warn("pool_max_conns is below database_min_conns; while PostgreSQL is slow, batched lookups may wait for a connection past database_timeout",
+			zap.Int32("pool_max_conns", cfg.MaxConns), zap.Int("database_min_conns", setup.MinConns))
+	}
+	TunePostgres(cfg, pingTimeout, setup)
+	if !SetsPoolParam(url, "pool_max_conn_lifetime_jitter") {
+		// The floor's connections open together at start. Without jitter they
+		// would all retire together, every pool_max_conn_lifetime (1h), and the
+		// lookups of that moment would wait for new ones.
+		cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4
+	}
+	// The pool outlives this config, so it is not bound to the config's context.
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating postgres pool: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), setup.DialTimeout+pingTimeout)
+	defer cancel()
+	if err := pool.Ping(ctx); err != nil {
+		msg := "postgres did not answer at start; key lookups answer 503 until it does"
+		if option != "database_url" {
+			msg = "a postgres standby did not answer at start; the primary answers its key lookups until it does"
+		}
+		logger.Warn(msg, zap.String("option", option),
+			zap.String("host", cfg.ConnConfig.Host), zap.Uint16("port", cfg.ConnConfig.Port), zap.Error(err))
+	}
+	return pool, nil
 }
 
 // TunePostgres sets the pool up for a database that may be slow.

@@ -1,13 +1,13 @@
-package caddymodule
+package fieldstrip
 
 import (
 	"unicode"
 	"unicode/utf8"
 )
 
-// fieldSet is the set of member names the JSON filter removes (strip_fields). This
-// file holds how a member's name matches one: folded as encoding/json folds names.
-type fieldSet struct {
+// Fields is the set of member names a Filter removes. This file holds how a member's
+// name matches one: folded as encoding/json folds names.
+type Fields struct {
 	names map[string]struct{}
 	// keyLimit is the longest raw member name, still escaped and with its quotes,
 	// that can decode to one of names. An escape takes at most 6 bytes for every
@@ -15,8 +15,9 @@ type fieldSet struct {
 	keyLimit int
 }
 
-func newFieldSet(names []string) *fieldSet {
-	s := &fieldSet{names: make(map[string]struct{}, len(names))}
+// NewFields returns the set of names, matched in any case (Has).
+func NewFields(names []string) *Fields {
+	s := &Fields{names: make(map[string]struct{}, len(names))}
 	longest := 0
 	for _, n := range names {
 		s.names[string(foldName(nil, []byte(n)))] = struct{}{}
@@ -26,10 +27,10 @@ func newFieldSet(names []string) *fieldSet {
 	return s
 }
 
-// has reports whether the decoded member name is in s. Names match in any case, as
+// Has reports whether the decoded member name is in s. Names match in any case, as
 // encoding/json matches a member to a struct field: "Config" and "CONFIG" are config
-// to a Go client. has does not allocate for names of up to 64 bytes.
-func (s *fieldSet) has(name []byte) bool {
+// to a Go client. Has does not allocate for names of up to 64 bytes.
+func (s *Fields) Has(name []byte) bool {
 	var buf [64]byte
 	_, ok := s.names[string(foldName(buf[:0], name))]
 	return ok

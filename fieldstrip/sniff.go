@@ -1,4 +1,6 @@
-package caddymodule
+package fieldstrip
+
+import "strings"
 
 // This file holds the JSON filter's sniffing mode, for a body whose Content-Type does
 // not say JSON. Such a body may be JSON all the same, and then its fields are
@@ -15,7 +17,7 @@ package caddymodule
 // holdLimit bounds the body a sniffing filter holds back.
 const holdLimit = 1 << 20
 
-// sniffing is the state of the sniffing mode, embedded in a jsonFilter.
+// sniffing is the state of the sniffing mode, embedded in a Filter.
 type sniffing struct {
 	sniff       bool // the first value is still to come: decide whether the body is JSON
 	passthrough bool // not JSON: the rest passes through untouched
@@ -25,13 +27,13 @@ type sniffing struct {
 
 // passRest ends sniffing with the body not JSON: rest, the rest of this Write, is
 // copied untouched, and so is every later Write.
-func (f *jsonFilter) passRest(rest []byte) {
+func (f *Filter) passRest(rest []byte) {
 	f.passthrough = true
 	f.out = append(f.out, rest...)
 }
 
 // writeHeld handles one Write while the body is held back.
-func (f *jsonFilter) writeHeld(p []byte) (int, error) {
+func (f *Filter) writeHeld(p []byte) (int, error) {
 	f.orig = append(f.orig, p...)
 	f.out = f.out[:0]
 	f.scan(p)
@@ -52,7 +54,7 @@ func (f *jsonFilter) writeHeld(p []byte) (int, error) {
 }
 
 // flushHeld writes b and ends holding.
-func (f *jsonFilter) flushHeld(b []byte) error {
+func (f *Filter) flushHeld(b []byte) error {
 	_, err := f.dst.Write(b)
 	f.orig, f.held = nil, nil
 	if err != nil {
@@ -63,11 +65,27 @@ func (f *jsonFilter) flushHeld(b []byte) error {
 
 // closeHeld ends a stream held back to its end. The filtered output goes out if the
 // body was JSON throughout; the body as it came, if not.
-func (f *jsonFilter) closeHeld() error {
+func (f *Filter) closeHeld() error {
 	f.hold = false
 	if err := f.Close(); err != nil {
 		f.err = nil
 		return f.flushHeld(f.orig)
 	}
 	return f.flushHeld(f.held)
+}
+
+// IsJSONType reports whether a Content-Type names a JSON body: application/json,
+// any +json suffix (application/problem+json), and the JSON streaming types
+// (application/x-ndjson, application/jsonl, application/json-seq). Any media type
+// that mentions json counts: when in doubt, the body is filtered.
+func IsJSONType(ct string) bool {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	for i := 0; i+4 <= len(ct); i++ {
+		if (ct[i]|0x20) == 'j' && (ct[i+1]|0x20) == 's' && (ct[i+2]|0x20) == 'o' && (ct[i+3]|0x20) == 'n' {
+			return true
+		}
+	}
+	return false
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package fieldstrip
 
 import (
 	"encoding/json"
@@ -12,10 +12,10 @@ import (
 // which JSON does not notice.
 const maxPendingSpace = 64
 
-// jsonFilter is a streaming JSON filter. It is an io.Writer that copies a stream of
+// Filter is a streaming JSON filter. It is an io.Writer that copies a stream of
 // JSON values to dst. It leaves out every object member whose name is in fields, at
 // any depth, with the commas around it. This file holds what it does with members;
-// jsonscan.go holds its grammar.
+// scan.go holds its grammar.
 //
 // It is a hand-written tokenizer and never decodes the document. Besides the chunk
 // being written, it holds at most one member name and a little whitespace. So its
@@ -29,9 +29,9 @@ const maxPendingSpace = 64
 //
 // Insignificant whitespace is copied, except inside removed members and beyond
 // maxPendingSpace bytes between two members.
-type jsonFilter struct {
+type Filter struct {
 	dst      io.Writer
-	fields   *fieldSet
+	fields   *Fields
 	sniffing // a body whose Content-Type does not say JSON (sniff.go)
 
 	begun bool   // a byte other than the BOM's has been read
@@ -62,20 +62,22 @@ type jsonFilter struct {
 	err error
 }
 
-var filterPool = sync.Pool{New: func() any { return new(jsonFilter) }}
+var filterPool = sync.Pool{New: func() any { return new(Filter) }}
 
-// newJSONFilter returns a filter writing to dst, from a pool. Release it with
-// putJSONFilter once done. With sniff, the body may not be JSON (sniff.go).
-func newJSONFilter(dst io.Writer, fields *fieldSet, sniff bool) *jsonFilter {
-	f := filterPool.Get().(*jsonFilter)
-	*f = jsonFilter{
+// NewFilter returns a filter writing to dst, from a pool, that removes the members
+// named in fields. Release it once done. With sniff, the body may not be JSON: it is
+// filtered if it turns out to be, and passed through untouched if not (sniff.go).
+func NewFilter(dst io.Writer, fields *Fields, sniff bool) *Filter {
+	f := filterPool.Get().(*Filter)
+	*f = Filter{
 		dst: dst, fields: fields, sniffing: sniffing{sniff: sniff, hold: sniff},
 		out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pendingSpace: f.pendingSpace[:0],
 	}
 	return f
 }
 
-func putJSONFilter(f *jsonFilter) {
+// Release returns f to the pool. f must not be used afterwards.
+func (f *Filter) Release() {
 	if cap(f.out) > 64<<10 {
 		f.out = nil // do not keep the buffer of one huge Write forever
 	}
@@ -85,7 +87,7 @@ func putJSONFilter(f *jsonFilter) {
 
 // Write filters p, a piece of the stream cut anywhere, and writes what it can
 // already decide to dst.
-func (f *jsonFilter) Write(p []byte) (int, error) {
+func (f *Filter) Write(p []byte) (int, error) {
 	if f.err != nil {
 		return 0, f.err
 	}
@@ -110,7 +112,7 @@ func (f *jsonFilter) Write(p []byte) (int, error) {
 
 // Close reports whether the stream ended where a JSON stream may end. It writes
 // nothing of its own. A sniffing filter writes what it held back (closeHeld).
-func (f *jsonFilter) Close() error {
+func (f *Filter) Close() error {
 	if f.err != nil || f.passthrough {
 		return f.err
 	}
@@ -118,43 +120,43 @@ func (f *jsonFilter) Close() error {
 		return f.closeHeld()
 	}
 	if !f.begun && f.bomAt > 0 && f.bomAt < 3 {
-		f.err = errJSONTruncated // part of a BOM
+		f.err = ErrTruncated // part of a BOM
 		return f.err
 	}
 	if f.state == stNumber {
 		if f.num < numAccept {
-			f.err = errJSONTruncated
+			f.err = ErrTruncated
 			return f.err
 		}
 		f.valueDone()
 	}
 	if f.state != stTop {
-		f.err = errJSONTruncated
+		f.err = ErrTruncated
 	}
 	return f.err
 }
 
 // emit appends b to the output unless a removed member is being read.
-func (f *jsonFilter) emit(b []byte) {
+func (f *Filter) emit(b []byte) {
 	if !f.skipping {
 		f.out = append(f.out, b...)
 	}
 }
 
-func (f *jsonFilter) emitByte(c byte) {
+func (f *Filter) emitByte(c byte) {
 	if !f.skipping {
 		f.out = append(f.out, c)
 	}
 }
 
-func (f *jsonFilter) fail(err error) {
+func (f *Filter) fail(err error) {
 	if f.err == nil {
 		f.err = err
 	}
 }
 
 // space handles a run of whitespace between tokens.
-func (f *jsonFilter) space(ws []byte) {
+func (f *Filter) space(ws []byte) {
 	if f.state == stObjFirst || f.state == stObjKey {
 		// Held back with the member that follows, and written only if it is kept.
 		if !f.skipping {
@@ -169,7 +171,7 @@ func (f *jsonFilter) space(ws []byte) {
 }
 
 // startKey begins a member name, its opening quote just read.
-func (f *jsonFilter) startKey() {
+func (f *Filter) startKey() {
 	f.state = stKey
 	f.escaped, f.hexLeft = false, 0
 	if f.skipping {
@@ -181,7 +183,7 @@ func (f *jsonFilter) startKey() {
 }
 
 // stringBytes writes or buffers a run of a string's bytes.
-func (f *jsonFilter) stringBytes(b []byte) {
+func (f *Filter) stringBytes(b []byte) {
 	if f.state != stKey || !f.keyUndecided {
 		f.emit(b)
 		return
@@ -203,7 +205,7 @@ func (f *jsonFilter) stringBytes(b []byte) {
 }
 
 // stringDone moves on after a string's closing quote.
-func (f *jsonFilter) stringDone() {
+func (f *Filter) stringDone() {
 	if f.state == stString {
 		f.valueDone()
 		return
@@ -212,7 +214,7 @@ func (f *jsonFilter) stringDone() {
 	if !f.keyUndecided {
 		return
 	}
-	if f.fields.has(f.memberName()) {
+	if f.fields.Has(f.memberName()) {
 		// Removed. Drop the name, the whitespace before it and the comma that was
 		// waiting for it. Skip the value that follows.
 		f.keyUndecided = false
@@ -225,7 +227,7 @@ func (f *jsonFilter) stringDone() {
 
 // keepMember writes the start of a member known to be kept. That is the comma it
 // needs, the whitespace held back before it, and the name read so far.
-func (f *jsonFilter) keepMember() {
+func (f *Filter) keepMember() {
 	top := &f.stack[len(f.stack)-1]
 	if *top == frameObjectWrote {
 		f.out = append(f.out, ',')
@@ -239,7 +241,7 @@ func (f *jsonFilter) keepMember() {
 // memberName returns the name of the buffered member, decoded as encoding/json
 // decodes it: escapes resolved, invalid UTF-8 as U+FFFD. So an escaped
 // "\u0063onfig" is still "config".
-func (f *jsonFilter) memberName() []byte {
+func (f *Filter) memberName() []byte {
 	raw := f.key[1 : len(f.key)-1]
 	if f.keyPlain || (utf8.Valid(raw) && !containsByte(raw, '\\')) {
 		return raw

@@ -1,19 +1,19 @@
-package caddymodule
+package fieldstrip
 
 import "errors"
 
 // This file holds the JSON filter's grammar: the tokenizer's states and the scan of
-// containers, strings, numbers and literals. jsonfilter.go holds what the filter
+// containers, strings, numbers and literals. filter.go holds what the filter
 // does with object members, and sniff.go its mode for bodies not labelled JSON.
 
-// maxDepth is the deepest nesting the filter accepts, as encoding/json: deeper
+// MaxDepth is the deepest nesting the filter accepts, as encoding/json: deeper
 // documents are refused rather than tracked without bound.
-const maxDepth = 10000
+const MaxDepth = 10000
 
 var (
-	errJSONSyntax    = errors.New("json filter: invalid JSON from upstream")
-	errJSONDepth     = errors.New("json filter: JSON nested deeper than 10000 levels")
-	errJSONTruncated = errors.New("json filter: JSON from upstream ends mid-value")
+	ErrSyntax    = errors.New("json filter: invalid JSON from upstream")
+	ErrDepth     = errors.New("json filter: JSON nested deeper than 10000 levels")
+	ErrTruncated = errors.New("json filter: JSON from upstream ends mid-value")
 )
 
 // filterState is where the filter stands in the grammar.
@@ -57,7 +57,7 @@ const (
 var utf8BOM = [3]byte{0xEF, 0xBB, 0xBF}
 
 // scan runs p through the state machine, appending the output to f.out.
-func (f *jsonFilter) scan(p []byte) {
+func (f *Filter) scan(p []byte) {
 	i := 0
 	for i < len(p) && f.err == nil {
 		switch f.state {
@@ -86,7 +86,7 @@ func (f *jsonFilter) scan(p []byte) {
 					f.passRest(p[i:])
 					return
 				}
-				f.fail(errJSONSyntax)
+				f.fail(ErrSyntax)
 				return
 			}
 			f.begun = true
@@ -128,11 +128,11 @@ func (f *jsonFilter) scan(p []byte) {
 				f.pendingSpace = f.pendingSpace[:0]
 				f.closeContainer(c)
 			default:
-				f.fail(errJSONSyntax)
+				f.fail(ErrSyntax)
 			}
 		case stColon:
 			if c != ':' {
-				f.fail(errJSONSyntax)
+				f.fail(ErrSyntax)
 				break
 			}
 			f.emitByte(c)
@@ -150,18 +150,18 @@ func (f *jsonFilter) scan(p []byte) {
 			case c == ']' && top == frameArray, c == '}' && top != frameArray:
 				f.closeContainer(c)
 			default:
-				f.fail(errJSONSyntax)
+				f.fail(ErrSyntax)
 			}
 		}
 	}
 }
 
 // startValue begins the value whose first byte is c.
-func (f *jsonFilter) startValue(c byte) {
+func (f *Filter) startValue(c byte) {
 	switch c {
 	case '{', '[':
-		if len(f.stack) >= maxDepth {
-			f.fail(errJSONDepth)
+		if len(f.stack) >= MaxDepth {
+			f.fail(ErrDepth)
 			return
 		}
 		f.emitByte(c)
@@ -193,24 +193,24 @@ func (f *jsonFilter) startValue(c byte) {
 			f.state, f.num = stNumber, numInt
 			return
 		}
-		f.fail(errJSONSyntax)
+		f.fail(ErrSyntax)
 	}
 }
 
-func (f *jsonFilter) startLiteral(lit string) {
+func (f *Filter) startLiteral(lit string) {
 	f.emitByte(lit[0])
 	f.state, f.lit, f.litPos = stLiteral, lit, 1
 }
 
 // closeContainer ends the innermost container with c, its closing bracket.
-func (f *jsonFilter) closeContainer(c byte) {
+func (f *Filter) closeContainer(c byte) {
 	f.emitByte(c)
 	f.stack = f.stack[:len(f.stack)-1]
 	f.valueDone()
 }
 
 // valueDone moves on after a complete value.
-func (f *jsonFilter) valueDone() {
+func (f *Filter) valueDone() {
 	if len(f.stack) == 0 {
 		f.state = stTop
 	} else {
@@ -232,14 +232,14 @@ var stringSpecial = func() (t [256]bool) {
 
 // scanString reads string bytes from p[i:] and returns where it stopped: the end of
 // p, or just past the closing quote.
-func (f *jsonFilter) scanString(p []byte, i int) int {
+func (f *Filter) scanString(p []byte, i int) int {
 	start := i
 	for i < len(p) {
 		c := p[i]
 		switch {
 		case f.hexLeft > 0:
 			if !isHex(c) {
-				f.fail(errJSONSyntax)
+				f.fail(ErrSyntax)
 				return len(p)
 			}
 			f.hexLeft--
@@ -251,7 +251,7 @@ func (f *jsonFilter) scanString(p []byte, i int) int {
 			case 'u':
 				f.hexLeft = 4
 			default:
-				f.fail(errJSONSyntax)
+				f.fail(ErrSyntax)
 				return len(p)
 			}
 			f.escaped = false
@@ -274,7 +274,7 @@ func (f *jsonFilter) scanString(p []byte, i int) int {
 			f.stringDone()
 			return i
 		default: // a control character
-			f.fail(errJSONSyntax)
+			f.fail(ErrSyntax)
 			return len(p)
 		}
 	}
@@ -284,7 +284,7 @@ func (f *jsonFilter) scanString(p []byte, i int) int {
 
 // scanNumber reads number bytes from p[i:]. A number ends at the first byte that
 // cannot continue it, which is then read again as what follows the number.
-func (f *jsonFilter) scanNumber(p []byte, i int) int {
+func (f *Filter) scanNumber(p []byte, i int) int {
 	start := i
 	for ; i < len(p); i++ {
 		c := p[i]
@@ -329,7 +329,7 @@ func (f *jsonFilter) scanNumber(p []byte, i int) int {
 		if next == 255 {
 			f.emit(p[start:i])
 			if f.num < numAccept {
-				f.fail(errJSONSyntax)
+				f.fail(ErrSyntax)
 				return len(p)
 			}
 			f.valueDone()
@@ -352,11 +352,11 @@ func afterInt(c byte) uint8 {
 }
 
 // scanLiteral reads the rest of true, false or null from p[i:].
-func (f *jsonFilter) scanLiteral(p []byte, i int) int {
+func (f *Filter) scanLiteral(p []byte, i int) int {
 	start := i
 	for i < len(p) && f.litPos < len(f.lit) {
 		if p[i] != f.lit[f.litPos] {
-			f.fail(errJSONSyntax)
+			f.fail(ErrSyntax)
 			return len(p)
 		}
 		i++

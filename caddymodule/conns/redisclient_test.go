@@ -1,4 +1,4 @@
-package caddymodule
+package conns
 
 import (
 	"os"
@@ -35,7 +35,7 @@ func TestNewRedisClientModes(t *testing.T) {
 		{"CA file without a certificate", "cluster", "rediss://127.0.0.1:7001", notPEM, "", "redis_tls_ca " + notPEM + ": no PEM certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, _, err := newRedisClient(tc.mode, tc.url, tc.ca, time.Second, time.Second)
+			c, _, err := NewRedisClient(tc.mode, tc.url, tc.ca, time.Second, time.Second)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want %q", err, tc.wantErr)

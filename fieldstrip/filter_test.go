@@ -1,4 +1,4 @@
-package caddymodule
+package fieldstrip
 
 import (
 	"bytes"
@@ -13,14 +13,17 @@ import (
 	"testing"
 )
 
-var testFields = newFieldSet(defaultStripFields)
+// testNames are the names v1_gateway strips by default.
+var testNames = []string{"config", "assertions", "config_version", "paused_reason", "org_id", "deleted_at"}
+
+var testFields = NewFields(testNames)
 
 // filterAll runs in through a filter in chunks of chunk bytes (all at once for 0).
-func filterAll(t testing.TB, in []byte, fields *fieldSet, chunk int) ([]byte, error) {
+func filterAll(t testing.TB, in []byte, fields *Fields, chunk int) ([]byte, error) {
 	t.Helper()
 	var out bytes.Buffer
-	f := newJSONFilter(&out, fields, false)
-	defer putJSONFilter(f)
+	f := NewFilter(&out, fields, false)
+	defer f.Release()
 	if chunk <= 0 {
 		chunk = len(in) + 1
 	}
@@ -100,16 +103,16 @@ func TestJSONFilterRefusesInvalidJSON(t *testing.T) {
 }
 
 func TestJSONFilterDepthLimitIsEncodingJSONs(t *testing.T) {
-	ok := strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth)
+	ok := strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth)
 	if _, err := filterAll(t, []byte(ok), testFields, 4096); err != nil {
-		t.Errorf("depth %d: %v", maxDepth, err)
+		t.Errorf("depth %d: %v", MaxDepth, err)
 	}
 	if json.Unmarshal([]byte(ok), new(any)) != nil {
-		t.Errorf("encoding/json refuses depth %d", maxDepth)
+		t.Errorf("encoding/json refuses depth %d", MaxDepth)
 	}
 	deep := "[" + ok + "]"
-	if _, err := filterAll(t, []byte(deep), testFields, 4096); !errors.Is(err, errJSONDepth) {
-		t.Errorf("depth %d: %v, want errJSONDepth", maxDepth+1, err)
+	if _, err := filterAll(t, []byte(deep), testFields, 4096); !errors.Is(err, ErrDepth) {
+		t.Errorf("depth %d: %v, want ErrDepth", MaxDepth+1, err)
 	}
 }
 
@@ -168,8 +171,8 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 func TestJSONFilterStreamsFiftyMegabytesInBoundedMemory(t *testing.T) {
 	src := &monitorStream{n: 120_000} // about 54 MB
 	out := &countingWriter{tail: make([]byte, 0, 64)}
-	f := newJSONFilter(out, testFields, false)
-	defer putJSONFilter(f)
+	f := NewFilter(out, testFields, false)
+	defer f.Release()
 	buf := make([]byte, 32<<10) // the reverse proxy's copy buffer size
 
 	var before, after runtime.MemStats
@@ -205,11 +208,11 @@ func BenchmarkJSONFilter(b *testing.B) {
 		b.Fatal(err)
 	}
 	in := doc.Bytes()
-	f := newJSONFilter(io.Discard, testFields, false)
+	f := NewFilter(io.Discard, testFields, false)
 	b.SetBytes(int64(len(in)))
 	b.ReportAllocs()
 	for b.Loop() {
-		*f = jsonFilter{dst: io.Discard, fields: testFields, out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pendingSpace: f.pendingSpace[:0]}
+		*f = Filter{dst: io.Discard, fields: testFields, out: f.out[:0], stack: f.stack[:0], key: f.key[:0], pendingSpace: f.pendingSpace[:0]}
 		for p := in; len(p) > 0; {
 			n := min(len(p), 32<<10)
 			if _, err := f.Write(p[:n]); err != nil {
@@ -279,8 +282,8 @@ func FuzzJSONFilter(f *testing.F) {
 	} {
 		f.Add([]byte(seed), uint8(0))
 	}
-	names := append(slices.Clone(defaultStripFields), "x\xffy", "é")
-	fields := newFieldSet(names)
+	names := append(slices.Clone(testNames), "x\xffy", "é")
+	fields := NewFields(names)
 	bom := []byte("\ufeff")
 	f.Fuzz(func(t *testing.T, in []byte, chunk uint8) {
 		// A leading BOM is the filter's to accept; encoding/json does not.

@@ -1,4 +1,9 @@
-package caddymodule
+// Package routetable is the gateway's route table: which scope a request needs and
+// what it costs (docs/configuration.md, Scopes and route costs). Its rules match as
+// Caddy's path matcher does; the rest of the package knows nothing of Caddy. A request
+// is matched once, before the budgets count it with its rule's cost; a scoped key is
+// decided on the same match after the role (Route.Allows).
+package routetable
 
 import (
 	"fmt"
@@ -12,14 +17,9 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// This file holds the route table: which scope a request needs and what it costs
-// (docs/configuration.md, Scopes and route costs). A request is matched once, before
-// the budgets count it with its rule's cost; a scoped key is decided on the same
-// match after the role (scopeAllows).
-
-// Route is one rule of the route table: the requests it matches, the scope a scoped
-// key needs for them, and what each weighs against every budget.
-type Route struct {
+// Rule is one rule of the route table, as configured: the requests it matches, the
+// scope a scoped key needs for them, and what each weighs against every budget.
+type Rule struct {
 	// Methods are the HTTP methods the rule matches, in upper case. "*" or none:
 	// every method.
 	Methods []string `json:"methods,omitempty"`
@@ -35,10 +35,10 @@ type Route struct {
 	Cost int `json:"cost,omitempty"`
 }
 
-// builtinRoutes is the table of /v1 when the config names no route
+// Builtin is the table of /v1 when the config names no route
 // (docs/configuration.md, Scopes and route costs). GET /v1/me needs no scope whatever
 // the table says.
-var builtinRoutes = []Route{
+var Builtin = []Rule{
 	{Methods: []string{"GET", "HEAD"}, Path: "/v1/monitors", Scope: "monitors:read"},
 	{Methods: []string{"GET", "HEAD"}, Path: "/v1/monitors/*", Scope: "monitors:read"},
 	{Methods: []string{"POST"}, Path: "/v1/monitors", Scope: "monitors:write"},
@@ -56,8 +56,8 @@ var routeMethods = []string{
 // scopeRE is what a scope looks like.
 var scopeRE = regexp.MustCompile(`^[a-z][a-z0-9_.:-]*$`)
 
-// checkRoute returns what is wrong with r, or nil.
-func checkRoute(r Route) error {
+// Check returns what is wrong with r, or nil.
+func Check(r Rule) error {
 	if strings.TrimSpace(r.Path) == "" {
 		return fmt.Errorf("route %v %q: the path pattern is empty", r.Methods, r.Path)
 	}
@@ -75,8 +75,9 @@ func checkRoute(r Route) error {
 	return nil
 }
 
-// route is a Route as the request path uses it.
-type route struct {
+// Route is a Rule as the request path uses it. A nil *Route is a request no rule
+// matched.
+type Route struct {
 	methods uint16 // a bit per routeMethods index; all set for any method
 	pattern string // lower case
 	shape   shape  // of pattern, decided once
@@ -113,19 +114,19 @@ func shapeOf(pattern string) (shape, string) {
 	return shapeGlob, pattern
 }
 
-// routeTable is the rules in order, and what lets most requests skip them.
-type routeTable struct {
-	rules []route
-	// weighed is whether some rule costs more than 1: without one, an unscoped key's
+// Table is the rules in order, and what lets most requests skip them.
+type Table struct {
+	rules []Route
+	// Weighed is whether some rule costs more than 1: without one, an unscoped key's
 	// request is counted as 1 without matching.
-	weighed bool
+	Weighed bool
 }
 
-// newRouteTable builds the table of rules, which checkRoute has passed.
-func newRouteTable(rules []Route) *routeTable {
-	t := &routeTable{rules: make([]route, len(rules))}
+// New builds the table of rules, which Check has passed.
+func New(rules []Rule) *Table {
+	t := &Table{rules: make([]Route, len(rules))}
 	for i, r := range rules {
-		rt := route{pattern: strings.ToLower(r.Path), scope: r.Scope, cost: max(r.Cost, 1)}
+		rt := Route{pattern: strings.ToLower(r.Path), scope: r.Scope, cost: max(r.Cost, 1)}
 		rt.shape, rt.lit = shapeOf(rt.pattern)
 		for _, m := range r.Methods {
 			if m == "*" {
@@ -141,7 +142,7 @@ func newRouteTable(rules []Route) *routeTable {
 			rt.caddy = caddyhttp.MatchPath{r.Path}
 			_ = rt.caddy.Provision(caddy.Context{}) // lower-cases; never fails
 		}
-		t.weighed = t.weighed || rt.cost > 1
+		t.Weighed = t.Weighed || rt.cost > 1
 		t.rules[i] = rt
 	}
 	return t
@@ -154,8 +155,8 @@ func needsCaddy(pattern string) bool {
 	return strings.ContainsAny(pattern, "{%") || strings.Contains(pattern, "//")
 }
 
-// match returns the first rule matching r, or nil.
-func (t *routeTable) match(r *http.Request) *route {
+// Match returns the first rule matching r, or nil.
+func (t *Table) Match(r *http.Request) *Route {
 	bit := uint16(1) << 15 // a method no rule names matches only rules of any method
 	if i := slices.Index(routeMethods, r.Method); i >= 0 {
 		bit = 1 << i
@@ -201,7 +202,7 @@ func cleanPath(p string) string {
 
 // matches matches the rule's pattern, without placeholders, escapes or doubled slashes,
 // against a cleaned, lower-cased path, as Caddy's path matcher does.
-func (rt *route) matches(p string) bool {
+func (rt *Route) matches(p string) bool {
 	switch rt.shape {
 	case shapeAny:
 		return true
@@ -216,19 +217,20 @@ func (rt *route) matches(p string) bool {
 	return ok
 }
 
-// costOf is what a request of a key weighs: its rule's cost, or 1.
-func costOf(rt *route) int {
+// Cost is what a request matching rt weighs: its rule's cost, or 1 where no rule
+// matched.
+func (rt *Route) Cost() int {
 	if rt == nil {
 		return 1
 	}
 	return rt.cost
 }
 
-// scopeAllows reports whether a key with scopes may make a request matching rt (nil:
-// no rule matched), and the scope it lacks. An unscoped key (nil scopes) is bounded by
+// Allows reports whether a key with scopes may make a request matching rt (nil: no
+// rule matched), and the scope it lacks. An unscoped key (nil scopes) is bounded by
 // its role alone. A scoped key needs the rule's scope; on a route no rule names, it is
 // refused: deny by default.
-func scopeAllows(scopes []string, rt *route) (ok bool, missing string) {
+func (rt *Route) Allows(scopes []string) (ok bool, missing string) {
 	switch {
 	case scopes == nil:
 		return true, ""
