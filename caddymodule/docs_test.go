@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/keygate/keygate/caddymodule/jwks"
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
 	"github.com/keygate/keygate/internal/testkit/testenv"
 )
@@ -38,7 +39,7 @@ func TestDocsConfigurationNamesEveryOption(t *testing.T) {
 	if len(options) < 20 {
 		t.Fatalf("found only %d options in caddyfile.go's switch (%v): has the parser moved?", len(options), options)
 	}
-	names := slices.Concat(options, jsonFields(Handler{}), jsonFields(JWKS{}))
+	names := slices.Concat(options, jsonFields(Handler{}), jsonFields(jwks.JWKS{}))
 	slices.Sort(names)
 	names = slices.Compact(names)
 

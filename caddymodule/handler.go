@@ -20,6 +20,11 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	// v1_gateway_jwks and keygate_redact come with v1_gateway: a Caddy built with
+	// this package has them.
+	_ "github.com/keygate/keygate/caddymodule/jwks"
+	"github.com/keygate/keygate/caddymodule/placement"
+	_ "github.com/keygate/keygate/caddymodule/redact"
 	"github.com/keygate/keygate/caddymodule/routetable"
 	"github.com/keygate/keygate/fieldstrip"
 	"github.com/keygate/keygate/gatewayauth"
@@ -312,7 +317,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.configure(ctx.Logger()); err != nil {
 		return err
 	}
-	warnStrippedPath(ctx, h.logger)
+	placement.WarnStrippedPath(ctx, h.logger)
 	if !h.DisableMetrics {
 		m, key, err := loadMetrics(ctx)
 		if err != nil {

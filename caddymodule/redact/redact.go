@@ -1,4 +1,7 @@
-package caddymodule
+// Package redact is the Caddy log filter keygate_redact: it keeps API keys' secrets
+// and the gateway's credentials out of Caddy's logs. Package caddymodule imports it,
+// so a Caddy built with caddymodule has it.
+package redact
 
 import (
 	"net/http"
@@ -14,8 +17,6 @@ import (
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/keystore"
 )
-
-// This file keeps secrets out of logs: the keygate_redact log filter.
 
 func init() {
 	caddy.RegisterModule(RedactFilter{})

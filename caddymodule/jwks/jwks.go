@@ -1,4 +1,8 @@
-package caddymodule
+// Package jwks is the Caddy module v1_gateway_jwks: it publishes the public halves of
+// v1_gateway's identity keys as a JSON Web Key Set, for the upstreams that verify its
+// signed identity. Package caddymodule imports it, so a Caddy built with caddymodule
+// has it.
+package jwks
 
 import (
 	"fmt"
@@ -10,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/keygate/keygate/caddymodule/placement"
 	"github.com/keygate/keygate/gatewayauth"
 )
 
@@ -50,7 +55,7 @@ func (j *JWKS) Provision(ctx caddy.Context) error {
 	if len(j.Files) == 0 {
 		return fmt.Errorf("v1_gateway_jwks: at least one key file is required")
 	}
-	warnUnmatchedJWKS(ctx)
+	placement.WarnUnmatchedJWKS(ctx)
 	repl := caddy.NewReplacer()
 	files := make([]string, len(j.Files))
 	for i, f := range j.Files {

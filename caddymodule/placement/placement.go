@@ -1,4 +1,8 @@
-package caddymodule
+// Package placement warns about placements of keygate's handlers that Caddy accepts
+// and that fail quietly on every request. Provision calls it, so `caddy validate`,
+// which provisions, shows the warning. Where a handler sits is read from the config
+// Caddy is provisioning: the server's routes, and the subroutes around the handler.
+package placement
 
 import (
 	"strings"
@@ -8,12 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/rewrite"
 	"go.uber.org/zap"
 )
-
-// This file holds the warnings about two placements of the module's handlers. Both
-// are valid to Caddy and wrong: each fails quietly on every request. So Provision
-// warns about them, and `caddy validate`, which provisions, shows the warning. Where
-// a handler sits is read from the config Caddy is provisioning: the server's routes,
-// and the subroutes around the handler.
 
 // routeLevel is one route list on the way from a server to the handler being
 // provisioned, with the index of the route in it that leads there.
@@ -68,9 +66,9 @@ func provisioning(routes caddyhttp.RouteList) int {
 	return -1
 }
 
-// warnUnmatchedJWKS warns when v1_gateway_jwks is under no path matcher. It would
+// WarnUnmatchedJWKS warns when v1_gateway_jwks is under no path matcher. It would
 // answer every request that reaches it with the key set: the dashboard's, /v1's.
-func warnUnmatchedJWKS(ctx caddy.Context) {
+func WarnUnmatchedJWKS(ctx caddy.Context) {
 	levels, ok := placement(ctx)
 	if !ok {
 		return
@@ -104,10 +102,10 @@ func matchesPath(r caddyhttp.Route) bool {
 	return true
 }
 
-// warnStrippedPath warns when a rewrite before v1_gateway strips /v1 from the path,
+// WarnStrippedPath warns when a rewrite before v1_gateway strips /v1 from the path,
 // as `handle_path /v1/*` does. The module and the upstream need the full path. /v1/me
 // would go to the upstream as /me, and every proxied path would answer 404.
-func warnStrippedPath(ctx caddy.Context, logger *zap.Logger) {
+func WarnStrippedPath(ctx caddy.Context, logger *zap.Logger) {
 	levels, _ := placement(ctx)
 	for _, l := range levels {
 		for _, r := range l.routes[:l.i] {
