@@ -1,0 +1,135 @@
+package pgfailover
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
+)
+
+// TestAPoolHandsOutNoConnectionItsServerClosed: every connection of a pool ended by
+// the server (pg_terminate_backend, as a restart or a failover ends them), then as
+// many queries in a row as the pool held connections. With Follow each finds a live
+// connection; without it, the dead ones fail their queries.
+func TestAPoolHandsOutNoConnectionItsServerClosed(t *testing.T) {
+	url := testenv.Getenv(t, "DATABASE_URL")
+	for _, tc := range []struct {
+		name     string
+		follow   bool
+		failures bool
+	}{
+		{"with Follow", true, false},
+		{"without Follow", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 4
+			app := fmt.Sprintf("pgfailover-test-%d", time.Now().UnixNano())
+			cfg, err := pgxpool.ParseConfig(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.ConnConfig.RuntimeParams["application_name"] = app
+			cfg.MinConns, cfg.MaxConns = n, n
+			cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // as the gateway's
+			if tc.follow {
+				Follow(cfg)
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			holdAll(t, pool, n)
+
+			admin, err := pgx.Connect(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer admin.Close(context.Background())
+			if _, err := admin.Exec(context.Background(),
+				`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 30*time.Second, "the pool's backends gone", func() bool {
+				var left int
+				err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&left)
+				return err == nil && left == 0
+			})
+
+			failed := 0
+			for range n {
+				var one int
+				if err := pool.QueryRow(context.Background(), `SELECT 1`).Scan(&one); err != nil {
+					failed++
+					t.Logf("query: %v", err)
+				}
+			}
+			if (failed > 0) != tc.failures {
+				t.Errorf("%d of %d queries failed after the server closed the pool's connections; want failures: %v", failed, n, tc.failures)
+			}
+		})
+	}
+}
+
+// holdAll opens n connections of pool at once and gives them back idle.
+func holdAll(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, n)
+	for i := range conns {
+		c, err := pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+}
+
+// TestPeekTellsIdleFromWaitingFromClosed: a loopback connection, idle, then with a
+// byte from its peer, then closed by its peer. Peeking reads nothing: the byte is
+// still there to read.
+func TestPeekTellsIdleFromWaitingFromClosed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server := <-accepted
+	if server == nil {
+		t.Fatal("accept failed")
+	}
+	if got := peek(client); got != peekIdle {
+		t.Errorf("idle: peek %d, want %d (idle)", got, peekIdle)
+	}
+	if _, err := server.Write([]byte("N")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the byte seen waiting", func() bool { return peek(client) == peekData })
+	server.Close()
+	var b [1]byte
+	if _, err := client.Read(b[:]); err != nil || b[0] != 'N' {
+		t.Fatalf("reading the byte after peeking: %q, %v", b[:], err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the end seen", func() bool { return peek(client) == peekClosed })
+}
