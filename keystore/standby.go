@@ -2,6 +2,7 @@ package keystore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -34,9 +35,11 @@ import (
 //
 // Each standby has its own pool, Batcher and health. A standby is left out while its
 // lookups have failed standbyFailures times in a row, or while it has not replayed a
-// reading of the primary taken within MaxLag. Its probe, on its own goroutine, brings
-// it back when it answers and has caught up. With no standby in, the primary answers
-// every lookup.
+// reading of the primary taken within MaxLag. A server out of recovery, a standby
+// promoted in a failover, fails every lookup and probe: it is left out until it is a
+// standby again. Its probe, on its own goroutine, brings it back when it answers and
+// has caught up, on the primary's timeline of the moment. With no standby in, the
+// primary answers every lookup.
 type Reader struct {
 	primary  *Batcher
 	fence    *Fence
@@ -97,6 +100,7 @@ type standby struct {
 	replayed atomic.Uint64 // the furthest position it is known to have replayed
 	in       atomic.Bool   // last reported to OnStandby
 	polling  bool          // its catch-up poll runs; guarded by Reader.progress
+	promoted bool          // its last probe found it out of recovery; only its probe uses it
 }
 
 // catchUpPoll is how often each standby in is asked its replay position while
@@ -411,6 +415,12 @@ func (r *Reader) probeOnce(s *standby, readings []fenceReading) []fenceReading {
 		readings = readings[1:]
 	}
 	replayed, err := replayedLSN(ctx, s.pool)
+	if errors.Is(err, errNotStandby) && !s.promoted {
+		// Its connections stay open through a promotion. Closed, they open again
+		// on a host of the URL that target_session_attrs accepts, if it names one.
+		s.pool.Reset()
+	}
+	s.promoted = errors.Is(err, errNotStandby)
 	if err != nil {
 		s.failures.Store(standbyFailures)
 		return readings
@@ -449,15 +459,20 @@ func (r *Reader) report(s *standby, now time.Time) {
 // a standby it is NULL.
 const replayedSQL = `SELECT (pg_last_wal_replay_lsn() - '0/0')::int8`
 
+// errNotStandby is a server of database_read_urls that is not in recovery: a primary,
+// or a standby promoted since. Its position cannot be compared with the primary's,
+// and it may have lost commits of the primary it replaced, so it answers no lookup.
+var errNotStandby = errors.New("not a standby: pg_last_wal_replay_lsn() is NULL")
+
 // replayedLSN reads how far the standby of pool has replayed. A server that is not a
-// standby is an error: its position cannot be compared with the primary's.
+// standby is errNotStandby.
 func replayedLSN(ctx context.Context, pool *pgxpool.Pool) (LSN, error) {
 	var replayed *int64
 	if err := pool.QueryRow(ctx, replayedSQL).Scan(&replayed); err != nil {
 		return 0, err
 	}
 	if replayed == nil {
-		return 0, fmt.Errorf("not a standby: pg_last_wal_replay_lsn() is NULL")
+		return 0, errNotStandby
 	}
 	return LSN(*replayed), nil
 }
@@ -484,7 +499,7 @@ func (s *Store) lookupReplayed(ctx context.Context, l lookup) (map[string]row, L
 		return nil, 0, err
 	}
 	if replayed == nil {
-		return out, 0, nil // not a standby: never past a target, so never used
+		return nil, 0, errNotStandby
 	}
 	return out, LSN(*replayed), res.Close()
 }
