@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // Defaults of LastUsedOptions.
@@ -116,7 +118,7 @@ func (l *LastUsed) Flush(ctx context.Context) error {
 	}
 	// In one order, so that two gateways flushing at once lock rows in one order.
 	slices.Sort(ids)
-	_, err := l.pool.Exec(ctx, lastUsedSQL, ids)
+	_, err := pgfailover.Exec(ctx, l.pool, pgfailover.Local, lastUsedSQL, ids)
 	if err != nil {
 		err = fmt.Errorf("writing last_used_at: %w", err)
 		l.requeue(ids)

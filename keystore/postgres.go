@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // Store is the PostgreSQL-backed key store. It is safe for concurrent use.
@@ -346,11 +348,12 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 }
 
 // retryable reports whether a failed lookup should be tried once more. The lookup is a
-// read, so trying again is always safe. After a PostgreSQL restart, the pool's idle
-// connections are dead and fail their first query. A lookup whose context has ended
-// is not tried again.
+// read, so trying again is always safe. A connection that died under its query (a
+// restart, a failover) fails it; the next is another, and the pool hands out none its
+// server has closed (pgfailover.Follow). A lookup whose context has ended, or a
+// standby found promoted, is not tried again.
 func retryable(ctx context.Context, err error) bool {
-	return err != nil && ctx.Err() == nil
+	return err != nil && ctx.Err() == nil && !errors.Is(err, errNotStandby)
 }
 
 // Create makes a new key and returns its record and the full key, which is never
@@ -365,7 +368,7 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if nk.Scopes, err = ParseScopes(nk.Scopes); err != nil {
 		return Record{}, "", err
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Record{}, "", fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -450,7 +453,8 @@ func scanRecord(row pgx.Row) (Record, error) {
 // Revoke revokes the key keyID of organisation orgID from now on. In the same
 // statement, it audits it as key.revoked by actor. Revoking a revoked key succeeds,
 // keeps its first revocation time and audits nothing. found is false when the
-// organisation has no key keyID.
+// organisation has no key keyID. The revocation commits Synced: acknowledged, it
+// survives a failover to a synchronous standby.
 func (s *Store) Revoke(ctx context.Context, orgID, keyID, actor string) (found bool, err error) {
 	if !ValidKeyID(keyID) {
 		return false, nil
@@ -458,7 +462,7 @@ func (s *Store) Revoke(ctx context.Context, orgID, keyID, actor string) (found b
 	// The UPDATE waits for a concurrent revocation of the same key, then finds it
 	// revoked. So exactly one of them is audited.
 	var revoked int
-	err = s.pool.QueryRow(ctx, `WITH r AS (
+	err = pgfailover.QueryRow(ctx, s.pool, pgfailover.Synced, `WITH r AS (
 	UPDATE api_keys SET revoked_at = now()
 	WHERE org_id = $1 AND key_id = $2 AND revoked_at IS NULL
 	RETURNING org_id, key_id

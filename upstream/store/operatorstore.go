@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 )
@@ -53,9 +54,10 @@ type Member struct {
 	Role   string `json:"role"`
 }
 
-// PutPlan creates the plan p.Name or replaces its limits.
+// PutPlan creates the plan p.Name or replaces its limits. A plan left without API
+// access commits Synced (planCommit).
 func (s *Store) PutPlan(ctx context.Context, p Plan) (Plan, error) {
-	_, err := s.pool.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
+	_, err := pgfailover.Exec(ctx, s.pool, planCommit(p.APIRateLimit), `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
 	org_rate_limit, api_requests_per_month)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (name) DO UPDATE SET
@@ -73,6 +75,16 @@ ON CONFLICT (name) DO UPDATE SET
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}
 	return p, nil
+}
+
+// planCommit is how a write that leaves a plan, or an organisation's plan, with
+// apiRateLimit commits: Synced without API access, which takes every key of the
+// plan's organisations off the API, and Local otherwise.
+func planCommit(apiRateLimit int) pgfailover.Commit {
+	if apiRateLimit == 0 {
+		return pgfailover.Synced
+	}
+	return pgfailover.Local
 }
 
 // planColumns are the columns of a Plan in the order scanPlan reads them.
@@ -115,9 +127,9 @@ func (s *Store) Plan(ctx context.Context, name string) (Plan, error) {
 // UpdatePlan changes the existing plan name: change gets its stored limits and
 // alters those it is given, and may refuse the result with an error. The read and the
 // write are one transaction with the row locked, so two updates of different limits
-// both hold. An unknown plan is apperr.ENOTFOUND.
+// both hold. An unknown plan is apperr.ENOTFOUND. It commits as PutPlan does.
 func (s *Store) UpdatePlan(ctx context.Context, name string, change func(*Plan) error) (Plan, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Plan{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -131,6 +143,11 @@ func (s *Store) UpdatePlan(ctx context.Context, name string, change func(*Plan) 
 	}
 	if err := change(&p); err != nil {
 		return Plan{}, err
+	}
+	if planCommit(p.APIRateLimit) == pgfailover.Synced {
+		if err := pgfailover.Sync(ctx, tx); err != nil {
+			return Plan{}, fmt.Errorf("writing plan: %w", err)
+		}
 	}
 	_, err = tx.Exec(ctx, `UPDATE plans SET api_rate_limit = $2, max_monitors = $3, min_interval_seconds = $4,
 	locations = $5, check_types = $6, org_rate_limit = $7, api_requests_per_month = $8, updated_at = now()
@@ -149,7 +166,7 @@ WHERE name = $1`,
 // CreateOrg creates an organisation on an existing plan.
 func (s *Store) CreateOrg(ctx context.Context, name, planName string) (Org, error) {
 	o := Org{Name: name, Plan: planName}
-	err := s.pool.QueryRow(ctx, `INSERT INTO orgs (name, plan) SELECT $1, name FROM plans WHERE name = $2 RETURNING id::text`,
+	err := pgfailover.QueryRow(ctx, s.pool, pgfailover.Local, `INSERT INTO orgs (name, plan) SELECT $1, name FROM plans WHERE name = $2 RETURNING id::text`,
 		name, planName).Scan(&o.ID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Org{}, apperr.Errorf(apperr.ENOTFOUND, "unknown plan %q", planName)
@@ -160,17 +177,19 @@ func (s *Store) CreateOrg(ctx context.Context, name, planName string) (Org, erro
 	return o, nil
 }
 
-// SetOrgPlan moves the organisation orgID, a UUID, to another existing plan.
+// SetOrgPlan moves the organisation orgID, a UUID, to another existing plan. A move
+// to a plan without API access commits Synced (planCommit).
 func (s *Store) SetOrgPlan(ctx context.Context, orgID, planName string) (Org, error) {
-	var exists bool
-	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM plans WHERE name = $1)`, planName).Scan(&exists); err != nil {
-		return Org{}, fmt.Errorf("looking up plan: %w", err)
-	}
-	if !exists {
+	var apiRateLimit int
+	err := s.pool.QueryRow(ctx, `SELECT api_rate_limit FROM plans WHERE name = $1`, planName).Scan(&apiRateLimit)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return Org{}, apperr.Errorf(apperr.ENOTFOUND, "unknown plan %q", planName)
 	}
+	if err != nil {
+		return Org{}, fmt.Errorf("looking up plan: %w", err)
+	}
 	o := Org{Plan: planName}
-	err := s.pool.QueryRow(ctx, `UPDATE orgs SET plan = $2 WHERE id = $1 RETURNING id::text, name`, orgID, planName).
+	err = pgfailover.QueryRow(ctx, s.pool, planCommit(apiRateLimit), `UPDATE orgs SET plan = $2 WHERE id = $1 RETURNING id::text, name`, orgID, planName).
 		Scan(&o.ID, &o.Name)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Org{}, apperr.Errorf(apperr.ENOTFOUND, "unknown org %s", orgID)
@@ -189,7 +208,7 @@ func (s *Store) CreateUser(ctx context.Context, hasher *password.Hasher, email, 
 		return User{}, fmt.Errorf("hashing password: %w", err)
 	}
 	u := User{Email: email}
-	err = s.pool.QueryRow(ctx, `INSERT INTO users (email, password_hash) VALUES ($1, $2) RETURNING id::text`,
+	err = pgfailover.QueryRow(ctx, s.pool, pgfailover.Local, `INSERT INTO users (email, password_hash) VALUES ($1, $2) RETURNING id::text`,
 		email, encoded).Scan(&u.ID)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -204,7 +223,7 @@ func (s *Store) CreateUser(ctx context.Context, hasher *password.Hasher, email, 
 // AddMember makes the user with email a member of orgID with role. A user who is
 // already a member gets the new role.
 func (s *Store) AddMember(ctx context.Context, orgID, email, role string) (Member, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Member{}, fmt.Errorf("beginning transaction: %w", err)
 	}

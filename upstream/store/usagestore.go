@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -221,7 +222,7 @@ func (s *Store) RollUpUsage(ctx context.Context) (rolled int64, err error) {
 
 // rollUpBatch rolls up at most rollUpBatch minute rows, and returns how many.
 func (s *Store) rollUpBatch(ctx context.Context) (int64, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return 0, err
 	}
@@ -286,7 +287,7 @@ func (s *Store) PurgeUsage(ctx context.Context, now time.Time) (minutes, hours, 
 			usageFlushesKept, &flushes},
 	} {
 		for {
-			tag, err := s.pool.Exec(ctx, p.sql, p.arg, purgeBatch)
+			tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, p.sql, p.arg, purgeBatch)
 			if err != nil {
 				return minutes, hours, flushes, fmt.Errorf("purging usage: %w", err)
 			}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // The states of a delivery.
@@ -91,7 +93,7 @@ func (s *Store) RetryDelivery(ctx context.Context, orgID, webhookID string, id i
 	if !ValidUUID(webhookID) {
 		return ErrDeliveryNotFound
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE webhook_deliveries d SET
+	tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `UPDATE webhook_deliveries d SET
 	next_attempt_at = $4,
 	attempts = CASE WHEN d.state = 'pending' THEN d.attempts ELSE GREATEST(d.attempts, $5) END,
 	state = 'pending', lease = NULL, finished_at = NULL
@@ -128,7 +130,7 @@ type Claim struct {
 // claiming are skipped, not waited for (FOR UPDATE SKIP LOCKED). A dispatcher that
 // dies leaves its claims to be taken again when their leases end.
 func (s *Store) ClaimDeliveries(ctx context.Context, now time.Time, lease time.Duration, limit int) ([]Claim, error) {
-	rows, err := s.pool.Query(ctx, `WITH c AS (
+	rows, err := pgfailover.Query(ctx, s.pool, pgfailover.Local, `WITH c AS (
 	SELECT d.id FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
 	WHERE d.state = 'pending' AND d.next_attempt_at <= $1 AND e.enabled
 	ORDER BY d.next_attempt_at, d.id LIMIT $3
@@ -174,7 +176,7 @@ type Outcome struct {
 // endpoint was disabled. A lease that ended (another dispatcher took the delivery)
 // records nothing.
 func (s *Store) RecordAttempt(ctx context.Context, c Claim, o Outcome) (disabled bool, err error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return false, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -248,7 +250,7 @@ func failing(ctx context.Context, tx pgx.Tx, id string, at time.Time, disableAft
 // ReleaseClaim gives c back unattempted, due at now, if its lease still holds: a
 // dispatcher that stops gives back what it has not delivered.
 func (s *Store) ReleaseClaim(ctx context.Context, c Claim, now time.Time) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE webhook_deliveries SET lease = NULL, next_attempt_at = $3 WHERE id = $1 AND lease = $2`,
+	if _, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `UPDATE webhook_deliveries SET lease = NULL, next_attempt_at = $3 WHERE id = $1 AND lease = $2`,
 		c.DeliveryID, c.Lease, now); err != nil {
 		return fmt.Errorf("releasing delivery: %w", err)
 	}
