@@ -1,9 +1,11 @@
 package pgfailover
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -121,6 +123,39 @@ func TestPeekTellsIdleFromWaitingFromClosed(t *testing.T) {
 	}
 	if got := peek(client); got != peekIdle {
 		t.Errorf("idle: peek %d, want %d (idle)", got, peekIdle)
+	}
+	// pgconn may leave a goroutine blocked in Read on an idle connection (its
+	// background reader, after a slow write): peeking beside it must not wait for it.
+	read := make(chan byte)
+	go func() {
+		var b [1]byte
+		client.Read(b[:])
+		read <- b[0]
+	}()
+	testenv.Eventually(t, 10*time.Second, "the Read blocked", func() bool {
+		buf := make([]byte, 1<<20)
+		for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
+			if bytes.Contains(g, []byte("TestPeekTellsIdleFromWaitingFromClosed.func")) && bytes.Contains(g, []byte("waitRead")) {
+				return true
+			}
+		}
+		return false
+	})
+	peeked := make(chan peekResult)
+	go func() { peeked <- peek(client) }()
+	select {
+	case got := <-peeked:
+		if got != peekIdle {
+			t.Errorf("idle, beside a blocked Read: peek %d, want %d (idle)", got, peekIdle)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("peek waited for a Read blocked on the connection")
+	}
+	if _, err := server.Write([]byte("R")); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-read; b != 'R' {
+		t.Fatalf("the blocked Read got %q, want R", b)
 	}
 	if _, err := server.Write([]byte("N")); err != nil {
 		t.Fatal(err)
