@@ -22,7 +22,8 @@ import (
 // TestOnlyWritesThatTakeAccessAwayWaitForTheSynchronousStandby: a primary whose
 // synchronous standby has stopped confirming. Each write that takes access away is
 // still waiting for the standby when its context ends, a second on: acknowledged, it
-// would have survived a failover to the standby. Every other write commits at once.
+// would have survived a failover to the standby, even one that finds nothing left to
+// change. Every other write commits at once.
 func TestOnlyWritesThatTakeAccessAwayWaitForTheSynchronousStandby(t *testing.T) {
 	pair := pgpair.Start(t)
 	t.Setenv("DATABASE_URL", pair.PrimaryURL) // the test's database is made on the pair
@@ -41,7 +42,7 @@ func TestOnlyWritesThatTakeAccessAwayWaitForTheSynchronousStandby(t *testing.T) 
 			return err
 		}
 	}
-	revoke, _ := key(nil, nil)
+	revoke, revokeFull := key(nil, nil)
 	rolled, _ := key(nil, nil)
 	_, leaked := key(nil, nil)
 	used, _ := key(nil, nil)
@@ -101,13 +102,32 @@ func TestOnlyWritesThatTakeAccessAwayWaitForTheSynchronousStandby(t *testing.T) 
 				}
 				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			start := time.Now()
-			if err := w.write(ctx); err == nil || ctx.Err() == nil {
-				t.Errorf("%v after %v; want it waiting for the standby until its context ends", err, time.Since(start))
-			}
+			wantWaiting(t, w.write)
 		})
+	}
+
+	// pgx cancels the query it gives up on, and PostgreSQL then commits the
+	// revocation on the primary alone. Revoking the key again changes nothing, and is
+	// still not acknowledged before the standby has the first revocation.
+	testenv.Eventually(t, 30*time.Second, "the cancelled revocation committed on the primary alone", func() bool {
+		_, ok, err := s.Verify(context.Background(), revokeFull)
+		return err == nil && !ok
+	})
+	wantWaiting(t, func(ctx context.Context) error {
+		_, err := s.Revoke(ctx, org, revoke.ID, actor)
+		return err
+	})
+}
+
+// wantWaiting runs a write that must wait for the synchronous standby, and fails the
+// test unless it is still waiting when its context ends, a second on.
+func wantWaiting(t *testing.T, write func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := write(ctx); err == nil || ctx.Err() == nil {
+		t.Errorf("%v after %v; want it waiting for the standby until its context ends", err, time.Since(start))
 	}
 }
 

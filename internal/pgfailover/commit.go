@@ -27,9 +27,10 @@ const (
 	// trail of all these.
 	Local Commit = iota
 	// Synced commits with synchronous_commit = on: with a synchronous standby, once
-	// the standby has flushed the write as well. For writes that take access away:
-	// a key revoked, reported leaked or rolled (its end of grace), a plan or an
-	// organisation left without API access, a key's scopes or networks narrowed.
+	// the standby has flushed the write as well, and every write committed before it.
+	// For writes that take access away: a key revoked, reported leaked or rolled (its
+	// end of grace), a plan or an organisation left without API access, a key's
+	// scopes or networks narrowed. It waits even when it changes nothing (beginSQL).
 	Synced
 )
 
@@ -38,13 +39,32 @@ const (
 // set_config that goes before it in the same pipeline: its implicit transaction
 // lasts until the pipeline's end. SET LOCAL there would warn, outside a
 // transaction block.
+//
+// A Synced transaction also writes a record of its own to the WAL (a logical
+// decoding message, prefix keygate, which any role may write at any wal_level), so
+// that it waits for the standby even when it changes nothing: PostgreSQL waits only
+// for a transaction that wrote WAL. A revocation whose wait was cancelled is
+// committed on the primary alone: PostgreSQL ends a cancelled wait so, with a
+// warning, and pgx sends that cancel when it gives up on a query. Revoking the key
+// again finds nothing to change, and must still not be acknowledged before the
+// standby has the first revocation; its own record, later in the WAL, makes it wait
+// for it.
 var (
-	beginSQL = [...]string{Local: "BEGIN; SET LOCAL synchronous_commit = local", Synced: "BEGIN; SET LOCAL synchronous_commit = on"}
-	setSQL   = [...]string{Local: "SELECT set_config('synchronous_commit', 'local', true)", Synced: "SELECT set_config('synchronous_commit', 'on', true)"}
+	beginSQL = [...]string{
+		Local:  "BEGIN; SET LOCAL synchronous_commit = local",
+		Synced: "BEGIN; SET LOCAL synchronous_commit = on; SELECT " + syncedRecord,
+	}
+	setSQL = [...]string{
+		Local:  "SELECT set_config('synchronous_commit', 'local', true)",
+		Synced: "SELECT set_config('synchronous_commit', 'on', true), " + syncedRecord,
+	}
 )
 
+// syncedRecord writes a Synced transaction's record of its own.
+const syncedRecord = "pg_logical_emit_message(true, 'keygate', 'synced')"
+
 // syncSQL raises a transaction's level to Synced.
-const syncSQL = "SET LOCAL synchronous_commit = on"
+const syncSQL = "SET LOCAL synchronous_commit = on; SELECT " + syncedRecord
 
 // Beginner begins transactions: a *pgxpool.Pool or a *pgx.Conn.
 type Beginner interface {
