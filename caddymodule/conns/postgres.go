@@ -108,12 +108,12 @@ func TunePostgres(cfg *pgxpool.Config, timeout time.Duration, setup Setup) {
 		cfg.ConnConfig.ConnectTimeout = setup.DialTimeout
 	}
 	cfg.AfterConnect = prepareLookups(setup.DialTimeout)
-	pgfailover.Follow(cfg)
 	cfg.MinConns = min(max(cfg.MinConns, int32(setup.MinConns)), cfg.MaxConns)
 	cfg.HealthCheckPeriod = min(cfg.HealthCheckPeriod, minConnsCheckEvery)
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration > time.Minute
 	}
+	pgfailover.Follow(cfg)
 	grace := max(timeout/4, 50*time.Millisecond)
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &lookupCancel{

@@ -7,14 +7,15 @@
 // turn and keeps the first whose session has the attributes asked for. What it
 // does not do is give up the connections the dead primary left in the pool. Each
 // would fail its next query, one request at a time, long after the new primary
-// answers. Follow has the pool check a connection's socket each time it hands it
-// out, and throw away one whose server has gone.
+// answers. Follow has the pool check a connection's socket as it hands it out, and
+// throw away one whose server has gone.
 package pgfailover
 
 import (
 	"context"
 	"crypto/tls"
 	"net"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,36 +23,34 @@ import (
 
 // Follow tunes cfg so that the pool never hands out a connection whose server has
 // closed it: after a crash, a failover, a restart or an administrator's
-// pg_terminate_backend. The check (Gone) is one system call on the connection's
-// socket and no round trip, so it runs on every acquire. A server that vanished
-// without closing its end (a host cut off the network) is not seen this way; the
-// query's own timeout finds it. A PrepareConn already in cfg still runs, after the
-// check.
+// pg_terminate_backend. The check (gone) is one system call on the connection's
+// socket and no round trip. It skips a connection given back less than peekAfter
+// ago, as on a busy pool: its server answered it a moment before, and a server that
+// died since cannot have been replaced yet. A server that vanished without closing
+// its end (a host cut off the network) is not seen this way; the query's own timeout
+// finds it. It must be called after cfg's ShouldPing is set: it keeps it, or
+// pgxpool's default (a ping after a second idle), for the connections it finds live.
 func Follow(cfg *pgxpool.Config) {
-	next := cfg.PrepareConn
-	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
-		if gone(ctx, c) {
-			return false, nil // the pool destroys it and hands out another
-		}
-		if next != nil {
-			return next(ctx, c)
-		}
-		return true, nil
+	next := cfg.ShouldPing
+	if next == nil {
+		next = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Second }
+	}
+	cfg.ShouldPing = func(ctx context.Context, p pgxpool.ShouldPingParams) bool {
+		// A ping of a connection its server closed fails: the pool destroys it and
+		// hands out another.
+		return (p.IdleDuration >= peekAfter && gone(p.Conn)) || next(ctx, p)
 	}
 }
 
-// gone reports whether c's server has gone. A connection with bytes waiting is
-// asked a ping: an idle connection receives nothing unless its server is about to
-// close it (a notice, then the end of the stream, as PostgreSQL sends when it
-// shuts down at once), and the ping reads whatever came.
-func gone(ctx context.Context, c *pgx.Conn) bool {
-	switch peek(socketOf(c.PgConn().Conn())) {
-	case peekClosed:
-		return true
-	case peekData:
-		return c.Ping(ctx) != nil
-	}
-	return false
+// peekAfter is how long a connection must have been idle for Follow to look at it.
+const peekAfter = time.Millisecond
+
+// gone reports whether c's server has gone, or may have: the end of its stream is
+// waiting on its socket, or bytes are. An idle connection receives nothing unless its
+// server is about to close it (a notice, then the end of the stream, as PostgreSQL
+// sends when it shuts down at once); the ping that follows reads whatever came.
+func gone(c *pgx.Conn) bool {
+	return peek(socketOf(c.PgConn().Conn())) != peekIdle
 }
 
 // socketOf returns the connection under TLS, whose socket holds the bytes.

@@ -168,3 +168,29 @@ func TestPeekTellsIdleFromWaitingFromClosed(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "the end seen", func() bool { return peek(client) == peekClosed })
 }
+
+// BenchmarkPeek is what Follow adds to each acquire of a live connection: one peek
+// at an idle loopback socket.
+func BenchmarkPeek(b *testing.B) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			defer c.Close()
+			c.Read(make([]byte, 1)) // until the client closes
+		}
+	}()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	for b.Loop() {
+		if peek(client) != peekIdle {
+			b.Fatal("not idle")
+		}
+	}
+}
