@@ -196,8 +196,8 @@ func TestCountsOfOneKeyInTwoSecondsOfOneRoundKeepEachSecondExact(t *testing.T) {
 			t.Errorf("allowed %d, refused %v; want 3 in each of two seconds", got.allowed, got.refused)
 		}
 		in.checkCounters(t, map[string]int64{
-			in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10): 6,
-			windowCounter(in.prefix, "", key, limiter.Second, start):                 20,
+			in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10):                6,
+			windowCounter(in.prefix, "", key, limiter.Second, start):                  20,
 			windowCounter(in.prefix, "", key, limiter.Second, start.Add(time.Second)): 20,
 		})
 	}, limiter.WithClock(clock), limiter.WithLinger(5*time.Millisecond))
@@ -235,7 +235,7 @@ func TestACostOnABurstLetsThroughOnlyWhatFitsWhole(t *testing.T) {
 			t.Errorf("%d of 3 requests of cost 3 allowed on a second of 5, want 1", allowed.Load())
 		}
 		in.checkCounters(t, map[string]int64{
-			in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10): 3,
+			in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10):     3,
 			windowCounter(in.prefix, "", key, limiter.Second, clock.now()): 3,
 		})
 	}, limiter.WithClock(clock.now))
