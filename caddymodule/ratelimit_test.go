@@ -25,8 +25,8 @@ func TestRateLimitHeaders(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h := &Handler{}
 	h.answer(rec, httptest.NewRequest(http.MethodGet, "/v1/me", nil), keystore.OutcomeRateLimited, nil,
-		rateLimited(rec.Header(), limiter.Result{RefusedAt: limiter.StageKey, Key: limiter.Window{Limit: 600, ResetAfter: 9}}, nil))
-	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9,"budget":"key"}` || rec.Header().Get("Retry-After") != "9" {
+		rateLimited(rec.Header(), &limiter.Result{RefusedAt: limiter.StageKey, Key: limiter.Window{Limit: 600, ResetAfter: 9}}, 1, nil))
+	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9,"budget":"key","window":"minute"}` || rec.Header().Get("Retry-After") != "9" {
 		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}
 }

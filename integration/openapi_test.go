@@ -186,7 +186,7 @@ func TestTheDocumentCheckBites(t *testing.T) {
 	// Exchanges made up here, each broken in one way, must each be caught; the unbroken
 	// ones must pass. Without this, a check that lets everything through would look
 	// like a suite that matches its documents.
-	limits := `"limits":{"per_minute":600,"org_per_minute":null,"per_month":null,"used_this_month":null}`
+	limits := `"limits":{"per_minute":600,"per_second":null,"per_hour":null,"per_day":null,"org_per_minute":null,"per_month":null,"used_this_month":null}`
 	me := `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Editor",` + limits + `}`
 	monitor := `{"id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","name":"a","type":"http","target":"https://example.com",` +
 		`"interval_seconds":60,"locations":["us-east"],"paused":false,"created_at":"2026-01-01T00:00:00Z","updated_at":"2026-01-01T00:00:00Z"}`
