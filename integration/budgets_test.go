@@ -39,21 +39,23 @@ const burstWorkers = 8
 
 // onEachRedis runs f on a stack of its own for each Redis the gateways can count on:
 // the single server and the 3-master Cluster of scripts/stack.sh. The two run at once:
-// they share no Redis, and each has its own database and organisations.
-func onEachRedis(t *testing.T, f func(t *testing.T, s *Stack)) {
+// they share no Redis, and each has its own database and organisations. The gateways
+// have more option lines, if given.
+func onEachRedis(t *testing.T, f func(t *testing.T, s *Stack), options ...string) {
 	for _, mode := range []string{"single", "cluster"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			f(t, newBudgetStack(t, mode))
+			f(t, newBudgetStack(t, mode, options...))
 		})
 	}
 }
 
 // newBudgetStack is a stack whose two gateways count on the Redis of mode and write
-// the usage record every second, so that a test can wait for it.
-func newBudgetStack(t *testing.T, mode string) *Stack {
+// the usage record every second, so that a test can wait for it, with more option
+// lines, if given.
+func newBudgetStack(t *testing.T, mode string, options ...string) *Stack {
 	t.Helper()
-	o := stackOptions{redisMode: mode, gwOptions: "usage_flush_interval 1s"}
+	o := stackOptions{redisMode: mode, gwOptions: strings.Join(append([]string{"usage_flush_interval 1s"}, options...), "\n\t\t\t")}
 	if mode == "cluster" {
 		if o.redisURL = os.Getenv("REDIS_CLUSTER_URL"); o.redisURL == "" {
 			t.Fatal("REDIS_CLUSTER_URL is not set: run the tests with `make test` (scripts/stack.sh up-cluster)")
