@@ -87,7 +87,7 @@ func TestTheDashboardShowsAndSetsAKeysWindows(t *testing.T) {
 	owner.Do("GET", "/orgs/"+org+"/api-keys", "").Decode(t, &list)
 	id := list.Data[0].ID
 	if got := rowPart(t, r.Body, id, "key-limits", "</td>"); got != `<span data-testid="key-rate-limit">plan</span><br>`+
-		`<span data-testid="key-window-limit">2 a second</span><br><span data-testid="key-window-limit">40 a day</span>` {
+		`<span class="limit" data-testid="key-window-limit">2 a second</span><br><span class="limit" data-testid="key-window-limit">40 a day</span>` {
 		t.Errorf("the row shows %s", got)
 	}
 	for _, want := range []string{`value="2" data-testid="edit-rate-limit-per-second"`, `value="" data-testid="edit-rate-limit-per-hour"`,
