@@ -332,6 +332,8 @@ func TestTheDocumentsRefuseTheBodiesTheServerRefuses(t *testing.T) {
 		{"an empty key update", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{}},
 		{"a key update with an unknown field", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit": 5, "name": "x"}},
 		{"a key update with a negative rate limit", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit": -1}},
+		{"a key update with a second of 0", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit_per_second": 0}},
+		{"a key with a fractional day", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "rate_limit_per_day": 1.5}},
 		{"a key update with a network as a number", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"allowed_cidrs": []any{10}}},
 		{"a login with an empty email", "POST", "/auth/login", map[string]any{"email": "", "password": "x"}},
 		{"a leak report without url", "POST", "/security/leaked-keys", []any{map[string]any{"token": "x"}}},
