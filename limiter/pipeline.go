@@ -142,15 +142,16 @@ func sendCalls(ctx context.Context, rdb pipeliner, script *redis.Script, n int,
 
 // scriptCall is one call of countScript: its KEYS and ARGV, its members (indices of a
 // round, in the order of ARGV), for each member the index of its key among the call's,
-// from 1 as Lua counts (0: no key budget), the spans of each of the call's keys (the
-// bits of countScript's ARGV), and how many key counters KEYS starts with.
+// from 1 as Lua counts (0: no key budget), for each of the call's keys the member that
+// brought it (whose counters and limits are the key's in the call), and how many key
+// counters KEYS starts with.
 type scriptCall struct {
-	keys    []string
-	args    []any
-	members []int
-	keyOf   []int
-	spans   []uint8
-	nKeys   int
+	keys     []string
+	args     []any
+	members  []int
+	keyOf    []int
+	keyFirst []int
+	nKeys    int
 }
 
 // scriptCalls splits round into script calls, one per hash slot: the counts of a key
@@ -207,10 +208,7 @@ var oneCount = [][]int{{0}}
 func (call *scriptCall) fill(round []count, members []int) (others []int) {
 	first := &round[members[0]]
 	call.keys = make([]string, 0, 3)
-	var keyIDs []string        // of the call's keys, in order
-	var keyLimits [][spans]int // of the call's keys, in order
-	var keyCounters [][spans]string
-	var index map[string]int // key to its index in keyIDs, once there are many
+	var index map[string]int // key to its index among the call's keys, once there are many
 	var ttlMs [spans]int64   // the longest of each span's; any member's will do
 	monthTTL, seed := int64(0), int64(-1)
 	call.members = members // until one goes to others
@@ -219,30 +217,25 @@ func (call *scriptCall) fill(round []count, members []int) (others []int) {
 		c := &round[i]
 		k := 0 // no key budget
 		if c.key != "" {
-			k = lookup(keyIDs, index, c.key)
+			k = call.lookup(round, index, c.key)
 			switch {
 			case k == 0:
-				keyIDs = append(keyIDs, c.key)
-				keyLimits = append(keyLimits, c.limits.key)
-				keyCounters = append(keyCounters, c.keyCounters)
-				k = len(keyIDs)
-				var bits uint8
-				for s, counter := range c.keyCounters {
+				call.keyFirst = append(call.keyFirst, i)
+				k = len(call.keyFirst)
+				for _, counter := range c.keyCounters {
 					if counter != "" {
 						call.keys = append(call.keys, counter)
-						bits |= spanBits[s]
 					}
 				}
-				call.spans = append(call.spans, bits)
 				if index != nil {
 					index[c.key] = k
 				} else if k > 10 {
 					index = make(map[string]int, 2*len(members))
-					for x, have := range keyIDs {
-						index[have] = x + 1
+					for x, have := range call.keyFirst {
+						index[round[have].key] = x + 1
 					}
 				}
-			case keyLimits[k-1] != c.limits.key || keyCounters[k-1] != c.keyCounters:
+			case round[call.keyFirst[k-1]].limits.key != c.limits.key || round[call.keyFirst[k-1]].keyCounters != c.keyCounters:
 				if others == nil {
 					call.members = append(make([]int, 0, len(members)), members[:j]...)
 				}
@@ -265,14 +258,15 @@ func (call *scriptCall) fill(round []count, members []int) (others []int) {
 	if first.orgCounter != "" {
 		call.keys = append(call.keys, first.orgCounter, first.monthCounter)
 	}
-	call.args = make([]any, 0, 9+2*len(keyIDs)+3*len(call.members))
+	call.args = make([]any, 0, 9+2*len(call.keyFirst)+3*len(call.members))
 	call.args = append(call.args, ttlMs[Minute], monthTTL, seed, first.limits.org, first.limits.month,
-		ttlMs[Second], ttlMs[Hour], ttlMs[Day], len(keyIDs))
-	for k, bits := range call.spans {
-		call.args = append(call.args, bits)
-		for s, limit := range keyLimits[k] {
-			if bits&spanBits[s] != 0 {
-				call.args = append(call.args, limit)
+		ttlMs[Second], ttlMs[Hour], ttlMs[Day], len(call.keyFirst))
+	for _, i := range call.keyFirst {
+		c := &round[i]
+		call.args = append(call.args, c.spanBits())
+		for s, counter := range c.keyCounters {
+			if counter != "" {
+				call.args = append(call.args, c.limits.key[s])
 			}
 		}
 	}
@@ -282,17 +276,26 @@ func (call *scriptCall) fill(round []count, members []int) (others []int) {
 	return others
 }
 
-// spanBits are the spans' bits in countScript's ARGV.
-var spanBits = [spans]uint8{Minute: 1, Second: 2, Hour: 4, Day: 8}
+// spanBits returns the spans of c's key counters, as countScript's ARGV gives them: a
+// sum of 1 (minute), 2 (second), 4 (hour) and 8 (day).
+func (c *count) spanBits() uint8 {
+	var bits uint8
+	for s, counter := range c.keyCounters {
+		if counter != "" {
+			bits |= 1 << s
+		}
+	}
+	return bits
+}
 
-// lookup returns the index in keys (from 1) of key, through index if it is not nil;
-// 0 if it is not there.
-func lookup(keys []string, index map[string]int, key string) int {
+// lookup returns the index among call's keys (from 1) of key, through index if it is
+// not nil; 0 if it is not there.
+func (call *scriptCall) lookup(round []count, index map[string]int, key string) int {
 	if index != nil {
 		return index[key]
 	}
-	for j, have := range keys {
-		if have == key {
+	for j, have := range call.keyFirst {
+		if round[have].key == key {
 			return j + 1
 		}
 	}
@@ -321,12 +324,18 @@ func readReplies(round []count, call *scriptCall, v []int64, err error, replies 
 		return
 	}
 	now, org, month := v[1], v[2], v[3]
-	// The counts of each of the call's keys, by span, advanced below.
-	keys := make([][spans]int64, len(call.spans))
+	// The counts of each of the call's keys, by span, advanced below: on the stack for
+	// the few keys of most calls.
+	var few [8][spans]int64
+	keys := few[:0]
+	if len(call.keyFirst) > len(few) {
+		keys = make([][spans]int64, 0, len(call.keyFirst))
+	}
+	keys = keys[:len(call.keyFirst)]
 	at := 4
-	for k, bits := range call.spans {
-		for s := range spans {
-			if bits&spanBits[s] != 0 {
+	for k, i := range call.keyFirst {
+		for s, counter := range round[i].keyCounters {
+			if counter != "" {
 				keys[k][s] = v[at]
 				at++
 			}

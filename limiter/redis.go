@@ -167,30 +167,15 @@ func (l *Redis) Prepare(ctx context.Context) error {
 // counters sets the Redis keys of c, for b in the windows of w and month yyyymm (see
 // Redis), as parts of one string: one allocation.
 func (l *Redis) counters(c *count, b Budgets, w *clock, yyyymm int) {
-	tagLen := len(l.opts.prefix) + len(b.Key) + 2
-	if b.orgWide() {
-		tagLen = len(l.opts.prefix) + len(b.Org) + 4
-	}
-	buf := make([]byte, 0, (int(spans)+2)*(tagLen+len(b.Key)+26))
-	tag := func() {
-		buf = append(buf, l.opts.prefix...)
-		if b.orgWide() {
-			buf = append(buf, "{o:"...)
-			buf = append(buf, b.Org...)
-			buf = append(buf, '}')
-		} else {
-			buf = append(buf, '{')
-			buf = append(buf, b.Key...)
-			buf = append(buf, '}')
-		}
-	}
+	var stack [320]byte
+	buf := stack[:0]
 	var ends [spans + 2]int // where each counter ends in buf: the key's, then the org's two
 	if b.orgWide() {
-		tag()
+		buf = l.appendTag(buf, b)
 		buf = append(buf, ":o:"...)
 		buf = strconv.AppendInt(buf, w.index[Minute], 10)
 		ends[spans] = len(buf)
-		tag()
+		buf = l.appendTag(buf, b)
 		buf = append(buf, ":M:"...)
 		buf = strconv.AppendInt(buf, int64(yyyymm), 10)
 		ends[spans+1] = len(buf)
@@ -199,7 +184,7 @@ func (l *Redis) counters(c *count, b Budgets, w *clock, yyyymm int) {
 		if limit <= 0 {
 			continue
 		}
-		tag()
+		buf = l.appendTag(buf, b)
 		if b.orgWide() {
 			buf = append(buf, ":k:"...)
 			buf = append(buf, b.Key...)
@@ -220,6 +205,20 @@ func (l *Redis) counters(c *count, b Budgets, w *clock, yyyymm int) {
 			start = ends[s]
 		}
 	}
+}
+
+// appendTag appends the prefix and hash tag of b's counters (see Redis): its
+// organisation's if it has an organisation budget, its key's otherwise.
+func (l *Redis) appendTag(buf []byte, b Budgets) []byte {
+	buf = append(buf, l.opts.prefix...)
+	if b.orgWide() {
+		buf = append(buf, "{o:"...)
+		buf = append(buf, b.Org...)
+	} else {
+		buf = append(buf, '{')
+		buf = append(buf, b.Key...)
+	}
+	return append(buf, '}')
 }
 
 // spanTags are what comes between a key's tag and its window's index in the name of
