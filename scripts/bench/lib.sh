@@ -259,7 +259,7 @@ with_param() {
 # up-* commands append to.
 stack_env() {
 	# shellcheck disable=SC1091 # written by stack.sh
-	(. "$stack/env" && printenv "$1")
+	(. "$stack/env" && printf '%s\n' "${!1}")
 }
 
 # wait_replayed URL [SECONDS] waits, SECONDS (60) at most, until the standby of URL has
