@@ -322,8 +322,17 @@ func sleepToNextMinute() {
 // one, so that a test's requests all count in one month.
 func waitForMonthRoom(need time.Duration) {
 	now := time.Now().UTC()
-	next := time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, time.UTC)
-	if d := next.Sub(now); d < need {
+	waitPast(time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, time.UTC), need)
+}
+
+// waitForDayRoom is waitForMonthRoom for a UTC day.
+func waitForDayRoom(need time.Duration) {
+	waitPast(time.Now().UTC().Truncate(24*time.Hour).Add(24*time.Hour), need)
+}
+
+// waitPast sleeps until just after next when it is less than need away.
+func waitPast(next time.Time, need time.Duration) {
+	if d := time.Until(next); d < need {
 		time.Sleep(d + 50*time.Millisecond)
 	}
 }

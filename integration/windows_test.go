@@ -193,15 +193,6 @@ func TestWindowsADayOfFortyRefusesTheFortyFirstUnit(t *testing.T) {
 	}, windowRoutes...)
 }
 
-// waitForDayRoom sleeps into the next UTC day when less than need is left in this
-// one, so that a test's requests all count in one day.
-func waitForDayRoom(need time.Duration) {
-	now := time.Now().UTC()
-	if d := now.Truncate(24 * time.Hour).Add(24 * time.Hour).Sub(now); d < need {
-		time.Sleep(d + 50*time.Millisecond)
-	}
-}
-
 // TestWindowsAKeysOwnBurstUnderThePlans: a plan of 50 a second per key, a key with
 // its own 2 a second. 8 requests of it at once, in one second: exactly 2 pass, and
 // GET /v1/me says 2. Another key of the plan passes all 8.
