@@ -139,7 +139,8 @@ func (c *cli) printUsage(w io.Writer, group string) {
 		}
 	}
 	if group == "" {
-		fmt.Fprintln(w, "\nenvironment: DATABASE_URL (every command), GATEWAY_SECRET (serve), GATEWAY_JWKS (serve), KEY_PREFIX (serve)")
+		fmt.Fprintln(w, "\nenvironment: DATABASE_URL (every command), GATEWAY_SECRET (serve), GATEWAY_JWKS (serve), KEY_PREFIX (serve),\n"+
+			"OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_TRACES_EXPORTER (serve: traces, with the other OpenTelemetry variables)")
 	}
 }
 

@@ -57,7 +57,8 @@ func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
 requests must carry both.
-Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
+Logs JSON to standard error. Exports OpenTelemetry traces where OTEL_EXPORTER_OTLP_ENDPOINT
+or OTEL_TRACES_EXPORTER says so. Stops gracefully on SIGINT or SIGTERM.`)
 	var cfg serveConfig
 	throttle := &cfg.api.LoginThrottle
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:9000", "`address` to listen on")
