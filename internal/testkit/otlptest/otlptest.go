@@ -1,7 +1,8 @@
 // Package otlptest is a test helper: an OpenTelemetry collector's trace receiver
 // that keeps every span it is sent, over OTLP/gRPC and over OTLP/HTTP (protobuf, POST
 // /v1/traces). The tests of the upstream's tracing and the integration suite export
-// to it. Nothing shipped imports it.
+// to it; cmd/otlpsink, which only counts them, is make bench's collector. Nothing
+// shipped imports it.
 package otlptest
 
 import (
@@ -25,12 +26,16 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Receiver takes spans over both protocols until the test ends.
+// Receiver takes spans over both protocols and keeps them, or only counts them.
 type Receiver struct {
 	// GRPCAddr and HTTPAddr are the loopback host:port of each protocol.
 	GRPCAddr, HTTPAddr string
+	// Discard makes the Receiver count the spans it is sent and keep nothing, for a
+	// benchmark's collector (cmd/otlpsink). Set it before Serve.
+	Discard bool
 
 	mu       sync.Mutex
+	count    int      // spans received
 	requests [][]byte // every request received, as protobuf
 	spans    []Span
 }
@@ -51,28 +56,46 @@ type Span struct {
 // Start starts a Receiver on two loopback ports. It stops when tb ends.
 func Start(tb testing.TB) *Receiver {
 	tb.Helper()
+	var lns [2]net.Listener
+	for i := range lns {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		lns[i] = ln
+	}
 	r := &Receiver{}
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	r.GRPCAddr, r.HTTPAddr = gl.Addr().String(), hl.Addr().String()
+	tb.Cleanup(r.Serve(lns[0], lns[1]))
+	return r
+}
+
+// Serve serves OTLP/gRPC on grpcLn and OTLP/HTTP on httpLn, either of which may be
+// nil, until stop is called.
+func (r *Receiver) Serve(grpcLn, httpLn net.Listener) (stop func()) {
 	gs := grpc.NewServer()
-	coltracepb.RegisterTraceServiceServer(gs, traceService{r: r})
-	go func() { _ = gs.Serve(gl) }()
+	if grpcLn != nil {
+		r.GRPCAddr = grpcLn.Addr().String()
+		coltracepb.RegisterTraceServiceServer(gs, traceService{r: r})
+		go func() { _ = gs.Serve(grpcLn) }()
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/traces", r.serveHTTP)
 	hs := &http.Server{Handler: mux}
-	go func() { _ = hs.Serve(hl) }()
-	tb.Cleanup(func() {
+	if httpLn != nil {
+		r.HTTPAddr = httpLn.Addr().String()
+		go func() { _ = hs.Serve(httpLn) }()
+	}
+	return func() {
 		gs.Stop()
 		_ = hs.Close()
-	})
-	return r
+	}
+}
+
+// Count returns how many spans r has received.
+func (r *Receiver) Count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.count
 }
 
 // Env returns the OTEL_* environment that points an OpenTelemetry SDK at r over
@@ -115,16 +138,16 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 		body = zr
 	}
+	if ct := req.Header.Get("Content-Type"); ct != "application/x-protobuf" {
+		http.Error(w, "Content-Type "+ct+": only application/x-protobuf is taken", http.StatusUnsupportedMediaType)
+		return
+	}
 	b, err := io.ReadAll(body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	var msg coltracepb.ExportTraceServiceRequest
-	if ct := req.Header.Get("Content-Type"); ct != "application/x-protobuf" {
-		http.Error(w, "Content-Type "+ct+": only application/x-protobuf is taken", http.StatusUnsupportedMediaType)
-		return
-	}
 	if err := proto.Unmarshal(b, &msg); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -135,8 +158,21 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write(out)
 }
 
-// keep stores a request: raw, its protobuf, and its spans.
+// keep counts the spans of a request and, unless r discards them, stores it: raw,
+// and its spans.
 func (r *Receiver) keep(raw []byte, req *coltracepb.ExportTraceServiceRequest) {
+	if r.Discard {
+		n := 0
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				n += len(ss.GetSpans())
+			}
+		}
+		r.mu.Lock()
+		r.count += n
+		r.mu.Unlock()
+		return
+	}
 	var spans []Span
 	for _, rs := range req.GetResourceSpans() {
 		service := attrs(rs.GetResource().GetAttributes())["service.name"]
@@ -157,6 +193,7 @@ func (r *Receiver) keep(raw []byte, req *coltracepb.ExportTraceServiceRequest) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.count += len(spans)
 	r.requests = append(r.requests, raw)
 	r.spans = append(r.spans, spans...)
 }
