@@ -6,7 +6,8 @@
 # other without: Caddy's whole cost of tracing, its server span, what v1_gateway adds
 # (package spans) and the export. Then the module's CPU per request in process
 # (module_cpu): BenchmarkServeHTTP/proxied_traced, under a recording span, against
-# /proxied. BENCH_TRACING=0 skips it, BENCH_ONLY=tracing runs it alone and replaces it
+# /proxied. The pair's throughput is reported, not judged: what tracing every request
+# costs is the operator's to weigh against its sampling. BENCH_TRACING=0 skips it, BENCH_ONLY=tracing runs it alone and replaces it
 # in OUT.
 paragraph[tracing]="(tr) tracing"
 
@@ -29,7 +30,7 @@ bench_tracing() {
 		OTEL_TRACES_SAMPLER=always_on OTEL_SERVICE_NAME=keygate-gateway pair_caddy "$a" "$b"
 	pair_run tracing_report "(tr) tracing" "$CADDY_PID" \
 		"A: gateway, tracing, all sampled" "http://$a/v1/monitors/$monitor" "$key" \
-		"B: gateway, no tracing" "http://$b/v1/monitors/$monitor" "$key" 0.85
+		"B: gateway, no tracing" "http://$b/v1/monitors/$monitor" "$key" -
 	# pair_run stopped Caddy, which sent the spans it held: the collector has them all.
 	kill "$sink_pid" 2>/dev/null || true
 	wait "$sink_pid" 2>/dev/null || true
