@@ -19,16 +19,15 @@ import (
 // docs/operations.md (Tracing) sets it.
 const gatewayService = "keygate-gateway"
 
-// newTracedStack starts a stack whose gateways run Caddy's tracing directive and whose
-// upstream exports its spans, both to rcv over protocol.
-func newTracedStack(t *testing.T, rcv *otlptest.Receiver, protocol string) *Stack {
-	t.Helper()
+// traced are the options of a stack whose gateways run Caddy's tracing directive and
+// whose upstream exports its spans, both to rcv over protocol.
+func traced(rcv *otlptest.Receiver, protocol string) stackOptions {
 	env := rcv.Env(protocol)
-	return newStackWith(t, stackOptions{
+	return stackOptions{
 		siteOptions: "tracing {\n\t\tspan keygate\n\t}",
 		gatewayEnv:  append(env, "OTEL_SERVICE_NAME="+gatewayService),
 		upstreamEnv: env,
-	})
+	}
 }
 
 // traceparent returns a W3C traceparent of a new sampled trace: the header, the trace
@@ -120,7 +119,7 @@ func TestOneRequestIsOneTraceFromTheClientToTheDatabase(t *testing.T) {
 	for _, protocol := range []string{"grpc", "http/protobuf"} {
 		t.Run(protocol, func(t *testing.T) {
 			rcv := otlptest.Start(t)
-			s := newTracedStack(t, rcv, protocol)
+			s := newStackWith(t, traced(rcv, protocol))
 			org, key := s.newKey("pro", "Admin")
 			keyID := strings.TrimPrefix(strings.Split(key, ".")[0], "mon_live_")
 			_, keySecret, _ := strings.Cut(key, ".")
@@ -216,7 +215,7 @@ func TestOneRequestIsOneTraceFromTheClientToTheDatabase(t *testing.T) {
 // error span, with its outcome.
 func TestAnAnswerOfPostgresDownIsAnErrorSpan(t *testing.T) {
 	rcv := otlptest.Start(t)
-	s := newTracedStack(t, rcv, "http/protobuf")
+	s := newStackWith(t, traced(rcv, "http/protobuf"))
 	_, key := s.newKey("pro", "Admin")
 
 	s.stackCmd("stop-pg")
@@ -241,5 +240,37 @@ func TestAnAnswerOfPostgresDownIsAnErrorSpan(t *testing.T) {
 	lookup := spanOf(spans, func(s otlptest.Span) bool { return s.Name == "keygate.lookup" })
 	if lookup == nil || !lookup.StatusError {
 		t.Errorf("the failed lookup's span is not an error:%s", otlptest.Describe(spans))
+	}
+}
+
+// TestATraceNamesTheServerThatAnsweredTheLookup runs the gateways on the stack's
+// standbys (database_read_urls): once a standby answers the lookups, the gateway's span
+// says so; every traced request names a server.
+func TestATraceNamesTheServerThatAnsweredTheLookup(t *testing.T) {
+	rcv := otlptest.Start(t)
+	s := newStandbyStackWith(t, traced(rcv, "http/protobuf"))
+	_, key := s.newKey("pro", "Admin")
+	s.waitForStandbys(key)
+	var seen []string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, traceID, _ := tracedCall(t, s, key, "GET", "/v1/me")
+		if r.Status != 200 {
+			t.Fatalf("GET /v1/me: %d %s", r.Status, r.Body)
+		}
+		spans := awaitTrace(t, rcv, traceID, "the gateway's span", func(spans []otlptest.Span) bool {
+			return spanOf(spans, isGateway) != nil
+		})
+		server := spanOf(spans, isGateway).Attrs["keygate.lookup.server"]
+		seen = append(seen, server)
+		if server != "primary" && server != "standby" {
+			t.Fatalf("keygate.lookup.server %q, want primary or standby:%s", server, otlptest.Describe(spans))
+		}
+		if server == "standby" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no span named a standby within 30s; servers seen %q", seen)
+		}
 	}
 }
