@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -50,21 +51,29 @@ func TestEachWindowOfAKeyPassesExactlyItsNumber(t *testing.T) {
 					if got.allowed != 5 || got.refused[limiter.StageKey] != 11 {
 						t.Fatalf("allowed %d, refused %v; want 5 and 11 at the key", got.allowed, got.refused)
 					}
+					var left []int
 					for _, r := range got.results {
-						if !r.Allowed && (r.RefusedIn != span || r.RetryAfter() != r.KeyWindow(span).ResetAfter || r.NeverFits) {
+						if r.Allowed {
+							left = append(left, r.KeyWindow(span).Remaining)
+						} else if r.RefusedIn != span || r.RetryAfter() != r.KeyWindow(span).ResetAfter || r.NeverFits {
 							t.Errorf("refused %+v; want refused in the %s, retry after its end", r, span)
 						}
+					}
+					if slices.Sort(left); !slices.Equal(left, []int{0, 1, 2, 3, 4}) {
+						t.Errorf("the 5 that passed had %v left in the %s, want 0…4 once each", left, span)
 					}
 					minute := keyCounter(in.prefix, org, key, base)
 					if org == "" {
 						minute = in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10)
 					}
 					// The window counts all 16: the 11 it refused found it full. The
-					// minute counts only the 5 that passed.
-					in.checkCounters(t, map[string]int64{
-						windowCounter(in.prefix, org, key, span, clock.now()): 16,
-						minute: 5,
-					})
+					// minute counts only the 5 that passed. (A second's counter may be
+					// gone by now on a busy machine: it lives two seconds.)
+					want := map[string]int64{minute: 5}
+					if span != limiter.Second {
+						want[windowCounter(in.prefix, org, key, span, clock.now())] = 16
+					}
+					in.checkCounters(t, want)
 				}, limiter.WithClock(clock.now))
 			})
 		}
@@ -164,13 +173,13 @@ func TestTheWindowsResetAtTheirUTCEdges(t *testing.T) {
 		if in.rdb == nil {
 			return
 		}
-		if keys := in.keys(t); len(keys) != 3 {
-			t.Errorf("counters %v; want the second's, the hour's and the day's, no minute", keys)
+		// The second's counter lives 1.75 s: on a busy machine it may be gone by now.
+		if keys := in.keys(t); len(keys) < 2 || len(keys) > 3 || slices.Contains(keys, in.prefix+"{"+key+"}:"+strconv.FormatInt(now.Unix()/60, 10)) {
+			t.Errorf("counters %v; want the hour's and the day's (and the second's), no minute", keys)
 		}
 		for s, want := range map[limiter.Span]time.Duration{
-			limiter.Second: 750*time.Millisecond + time.Second,
-			limiter.Hour:   19*time.Minute + 44750*time.Millisecond + time.Hour,
-			limiter.Day:    2*time.Hour + 19*time.Minute + 44750*time.Millisecond + 24*time.Hour,
+			limiter.Hour: 19*time.Minute + 44750*time.Millisecond + time.Hour,
+			limiter.Day:  2*time.Hour + 19*time.Minute + 44750*time.Millisecond + 24*time.Hour,
 		} {
 			got, err := in.rdb.PTTL(context.Background(), windowCounter(in.prefix, "", key, s, now)).Result()
 			if err != nil || got > want || got < want-2*time.Second {
@@ -182,7 +191,8 @@ func TestTheWindowsResetAtTheirUTCEdges(t *testing.T) {
 
 // TestCountsOfOneKeyInTwoSecondsOfOneRoundKeepEachSecondExact: counts of one key
 // whose clocks straddle a second's edge, gathered in pipelined rounds, hold each
-// second to its limit and the minute to the sum of what passed.
+// second to its limit (the 3 that pass in each see 2, 1 and 0 left) and the minute to
+// the sum of what passed.
 func TestCountsOfOneKeyInTwoSecondsOfOneRoundKeepEachSecondExact(t *testing.T) {
 	start := at(base, 40*time.Second)
 	var n atomic.Int64
@@ -195,11 +205,16 @@ func TestCountsOfOneKeyInTwoSecondsOfOneRoundKeepEachSecondExact(t *testing.T) {
 		if got.allowed != 6 || got.refused[limiter.StageKey] != 34 {
 			t.Errorf("allowed %d, refused %v; want 3 in each of two seconds", got.allowed, got.refused)
 		}
-		in.checkCounters(t, map[string]int64{
-			in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10):                6,
-			windowCounter(in.prefix, "", key, limiter.Second, start):                  20,
-			windowCounter(in.prefix, "", key, limiter.Second, start.Add(time.Second)): 20,
-		})
+		var left []int
+		for _, r := range got.results {
+			if r.Allowed {
+				left = append(left, r.Second.Remaining)
+			}
+		}
+		if slices.Sort(left); !slices.Equal(left, []int{0, 0, 1, 1, 2, 2}) {
+			t.Errorf("the 6 that passed had %v left in their second, want 0, 1 and 2 twice each", left)
+		}
+		in.checkCounters(t, map[string]int64{in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10): 6})
 	}, limiter.WithClock(clock), limiter.WithLinger(5*time.Millisecond))
 }
 
@@ -234,9 +249,7 @@ func TestACostOnABurstLetsThroughOnlyWhatFitsWhole(t *testing.T) {
 		if allowed.Load() != 1 {
 			t.Errorf("%d of 3 requests of cost 3 allowed on a second of 5, want 1", allowed.Load())
 		}
-		in.checkCounters(t, map[string]int64{
-			in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10):     3,
-			windowCounter(in.prefix, "", key, limiter.Second, clock.now()): 3,
-		})
+		// The two refused counted nowhere: the minute holds the one that passed.
+		in.checkCounters(t, map[string]int64{in.prefix + "{" + key + "}:" + strconv.FormatInt(base, 10): 3})
 	}, limiter.WithClock(clock.now))
 }
