@@ -1,14 +1,17 @@
-// Package pgfailover keeps a pgxpool on a PostgreSQL that fails over: a primary that
-// dies and a standby promoted in its place, reached through one URL of several hosts
-// with target_session_attrs (docs/operations.md, Failover). It knows nothing of
-// keys or of Caddy; the gateway and the upstream both tune their pools with it.
+// Package pgfailover keeps keygate's data through a PostgreSQL failover: a primary
+// that dies and a standby promoted in its place, reached through one URL of several
+// hosts with target_session_attrs (docs/operations.md, Failover). It knows nothing of
+// keys or of Caddy; the gateway and the upstream both use it, for two things.
 //
-// pgx already follows the promotion: a new connection tries the URL's hosts in
-// turn and keeps the first whose session has the attributes asked for. What it
-// does not do is give up the connections the dead primary left in the pool. Each
-// would fail its next query, one request at a time, long after the new primary
-// answers. Follow has the pool check a connection's socket as it hands it out, and
-// throw away one whose server has gone.
+// Their pools follow the promotion. pgx already opens new connections on the host
+// that takes writes. What it does not do is give up the connections the dead primary
+// left in the pool: each would fail its next query, one request at a time, long
+// after the new primary answers. Follow has the pool check a connection's socket as
+// it hands it out, and throw away one whose server has gone.
+//
+// Their writes say how they commit (Commit): those that take access away wait for a
+// synchronous standby, so that a failover cannot undo them once acknowledged; the
+// others never wait on one.
 package pgfailover
 
 import (
