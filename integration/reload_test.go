@@ -4,7 +4,6 @@ package integration
 // admin API while clients send.
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptrace"
@@ -26,13 +25,7 @@ import (
 func (s *Stack) reloadGateway(i int, options string) {
 	s.t.Helper()
 	g := s.gateways[i]
-	var cfg bytes.Buffer
-	caddyfileTmpl.Execute(&cfg, map[string]any{
-		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": g.mode, "Upstream": s.upAddr,
-		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": options, "IdentityKey": s.identityKey,
-		"Global": s.globalOptions,
-	})
-	if err := os.WriteFile(g.config, cfg.Bytes(), 0o600); err != nil {
+	if err := os.WriteFile(g.config, s.caddyfile(g, options), 0o600); err != nil {
 		s.t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(s.bin, "caddy"), "reload", "--config", g.config, "--adapter", "caddyfile",
@@ -44,11 +37,11 @@ func (s *Stack) reloadGateway(i int, options string) {
 }
 
 // getThroughAReload sends GET url with key and returns the status. A request whose
-// new connection is reset, or refused, before any answer is sent again, at most twice, counted in
-// resets. Caddy listens with SO_REUSEPORT, a socket per config: a connection the
-// kernel queued on the old config's socket in the instant before it closed is reset
-// (docs/operations.md, Reloads). That request never reached the gateway; the test's
-// exact count and usage record show it.
+// new connection is reset, or refused, before any answer is sent again, at most
+// twice, counted in resets. Caddy listens with SO_REUSEPORT, a socket per config: a
+// connection the kernel queued on the old config's socket in the instant before it
+// closed is reset (docs/operations.md, Reloads and scaling out). That request never
+// reached the gateway; the test's exact count and usage record show it.
 func getThroughAReload(client *http.Client, url, key string, resets *atomic.Int64) (int, error) {
 	for try := 0; ; try++ {
 		reused := false // a connection dialed for the request, or not even dialed

@@ -22,7 +22,8 @@ func TestOnlyPlanChangesThatTakeAPIAccessAwayWaitForTheSynchronousStandby(t *tes
 	s := e.Store
 	plan := func(name string, apiRateLimit int) store.Plan {
 		return store.Plan{Name: name, APIRateLimit: apiRateLimit, MaxMonitors: 5, MinIntervalSeconds: 60,
-			Locations: []string{"us-east"}, CheckTypes: []string{"http"}, OrgRateLimit: -1, APIRequestsPerMonth: -1}
+			Locations: []string{"us-east"}, CheckTypes: []string{"http"}, OrgRateLimit: -1, APIRequestsPerMonth: -1,
+			APIRateLimitPerSecond: -1, APIRateLimitPerHour: -1, APIRateLimitPerDay: -1}
 	}
 	for _, p := range []store.Plan{plan("closing", 100), plan("lowering", 100)} {
 		if _, err := s.PutPlan(context.Background(), p); err != nil {
