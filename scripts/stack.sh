@@ -157,7 +157,7 @@ up_pg() {
 	mkdir -p "$dir/pg"
 	[ "$(id -u)" = 0 ] && chown postgres "$dir" "$dir/pg"
 	chmod 700 "$dir/pg"
-	as_pg "$bindir/initdb" -D "$dir/pg" -U keygate --auth=trust -E UTF8 --no-locale >"$dir/initdb.log" 2>&1 ||
+	as_pg "$bindir/initdb" -D "$dir/pg" -U keygate --auth=trust -E UTF8 --no-locale --no-sync >"$dir/initdb.log" 2>&1 ||
 		{ cat "$dir/initdb.log" >&2; die "initdb failed"; }
 	{
 		printf '%s\n' "fsync = off" "full_page_writes = off" "max_connections = 300" "shared_buffers = 128MB"
@@ -415,7 +415,7 @@ make_standby() {
 	port=$(free_port)
 	echo "$port" >"$dir/standby$n.port"
 	as_pg "$(cat "$dir/pg.bindir")/pg_basebackup" -h 127.0.0.1 -p "$(cat "$dir/pg.port")" -U keygate \
-		-D "$dir/standby$n" -R -X stream -C -S "standby$n" -c fast >"$dir/standby$n.log" 2>&1 ||
+		-D "$dir/standby$n" -R -X stream -C -S "standby$n" -c fast --no-sync >"$dir/standby$n.log" 2>&1 ||
 		{ cat "$dir/standby$n.log" >&2; die "pg_basebackup of standby $n failed"; }
 	chmod 700 "$dir/standby$n"
 	printf '%s\n' "cluster_name = 'standby$n'" "$@" | as_pg tee -a "$dir/standby$n/postgresql.conf" >/dev/null
