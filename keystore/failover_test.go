@@ -209,3 +209,41 @@ func poolOn(t *testing.T, url string, like *pgxpool.Pool, floor int32) *pgxpool.
 	pgfailover.Follow(cfg)
 	return schematest.OpenPool(t, cfg)
 }
+
+// TestAStandbyThatFollowsThePromotedPrimaryServesLookupsAgain: a second standby,
+// asynchronous, takes a Reader's lookups. The primary crashes, the synchronous
+// standby is promoted, and the second is pointed at it, as a failover tool does. It
+// follows the new timeline and takes lookups again, fenced on the new primary: a key
+// revoked there is refused on the next lookup.
+func TestAStandbyThatFollowsThePromotedPrimaryServesLookupsAgain(t *testing.T) {
+	ctx := context.Background()
+	pair := pgpair.Start(t)
+	second := pair.AddStandby(2)
+	t.Setenv("DATABASE_URL", pair.PrimaryURL)
+	s, pool, org := newStore(t, "pro")
+	both := poolOn(t, pair.FailoverURL, pool, 0)
+	r := newReader(t, keystore.New(both, keystoretest.Format(t, "mon")), both, []*pgxpool.Pool{poolOn(t, second, pool, 0)},
+		keystore.ReaderOptions{Batcher: keystore.BatcherOptions{Timeout: 2 * time.Second}})
+	_, live := create(t, s, keystore.NewKey{OrgID: org, Name: "live", Role: keystore.RoleAdmin})
+	waitForAStandby(t, r, live)
+	// Both standbys have all the primary wrote, so that the second can follow the
+	// first: a standby ahead of the one promoted could not.
+	for _, standby := range []string{pair.StandbyURL, second} {
+		testenv.WaitForReplay(t, pair.PrimaryURL, standby, time.Minute)
+	}
+
+	pair.KillPrimary()
+	pair.Promote()
+	pair.Follow(2)
+	s = keystore.New(both, keystoretest.Format(t, "mon")) // the store of the new primary
+	doomed, full := create(t, s, keystore.NewKey{OrgID: org, Name: "doomed", Role: keystore.RoleAdmin})
+	waitForAStandby(t, r, full)
+	if found, err := s.Revoke(ctx, org, doomed.ID, "test"); !found || err != nil {
+		t.Fatalf("Revoke on the new primary = %v, %v", found, err)
+	}
+	for range 3 {
+		if _, ok, err := r.Verify(ctx, full); ok || err != nil {
+			t.Fatalf("a key revoked on the new primary: Verify = %v, %v; want refused", ok, err)
+		}
+	}
+}

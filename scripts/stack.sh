@@ -32,6 +32,8 @@
 #                                  stop or restart one server on the same port (fault tests)
 #   scripts/stack.sh kill-pg DIR      stop the PostgreSQL at once (pg_ctl stop -m immediate)
 #   scripts/stack.sh promote-standby DIR N  promote standby N (pg_ctl promote)
+#   scripts/stack.sh add-standby DIR N      one more standby N, streaming asynchronously
+#   scripts/stack.sh follow-standby DIR N M standby N streams from standby M, promoted
 #   scripts/stack.sh stop-standby DIR N | start-standby DIR N
 #                                  the same for standby N (1 fast, 2 slow)
 #
@@ -459,6 +461,17 @@ promote_standby() {
 	as_pg "$(cat "$dir/pg.bindir")/pg_ctl" -D "$dir/standby$1" -w -t 30 promote >/dev/null
 }
 
+# follow_standby N M points standby N at standby M, promoted, as a failover tool does:
+# primary_conninfo names M, without a replication slot (M has none of N's), and a
+# reload restarts the WAL receiver. recovery_target_timeline 'latest', the default,
+# has N follow M's new timeline.
+follow_standby() {
+	local n=$1 m=$2
+	as_pg "$(cat "$dir/pg.bindir")/psql" -h 127.0.0.1 -p "$(cat "$dir/standby$n.port")" -U keygate -d postgres -qAt \
+		-c "ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=$(cat "$dir/standby$m.port") user=keygate application_name=standby$n'" \
+		-c "ALTER SYSTEM SET primary_slot_name = ''" -c "SELECT pg_reload_conf()" >/dev/null
+}
+
 # down_standbys stops and removes the standbys of up_standbys, drops their replication
 # slots and takes their URLs out of DIR/env. A slot left behind would make the primary
 # keep every byte of WAL written after it, for as long as the stack runs.
@@ -506,6 +519,8 @@ up-standbys) up_standbys ;;
 up-failover) up_failover ;;
 kill-pg) kill_pg ;;
 promote-standby) promote_standby "${3:?promote-standby DIR N}" ;;
+add-standby) dir=$(cd "$dir" && pwd) && make_standby "${3:?add-standby DIR N}" ;;
+follow-standby) follow_standby "${3:?follow-standby DIR N M}" "${4:?follow-standby DIR N M}" ;;
 down-standbys) down_standbys ;;
 stop-standby) stop_standby "${3:?stop-standby DIR N}" ;;
 start-standby) start_standby "${3:?start-standby DIR N}" ;;

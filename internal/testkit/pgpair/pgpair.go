@@ -7,9 +7,11 @@ package pgpair
 
 import (
 	"bufio"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -64,6 +66,27 @@ func (p *Pair) KillPrimary() { p.run("kill-pg") }
 
 // Promote promotes the standby and returns once it takes writes.
 func (p *Pair) Promote() { p.run("promote-standby", "1") }
+
+// AddStandby makes standby n (2 or more) of the primary, streaming asynchronously,
+// and returns its URL.
+func (p *Pair) AddStandby(n int) string {
+	p.t.Helper()
+	p.run("add-standby", strconv.Itoa(n))
+	port, err := os.ReadFile(filepath.Join(p.dir, "standby"+strconv.Itoa(n)+".port"))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	u, err := url.Parse(p.StandbyURL)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	u.Host = "127.0.0.1:" + strings.TrimSpace(string(port))
+	return u.String()
+}
+
+// Follow points standby n at the promoted standby, as a failover tool does: it
+// streams from it on its new timeline.
+func (p *Pair) Follow(n int) { p.run("follow-standby", strconv.Itoa(n), "1") }
 
 func (p *Pair) run(command string, args ...string) {
 	p.t.Helper()
