@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,6 +98,70 @@ func TestWebhooksInABrowser(t *testing.T) {
 	deliveries := r.JSON(t)["data"].([]any)
 	if r.Status != 200 || len(deliveries) != 1 || deliveries[0].(map[string]any)["state"] != "delivered" {
 		t.Fatalf("GET deliveries: %d %s", r.Status, r.Body)
+	}
+
+	editAndDeleteInABrowser(t, owner, api, base, o, id, rc.URL)
+}
+
+// editAndDeleteInABrowser changes the endpoint id's URL, description and events on
+// the webhooks page, sees the API show the change, and deletes it there.
+func editAndDeleteInABrowser(t *testing.T, owner *tab, api *Client, base string, o Org, id, receiver string) {
+	t.Helper()
+	row := chromedp.CSS(`tr[data-webhook-id="` + id + `"] `)
+	box := func(form chromedp.CSS, event string) chromedp.CSS {
+		return form + chromedp.CSS(` input[value="`+event+`"]`)
+	}
+	owner.do("the webhooks page", chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/webhooks"), chromedp.WaitVisible(row))
+	// The stack allows http: the forms say so.
+	if label := get(owner, "the URL's label", chromedp.Text(`label[for="webhook-url"]`)); label != "URL (http or https)" {
+		t.Errorf("the create form's URL label is %q, want %q", label, "URL (http or https)")
+	}
+	if got := get(owner, "the events", chromedp.Text(row+tid("webhook-chosen"))); got != "all" {
+		t.Errorf("the endpoint's events show %q, want all", got)
+	}
+	owner.do("open the edit form", chromedp.Click(row+tid("webhook-edit")), chromedp.WaitVisible(row+tid("save-webhook")))
+	events := row + tid("edit-webhook-events")
+	for _, e := range []string{"key.revoked", "key.leaked"} {
+		if checked := get(owner, "the box of "+e, chromedp.JavascriptAttribute[bool](box(events, e), "checked")); checked {
+			t.Errorf("the edit form checks %s for an endpoint of every type", e)
+		}
+	}
+	owner.do("edit the endpoint",
+		chromedp.SetValue(row+tid("edit-webhook-url"), receiver+"/moved"),
+		chromedp.SetValue(row+tid("edit-webhook-description"), "moved receiver"),
+		chromedp.Click(box(events, "key.revoked")),
+		chromedp.Click(box(events, "key.leaked")),
+		clickThrough(row+tid("save-webhook"), tid("webhook-url")))
+	if got := get(owner, "the events", chromedp.Text(row+tid("webhook-chosen"))); got != "key.leaked, key.revoked" {
+		t.Errorf("the endpoint's events show %q after the edit, want %q", got, "key.leaked, key.revoked")
+	}
+	r := api.do("GET", "/orgs/"+o.ID+"/webhooks/"+id, nil, nil)
+	v := r.JSON(t)
+	if r.Status != 200 || v["url"] != receiver+"/moved" || v["description"] != "moved receiver" ||
+		fmt.Sprint(v["events"]) != "[key.leaked key.revoked]" {
+		t.Errorf("GET the endpoint after the edit: %d %s", r.Status, r.Body)
+	}
+
+	// A URL the policy refuses is shown on the page, and changes nothing.
+	owner.do("open the edit form again", chromedp.Click(row+tid("webhook-edit")), chromedp.WaitVisible(row+tid("save-webhook")))
+	owner.do("edit to a bad URL",
+		chromedp.SetValue(row+tid("edit-webhook-url"), "ftp://example.com/"),
+		clickThrough(row+tid("save-webhook"), tid("webhook-url")))
+	if page := owner.html(); !strings.Contains(page, "must be an https URL") {
+		t.Errorf("the refusal is not on the page:\n%s", page)
+	}
+	if r := api.do("GET", "/orgs/"+o.ID+"/webhooks/"+id, nil, nil); r.JSON(t)["url"] != receiver+"/moved" {
+		t.Errorf("a refused edit changed the endpoint: %s", r.Body)
+	}
+
+	owner.do("open the delete form", chromedp.Click(row+tid("webhook-delete")), chromedp.WaitVisible(row+tid("confirm-webhook-delete")))
+	owner.do("delete the endpoint", clickThrough(row+tid("confirm-webhook-delete"), tid("webhook-url")))
+	if n := get(owner, "the rows", chromedp.Evaluate[int](`document.querySelectorAll('[data-testid="webhook-row"]').length`)); n != 0 {
+		t.Errorf("%d endpoint rows after the delete, want 0", n)
+	}
+	r = api.do("GET", "/orgs/"+o.ID+"/webhooks", nil, nil)
+	if list := r.JSON(t)["data"].([]any); r.Status != 200 || len(list) != 0 {
+		t.Errorf("GET webhooks after the delete: %d %s", r.Status, r.Body)
 	}
 }
 
