@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -223,4 +224,59 @@ func TestAnUpstreamKilledMidDeliveryLosesNothing(t *testing.T) {
 		data, _ := r.JSON(t)["data"].([]any)
 		return r.Status == 200 && len(data) == 1 && data[0].(map[string]any)["state"] == "delivered"
 	})
+}
+
+// TestTheQuotasFirstRefusalSendsThe100NoticeThroughTheGateway: a plan of 10 requests
+// a month, a route that costs 5, and 7 requests used. The costly request is refused
+// 402 below 100 %; the organisation's endpoint then gets the month's 100 %
+// quota.threshold event with the 7 used.
+func TestTheQuotasFirstRefusalSendsThe100NoticeThroughTheGateway(t *testing.T) {
+	s := newStackWith(t, stackOptions{
+		upstreamArgs: []string{"--webhook-allow-http", "--webhook-allow-private"},
+		gwOptions:    strings.Join([]string{"usage_flush_interval 1s", "route POST /v1/monitors cost 5"}, "\n\t\t\t"),
+	})
+	s.budgetPlan("ten", 600, -1, 10)
+	o, owner := s.newOwner("ten")
+	keyID, key := owner.createKey(o.ID, "k", "Admin", nil)
+	notices := make(chan []byte, 4)
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		notices <- body
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer rc.Close()
+	if r := owner.do("POST", "/orgs/"+o.ID+"/webhooks", map[string]any{"url": rc.URL, "events": []string{"quota.threshold"}}, nil); r.Status != 201 {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	waitForMonthRoom(5 * time.Minute)
+	api := s.api(key, 0)
+	for i := range 7 {
+		if r := api.do("GET", "/v1/monitors", nil); r.Status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	wantError(t, api.do("POST", "/v1/monitors", newMonitor("costly")), http.StatusPaymentRequired, bodyQuotaExceeded)
+	// The dispatcher looks for notices when it starts, then once a minute: once the
+	// refusal is in the usage record, a restart looks at once.
+	testenv.Eventually(t, 30*time.Second, "the refusal in the usage record", func() bool {
+		return owner.usageUnits(o.ID, time.Now())[keyID+" quota_exceeded 402"] == "1/5"
+	})
+	s.stopUpstream()
+	s.startUpstream()
+
+	select {
+	case body := <-notices:
+		var ev struct {
+			Type string         `json:"type"`
+			Data map[string]any `json:"data"`
+		}
+		if err := json.Unmarshal(body, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type != "quota.threshold" || ev.Data["threshold_percent"] != float64(100) || ev.Data["used"] != float64(7) || ev.Data["limit"] != float64(10) {
+			t.Errorf("notice %s, want the 100 %% threshold with 7 of 10 used", body)
+		}
+	case <-time.After(webhook.NoticeEvery + 30*time.Second):
+		t.Fatalf("no notice within %v of the refusal", webhook.NoticeEvery+30*time.Second)
+	}
 }
