@@ -1,4 +1,4 @@
--- 009_webhook_fairness: what the dispatcher needs to share its attempts fairly
+-- 010_webhook_fairness: what the dispatcher needs to share its attempts fairly
 -- between organisations and endpoints, the test events' limit, an endpoint disabled
 -- because its receiver answered 410 Gone, and leak reports' URLs without the keys in
 -- them (docs/webhooks.md).
