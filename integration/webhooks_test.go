@@ -255,7 +255,8 @@ func TestTheQuotasFirstRefusalSendsThe100NoticeThroughTheGateway(t *testing.T) {
 			t.Fatalf("request %d: %d %s", i, r.Status, r.Body)
 		}
 	}
-	wantError(t, api.do("POST", "/v1/monitors", newMonitor("costly")), http.StatusPaymentRequired, bodyQuotaExceeded)
+	wantError(t, api.do("POST", "/v1/monitors", newMonitor("costly")), http.StatusPaymentRequired,
+		`{"error":"quota_exceeded","metric":"api_requests","upgrade":true,"limit":10,"used":7}`)
 	// The dispatcher looks for notices when it starts, then once a minute: once the
 	// refusal is in the usage record, a restart looks at once.
 	testenv.Eventually(t, 30*time.Second, "the refusal in the usage record", func() bool {
