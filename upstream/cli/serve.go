@@ -19,6 +19,7 @@ import (
 	"github.com/keygate/keygate/schema"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/usageexport"
 	"github.com/keygate/keygate/upstream/webhook"
 )
 
@@ -35,7 +36,9 @@ type serveConfig struct {
 	rollupEvery time.Duration
 	// webhookPoll is how often the webhook dispatcher looks for due deliveries.
 	webhookPoll time.Duration
-	migrate     bool
+	// export is the usage export's configuration; its URL is "" when there is none.
+	export  usageexport.Config
+	migrate bool
 }
 
 // serve is `upstream serve`: parseServe, then runServe.
@@ -50,7 +53,7 @@ func (c *cli) serve(name string, args []string) error {
 // parseServe parses serve's flags and environment into a serveConfig. It makes every
 // check that needs no database. So a bad command line fails at once, with exit code 2.
 func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--webhook-allow-http] [--webhook-allow-private] [--webhook-poll-interval DURATION] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--webhook-allow-http] [--webhook-allow-private] [--webhook-poll-interval DURATION] [--usage-export-url URL] [--usage-export-* …] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
@@ -76,6 +79,7 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	fs.BoolVar(&cfg.api.Webhooks.AllowHTTP, "webhook-allow-http", false, "accept http:// webhook URLs as well as https:// ones (for tests)")
 	fs.BoolVar(&cfg.api.Webhooks.AllowPrivate, "webhook-allow-private", false, "accept webhook destinations on loopback, private, link-local and multicast addresses (for tests and private networks)")
 	fs.DurationVar(&cfg.webhookPoll, "webhook-poll-interval", webhook.DefaultPoll, "how often the webhook dispatcher looks for deliveries that are due")
+	c.exportFlags(fs, &cfg.export)
 	fs.BoolVar(&cfg.migrate, "migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
 	fs.StringVar(&cfg.api.LeakReportToken, "leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
 	jwks := fs.String("gateway-jwks", c.getenv("GATEWAY_JWKS"), "the gateway's public keys, to verify the signed identity of /v1 requests (X-Gateway-Identity): a JWKS `URL` (http:// or https://, the gateway's /.well-known/jwks.json) or a PEM file (env GATEWAY_JWKS; default: none, GATEWAY_SECRET alone)")
@@ -104,6 +108,9 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	if cfg.api.Identity, err = identityVerifier(*jwks, *audience); err != nil {
 		return serveConfig{}, usageErrorf("--gateway-jwks: %v", err)
 	}
+	if err := c.checkExport(&cfg.export, cfg.api.Webhooks); err != nil {
+		return serveConfig{}, err
+	}
 	return cfg, nil
 }
 
@@ -129,7 +136,7 @@ func (cfg *serveConfig) checkBounds() error {
 	case cfg.api.LeakReportToken != "" && len(cfg.api.LeakReportToken) < httpapi.MinLeakReportToken:
 		return usageErrorf("--leak-report-token must be at least %d characters", httpapi.MinLeakReportToken)
 	}
-	return nil
+	return checkExportBounds(cfg.export)
 }
 
 // identityVerifier returns the verifier of the gateway's identity assertions. jwks, a
@@ -195,6 +202,13 @@ func (c *cli) runServe(cfg serveConfig) error {
 	defer c.background(func(ctx context.Context) { srv.RunUsageRollup(ctx, cfg.rollupEvery) })()
 	dispatcher := webhook.NewDispatcher(store.New(pool), keystore.New(pool, cfg.api.KeyFormat), cfg.api.Webhooks, logger, cfg.api.Metrics)
 	defer c.background(func(ctx context.Context) { dispatcher.Run(ctx, cfg.webhookPoll) })()
+	if cfg.export.URL != "" {
+		exporter := usageexport.New(store.New(pool), cfg.export, logger, cfg.api.Metrics)
+		cfg.api.Metrics.WatchUsageExport(exporter.Lag)
+		logger.Info("exporting usage", zap.String("host", exportHost(cfg.export.URL)),
+			zap.Duration("delay", cfg.export.Delay), zap.Bool("signed", cfg.export.Secret != ""))
+		defer c.background(exporter.Run)()
+	}
 	return c.listenAndServe(cfg, srv, logger)
 }
 

@@ -70,26 +70,9 @@ type Dispatcher struct {
 // NewDispatcher returns a Dispatcher on st whose connections follow policy. keys reads
 // the usage record for the quota thresholds; observer may be nil.
 func NewDispatcher(st *store.Store, keys *keystore.Store, policy Policy, logger *zap.Logger, observer Observer) *Dispatcher {
-	dialer := &net.Dialer{Timeout: Timeout}
-	if !policy.AllowPrivate {
-		dialer.Control = control
-	}
-	transport := &http.Transport{
-		Proxy:                 nil, // a proxy would connect where control cannot see
-		DialContext:           dialer.DialContext,
-		TLSHandshakeTimeout:   Timeout,
-		ResponseHeaderTimeout: Timeout,
-		MaxIdleConnsPerHost:   2,
-		IdleConnTimeout:       90 * time.Second,
-	}
 	return &Dispatcher{
 		store: st, keys: keys, logger: logger, observer: observer, Now: time.Now, Batch: 20,
-		client: &http.Client{
-			Transport: transport,
-			// A redirect is the receiver's answer, not a new destination: it is not
-			// followed, and it is not a 2xx.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
+		client: policy.Client(Timeout),
 	}
 }
 
