@@ -43,7 +43,7 @@ func TestTheMetricsCountEventsByResultAndShowTheOldestMinutesAge(t *testing.T) {
 	drain(t, x) // the receiver answers 503
 	want("m0 cut, refused", map[string]float64{delivered: 0, retrying: 1, age: 30})
 	e.clock.Advance(40 * time.Second) // m1 settled 10 s ago
-	drain(t, x) // m0's event again, and m1's: 503
+	drain(t, x)                       // m0's event again, and m1's: 503
 	want("both refused", map[string]float64{delivered: 0, retrying: 3, age: 70})
 	e.clock.Advance(10 * time.Second)
 	drain(t, x)
