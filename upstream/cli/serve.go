@@ -53,7 +53,7 @@ func (c *cli) serve(name string, args []string) error {
 // parseServe parses serve's flags and environment into a serveConfig. It makes every
 // check that needs no database. So a bad command line fails at once, with exit code 2.
 func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--webhook-allow-http] [--webhook-allow-private] [--webhook-poll-interval DURATION] [--usage-export-url URL] [--usage-export-* …] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--webhook-allow-http] [--webhook-allow-private] [--webhook-poll-interval DURATION] [--usage-export-url URL] [--usage-export-secret SECRET] [--usage-export-token TOKEN] [--usage-export-delay DURATION] [--usage-export-interval DURATION] [--usage-export-batch-size N] [--usage-export-timeout DURATION] [--usage-export-backoff DURATION] [--usage-export-backoff-max DURATION] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
@@ -76,8 +76,8 @@ Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
 	fs.DurationVar(&throttle.Window, "login-window", store.DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
 	fs.IntVar(&throttle.PerEmail, "login-failures-per-email", store.DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
 	fs.IntVar(&throttle.PerClient, "login-failures-per-client", store.DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
-	fs.BoolVar(&cfg.api.Webhooks.AllowHTTP, "webhook-allow-http", false, "accept http:// webhook URLs as well as https:// ones (for tests)")
-	fs.BoolVar(&cfg.api.Webhooks.AllowPrivate, "webhook-allow-private", false, "accept webhook destinations on loopback, private, link-local and multicast addresses (for tests and private networks)")
+	fs.BoolVar(&cfg.api.Webhooks.AllowHTTP, "webhook-allow-http", false, "accept http:// webhook URLs, and --usage-export-url, as well as https:// ones (for tests)")
+	fs.BoolVar(&cfg.api.Webhooks.AllowPrivate, "webhook-allow-private", false, "accept webhook and usage export destinations on loopback, private, link-local and multicast addresses (for tests and private networks)")
 	fs.DurationVar(&cfg.webhookPoll, "webhook-poll-interval", webhook.DefaultPoll, "how often the webhook dispatcher looks for deliveries that are due")
 	c.exportFlags(fs, &cfg.export)
 	fs.BoolVar(&cfg.migrate, "migrate", false, "apply the database schema before serving (as `upstream migrate` does)")

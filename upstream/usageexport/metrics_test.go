@@ -2,6 +2,9 @@ package usageexport_test
 
 import (
 	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,4 +51,25 @@ func TestTheMetricsCountEventsByResultAndShowTheOldestMinutesAge(t *testing.T) {
 	e.clock.Advance(10 * time.Second)
 	drain(t, x)
 	want("both delivered", map[string]float64{delivered: 2, retrying: 3, age: 0})
+
+	// Every series of the export that docs/operations.md names, its alerts' among
+	// them, is one the upstream serves.
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := promtest.Scrape(t, admin.URL)
+	names := regexp.MustCompile(`keygate_upstream_usage_export_[a-z_]+`).FindAllString(string(doc), -1)
+	if len(names) < 4 {
+		t.Fatalf("docs/operations.md names %d series of the export", len(names))
+	}
+	for _, name := range names {
+		found := false
+		for series := range served {
+			found = found || series == name || strings.HasPrefix(series, name+"{")
+		}
+		if !found {
+			t.Errorf("docs/operations.md names %s, which the upstream does not serve", name)
+		}
+	}
 }
