@@ -27,8 +27,8 @@ const UsageExportHold = 24 * time.Hour
 // the export's resumption never deletes a row the export then reads.
 const exportResumeMargin = time.Hour
 
-// cutBatch is about the most minute rows one cut transaction takes: the rows of the
-// oldest cutBatch pending, and the rest of their keys' minutes.
+// cutBatch is about the most minute rows one cut transaction takes: up to cutBatch of
+// one minute's, and the rest of the last key's minute among them.
 const cutBatch = 5000
 
 // UsageAmount is a part of a key's minute: requests with one outcome, and their units.
@@ -92,9 +92,10 @@ func (s *Store) StartUsageExport(ctx context.Context, now time.Time) error {
 
 // CutUsage writes into the outbox, due at once, an event for each key's minute from
 // the position's since up to c.Settled that holds more than its events so far, and
-// marks that part exported. It runs in transactions of about cutBatch rows until none
-// is left. One exporter cuts at a time: another finds the position locked and returns
-// Busy at once (FOR UPDATE SKIP LOCKED). StartUsageExport must have run.
+// marks that part exported. Each transaction takes one minute's rows, at most about
+// cutBatch, until none is left. One exporter cuts at a time: another finds the
+// position locked and returns Busy at once (FOR UPDATE SKIP LOCKED).
+// StartUsageExport must have run.
 func (s *Store) CutUsage(ctx context.Context, c UsageCut) (CutResult, error) {
 	var res CutResult
 	for {
@@ -108,21 +109,29 @@ func (s *Store) CutUsage(ctx context.Context, c UsageCut) (CutResult, error) {
 	}
 }
 
-// cutLockSQL locks the pending minute rows ($1 <= start <= $2) of the keys' minutes of
-// the oldest $3 such rows, in the order of the primary key, as the gateways' writes and
-// the roll-up lock them, so none waits on another in a cycle. It returns each row's
-// locked version: a gateway's write it waited for is in it.
-const cutLockSQL = `WITH g AS (
-	SELECT DISTINCT org_id, start, key_id FROM (
-		SELECT org_id, start, key_id FROM usage_minutes
-		WHERE start >= $1 AND start <= $2 AND (count > exported OR extra > extra_exported)
-		ORDER BY start LIMIT $3) r)
-SELECT m.org_id::text, m.start, m.key_id, m.outcome, m.status, m.count - m.exported,
+// cutLockSQL locks up to $3 rows not exported in full of the oldest minute with any
+// ($1 <= start <= $2), in the order of the primary key, as the gateways' writes and
+// the roll-up lock them, so none waits on another in a cycle. A transaction locks rows
+// of one minute only: within it, the order of org, key, outcome and status is the
+// primary key's. It returns each row's locked version, with the gateway's write it
+// waited for, if any.
+const cutLockSQL = `SELECT m.org_id::text, m.start, m.key_id, m.outcome, m.status, m.count - m.exported,
 	m.count - m.exported + m.extra - m.extra_exported, m.count, m.extra
-FROM usage_minutes m JOIN g USING (org_id, start, key_id)
-WHERE m.count > m.exported OR m.extra > m.extra_exported
-ORDER BY m.org_id, m.start, m.key_id COLLATE "C", m.outcome COLLATE "C", m.status
-FOR UPDATE OF m`
+FROM usage_minutes m
+WHERE m.start = (SELECT min(start) FROM usage_minutes
+		WHERE start >= $1 AND start <= $2 AND (count > exported OR extra > extra_exported))
+	AND (m.count > m.exported OR m.extra > m.extra_exported)
+ORDER BY m.org_id, m.key_id COLLATE "C", m.outcome COLLATE "C", m.status
+LIMIT $3 FOR UPDATE`
+
+// cutKeySQL locks the rows not exported in full of one key's minute, in the order of
+// the primary key: those cutLockSQL left of the last key's minute it took.
+const cutKeySQL = `SELECT m.org_id::text, m.start, m.key_id, m.outcome, m.status, m.count - m.exported,
+	m.count - m.exported + m.extra - m.extra_exported, m.count, m.extra
+FROM usage_minutes m
+WHERE m.org_id = $1 AND m.start = $2 AND m.key_id = $3 AND (m.count > m.exported OR m.extra > m.extra_exported)
+ORDER BY m.outcome COLLATE "C", m.status
+FOR UPDATE`
 
 // cutOnce runs one cut transaction and returns how many minute rows it exported.
 func (s *Store) cutOnce(ctx context.Context, c UsageCut, res *CutResult) (int, error) {
@@ -172,8 +181,17 @@ func (s *Store) cutOnce(ctx context.Context, c UsageCut, res *CutResult) (int, e
 	return len(marks.orgs), nil
 }
 
-// exportMarks are the minute rows a cut exports, as columns: each row's key and the
-// count and extra it is exported up to.
+// cutRow is a minute row a cut exports: its key, what it holds beyond what is
+// exported (count and units), and the count and extra it is exported up to.
+type cutRow struct {
+	org, key, outcome string
+	start             time.Time
+	status            int16
+	count, units      int64
+	toCount, toExtra  int64
+}
+
+// exportMarks are the rows of a cut as the columns of the UPDATE that marks them.
 type exportMarks struct {
 	orgs, keys, outcomes []string
 	starts               []time.Time
@@ -181,43 +199,70 @@ type exportMarks struct {
 	counts, extras       []int64
 }
 
-// lockDeltas locks the rows of the next cut (cutLockSQL) and returns their deltas, one
-// per key's minute, and the marks that record them exported.
+// lockDeltas locks the rows of the next cut and returns their deltas, one per key's
+// minute, and the marks that record them exported. When cutLockSQL stops at its
+// limit, the last key's minute is completed by cutKeySQL, so that it is one event.
 func lockDeltas(ctx context.Context, tx pgx.Tx, since, settled time.Time) ([]UsageDelta, exportMarks, error) {
-	var marks exportMarks
-	var deltas []UsageDelta
-	rows, err := tx.Query(ctx, cutLockSQL, since, settled, cutBatch)
-	if err != nil {
-		return nil, marks, err
+	rows, err := queryCutRows(ctx, tx, cutLockSQL, since, settled, cutBatch)
+	if err != nil || len(rows) < cutBatch {
+		return deltasOf(rows), marksOf(rows), err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var org, key, outcome string
-		var start time.Time
-		var status int16
-		var count, units, total, extra int64
-		if err := rows.Scan(&org, &start, &key, &outcome, &status, &count, &units, &total, &extra); err != nil {
-			return nil, marks, err
-		}
-		marks.orgs, marks.starts, marks.keys = append(marks.orgs, org), append(marks.starts, start), append(marks.keys, key)
-		marks.outcomes, marks.statuses = append(marks.outcomes, outcome), append(marks.statuses, status)
-		marks.counts, marks.extras = append(marks.counts, total), append(marks.extras, extra)
-		// The rows come in the primary key's order: a key's minute is a run of them,
-		// and within it an outcome's rows (one a status) are a run too.
+	last := rows[len(rows)-1]
+	rest, err := queryCutRows(ctx, tx, cutKeySQL, last.org, last.start, last.key)
+	if err != nil {
+		return nil, exportMarks{}, err
+	}
+	for len(rows) > 0 && rows[len(rows)-1].key == last.key && rows[len(rows)-1].org == last.org {
+		rows = rows[:len(rows)-1]
+	}
+	rows = append(rows, rest...)
+	return deltasOf(rows), marksOf(rows), nil
+}
+
+// queryCutRows runs cutLockSQL or cutKeySQL.
+func queryCutRows(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]cutRow, error) {
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (cutRow, error) {
+		var r cutRow
+		err := row.Scan(&r.org, &r.start, &r.key, &r.outcome, &r.status, &r.count, &r.units, &r.toCount, &r.toExtra)
+		r.start = r.start.UTC()
+		return r, err
+	})
+}
+
+// deltasOf returns the deltas of rows, which come in the primary key's order: a key's
+// minute is a run of them, and within it an outcome's rows (one a status) are a run.
+func deltasOf(rows []cutRow) []UsageDelta {
+	var deltas []UsageDelta
+	for _, r := range rows {
 		n := len(deltas)
-		if n == 0 || deltas[n-1].OrgID != org || deltas[n-1].KeyID != key || !deltas[n-1].Minute.Equal(start) {
-			deltas = append(deltas, UsageDelta{OrgID: org, KeyID: key, Minute: start.UTC()})
+		if n == 0 || deltas[n-1].OrgID != r.org || deltas[n-1].KeyID != r.key || !deltas[n-1].Minute.Equal(r.start) {
+			deltas = append(deltas, UsageDelta{OrgID: r.org, KeyID: r.key, Minute: r.start})
 			n++
 		}
 		d := &deltas[n-1]
-		if m := len(d.Outcomes); m > 0 && d.Outcomes[m-1].Outcome == outcome {
-			d.Outcomes[m-1].Count += count
-			d.Outcomes[m-1].Units += units
+		if m := len(d.Outcomes); m > 0 && d.Outcomes[m-1].Outcome == r.outcome {
+			d.Outcomes[m-1].Count += r.count
+			d.Outcomes[m-1].Units += r.units
 		} else {
-			d.Outcomes = append(d.Outcomes, UsageAmount{Outcome: outcome, Count: count, Units: units})
+			d.Outcomes = append(d.Outcomes, UsageAmount{Outcome: r.outcome, Count: r.count, Units: r.units})
 		}
 	}
-	return deltas, marks, rows.Err()
+	return deltas
+}
+
+// marksOf returns the marks of rows.
+func marksOf(rows []cutRow) exportMarks {
+	var m exportMarks
+	for _, r := range rows {
+		m.orgs, m.starts, m.keys = append(m.orgs, r.org), append(m.starts, r.start), append(m.keys, r.key)
+		m.outcomes, m.statuses = append(m.outcomes, r.outcome), append(m.statuses, r.status)
+		m.counts, m.extras = append(m.counts, r.toCount), append(m.extras, r.toExtra)
+	}
+	return m
 }
 
 // writeEvents writes the event of each delta into the outbox, due at c.Now.
@@ -243,8 +288,8 @@ func (s *Store) OldestUnexported(ctx context.Context, settled time.Time) (minute
 	var m *time.Time
 	err = s.pool.QueryRow(ctx, `SELECT least(
 	(SELECT min(minute) FROM usage_export_events),
-	(SELECT min(m.start) FROM usage_minutes m, usage_export p
-	 WHERE m.start >= p.since AND m.start <= $1 AND (m.count > m.exported OR m.extra > m.extra_exported)))`, settled).Scan(&m)
+	(SELECT start FROM usage_minutes WHERE start >= (SELECT since FROM usage_export) AND start <= $1
+	 AND (count > exported OR extra > extra_exported) ORDER BY start LIMIT 1))`, settled).Scan(&m)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("reading the usage export's backlog: %w", err)
 	}

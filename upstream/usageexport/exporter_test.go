@@ -307,3 +307,42 @@ func TestAnAddressThePolicyRefusesIsRefusedAtEveryConnection(t *testing.T) {
 		t.Errorf("last_error %q, %d counted retrying", why, obs.get(usageexport.ResultRetrying))
 	}
 }
+
+func TestAMinuteOfMoreRowsThanACutTakesIsStillOneEventPerKey(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	cfg := config(rc)
+	cfg.BatchSize = usageexport.MaxBatchSize
+	x := e.exporter(cfg, nil)
+	m0 := e.clock.Now().Truncate(time.Minute)
+	// 1,700 keys of 3 rows each: more than a cut transaction's 5,000 rows, so one
+	// key's minute straddles its limit.
+	const keys = 1700
+	for i := range keys {
+		k := fmt.Sprintf("key%013d", i)
+		e.usage.Record(e.org, k, m0, keystore.OutcomeProxied, 200, 1)
+		e.usage.Record(e.org, k, m0, keystore.OutcomeProxied, 500, 2)
+		e.usage.Record(e.org, k, m0, keystore.OutcomeRateLimited, 429, 1)
+	}
+	if err := e.usage.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.at(m0.Add(3 * time.Minute))
+	drain(t, x)
+	posts := rc.got()
+	seen := map[string]bool{}
+	for _, p := range posts {
+		for _, ev := range p.Events {
+			if seen[ev.Data.KeyID] {
+				t.Fatalf("key %s has two events", ev.Data.KeyID)
+			}
+			seen[ev.Data.KeyID] = true
+			if ev.Data.Requests != 3 || ev.Data.Units != 4 || len(ev.Data.Outcomes) != 2 || ev.Data.Outcomes["proxied"] != (usageexport.Outcome{Count: 2, Units: 3}) {
+				t.Fatalf("key %s: %+v", ev.Data.KeyID, ev.Data)
+			}
+		}
+	}
+	if len(seen) != keys || len(posts) != 2 {
+		t.Errorf("%d keys' events in %d posts, want %d in 2", len(seen), len(posts), keys)
+	}
+}
