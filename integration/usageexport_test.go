@@ -24,11 +24,12 @@ import (
 )
 
 // exportReceiver is a usage export receiver on loopback: it verifies each batch's
-// signature, answers 503 to the first, and keeps the events of the others.
+// signature and token, answers 503 to the first, and keeps the events of the others.
 type exportReceiver struct {
 	*httptest.Server
 	t      *testing.T
 	secret string
+	token  string
 	mu     sync.Mutex
 	posts  int
 	events []exportedEvent
@@ -47,10 +48,13 @@ type exportedEvent struct {
 	} `json:"data"`
 }
 
-func newExportReceiver(t *testing.T, secret string) *exportReceiver {
-	rc := &exportReceiver{t: t, secret: secret}
+func newExportReceiver(t *testing.T, secret, token string) *exportReceiver {
+	rc := &exportReceiver{t: t, secret: secret, token: token}
 	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		if a := r.Header.Get("Authorization"); a != "Bearer "+token {
+			t.Errorf("a batch with Authorization %q", a)
+		}
 		ts, _ := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64)
 		if !webhook.Verify(secret, r.Header.Get("webhook-signature"), r.Header.Get("webhook-id"), ts, body) {
 			t.Errorf("a batch whose signature does not verify: %s", body)
@@ -119,14 +123,17 @@ func (c *Client) minuteSums(orgID string, from, to time.Time) map[string][2]int6
 // minutes settled meanwhile, a late write, and a second upstream exporting beside the
 // first, each event taken once.
 func TestUsageIsExportedOnceByTwoUpstreamsAndAfterARestart(t *testing.T) {
-	secret := webhook.NewSecret()
-	rc := newExportReceiver(t, secret)
+	// The token comes from the environment, as operators should set it.
+	secret, token := webhook.NewSecret(), "om_token_0123456789abcdef"
+	t.Setenv("USAGE_EXPORT_TOKEN", token)
+	rc := newExportReceiver(t, secret, token)
 	export := []string{"--webhook-allow-http", "--webhook-allow-private", "--usage-export-url", rc.URL + "/api/v1/events",
 		"--usage-export-delay", "0s", "--usage-export-interval", "200ms", "--usage-export-backoff", "200ms",
 		"--usage-export-secret", secret, "--usage-export-batch-size", "3"}
 	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := newStackWith(t, stackOptions{upstreamArgs: append([]string{"--admin-addr", admin}, export...)})
 	s.neverLog(secret)
+	s.neverLog(token)
 	org, owner := s.newOwner("pro")
 	a, _ := owner.createKey(org.ID, "a", "Editor", nil)
 	b, _ := owner.createKey(org.ID, "b", "Viewer", nil)
