@@ -171,3 +171,40 @@ func TestAnExportStoppedLongerThanTheHoldResumesAtTheMinutesThePurgeKeeps(t *tes
 		t.Errorf("the export resumed at %s, want 48 hours back, %s", since.UTC(), wantSince)
 	}
 }
+
+func TestAnExporterStoppedMidAttemptGivesItsEventsBack(t *testing.T) {
+	e := newEnv(t)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	rc := newReceiver(t, func(n int) int {
+		if n == 0 {
+			close(arrived)
+			<-release // the first attempt hangs until the test ends it
+		}
+		return 204
+	})
+	defer close(release)
+	obs := &counter{}
+	x := e.exporter(config(rc), obs)
+	m0 := e.clock.Now().Truncate(time.Minute)
+	e.record(keyA, m0, keystore.OutcomeProxied, 200, 1, 2)
+	e.at(m0.Add(3 * time.Minute))
+	if _, err := x.Cut(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	go func() { <-arrived; stop() }() // the upstream stops while the receiver holds the batch
+	if n, delivered, err := x.Deliver(ctx); n != 1 || delivered || err != nil {
+		t.Fatalf("the stopped attempt: %d events, delivered %v, %v", n, delivered, err)
+	}
+	attempts := upstreamtest.Scalar[int64](e.Env, `SELECT attempts FROM usage_export_events WHERE lease IS NULL AND next_attempt_at = $1`, e.clock.Now())
+	if attempts != 0 || obs.get(usageexport.ResultRetrying) != 0 {
+		t.Errorf("given back with %d attempts, %d counted retrying; want 0, due now", attempts, obs.get(usageexport.ResultRetrying))
+	}
+	restarted := e.exporter(config(rc), obs)
+	drain(t, restarted)
+	posts := rc.got()
+	if len(posts) != 2 || ids(posts)[0] != ids(posts)[1] || obs.get(usageexport.ResultDelivered) != 1 {
+		t.Errorf("%d posts of ids %v, %d delivered; want the same event twice, delivered once", len(posts), ids(posts),
+			obs.get(usageexport.ResultDelivered))
+	}
+}
