@@ -21,6 +21,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/upstream/store"
@@ -84,11 +88,18 @@ type Exporter struct {
 	observer Observer // may be nil
 	// Now is the clock of settlement, claims and backoff; a seam for tests.
 	Now func() time.Time
+	// Tracer makes the span of each attempt, the root of a trace of its own
+	// (docs/operations.md, Tracing). Default: one that records nothing.
+	Tracer trace.Tracer
 }
+
+// TracerName is the instrumentation scope of the attempts' spans.
+const TracerName = "github.com/keygate/keygate/upstream/usageexport"
 
 // New returns an Exporter on st that sends as cfg says. observer may be nil.
 func New(st *store.Store, cfg Config, logger *zap.Logger, observer Observer) *Exporter {
-	return &Exporter{store: st, cfg: cfg, client: cfg.Policy.Client(cfg.Timeout), logger: logger, observer: observer, Now: time.Now}
+	return &Exporter{store: st, cfg: cfg, client: cfg.Policy.Client(cfg.Timeout), logger: logger, observer: observer,
+		Now: time.Now, Tracer: noop.NewTracerProvider().Tracer(TracerName)}
 }
 
 // Run exports until ctx ends: every Interval it cuts what has settled, then sends
@@ -158,13 +169,22 @@ func (e *Exporter) Cut(ctx context.Context) (int, error) {
 
 // Deliver claims up to BatchSize due events, sends them in one POST, and records
 // what came of it. It returns how many it claimed and whether the receiver took them.
-// When ctx ends mid-attempt, the events are given back, not counted.
+// When ctx ends mid-attempt, the events are given back, not counted. The attempt is a
+// span of its own, with the queries that record it as its children; neither holds the
+// URL, which may carry a credential.
 func (e *Exporter) Deliver(ctx context.Context) (n int, delivered bool, err error) {
 	lease, events, err := e.store.ClaimExportEvents(ctx, e.Now(), e.cfg.Timeout+20*time.Second, e.cfg.BatchSize)
 	if err != nil || len(events) == 0 {
 		return 0, false, err
 	}
-	why := e.post(ctx, events)
+	ctx, span := e.Tracer.Start(ctx, "usage export", trace.WithNewRoot(), trace.WithAttributes(
+		attribute.Int("keygate.usage_export.events", len(events)),
+		attribute.Int("keygate.usage_export.attempt", events[0].Attempts+1)))
+	defer span.End()
+	status, why := e.post(ctx, events)
+	if status != 0 {
+		span.SetAttributes(attribute.Int("http.response.status_code", status))
+	}
 	if ctx.Err() != nil {
 		// Stopping: the attempt was cut short by us, not by the receiver.
 		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -172,10 +192,13 @@ func (e *Exporter) Deliver(ctx context.Context) (n int, delivered bool, err erro
 		return len(events), false, e.store.ReleaseExportEvents(bg, lease, e.Now())
 	}
 	if why == "" {
+		span.SetAttributes(attribute.String("keygate.usage_export.result", ResultDelivered))
 		_, err := e.store.ExportDelivered(ctx, lease)
 		e.observe(ResultDelivered, len(events))
 		return len(events), true, err
 	}
+	span.SetAttributes(attribute.String("keygate.usage_export.result", ResultRetrying))
+	span.SetStatus(codes.Error, why)
 	e.observe(ResultRetrying, len(events))
 	e.logger.Warn("usage export attempt failed; its events are tried again later", zap.String("error", why),
 		zap.Int("events", len(events)), zap.Int("attempts_before", events[0].Attempts))
@@ -188,15 +211,15 @@ func (e *Exporter) observe(result string, n int) {
 	}
 }
 
-// post sends events as one batch and returns "" when the receiver answered 2xx within
-// Timeout, else why not.
-func (e *Exporter) post(ctx context.Context, events []store.ExportEvent) string {
+// post sends events as one batch and returns the receiver's status, 0 without an
+// answer, and why the batch is not delivered: "" when it answered 2xx within Timeout.
+func (e *Exporter) post(ctx context.Context, events []store.ExportEvent) (status int, why string) {
 	body := batch(events)
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.cfg.URL, bytes.NewReader(body))
 	if err != nil {
-		return "the URL is malformed"
+		return 0, "the URL is malformed"
 	}
 	req.Header.Set("Content-Type", ContentType)
 	req.Header.Set("User-Agent", "keygate-usage-export/1")
@@ -207,7 +230,7 @@ func (e *Exporter) post(ctx context.Context, events []store.ExportEvent) string 
 		id, ts := batchID(events), e.Now().Unix()
 		sig, err := webhook.Sign([]string{e.cfg.Secret}, id, ts, body)
 		if err != nil {
-			return "the secret is malformed"
+			return 0, "the secret is malformed"
 		}
 		req.Header.Set("webhook-id", id)
 		req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
@@ -215,15 +238,15 @@ func (e *Exporter) post(ctx context.Context, events []store.ExportEvent) string 
 	}
 	res, err := e.client.Do(req)
 	if err != nil {
-		return describe(err)
+		return 0, describe(err)
 	}
 	// The body is read, up to a bound, so that the connection can be reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 	res.Body.Close()
 	if res.StatusCode < 200 || res.StatusCode > 299 {
-		return "status " + strconv.Itoa(res.StatusCode)
+		return res.StatusCode, "status " + strconv.Itoa(res.StatusCode)
 	}
-	return ""
+	return res.StatusCode, ""
 }
 
 // batch returns events as a JSON array, in their order.
