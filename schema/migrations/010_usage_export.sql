@@ -1,4 +1,4 @@
--- 009_usage_export: the usage export's ledger and outbox. `upstream serve
+-- 010_usage_export: the usage export's ledger and outbox. `upstream serve
 -- --usage-export-url` sends the usage record, one event per key and settled minute,
 -- to the operator's metering or billing system, and what a minute gains after its
 -- event as a further event of the difference (docs/operations.md, Usage export).
