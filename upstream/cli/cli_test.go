@@ -485,7 +485,7 @@ func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
 	}
 	for range 2 {
 		code, stdout, stderr := run(t, env, "", "migrate")
-		if code != 0 || stdout != `{"schema_version":10}`+"\n" || stderr != "" {
+		if code != 0 || stdout != `{"schema_version":11}`+"\n" || stderr != "" {
 			t.Errorf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 		}
 	}
