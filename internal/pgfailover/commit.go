@@ -23,8 +23,8 @@ type Commit uint8
 const (
 	// Local commits with synchronous_commit = local: once the primary has flushed
 	// the write. For writes that take no access away: keys created, usage, last
-	// used, sessions, the login throttle, monitors, webhooks' bookkeeping, the audit
-	// trail of all these.
+	// used, sessions, the login throttle, monitors, webhooks' and the usage export's
+	// bookkeeping, the audit trail of all these.
 	Local Commit = iota
 	// Synced commits with synchronous_commit = on: with a synchronous standby, once
 	// the standby has flushed the write as well, and every write committed before it.
