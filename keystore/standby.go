@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/gather"
@@ -454,53 +453,4 @@ func (r *Reader) report(s *standby, now time.Time) {
 			}
 		}
 	}
-}
-
-// replayedSQL reads how far a standby has replayed, in bytes. On a server that is not
-// a standby it is NULL.
-const replayedSQL = `SELECT (pg_last_wal_replay_lsn() - '0/0')::int8`
-
-// errNotStandby is a server of database_read_urls that is not in recovery: a primary,
-// or a standby promoted since. Its position cannot be compared with the primary's,
-// and it may have lost commits of the primary it replaced, so it answers no lookup.
-var errNotStandby = errors.New("not a standby: pg_last_wal_replay_lsn() is NULL")
-
-// replayedLSN reads how far the standby of pool has replayed. A server that is not a
-// standby is errNotStandby.
-func replayedLSN(ctx context.Context, pool *pgxpool.Pool) (LSN, error) {
-	var replayed *int64
-	if err := pool.QueryRow(ctx, replayedSQL).Scan(&replayed); err != nil {
-		return 0, err
-	}
-	if replayed == nil {
-		return 0, errNotStandby
-	}
-	return LSN(*replayed), nil
-}
-
-// lookupReplayed is lookupOnce on a standby. It sends the read of the replayed
-// position and the lookup in one pipeline, the read first. So the lookup's snapshot
-// is taken after that position was replayed and reflects every commit up to it.
-func (s *Store) lookupReplayed(ctx context.Context, l lookup) (map[string]row, LSN, error) {
-	b := &pgx.Batch{}
-	b.Queue(replayedSQL)
-	b.Queue(l.sql, l.args...)
-	res := s.pool.SendBatch(ctx, b)
-	defer res.Close()
-	var replayed *int64
-	if err := res.QueryRow().Scan(&replayed); err != nil {
-		return nil, 0, err
-	}
-	rows, err := res.Query()
-	if err != nil {
-		return nil, 0, err
-	}
-	out, err := scanLookup(rows, l.ids)
-	if err != nil {
-		return nil, 0, err
-	}
-	if replayed == nil {
-		return nil, 0, errNotStandby
-	}
-	return out, LSN(*replayed), res.Close()
 }
