@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -354,14 +355,22 @@ func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 			}
 			pg.Hang()
 			defer pg.Resume()
-			for i := range conns.BreakerThreshold {
+			// Each 503 comes no sooner than the timeout and never a second late. The bound
+			// itself is judged on the median: a grace too many delays every request, while a
+			// busy machine's scheduler delays one now and then.
+			took := make([]time.Duration, conns.BreakerThreshold)
+			for i := range took {
 				var res *http.Response
 				var body []byte
-				took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
+				took[i] = timed(func() { res, body = gw.get(t, "/v1/me", key) })
 				wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
-				if took < timeout || took > tc.most+120*time.Millisecond {
-					t.Errorf("request %d: the 503 took %v; want database_timeout (%v), at most %v", i, took, timeout, tc.most)
+				if took[i] < timeout || took[i] > tc.most+time.Second {
+					t.Errorf("request %d: the 503 took %v; want database_timeout (%v), at most %v", i, took[i], timeout, tc.most)
 				}
+			}
+			slices.Sort(took)
+			if median := took[len(took)/2]; median > tc.most+120*time.Millisecond {
+				t.Errorf("the 503s took %v: a median of %v; want database_timeout (%v), at most %v", took, median, timeout, tc.most)
 			}
 		})
 	}
