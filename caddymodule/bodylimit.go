@@ -1,7 +1,9 @@
 package caddymodule
 
 import (
+	"io"
 	"net/http"
+	"strings"
 
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
@@ -11,8 +13,8 @@ import (
 const defaultMaxRequestBody = 1 << 20
 
 // limitBody holds a proxied request's body to max_request_body. A Content-Length
-// over it is answered 413 request_too_large here, before anything goes upstream, and
-// limitBody reports false. Any other body is read through a limit. A chunked body
+// over it is answered 413 request_too_large here, before anything goes upstream, with
+// Connection: close (refuseBody), and limitBody reports false. Any other body is read through a limit. A chunked body
 // that crosses it fails the reverse proxy's read at the first byte too many. The
 // proxyWriter then answers the same 413 as the client's failure (clientFailed). So
 // the upstream never gets more than the limit, and never answers or hangs up first:
@@ -22,6 +24,7 @@ func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystor
 	if r.ContentLength > h.MaxRequestBody {
 		h.countUsage(key, keystore.OutcomeProxied, http.StatusRequestEntityTooLarge, units)
 		setRateLimit(w.Header(), count)
+		refuseBody(w)
 		writeJSON(w, http.StatusRequestEntityTooLarge, bodyRequestTooLarge)
 		return false
 	}
@@ -29,6 +32,17 @@ func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystor
 		r.Body = http.MaxBytesReader(innermostWriter(w), r.Body, h.MaxRequestBody)
 	}
 	return true
+}
+
+// refuseBody tells net/http's server that the request's body is over its limit
+// before any of it is read, with http.MaxBytesReader's own signal, as a chunked body
+// crossing it does. The server then answers with Connection: close and closes the
+// connection gracefully after the answer, instead of reading the body first: a
+// client that waits to send it (Expect: 100-continue, or none) would otherwise get
+// the 413 only at read_body's timeout.
+func refuseBody(w http.ResponseWriter) {
+	var one [1]byte
+	_, _ = http.MaxBytesReader(innermostWriter(w), io.NopCloser(strings.NewReader(".")), 0).Read(one[:])
 }
 
 // innermostWriter unwraps w to the writer of net/http's server. http.MaxBytesReader
