@@ -47,6 +47,14 @@ func scopeForbiddenBody(required string) []byte {
 	return append(b, '}')
 }
 
+// invalidPathBody is the body of the 400 of a path the route table and a service
+// could read differently: {"error":"invalid_request","message":problem}, the
+// message one of routetable's Path* problems.
+func invalidPathBody(problem string) []byte {
+	b := append(make([]byte, 0, len(problem)+48), `{"error":"invalid_request","message":`...)
+	return append(appendJSONString(b, problem), '}')
+}
+
 // jsonHeaders is how many values setJSONHeaders sets.
 const jsonHeaders = 4
 

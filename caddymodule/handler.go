@@ -364,6 +364,13 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP decides in the order README.md gives; see Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// 0. The path: one the route table and the upstream read alike, so that the path
+	// decided is the path sent.
+	if problem := routetable.CheckTarget(r.URL); problem != "" {
+		h.answer(w, r, keystore.OutcomeInvalidPath, nil, invalidPathBody(problem))
+		return nil
+	}
+
 	// 1. Credentials.
 	keyID, secret, ok := bearerKey(r.Header, h.format)
 	if !ok {

@@ -21,6 +21,7 @@ const (
 	OutcomeLimiterUnavailable                // Redis did not count, limiter_failure closed
 	OutcomeQuotaExceeded                     // the organisation's month is spent
 	OutcomeIPDenied                          // a key used from outside its allowed networks
+	OutcomeInvalidPath                       // a path a service could route otherwise than the gateway decided
 	NumOutcomes                              // the number of outcomes, not an outcome
 )
 
@@ -45,6 +46,7 @@ var outcomes = [NumOutcomes]struct {
 	OutcomeLimiterUnavailable: {"limiter_unavailable", http.StatusServiceUnavailable, true, false},
 	OutcomeQuotaExceeded:      {"quota_exceeded", http.StatusPaymentRequired, true, false},
 	OutcomeIPDenied:           {"ip_denied", http.StatusUnauthorized, true, false},
+	OutcomeInvalidPath:        {"invalid_path", http.StatusBadRequest, false, false},
 }
 
 // String returns o's name, or "" for a value that is no outcome.
