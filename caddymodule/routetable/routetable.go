@@ -10,12 +10,13 @@ import (
 	"fmt"
 	"net/http"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 // Rule is one rule of the route table, as configured: the requests it matches, the
@@ -29,8 +30,9 @@ type Rule struct {
 	// on the cleaned path, "*" at the end a prefix match, at the start a suffix match,
 	// elsewhere a glob. Required.
 	Path string `json:"path"`
-	// Scope is the scope a scoped key needs for the rule's requests. Default: none
-	// (any key whose role allows the method)
+	// Scope is the scope a scoped key needs for the rule's requests, one of the
+	// upstream's vocabulary (`upstream scope list`), which this package cannot see.
+	// Default: none (any key whose role allows the method)
 	Scope string `json:"scope,omitempty"`
 	// Cost is how many units each of the rule's requests counts against the key's
 	// minute, the organisation's minute and its month, from 1 to MaxCost. Default: 1
@@ -85,9 +87,6 @@ var routeMethods = []string{
 	http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace,
 }
 
-// scopeRE is what a scope looks like.
-var scopeRE = regexp.MustCompile(`^[a-z][a-z0-9_.:-]*$`)
-
 // Check returns what is wrong with r, or nil.
 func Check(r Rule) error {
 	if strings.TrimSpace(r.Path) == "" {
@@ -98,8 +97,9 @@ func Check(r Rule) error {
 			return fmt.Errorf("route %s %s: unknown method %q (one of %s, or *)", strings.Join(r.Methods, ","), r.Path, m, strings.Join(routeMethods, ", "))
 		}
 	}
-	if r.Scope != "" && !scopeRE.MatchString(r.Scope) {
-		return fmt.Errorf("route %s %s: scope %q must match %s", strings.Join(r.Methods, ","), r.Path, r.Scope, scopeRE)
+	if r.Scope != "" && !keystore.ValidScopeName(r.Scope) {
+		return fmt.Errorf("route %s %s: scope %q must match %s, at most %d characters", strings.Join(r.Methods, ","), r.Path, r.Scope,
+			keystore.ScopeNamePattern, keystore.MaxScopeLen)
 	}
 	if r.Cost < 0 || r.Cost > MaxCost {
 		return costError(r, r.Cost)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/internal/version"
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
 )
@@ -55,7 +56,7 @@ type pageData struct {
 	NewKey     *newKeyView
 	Form       keyForm
 	Roles      []string
-	Scopes     []string // keys: the scopes a key may carry, keystore.Scopes
+	Scopes     []keystore.Scope // keys: the scopes a key may carry, the vocabulary
 	Events     []eventView
 	NextCursor string
 	Usage      *usageView
