@@ -14,7 +14,7 @@ const (
 	OutcomeUnauthenticated    Outcome = iota // no, a malformed, an unknown or a wrong key
 	OutcomeFeatureGated                      // the plan has no API access
 	OutcomeRateLimited                       // over the key's or the organisation's minute
-	OutcomeForbidden                         // a Viewer key writing
+	OutcomeForbidden                         // the key's role (a Viewer key writing) or its scopes
 	OutcomeMe                                // GET /v1/me, answered by the gateway
 	OutcomeProxied                           // handed to the upstream, whatever it answered
 	OutcomeLookupUnavailable                 // PostgreSQL did not answer in time
