@@ -280,6 +280,29 @@ func TestCaddyfileAdapt(t *testing.T) {
 	}
 }
 
+// TestExampleCaddyfileTracing turns on the tracing block Caddyfile.example shows,
+// commented out: it adapts, without warnings, into Caddy's tracing handler.
+func TestExampleCaddyfileTracing(t *testing.T) {
+	input, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	on := strings.Replace(string(input), "\t# tracing {\n\t# \tspan keygate\n\t# }\n", "\ttracing {\n\t\tspan keygate\n\t}\n", 1)
+	if on == string(input) {
+		t.Fatal("Caddyfile.example no longer shows the commented tracing block")
+	}
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(on), nil)
+	if err != nil {
+		t.Fatalf("adapting Caddyfile.example with tracing: %v", err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: line %d: %s: %s", w.Line, w.Directive, w.Message)
+	}
+	if !strings.Contains(string(out), `{"handler":"tracing","span":"keygate"}`) {
+		t.Errorf("no tracing handler in %s", out)
+	}
+}
+
 // TestExampleCaddyfile checks that Caddyfile.example adapts, and that its JSON holds
 // the gateway as docs/configuration.md shows it. It checks that the JSON loads back
 // into a Handler equal to the one the Caddyfile describes: the two syntaxes say the
@@ -574,12 +597,12 @@ func TestExampleCaddyfileServes(t *testing.T) {
 		maps.Copy(req.Header, tc.hdr)
 		testenv.Exchange(t, gw.client, req)
 	}
-	time.Sleep(100 * time.Millisecond)
-	log, _ := os.ReadFile(gw.logPath)
-	if !strings.Contains(string(log), "aborting with incomplete response") || !strings.Contains(string(log), `"logger":"http.log.access`) ||
-		!strings.Contains(string(log), "REDACTED") {
-		t.Errorf("log:\n%s", log)
-	}
+	var log []byte
+	testenv.Eventually(t, 10*time.Second, "the error and access log lines in "+gw.logPath, func() bool {
+		log, _ = os.ReadFile(gw.logPath)
+		return strings.Contains(string(log), "aborting with incomplete response") && strings.Contains(string(log), `"logger":"http.log.access`) &&
+			strings.Contains(string(log), "REDACTED")
+	})
 	for _, leak := range []string{testSecret, assertion, secret, secret[:16], strings.ReplaceAll(secret, "_", "%5F")[:16]} {
 		if strings.Contains(string(log), leak) {
 			t.Errorf("the log shows %q:\n%s", leak, log)

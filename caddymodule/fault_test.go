@@ -313,7 +313,10 @@ func TestALateLookupKeepsItsConnection(t *testing.T) {
 			_, _, _ = store.Verify(ctx, key)
 			cancel()
 			pg.SetDelay(0)
-			time.Sleep(500 * time.Millisecond)
+			testenv.Eventually(t, 10*time.Second, "the given-up lookup's connection back in the pool or closed", func() bool {
+				st := pool.Stat()
+				return st.AcquiredConns() == 0 && st.ConstructingConns() == 0
+			})
 			if _, ok, err := store.Verify(context.Background(), key); !ok || err != nil {
 				t.Fatalf("lookup after: %v %v", ok, err)
 			}

@@ -432,18 +432,15 @@ func (g *gateway) reload(t testing.TB, cfg []byte) {
 	g.client.CloseIdleConnections()
 	// A connection caught in the listener's handover is reset too. Wait until a request
 	// gets an HTTP answer, of any status, from the new config.
-	for attempt := 0; ; attempt++ {
+	testenv.Eventually(t, 10*time.Second, "an answer after the reload", func() bool {
 		res, err := g.client.Get(g.base + "/")
-		if err == nil {
-			io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			return
+		if err != nil {
+			return false
 		}
-		if attempt == 20 {
-			t.Fatalf("no answer after the reload: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return true
+	})
 }
 
 // startGateway loads a config running v1_gateway in this process and stops it when

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/caddymodule/spans"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -211,11 +212,11 @@ func (h *Handler) record(r *http.Request, o keystore.Outcome, key *keystore.Key)
 }
 
 // recordUnits notes the decision of a request weighing units: its counter and the
-// usage record of its key (count), and the access log's fields (logOutcome). key is
-// nil while the key is not known.
+// usage record of its key (count), and the request's own records, its span and its
+// access log fields (logOutcome). key is nil while the key is not known.
 func (h *Handler) recordUnits(r *http.Request, o keystore.Outcome, key *keystore.Key, units int) {
 	h.count(o, key, units)
-	h.logOutcome(r, o, key)
+	h.logOutcome(r, o, key, units)
 }
 
 // count counts the decision o of a request weighing units in its counter, and in the
@@ -229,9 +230,11 @@ func (h *Handler) count(o keystore.Outcome, key *keystore.Key, units int) {
 	}
 }
 
-// logOutcome sets the access log's outcome, key_id and org_id fields of r, if its
+// logOutcome notes the decision o of r in r's own records: its span where it is traced
+// (spans.Decided), and the access log's outcome, key_id and org_id fields, if its
 // server writes an access log.
-func (h *Handler) logOutcome(r *http.Request, o keystore.Outcome, key *keystore.Key) {
+func (h *Handler) logOutcome(r *http.Request, o keystore.Outcome, key *keystore.Key, units int) {
+	spans.Decided(r, o, key, units)
 	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
 	if !ok || !accessLogged(r) {
 		return
@@ -303,7 +306,8 @@ func (f *logFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 // observeBatch is the Batcher's OnBatch.
 func (m *metrics) observeBatch(size int) { m.batchSize.Observe(float64(size)) }
 
-// observeLookupServer is the Reader's OnLookup.
+// observeLookupServer counts a lookup by the server that answered it, for the
+// Reader's OnLookup.
 func (m *metrics) observeLookupServer(standby bool) {
 	if standby {
 		m.byServer[1].Inc()

@@ -36,7 +36,7 @@ func (h *Handler) refuseLookedUp(w http.ResponseWriter, r *http.Request, keyID, 
 // dead one (docs/security.md, Timing).
 func (h *Handler) refuseAfter(w http.ResponseWriter, r *http.Request, l secondLook) {
 	writeUnauthenticated(w, keystore.OutcomeUnauthenticated.Status())
-	h.logOutcome(r, keystore.OutcomeUnauthenticated, nil)
+	h.logOutcome(r, keystore.OutcomeUnauthenticated, nil, 1)
 	l.h, l.done, l.path, l.at = h, r.Context().Done(), r.URL.Path, now()
 	select {
 	case h.secondLooks.queue <- l:

@@ -83,6 +83,20 @@ func through(v *gatewayauth.Verifier, header []string) (int, string) {
 	return rec.Code, rec.Body.String()
 }
 
+// eventually waits until cond holds, asking every 10ms, and fails t, naming what it
+// waited for, if it does not hold within timeout. This module's tests import
+// nothing of keygate's, so they have their own.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 var testIdentity = gatewayauth.Identity{KeyID: "key1234567890abcdef", OrgID: "0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11", Role: "Editor"}
 
 const wantIdentity = "key1234567890abcdef 0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11 Editor"
@@ -232,17 +246,11 @@ func TestARemovedKeyIsRefusedWithinTheJWKSsMaxAge(t *testing.T) {
 		t.Fatalf("the key while published: %d, want 200", status)
 	}
 	published.Store([]string{currentFile})
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		status, _ := through(v, assertion(t, compromised))
-		if status == 401 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the removed key's assertions still answer %d 5 s after its removal; the max-age is 200 ms", status)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	status := 0
+	eventually(t, 5*time.Second, "the removed key's assertions refused (the max-age is 200 ms)", func() bool {
+		status, _ = through(v, assertion(t, compromised))
+		return status == 401
+	})
 	if status, _ := through(v, assertion(t, current)); status != 200 {
 		t.Errorf("the key still published: %d, want 200", status)
 	}
@@ -266,9 +274,7 @@ func TestTheKeysOfTheLastGoodFetchStayWhileTheJWKSFails(t *testing.T) {
 	})
 	down.Store(true)
 	before := fetches.Load()
-	for fetches.Load() == before { // the background refresh fails at least once
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, 5*time.Second, "a failed background refresh", func() bool { return fetches.Load() != before })
 	if status, _ := through(v, assertion(t, priv)); status != 200 {
 		t.Errorf("a known key while the JWKS fails: %d, want 200", status)
 	}
@@ -381,9 +387,10 @@ func TestAFetchOutlivesTheRequestThatBeganIt(t *testing.T) {
 	_, otherFile := gatewayauthtest.NewKey(t)
 	published := files(otherFile)
 	var slow atomic.Bool
+	hold := make(chan struct{})
 	v, fetches := jwksVerifier(t, func(n int64, w http.ResponseWriter) {
 		if slow.Load() {
-			time.Sleep(300 * time.Millisecond)
+			<-hold
 		}
 		publishing(t, published)(n, w)
 	})
@@ -393,10 +400,9 @@ func TestAFetchOutlivesTheRequestThatBeganIt(t *testing.T) {
 	tok := assertion(t, priv)[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		for fetches.Load() == before {
-			time.Sleep(time.Millisecond)
-		}
-		cancel() // hung up while the fetch is on its way
+		eventually(t, 5*time.Second, "the fetch of the unknown kid", func() bool { return fetches.Load() != before })
+		cancel()    // hung up while the fetch is on its way
+		close(hold) // and only then does the fetch answer
 	}()
 	v.Verify(ctx, tok)
 	if _, err := v.Verify(context.Background(), tok); err != nil || fetches.Load()-before != 1 {
@@ -419,9 +425,7 @@ func TestAKnownKeysAssertionNeverWaitsOnAFetch(t *testing.T) {
 	hang.Store(true)
 	before := fetches.Load()
 	go through(v, assertion(t, stranger))
-	for fetches.Load() == before {
-		time.Sleep(time.Millisecond)
-	}
+	eventually(t, 5*time.Second, "the fetch of the stranger's kid", func() bool { return fetches.Load() != before })
 	known := make(chan int)
 	go func() {
 		status, _ := through(v, assertion(t, priv))

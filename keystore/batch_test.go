@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/keystore/keystoretest"
 	"github.com/keygate/keygate/schema/schematest"
@@ -50,6 +51,7 @@ func testFreshness(t *testing.T, lanes int) {
 		outcomes []outcome
 		stop     atomic.Bool
 		wg       sync.WaitGroup
+		verified atomic.Int64 // the victim's verifications done
 	)
 	for i := range 48 {
 		wg.Add(1)
@@ -68,16 +70,20 @@ func testFreshness(t *testing.T, lanes int) {
 				mu.Lock()
 				outcomes = append(outcomes, outcome{start, ok, err})
 				mu.Unlock()
+				verified.Add(1)
 			}
 		}()
 	}
 
-	time.Sleep(300 * time.Millisecond)
+	// Under load: 200 verifications before the revoke, and 200 begun after it (the
+	// 36 in flight when it commits began before).
+	testenv.Eventually(t, 30*time.Second, "200 verifications of the victim", func() bool { return verified.Load() >= 200 })
 	if found, err := s.Revoke(ctx, org, victim.ID, "test"); !found || err != nil {
 		t.Fatalf("Revoke = %v, %v", found, err)
 	}
 	committed := time.Now()
-	time.Sleep(300 * time.Millisecond)
+	mark := verified.Load()
+	testenv.Eventually(t, 30*time.Second, "200 verifications after the revoke", func() bool { return verified.Load() >= mark+36+200 })
 	stop.Store(true)
 	wg.Wait()
 

@@ -228,9 +228,8 @@ func TestServeReportsTheWindow(t *testing.T) {
 		t.Fatalf("first line %q, %v", buf, err)
 	}
 	io.WriteString(inW, "go\n")
-	for start := n.Load(); n.Load() < start+300; {
-		time.Sleep(time.Millisecond)
-	}
+	start := n.Load()
+	testenv.Eventually(t, 30*time.Second, "300 operations", func() bool { return n.Load() >= start+300 })
 	io.WriteString(inW, "stop\n")
 	var rep workerReport
 	if err := json.NewDecoder(outR).Decode(&rep); err != nil {

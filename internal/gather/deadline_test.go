@@ -68,9 +68,7 @@ func TestFlushGetsTheLatestDeadlineOfItsCallsOrNoneIfOneHasNone(t *testing.T) {
 		for i, by := range []time.Time{t0.Add(time.Minute), t0.Add(3 * time.Minute), t0.Add(2 * time.Minute)} {
 			calls = append(calls, awaitBy(context.Background(), g, by, 10+i))
 		}
-		for !gather.Pending(g, 3) {
-			time.Sleep(time.Millisecond)
-		}
+		gather.WaitPending(t, g, 3)
 		f.release <- struct{}{} // the three go out together
 		<-f.started
 		// A call without a deadline, and one with an earlier context deadline than
@@ -78,9 +76,7 @@ func TestFlushGetsTheLatestDeadlineOfItsCallsOrNoneIfOneHasNone(t *testing.T) {
 		ctx, cancel := context.WithDeadline(context.Background(), t0.Add(-time.Minute))
 		defer cancel()
 		calls = append(calls, awaitBy(context.Background(), g, time.Time{}, 20), awaitBy(ctx, g, t0, 21))
-		for !gather.Pending(g, 2) {
-			time.Sleep(time.Millisecond)
-		}
+		gather.WaitPending(t, g, 2)
 		f.release <- struct{}{}
 		<-f.started
 		close(f.release)

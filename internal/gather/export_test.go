@@ -1,6 +1,12 @@
 package gather
 
-import "time"
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
+)
 
 // Prime sets g's clock and the gap (see lingerPolicy). It is as if calls had been
 // arriving gap apart until now().
@@ -27,16 +33,20 @@ func SetWorkerIdle[Req, Resp any](g *Gatherer[Req, Resp], idle time.Duration) {
 
 // WaitFree waits until every lane of g is free and no batch is pending. The worker
 // that sent the last batch has then looked for another, and found none.
-func WaitFree[Req, Resp any](g *Gatherer[Req, Resp], lanes int) {
-	for {
+func WaitFree[Req, Resp any](tb testing.TB, g *Gatherer[Req, Resp], lanes int) {
+	tb.Helper()
+	testenv.Eventually(tb, 10*time.Second, fmt.Sprintf("%d lanes free and nothing pending", lanes), func() bool {
 		g.mu.Lock()
-		free := g.free == lanes && g.pending == nil
-		g.mu.Unlock()
-		if free {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer g.mu.Unlock()
+		return g.free == lanes && g.pending == nil
+	})
+}
+
+// WaitPending waits until the batch not yet sent holds n calls: the calls made
+// meanwhile have all joined it.
+func WaitPending[Req, Resp any](tb testing.TB, g *Gatherer[Req, Resp], n int) {
+	tb.Helper()
+	testenv.Eventually(tb, 10*time.Second, fmt.Sprintf("%d calls pending", n), func() bool { return Pending(g, n) })
 }
 
 // Pending tells whether the batch not yet sent holds n calls.

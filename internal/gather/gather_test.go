@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/keygate/keygate/internal/gather"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // gate is a Flush that doubles every request and records every batch. While closed,
@@ -126,7 +127,7 @@ func TestCallsArrivingDuringARoundTripShareTheNextBatch(t *testing.T) {
 	for i := range 50 {
 		waiting = append(waiting, await(context.Background(), g, i))
 	}
-	time.Sleep(50 * time.Millisecond) // let all 50 join; none may go out meanwhile
+	gather.WaitPending(t, g, 50) // all 50 joined, and none may have gone out meanwhile
 	select {
 	case b := <-f.started:
 		t.Fatalf("batch %v went out while the lane was busy", b)
@@ -294,9 +295,10 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 		err error
 	}
 	odd := errors.New("odd")
-	release := make(chan struct{})
+	started, release := make(chan struct{}, 20), make(chan struct{})
 	var sizes []int
 	flush := func(_ context.Context, _ time.Time, _ bool, reqs []int) ([]reply, error) {
+		started <- struct{}{}
 		<-release
 		sizes = append(sizes, len(reqs))
 		out := make([]reply, len(reqs))
@@ -312,6 +314,9 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 	g := gather.New(flush, gather.Options{MaxWait: time.Hour})
 	var wg sync.WaitGroup
 	for i := range 20 {
+		if i == 1 {
+			<-started // the first call's batch holds the lane: the other 19 gather
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -321,7 +326,7 @@ func TestErrorsOfSingleCallsStayTheirs(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(20 * time.Millisecond)
+	gather.WaitPending(t, g, 19)
 	close(release)
 	wg.Wait()
 	sum := 0
@@ -418,7 +423,7 @@ func TestInlineRunsALoneCallUnderItsCallersContextAndBatchesUnderNone(t *testing
 		for i := range 5 {
 			waiting = append(waiting, await(marked(10+i), g, 10+i))
 		}
-		time.Sleep(20 * time.Millisecond)
+		gather.WaitPending(t, g, 5)
 		f.release <- struct{}{}
 		if a := <-lone; a.resp != 2 || a.err != nil {
 			t.Errorf("inline %v: the lone call = %+v", inline, a)
@@ -438,7 +443,7 @@ func TestInlineRunsALoneCallUnderItsCallersContextAndBatchesUnderNone(t *testing
 			}
 		}
 		// The lane is free again: the next lone call runs as the first did.
-		gather.WaitFree(g, 1)
+		gather.WaitFree(t, g, 1)
 		if resp, err := g.Do(marked(2), 3); resp != 6 || err != nil {
 			t.Errorf("inline %v: Do after the batch = %d, %v", inline, resp, err)
 		}
@@ -502,21 +507,15 @@ func TestBatchesRunOnAWorkerThatOutlivesThemAndEndsWhenIdle(t *testing.T) {
 		if resp, err := g.Do(context.Background(), i); resp != i || err != nil {
 			t.Fatalf("call %d: %d, %v", i, resp, err)
 		}
-		time.Sleep(2 * time.Millisecond) // the worker goes back to wait for the next
+		gather.WaitFree(t, g, 1) // the worker goes back to wait for the next
 	}
 	mu.Lock()
 	if len(ran) != 1 {
 		t.Errorf("20 batches one after another ran on %d goroutines (%v), want 1", len(ran), ran)
 	}
 	mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines 5 s after the last batch, %d before the first: the idle worker did not end",
-				runtime.NumGoroutine(), before)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("the idle worker ending (%d goroutines before the first batch)", before),
+		func() bool { return runtime.NumGoroutine() <= before })
 }
 
 // onOneThread runs f with GOMAXPROCS 1, so that the goroutines it starts run one at a

@@ -84,7 +84,7 @@ func TestALingeringBatchHoldingThePeakGoesOutWithoutThePause(t *testing.T) {
 				t.Fatalf("a call of lingering batch %d = %+v", lingering, a)
 			}
 		}
-		gather.WaitFree(g, 1)
+		gather.WaitFree(t, g, 1)
 	}
 	round(4, true)  // the first probe: the peak is four
 	round(4, false) // full
@@ -110,7 +110,7 @@ func peakOfThree(t *testing.T, lanes int) (*gate, *gather.Gatherer[int, int]) {
 	f.release <- struct{}{}
 	answeredAll(t, awaitEach(g, 0, 3)) // the probe
 	<-f.started
-	gather.WaitFree(g, lanes)
+	gather.WaitFree(t, g, lanes)
 	return f, g
 }
 
@@ -127,9 +127,7 @@ func TestAPeakGrowsWhenACallComesWhileAFullBatchIsOut(t *testing.T) {
 	}
 	start = time.Now()
 	more := awaitEach(g, 20, 1)
-	for !gather.Pending(g, 1) {
-		time.Sleep(time.Millisecond)
-	}
+	gather.WaitPending(t, g, 1)
 	more = append(more, awaitEach(g, 21, 3)...)
 	if b := <-f.started; len(b) != 4 || time.Since(start) >= peakLinger/8 {
 		t.Errorf("four calls, the first while a full batch was out, went out as %v after %v; want one batch of four, at once", b, time.Since(start))
@@ -149,16 +147,14 @@ func TestAPeakFollowsAFullBatchThatGrewWaitingForALane(t *testing.T) {
 	out := awaitEach(g, 10, 3) // full: goes at once, and holds the lane
 	<-f.started
 	grown := awaitEach(g, 20, 5)
-	for !gather.Pending(g, 5) {
-		time.Sleep(time.Millisecond)
-	}
+	gather.WaitPending(t, g, 5)
 	close(f.release)
 	if b := <-f.started; len(b) != 5 {
 		t.Fatalf("five calls gathered while the lane was busy went out as %v; want one batch", b)
 	}
 	answeredAll(t, out)
 	answeredAll(t, grown)
-	gather.WaitFree(g, 1)
+	gather.WaitFree(t, g, 1)
 
 	start := time.Now()
 	waiting := awaitEach(g, 30, 5)
@@ -244,8 +240,8 @@ func TestALaneComingFreeLeavesALingeringBatchToItsTimer(t *testing.T) {
 	for i := range 3 {
 		second = append(second, await(context.Background(), g, 100+i))
 	}
-	time.Sleep(20 * time.Millisecond) // let the three join the second batch, which lingers
-	f.release <- struct{}{}           // the first batch returns and frees its lane
+	gather.WaitPending(t, g, 3) // the three joined the second batch, which lingers
+	f.release <- struct{}{}     // the first batch returns and frees its lane
 	for _, ch := range first {
 		<-ch
 	}
@@ -315,7 +311,7 @@ func TestAnInlineCallEndingLeavesALingeringBatchToItsTimer(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	lingering := await(ctx, g, 2)
-	time.Sleep(20 * time.Millisecond)
+	gather.WaitPending(t, g, 1)
 	f.release <- struct{}{} // the lone call returns and frees its lane
 	<-lone
 	select {

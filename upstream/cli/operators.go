@@ -178,7 +178,7 @@ func (c *cli) auditList(name string, args []string) error {
 // withKeys is withPool with the keys' store too, on the same pool. Its key format is
 // the default's: nothing these commands do reads or writes a full key.
 func (c *cli) withKeys(op func(ctx context.Context, st *store.Store, keys *keystore.Store) (any, error)) error {
-	pool, err := c.connect(2, store.DefaultDatabaseTimeout)
+	pool, err := c.connect(2, store.DefaultDatabaseTimeout, nil)
 	if err != nil {
 		return err
 	}

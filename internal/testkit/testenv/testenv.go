@@ -73,17 +73,18 @@ func (b *Buffer) String() string {
 	return b.b.String()
 }
 
-// Eventually waits until cond holds, asking it every 10ms, and fails tb, naming
-// what it waited for, if it does not hold within timeout. It returns at once when
-// cond already holds. Tests wait on the event itself this way, not on a sleep long
-// enough on an idle machine.
+// Eventually waits until cond holds and fails tb, naming what it waited for, if it
+// does not hold within timeout. It returns at once when cond already holds. It asks
+// cond every millisecond at first, then less often, up to every 10ms: a state that
+// comes soon is seen soon, and a long wait does not spin. Tests wait on the event
+// itself this way, not on a sleep long enough on an idle machine.
 func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	for every := time.Millisecond; !cond(); every = min(2*every, 10*time.Millisecond) {
 		if time.Now().After(deadline) {
 			tb.Fatalf("%s: not within %v", what, timeout)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(every)
 	}
 }
