@@ -152,7 +152,8 @@ func TestAuditListShowsPlanAndScopeChanges(t *testing.T) {
 	_, dbURL := schematest.NewPool(t)
 	env := map[string]string{"DATABASE_URL": dbURL}
 	wantRun(t, env, 0, `{"events":[]}`, "", "audit", "list")
-	const team = `{"name":"team","api_rate_limit":100,"max_monitors":10,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],"org_rate_limit":-1,"api_requests_per_month":-1}`
+	const windows = `"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1`
+	const team = `{"name":"team","api_rate_limit":100,"max_monitors":10,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],"org_rate_limit":-1,"api_requests_per_month":-1,` + windows + `}`
 	wantRun(t, env, 0, team, "", "plan", "put", "--name", "team", "--api-rate-limit", "100", "--max-monitors", "10",
 		"--min-interval", "60", "--locations", "us-east", "--check-types", "http")
 	team2 := strings.Replace(team, `"max_monitors":10`, `"max_monitors":20`, 1)
@@ -185,8 +186,8 @@ func TestAuditListShowsPlanAndScopeChanges(t *testing.T) {
 	want := []string{
 		`scope.deleted reports:read by operator: {"name":"reports:read","description":""} → null`,
 		`scope.created reports:read by operator: null → {"name":"reports:read","description":""}`,
-		`plan.updated pro by operator: {"name":"pro","api_rate_limit":600,"max_monitors":100,"min_interval_seconds":60,"locations":["us-east","eu-west","ap-southeast"],"check_types":["http","tcp","dns"],"org_rate_limit":-1,"api_requests_per_month":-1} → ` +
-			`{"name":"pro","api_rate_limit":900,"max_monitors":100,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],"org_rate_limit":-1,"api_requests_per_month":-1}`,
+		`plan.updated pro by operator: {"name":"pro","api_rate_limit":600,"max_monitors":100,"min_interval_seconds":60,"locations":["us-east","eu-west","ap-southeast"],"check_types":["http","tcp","dns"],"org_rate_limit":-1,"api_requests_per_month":-1,` + windows + `} → ` +
+			`{"name":"pro","api_rate_limit":900,"max_monitors":100,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],"org_rate_limit":-1,"api_requests_per_month":-1,` + windows + `}`,
 		`plan.updated team by operator: ` + team + ` → ` + team2,
 		`plan.created team by operator: null → ` + team,
 	}
