@@ -1,4 +1,4 @@
--- 011_scopes_and_operators: the vocabulary of scopes as the operator's data, an
+-- 012_scopes_and_operators: the vocabulary of scopes as the operator's data, an
 -- organisation's plan changes in its audit trail, and the operators' own audit
 -- (docs/configuration.md, Scopes and route costs; the upstream's commands).
 
