@@ -22,6 +22,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -338,7 +339,8 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 
 	// The usage page: a chart and each key's totals, the numbers of the JSON API.
-	s.checkUsagePage(owner, o, oldID, strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_"))
+	// The keys answered 200 to /v1/me three times (the old one) and twice (the rolled one).
+	s.checkUsagePage(owner, o, oldID, strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_"), 3, 2)
 
 	// The audit trail, and the keys page at 320 px: nothing wider than the screen.
 	owner.do("audit", chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/audit"), chromedp.WaitVisible(tid("audit-row")))
@@ -471,9 +473,17 @@ func (s *Stack) wantSettings(tb *tab, row chromedp.CSS, limit, windows, cidrs st
 // then reads it on the usage page in tb: the chart has a bar per hour, and each key's
 // total is the API's for the same range, with at least what was added. The gateway
 // may have counted requests of its own: the API says how many.
-func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
+func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string, oldServed, rolledServed int64) {
 	s.t.Helper()
 	now := time.Now()
+	// The gateway records its answers a moment later: the page and the API are read
+	// once the record has every answer the keys got, so that both read the same.
+	since := now.Add(-time.Hour)
+	reader := s.loginOwner(o)
+	testenv.Eventually(s.t, 30*time.Second, "the gateway's record of the keys' /v1/me answers", func() bool {
+		got := reader.usageTotals(o.ID, since)
+		return got[oldID+" me 200"] >= oldServed && got[rolledID+" me 200"] >= rolledServed
+	})
 	s.recordUsage(o.ID,
 		usageRow{oldID, now.Add(-3 * time.Hour), keystore.OutcomeProxied, 200, 40},
 		usageRow{oldID, now.Add(-3 * time.Hour), keystore.OutcomeRateLimited, 429, 6},
