@@ -230,6 +230,7 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	_, secret, _ := strings.Cut(key, ".")
 	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
+	inPath := strings.ReplaceAll(key, "_", "%5F") // an encoded dot is no path's (routetable.CheckTarget)
 	up := newUpstream(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
 	live := startGateway(t, gatewayConfig{
@@ -245,9 +246,9 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 		wantLine string
 	}{
 		{live, "/v1/truncated-json?api_key=" + key + "&k=" + encoded, nil, "aborting a response the JSON filter could not complete"},
-		{live, "/v1/compressed/br/" + encoded + "?api_key=" + key, nil, "unsupported content encoding"},
+		{live, "/v1/compressed/br/" + inPath + "?api_key=" + key, nil, "unsupported content encoding"},
 		{live, "/v1/me?api_key=" + key, nil, "rate limiter failed"},
-		{live, "/v1/monitors/" + encoded + "?api_key=" + key, up.Close, "upstream failed"},
+		{live, "/v1/monitors/" + inPath + "?api_key=" + key, up.Close, "upstream failed"},
 		{live, "/v1/me?api_key=" + key, pg.Hang, "key lookup failed"},
 	} {
 		if tc.before != nil {
