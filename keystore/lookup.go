@@ -68,7 +68,7 @@ func scanLookup(rows pgx.Rows, ids int) (map[string]row, error) {
 // splitScopes returns the scopes of a lookup's row, which sends them separated by
 // spaces, and nil for NULL: a key without scopes. Scanning the list as text rather than
 // as an array spares every lookup the planning of an array scan, a few allocations, and
-// costs a key without scopes nothing. A scope never holds a space (ParseScopes).
+// costs a key without scopes nothing. A scope never holds a space (ValidScopeName).
 func splitScopes(t pgtype.Text) []string {
 	if !t.Valid {
 		return nil

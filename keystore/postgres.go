@@ -284,7 +284,8 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 // Create makes a new key and returns its record and the full key, which is never
 // readable again. A key with a creator (NewKey.CreatedBy) is audited as key.created,
 // in the same transaction. Settings that break their rules are a *SettingError. The
-// rate limit is checked against the organisation's plan within the transaction.
+// rate limit is checked against the organisation's plan, and the scopes against the
+// vocabulary, within the transaction.
 func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if !nk.Role.Valid() {
 		return Record{}, "", fmt.Errorf("invalid role %q", nk.Role)
@@ -299,6 +300,9 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	}
 	defer tx.Rollback(ctx)
 	if err := checkNewSettings(ctx, tx, nk.OrgID, nk.RateLimit, nk.WindowLimits, nk.AllowedCIDRs); err != nil {
+		return Record{}, "", err
+	}
+	if nk.Scopes, err = resolveScopes(ctx, tx, nk.Scopes); err != nil {
 		return Record{}, "", err
 	}
 	r, full, err := s.insertKey(ctx, tx, nk)
