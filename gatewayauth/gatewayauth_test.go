@@ -93,7 +93,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within %v", what, timeout)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll of testenv.Eventually, which this module may not import
 	}
 }
 

@@ -10,20 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-// within polls cond every 20 ms for up to d, and reports whether it held. It is for
-// an event that may rightly never come.
-func within(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-}
+	"github.com/keygate/keygate/internal/testkit/testenv"
+)
 
 // brokenChunks sends head with a chunked body whose first chunk is valid, waits until
 // changed reports the upstream's change or 2 s pass, then sends a malformed chunk and
@@ -39,7 +28,7 @@ func brokenChunks(t *testing.T, addr, head string, changed func() bool) (Resp, b
 	if _, err := io.WriteString(conn, head+"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	seen := within(2*time.Second, changed)
+	seen := testenv.Within(2*time.Second, changed)    // the change may rightly never come
 	io.WriteString(conn, "zz\r\nbroken\r\n0\r\n\r\n") // the gateway may have hung up already
 	conn.(*net.TCPConn).CloseWrite()
 	res, err := http.ReadResponse(bufio.NewReader(conn), nil)

@@ -68,10 +68,10 @@ FROM pg_stat_user_tables WHERE relname = 'api_keys'`).Scan(&n); err != nil {
 		}
 		return n
 	}
-	time.Sleep(11 * time.Second)
+	time.Sleep(11 * time.Second) // PostgreSQL's statistics flush: no event marks it
 	prev := read()
 	for range 10 {
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // the count unchanged a second later: settled
 		n := read()
 		if n == prev {
 			return n
@@ -234,7 +234,7 @@ func TestSlowLastUsedFlushNeverDelaysRequests(t *testing.T) {
 			t.Fatalf("request %d during the blocked flush: %d %s", requests, r.Status, r.Body)
 		}
 		slowest = max(slowest, took)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // requests spread over the hold on purpose
 	}
 	if slowest >= time.Second {
 		t.Errorf("the slowest of %d requests during a blocked flush took %v, want under 1s", requests, slowest)

@@ -82,19 +82,17 @@ func freePort(t testing.TB) int {
 // waitListening waits until something accepts connections on addr.
 func waitListening(t testing.TB, addr string, p *proc) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	testenv.Eventually(t, 30*time.Second, "something listening on "+addr, func() bool {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return
+			return true
 		}
 		if p != nil && p.exited() {
 			t.Fatalf("%s exited before listening on %s:\n%s", p.name, addr, p.logs())
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("nothing listening on %s after 30s", addr)
+		return false
+	})
 }
 
 // proc is a child process whose output is kept for inspection.
@@ -718,6 +716,7 @@ func waitForWindowRoom(need int) {
 	now := time.Now()
 	left := 60 - now.Unix()%60
 	if left < int64(need) {
+		// A minute's start in Redis's clock: no event marks it.
 		time.Sleep(time.Duration(left)*time.Second - time.Duration(now.Nanosecond()) + 50*time.Millisecond)
 	}
 }

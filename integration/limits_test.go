@@ -154,7 +154,7 @@ func TestRetryAfterIsTheTimeLeftInTheWindow(t *testing.T) {
 	if body["retryAfter"] != float64(retry) {
 		t.Errorf("retryAfter %v differs from Retry-After %d", body["retryAfter"], retry)
 	}
-	// After waiting Retry-After seconds the key may go again.
+	// After waiting Retry-After seconds the key may go again: a time the test must let pass.
 	time.Sleep(time.Duration(retry)*time.Second + 100*time.Millisecond)
 	if r := a.do("GET", "/v1/me", nil); r.Status != 200 {
 		t.Errorf("after waiting Retry-After: %d %s", r.Status, r.Body)

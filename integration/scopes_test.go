@@ -13,6 +13,7 @@ import (
 
 	"github.com/keygate/keygate/gatewayauth"
 	"github.com/keygate/keygate/gatewayauth/gatewayauthtest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // scopeForbidden is the 403 of a scoped key lacking its route's scope.
@@ -215,17 +216,13 @@ func TestTheSignedIdentityCarriesTheScopes(t *testing.T) {
 	t.Cleanup(service.Close)
 	s.upAddr = l.Addr().String() // the gateway started next proxies /v1 to the service
 	s.startGateway("open")
-	deadline := time.Now().Add(10 * time.Second)
 	for _, key := range []string{scoped, unscoped} {
-		for {
-			r := s.api(key, 2).do("GET", "/v1/monitors", nil)
-			if r.Status == http.StatusOK {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("through the service: %d %s", r.Status, r.Body)
-			}
-			time.Sleep(100 * time.Millisecond)
+		var r Resp
+		if !testenv.Within(10*time.Second, func() bool {
+			r = s.api(key, 2).do("GET", "/v1/monitors", nil)
+			return r.Status == http.StatusOK
+		}) {
+			t.Fatalf("through the service: %d %s", r.Status, r.Body)
 		}
 	}
 	mu.Lock()

@@ -178,6 +178,8 @@ func TestGatewaysOnSentinelKeepCountingThroughAFailover(t *testing.T) {
 				t.Fatalf("gateway %d during the failover: %d %s RateLimit %q", i, r.Status, r.Body, r.Header.Get("RateLimit"))
 			}
 		}
+		// Paced on purpose, not an event: from a gateway's first count on, each round spends
+		// the key's budget until the other gateway counts too.
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("limiter failures during the failover: %v requests; counting again after %v (open) and %v (closed)",

@@ -185,11 +185,11 @@ func TestAStandbyStoppedUnderLoadCostsNo503(t *testing.T) {
 			s.standbyCmd("start-standby", n)
 		}
 	}()
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // load before the first stop, on purpose
 	for _, n := range []int{1, 2} {
 		s.standbyCmd("stop-standby", n)
 		restart[n] = true
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // a second of load on the standbys left, on purpose
 	}
 	for _, n := range []int{1, 2} {
 		s.standbyCmd("start-standby", n)

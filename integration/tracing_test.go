@@ -11,6 +11,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/keygate/keygate/internal/testkit/otlptest"
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/tracing"
 )
@@ -68,17 +69,14 @@ func spanOf(spans []otlptest.Span, match func(otlptest.Span) bool) *otlptest.Spa
 // looks for, and returns them. Its failure shows every span received of the trace.
 func awaitTrace(t *testing.T, rcv *otlptest.Receiver, traceID, what string, complete func([]otlptest.Span) bool) []otlptest.Span {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		spans := rcv.Trace(traceID)
-		if complete(spans) {
-			return spans
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not received within 30s; the trace's spans:%s", what, otlptest.Describe(spans))
-		}
-		time.Sleep(50 * time.Millisecond)
+	var spans []otlptest.Span
+	if !testenv.Within(30*time.Second, func() bool {
+		spans = rcv.Trace(traceID)
+		return complete(spans)
+	}) {
+		t.Fatalf("%s: not received within 30s; the trace's spans:%s", what, otlptest.Describe(spans))
 	}
+	return spans
 }
 
 // descends reports whether s descends from the span ancestor in spans.

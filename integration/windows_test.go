@@ -38,7 +38,7 @@ func (s *Stack) inOneSecond(cs []call) []answer {
 	s.t.Helper()
 	for try := 1; ; try++ {
 		now := time.Now()
-		time.Sleep(time.Second - time.Duration(now.Nanosecond()) + 10*time.Millisecond) // to the next second's start
+		time.Sleep(time.Second - time.Duration(now.Nanosecond()) + 10*time.Millisecond) // a second's start in Redis's clock: no event marks it
 		out := make([]answer, len(cs))
 		start := make(chan struct{})
 		var wg sync.WaitGroup

@@ -282,12 +282,12 @@ func TestBatcherMarksOnlyTheLookupsItRunsInline(t *testing.T) {
 		}()
 	}
 	verify(keys[0])
-	for len(tr.seen()) < 2 {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the lone lookup sent to the locked table", func() bool { return len(tr.seen()) >= 2 })
 	for _, key := range keys[1:] {
 		verify(key)
 	}
+	// Time for the four to gather behind the locked lookup: nothing shows a call waiting
+	// in the Batcher.
 	time.Sleep(200 * time.Millisecond)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)

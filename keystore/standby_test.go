@@ -78,15 +78,17 @@ func newReader(t *testing.T, s *keystore.Store, pool *pgxpool.Pool, standbys []*
 // waitForAStandby verifies full, which must be live, until a standby answers it.
 func waitForAStandby(t *testing.T, r *counted, full string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for before := r.standby.Load(); r.standby.Load() == before; {
-		if time.Now().After(deadline) {
-			t.Fatalf("no standby answered within 30s (%d lookups on the primary)", r.primary.Load())
+	before := r.standby.Load()
+	if !testenv.Within(30*time.Second, func() bool { // until the probe lets the standby in
+		if r.standby.Load() != before {
+			return true
 		}
 		if _, ok, err := r.Verify(context.Background(), full); !ok || err != nil {
 			t.Fatalf("Verify of a live key = %v, %v", ok, err)
 		}
-		time.Sleep(5 * time.Millisecond) // until the probe lets the standby in
+		return false
+	}) {
+		t.Fatalf("no standby answered within 30s (%d lookups on the primary)", r.primary.Load())
 	}
 }
 

@@ -336,7 +336,7 @@ func TestUsageIsBoundedAndCountsTheRequestsItDrops(t *testing.T) {
 				defer cancel()
 				failed <- u.Flush(fctx)
 			}()
-			time.Sleep(100 * time.Millisecond) // let the flush take its rows
+			time.Sleep(100 * time.Millisecond) // let the flush take its rows: nothing shows them taken
 			u.Record(orgB, keyB, t0, keystore.OutcomeMe, 200, 1)
 			if err := <-failed; err == nil {
 				t.Fatal("the flush succeeded")

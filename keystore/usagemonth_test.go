@@ -108,7 +108,7 @@ func TestUsageCountsAFlushInProgressAsNotWritten(t *testing.T) {
 		}
 		used <- n
 	}()
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // MonthUsed waiting for the flush: nothing shows it waiting
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}

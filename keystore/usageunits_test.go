@@ -164,7 +164,7 @@ func TestUsageRefusedFlushKeepsItsUnitsBesideNewerOnes(t *testing.T) {
 	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 5)
 	flushed := make(chan error, 1)
 	go func() { flushed <- u.Flush(ctx) }()
-	waitForLockWait(t, pool)
+	waitForALockWait(t, pool)
 	u.Record(orgA, keyA, t0, keystore.OutcomeProxied, 200, 7) // while the first is in flight
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -179,24 +179,4 @@ func TestUsageRefusedFlushKeepsItsUnitsBesideNewerOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLines(t, "usage_minutes", unitRows(t, pool), "AAAA proxied 200 2 10 12")
-}
-
-// waitForLockWait waits until a statement on usage_minutes waits for a lock.
-func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting bool
-		if err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%usage_minutes%')`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no statement waited for the lock")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -37,7 +37,7 @@ func TestBudgetCountsGivenUpOnAreNeverWrittenLater(t *testing.T) {
 		if got.failed != 20 || waited < timeout || waited > 3*timeout {
 			t.Errorf("%d of 20 counts failed, after %v, while Redis hung; want 20 after %v", got.failed, waited, timeout)
 		}
-		time.Sleep(500 * time.Millisecond) // the held commands arrive and run
+		time.Sleep(500 * time.Millisecond) // the held commands arrive and run: nothing shows them run
 		in.checkCounters(t, map[string]int64{
 			keyCounter(prefix, "org-20", "k", base):     5,
 			orgCounter(prefix, "org-20", base):          5,
@@ -87,7 +87,7 @@ func TestLateBudgetCountsAreRefusedAloneInTheirCall(t *testing.T) {
 			answers <- answer{r, err}
 		}()
 	}
-	time.Sleep(600 * time.Millisecond)
+	time.Sleep(600 * time.Millisecond) // the 300ms deadline of half the callers must pass
 	proxy.Resume()
 	if err := <-first; err != nil {
 		t.Fatal(err)
@@ -295,11 +295,11 @@ func TestABudgetCountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *
 				}
 				done <- r
 			}()
-			time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond)))
+			time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond))) // to 0.7 ms before the deadline
 			proxy.Resume()
 			r := <-done
 			cancel()
-			time.Sleep(5 * time.Millisecond) // the held command runs
+			time.Sleep(5 * time.Millisecond) // the held command runs: nothing shows it run
 			if r != (limiter.Result{}) {
 				t.Errorf("attempt %d: %+v; want an error (ErrLate, or a timeout), nothing being counted", i, r)
 			}

@@ -580,7 +580,7 @@ func TestASeedIsSharedByItsCallersEachWaitingUntilItsOwnDeadline(t *testing.T) {
 				done <- r
 			}()
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the 20 join the seed in flight: nothing shows them joined
 		rec.mu.Lock()
 		close(rec.block)
 		rec.block = nil

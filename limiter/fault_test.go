@@ -146,7 +146,7 @@ func TestACountGivenUpOnIsNeverWrittenLater(t *testing.T) {
 				if failed != 20 || waited < timeout || waited > 3*timeout {
 					t.Errorf("%d of 20 counts failed, after %v, while Redis hung; want 20 after %v", failed, waited, timeout)
 				}
-				time.Sleep(500 * time.Millisecond) // the held commands arrive and run
+				time.Sleep(500 * time.Millisecond) // the held commands arrive and run: nothing shows them run
 				keys, _ := direct.Keys(context.Background(), prefix+"{k}*").Result()
 				if len(keys) != 1 {
 					t.Fatalf("counters %v", keys)
@@ -210,11 +210,11 @@ func TestACountReachingRedisInTheLastMillisecondsOfItsTimeoutIsRefused(t *testin
 				_, err := allowKey(l, ctx, key, 10)
 				done <- err
 			}()
-			time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond)))
+			time.Sleep(time.Until(deadline.Add(-700 * time.Microsecond))) // to 0.7 ms before the deadline
 			proxy.Resume()
 			err := <-done
 			cancel()
-			time.Sleep(5 * time.Millisecond) // the held command runs
+			time.Sleep(5 * time.Millisecond) // the held command runs: nothing shows it run
 			if keys, _ := direct.Keys(context.Background(), prefix+"{"+key+"}*").Result(); len(keys) != 0 {
 				t.Errorf("attempt %d (Allow: %v): counter %v written, in the last 2 ms of its timeout", i, err, keys)
 			}

@@ -155,7 +155,7 @@ func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
 			answers <- answer{r, err}
 		}()
 	}
-	time.Sleep(600 * time.Millisecond)
+	time.Sleep(600 * time.Millisecond) // the 300ms deadline of half the callers must pass
 	proxy.Resume()
 	if err := <-first; err != nil {
 		t.Fatal(err)

@@ -210,7 +210,7 @@ func TestServeReportsTheWindow(t *testing.T) {
 		case 2:
 			return errRejected
 		}
-		time.Sleep(100 * time.Microsecond)
+		time.Sleep(100 * time.Microsecond) // the op's work, which takes time on purpose
 		return nil
 	}
 	inR, inW := io.Pipe()

@@ -180,7 +180,7 @@ func TestAtMostLanesBatchesRunAtOnce(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		f := &gate{}
 		slow := func(ctx context.Context, by time.Time, inline bool, reqs []int) ([]int, error) {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // a flush that takes time, on purpose
 			return f.flush(ctx, by, inline, reqs)
 		}
 		g := gather.New(slow, gather.Options{Lanes: lanes, MaxWait: time.Hour})

@@ -172,6 +172,7 @@ func TestALingeringBatchGoesOutAfterLingerWhileCallsKeepComing(t *testing.T) {
 	g := gather.New(f.flush, gather.Options{MaxWait: time.Hour, Inline: true, Linger: linger})
 	gather.Prime(g, time.Millisecond, time.Now)
 	var waiting []<-chan answer
+	// A call every millisecond: load spread over time on purpose.
 	for end := time.Now().Add(3 * linger); time.Now().Before(end); time.Sleep(time.Millisecond) {
 		waiting = append(waiting, await(context.Background(), g, len(waiting)))
 	}

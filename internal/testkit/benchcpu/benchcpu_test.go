@@ -102,7 +102,7 @@ func TestParallel(t *testing.T) {
 			r := running.Add(1)
 			for p := peak.Load(); r > p && !peak.CompareAndSwap(p, r); p = peak.Load() {
 			}
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // an op that takes time, so that ops overlap
 			calls[i].Add(1)
 			running.Add(-1)
 		})

@@ -80,11 +80,21 @@ func (b *Buffer) String() string {
 // itself this way, not on a sleep long enough on an idle machine.
 func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
+	if !Within(timeout, cond) {
+		tb.Fatalf("%s: not within %v", what, timeout)
+	}
+}
+
+// Within waits as Eventually does and reports whether cond held within timeout. It
+// is for an event that may rightly never come, for a wait whose failure the caller
+// reports with what it saw, and for a goroutine that must not fail its test.
+func Within(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for every := time.Millisecond; !cond(); every = min(2*every, 10*time.Millisecond) {
 		if time.Now().After(deadline) {
-			tb.Fatalf("%s: not within %v", what, timeout)
+			return false
 		}
 		time.Sleep(every)
 	}
+	return true
 }
