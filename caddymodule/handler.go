@@ -57,6 +57,8 @@ func init() {
 //
 // The module sets the placeholders {http.auth.user.id}, {http.auth.user.org_id} and
 // {http.auth.user.role}. Caddy's access log shows the first, the key id, as user_id.
+// Under Caddy's tracing directive, the request's span shows what the module decided
+// and its waits (package spans, docs/operations.md, Tracing).
 type Handler struct {
 	// DatabaseURL is the postgres:// URL of the database holding the API keys and
 	// plans. Every request queries it. Placeholders such as {env.DATABASE_URL} are

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/caddymodule/spans"
 	"github.com/keygate/keygate/internal/flaplog"
 	"github.com/keygate/keygate/keystore"
 )
@@ -96,8 +98,12 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 			ProbeTimeout: time.Duration(h.DatabaseDialTimeout + h.DatabaseTimeout),
 			OnStandby:    func(i int, in bool) { logs[i].Change(in) },
 		}
+		ro.OnLookup = spans.LookupServer
 		if m != nil {
-			ro.OnLookup = m.observeLookupServer
+			ro.OnLookup = func(ctx context.Context, standby bool) {
+				spans.LookupServer(ctx, standby)
+				m.observeLookupServer(standby)
+			}
 			ro.OnFenceWait = m.observeFenceWait
 			ro.OnReplayWait = m.observeReplayWait
 		}

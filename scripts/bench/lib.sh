@@ -17,11 +17,14 @@ caddy_globals() { printf '{\n\tadmin off\n\tauto_https off\n\tpersist_config off
 # gateway_site ADDR [OPTION...] prints a Caddyfile site at ADDR: v1_gateway with the
 # given extra options (one a line) under /v1/*, the reverse proxy to the upstream
 # behind it and for every other path (the dashboard routes bench uses to log in and
-# create keys). SITE_DB and SITE_REDIS replace the database_url and redis_url.
+# create keys). SITE_DB and SITE_REDIS replace the database_url and redis_url;
+# SITE_LINES adds lines to the site, before its handlers (tracing.sh's tracing).
 gateway_site() {
 	local addr=$1 opt
 	shift
-	printf 'http://%s {\n\tbind 127.0.0.1\n\thandle /v1/* {\n\t\tv1_gateway {\n' "$addr"
+	printf 'http://%s {\n\tbind 127.0.0.1\n' "$addr"
+	[ -z "${SITE_LINES:-}" ] || printf '\t%s\n' "$SITE_LINES"
+	printf '\thandle /v1/* {\n\t\tv1_gateway {\n'
 	printf '\t\t\tdatabase_url   %s\n' "${SITE_DB:-{env.DATABASE_URL\}}"
 	printf '\t\t\tredis_url      %s\n' "${SITE_REDIS:-{env.REDIS_URL\}}"
 	printf '\t\t\tgateway_secret {env.GATEWAY_SECRET}\n'

@@ -13,7 +13,8 @@
 # URL_A with key KEY_A and URL_B with KEY_B, both served by the Caddy PID, PAIR_ROUNDS
 # times alternating, Caddy's, PostgreSQL's and Redis's CPU per request included, stops
 # PID, and sets VAR to a report with the A/B throughput ratio (target: at least RATIO,
-# 0.95) and Caddy's CPU per request A - B (target: at most CPU us, when given).
+# 0.95; - for none, a cost reported rather than judged) and Caddy's CPU per request
+# A - B (target: at most CPU us, when given).
 #
 # Each target is judged on the median of the rounds' own figures (A's run against the
 # B run beside it), with the ratio and difference of the means beside it. Two runs
@@ -36,7 +37,7 @@ pair_run() {
 	kill "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
 	local a_rps a_p99 a_cpu a_pg a_rd b_rps b_p99 b_cpu b_pg b_rd ratio runs_a runs_b cpu_diff pg_diff rd_diff cpu_rounds cpu_verdict=""
-	local ratio_rounds ratio_median cpu_median pg_rounds pg_median
+	local ratio_rounds ratio_median cpu_median pg_rounds pg_median ratio_verdict="(informational)"
 	a_rps=$(FIELD=1 mean "${a_runs[@]}") a_p99=$(FIELD=3 mean "${a_runs[@]}") a_cpu=$(FIELD=4 mean "${a_runs[@]}")
 	b_rps=$(FIELD=1 mean "${b_runs[@]}") b_p99=$(FIELD=3 mean "${b_runs[@]}") b_cpu=$(FIELD=4 mean "${b_runs[@]}")
 	a_pg=$(FIELD=6 mean "${a_runs[@]}") b_pg=$(FIELD=6 mean "${b_runs[@]}")
@@ -54,13 +55,14 @@ pair_run() {
 	# shellcheck disable=SC2086 # one figure a word
 	pg_median=$(printf '%+.1f' "$(median 1 $pg_rounds)")
 	[ -z "$want_cpu" ] || cpu_verdict="   (<= +$want_cpu: $(verdict "$cpu_median <= $want_cpu"))"
+	[ "$want_ratio" = - ] || ratio_verdict="(>= $want_ratio: $(verdict "$ratio_median >= $want_ratio"))"
 	runs_a=$(rates "${a_runs[@]}") runs_b=$(rates "${b_runs[@]}")
 	_report=$'\n\n'$(
 		cat <<EOT
 $title, mean of $PAIR_ROUNDS alternating runs      req/s      p99 ms  caddy us/req
     $(printf '%-34s %9.0f %11.3f %11.1f' "$label_a" "$a_rps" "$a_p99" "$a_cpu")
     $(printf '%-34s %9.0f %11.3f %11.1f' "$label_b" "$b_rps" "$b_p99" "$b_cpu")
-    A/B throughput ratio               $ratio_median median of the rounds   (>= $want_ratio: $(verdict "$ratio_median >= $want_ratio")); $ratio of the means; rounds $ratio_rounds
+    A/B throughput ratio               $ratio_median median of the rounds   $ratio_verdict; $ratio of the means; rounds $ratio_rounds
     Caddy CPU A - B                    $cpu_median us/req median of the rounds$cpu_verdict; $cpu_diff of the means; rounds $cpu_rounds
     PostgreSQL CPU A - B               $pg_median us/req median of the rounds; $pg_diff of the means; rounds $pg_rounds
     Redis CPU A - B                    $rd_diff us/req

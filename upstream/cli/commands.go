@@ -47,7 +47,7 @@ var commands = []command{
 // Commands check their flags before they call it. So bad flags are reported without a
 // database.
 func (c *cli) withPool(op func(ctx context.Context, st *store.Store) (any, error)) error {
-	pool, err := c.connect(2, store.DefaultDatabaseTimeout)
+	pool, err := c.connect(2, store.DefaultDatabaseTimeout, nil)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,6 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/keystore"
@@ -63,6 +68,9 @@ type Dispatcher struct {
 	client   *http.Client
 	// Now is the clock of the schedule, the leases and the notices; a seam for tests.
 	Now func() time.Time
+	// Tracer makes the span of each delivery attempt, the root of a trace of its own
+	// (docs/operations.md, Tracing). Default: one that records nothing.
+	Tracer trace.Tracer
 	// Batch is the most deliveries claimed and attempted at once.
 	Batch int
 }
@@ -84,6 +92,7 @@ func NewDispatcher(st *store.Store, keys *keystore.Store, policy Policy, logger 
 	}
 	return &Dispatcher{
 		store: st, keys: keys, logger: logger, observer: observer, Now: time.Now, Batch: 20,
+		Tracer: noop.NewTracerProvider().Tracer(TracerName),
 		client: &http.Client{
 			Transport: transport,
 			// A redirect is the receiver's answer, not a new destination: it is not
@@ -171,8 +180,19 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 	return len(claims), nil
 }
 
-// deliver makes c's attempt and records it.
+// TracerName is the instrumentation scope of the deliveries' spans.
+const TracerName = "github.com/keygate/keygate/upstream/webhook"
+
+// deliver makes c's attempt and records it, in a span of its own: the receiver's
+// answer and the recording's queries are its children. Its attributes name the
+// endpoint, the event and the attempt, never the URL, which may hold a token of
+// the receiver's.
 func (d *Dispatcher) deliver(ctx context.Context, c store.Claim) {
+	ctx, span := d.Tracer.Start(ctx, "webhook delivery", trace.WithNewRoot(), trace.WithAttributes(
+		attribute.String("keygate.org_id", c.OrgID), attribute.String("keygate.webhook.id", c.EndpointID),
+		attribute.String("keygate.webhook.event_id", c.EventID), attribute.Int64("keygate.webhook.delivery_id", c.DeliveryID),
+		attribute.Int("keygate.webhook.attempt", c.Attempts+1)))
+	defer span.End()
 	o := d.attempt(ctx, c)
 	if ctx.Err() != nil {
 		// Stopping: the attempt was cut short by us, not by the receiver.
@@ -191,6 +211,13 @@ func (d *Dispatcher) deliver(ctx context.Context, c store.Claim) {
 		} else {
 			result = ResultFailed
 		}
+	}
+	span.SetAttributes(attribute.String("keygate.webhook.result", result))
+	if o.StatusCode != 0 {
+		span.SetAttributes(attribute.Int("http.response.status_code", o.StatusCode))
+	}
+	if !o.Delivered {
+		span.SetStatus(codes.Error, cmp.Or(o.Error, "answered "+strconv.Itoa(o.StatusCode)))
 	}
 	o.DisableAfter = DisableAfter
 	disabled, err := d.store.RecordAttempt(ctx, c, o)
