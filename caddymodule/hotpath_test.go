@@ -30,12 +30,15 @@ import (
 )
 
 // hotKeys are the keys of the hot path: one whose limit is never reached, one of a
-// plan with an organisation ceiling and a monthly quota never reached, and one
-// already over its limit.
+// plan with an organisation ceiling and a monthly quota never reached, one with a
+// second's and a day's limits beside its minute, never reached, and one already over
+// its limit.
 var hotKeys = map[string]keystore.Key{
 	"HotAdminHotAdminHotAd1": {ID: "HotAdminHotAdminHotAd1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30},
 	"HotOrgsHotOrgsHotOrgs1": {ID: "HotOrgsHotOrgsHotOrgs1", OrgID: "22222222-2222-4222-8222-222222222222", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
 		OrgRateLimit: 1 << 30, MonthlyQuota: 1 << 50},
+	"HotWindowsHotWindowsH1": {ID: "HotWindowsHotWindowsH1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
+		Windows: [keystore.NumWindows]int{keystore.PerSecond: 1 << 30, keystore.PerHour: -1, keystore.PerDay: 1 << 30}},
 	"HotOverHotOverHotOver1": {ID: "HotOverHotOverHotOver1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1},
 	"HotScopedHotScopedHot1": {ID: "HotScopedHotScopedHot1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
 		Scopes: []string{"monitors:read", "monitors:write"}},
@@ -153,6 +156,7 @@ var hotPaths = []struct {
 }{
 	{"proxied", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK, false},
 	{"proxied_budgets", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotOrgsHotOrgsHotOrgs1"), nil, http.StatusOK, false},
+	{"proxied_windows", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotWindowsHotWindowsH1"), nil, http.StatusOK, false},
 	{"proxied_scoped", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotScopedHotScopedHot1"), nil, http.StatusOK, false},
 	{"proxied_20_rules", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), twentyRules, http.StatusOK, false},
 	{"me", http.MethodGet, "/v1/me", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK, false},
@@ -189,6 +193,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 var maxHotAllocs = map[string]float64{
 	"proxied":          12,
 	"proxied_budgets":  12,
+	"proxied_windows":  12,
 	"proxied_scoped":   13, // X-Gateway-Key-Scopes: two scopes, joined
 	"proxied_20_rules": 12,
 	"me":               10, // its body, with limits, is over 99 bytes: Content-Length is no small string of strconv's

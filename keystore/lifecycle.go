@@ -97,8 +97,10 @@ func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Durati
 
 	nk := NewKey{OrgID: orgID, CreatedBy: actor}
 	var role string
-	err = tx.QueryRow(ctx, `SELECT name, role, expires_at, rate_limit, allowed_cidrs, scopes FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
-		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt, &nk.RateLimit, &nk.AllowedCIDRs, &nk.Scopes)
+	w := &nk.WindowLimits
+	err = tx.QueryRow(ctx, `SELECT name, role, expires_at, rate_limit, allowed_cidrs, scopes, rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day
+FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
+		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt, &nk.RateLimit, &nk.AllowedCIDRs, &nk.Scopes, &w[PerSecond], &w[PerHour], &w[PerDay])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, "", ErrNotFound
 	}

@@ -117,8 +117,9 @@ func TestLookupReadsOnlyIndexes(t *testing.T) {
 		case 1:
 			nk.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 		case 2:
-			limit := 10
+			limit, second := 10, 2
 			nk.Scopes, nk.RateLimit = []string{"monitors:read"}, &limit
+			nk.WindowLimits[keystore.PerSecond] = &second
 		case 3:
 			nk.ExpiresAt = &later
 		}

@@ -18,11 +18,12 @@
 # (cL)), BENCH_MATCHED (1; 0 skips (r)), MATCHED_RATE
 # ((r)'s rate in requests a second) or MATCHED_SHARE (0.6: of the median (c) rate),
 # MATCHED_CONNS (CONNS: hey's workers in (r)), BENCH_METRICS, BENCH_IDENTITY, BENCH_USAGE,
-# BENCH_BUDGETS, BENCH_SCOPES, BENCH_TRACING, BENCH_TIMING, BENCH_FIELDSTRIP and
-# BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o), (s), (tr), (t), (fs) or (k)); BENCH_STANDBY (1; 0 skips (sb)),
+# BENCH_BUDGETS, BENCH_SCOPES, BENCH_WINDOWS, BENCH_TRACING, BENCH_TIMING, BENCH_FIELDSTRIP
+# and BENCH_CLUSTER (1; 0 skips (m), (i), (u), (o), (s), (w), (tr), (t), (fs) or (k));
+# BENCH_STANDBY (1; 0 skips (sb)),
 # STANDBY_WARMUP ((sb)'s warm-up, 10s), STANDBY_ROUNDS ((sb)'s rounds, 10);
 # BENCH_MANYKEYS (1; 0 skips (mk)); BUDGETS_WAITERS ((o1) and (o2), 1,4,16,64);
-# MODULE_RUNS ((s), (s2) and (tr) in process, 8); TIMING_PAIRS ((t), 2000); FIELDSTRIP_RUNS
+# MODULE_RUNS ((s), (s2), (w) and (tr) in process, 8); TIMING_PAIRS ((t), 2000); FIELDSTRIP_RUNS
 # ((fs), 5); LANES (the (c) gateway's lookup_lanes, 1); BENCH_CAPACITY (1; 0 skips the
 # capacity section) and BENCH_ONLY above, the capacity section's own CAP_* in
 # scripts/bench/capacity.sh.
@@ -51,6 +52,7 @@ source scripts/bench/standby.sh    # (sb) lookups on a standby against the prima
 source scripts/bench/usage.sh      # (u) the usage record on against off; (u1)
 source scripts/bench/budgets.sh    # (o) organisation budgets; (o1) (o2)
 source scripts/bench/scopes.sh     # (s) scopes; (s2) a route table
+source scripts/bench/windows.sh    # (w) a key's second, minute and day against its minute
 source scripts/bench/tracing.sh    # (tr) tracing at full sampling against none
 source scripts/bench/timing.sh     # (t) nothing to time: restricted against revoked key
 source scripts/bench/manykeys.sh   # (mk) 2,000 keys among 1,000,000 rows
@@ -62,7 +64,7 @@ source scripts/bench/cluster.sh    # (k) a 3-master Redis Cluster (appended to O
 source scripts/bench/capacity.sh   # each shared dependency on its own (appended to OUT)
 
 # The sections after the core, in the order they run and report.
-sections=(metrics identity standby usage budgets scopes tracing timing manykeys fieldstrip)
+sections=(metrics identity standby usage budgets scopes windows tracing timing manykeys fieldstrip)
 
 CONNS=${CONNS:-32}
 THREADS=${THREADS:-2}

@@ -1,4 +1,4 @@
--- 009_key_lookup: a key's lookup reads two small indexes and nothing of the tables,
+-- 010_key_lookup: a key's lookup reads two small indexes and nothing of the tables,
 -- and the gateways' last_used_at writes leave the rows it reads alone
 -- (docs/scaling.md, What a lookup reads).
 --
@@ -20,7 +20,8 @@
 -- for that order, so that no other index of api_keys can serve it, and compares
 -- without the database's locale.
 CREATE INDEX api_keys_lookup_idx ON api_keys (key_id COLLATE "C")
-	INCLUDE (org_id, role, secret_hash, expires_at, rate_limit, allowed_cidrs, scopes)
+	INCLUDE (org_id, role, secret_hash, expires_at, rate_limit, rate_limit_per_second, rate_limit_per_hour,
+		rate_limit_per_day, allowed_cidrs, scopes)
 	WHERE revoked_at IS NULL;
 
 -- orgs_plan_idx does the same for the plan of the key's organisation.
