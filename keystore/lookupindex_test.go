@@ -198,3 +198,54 @@ FROM o, generate_series(1, 26) AS i`); err != nil {
 		t.Errorf("Verify after the org moved to free = %+v, %v, %v; want its key with rate limit 0", k, ok, err)
 	}
 }
+
+// TestLookupOfTheLastReleaseOnThisSchema: a gateway of the release before
+// api_keys_lookup_idx, with its own lookup statement, finds a key this release made,
+// and this release finds a key that release's upstream inserted.
+func TestLookupOfTheLastReleaseOnThisSchema(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	format := keystoretest.Format(t, "mon")
+	// The last release's statement of one key, as it was.
+	const lastRelease = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
+CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit
+	WHEN p.api_rate_limit < 0 THEN k.rate_limit
+	ELSE least(k.rate_limit, p.api_rate_limit) END,
+CASE WHEN p.api_rate_limit_per_second < 0 THEN coalesce(k.rate_limit_per_second, -1)
+	ELSE least(k.rate_limit_per_second, p.api_rate_limit_per_second) END,
+CASE WHEN p.api_rate_limit_per_hour < 0 THEN coalesce(k.rate_limit_per_hour, -1)
+	ELSE least(k.rate_limit_per_hour, p.api_rate_limit_per_hour) END,
+CASE WHEN p.api_rate_limit_per_day < 0 THEN coalesce(k.rate_limit_per_day, -1)
+	ELSE least(k.rate_limit_per_day, p.api_rate_limit_per_day) END,
+p.org_rate_limit, p.api_requests_per_month,
+CASE WHEN cardinality(k.allowed_cidrs) > 0 THEN k.allowed_cidrs END,
+array_to_string(k.scopes, ' ')
+FROM api_keys k
+JOIN orgs o ON o.id = k.org_id
+JOIN plans p ON p.name = o.plan
+WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AND k.key_id = $1` +
+		` AND CASE WHEN k.secret_hash = $2 AND (cardinality(k.allowed_cidrs) = 0 OR $3::inet <<= ANY(k.allowed_cidrs) OR $3::inet IS NULL) THEN true END`
+	rec, full := create(t, s, keystore.NewKey{OrgID: org, Name: "this release's", Role: keystore.RoleEditor})
+	_, secret, _ := format.Parse(full)
+	sum := keystore.HashSecret(secret)
+	var found string
+	if err := pool.QueryRow(ctx, lastRelease, rec.ID, sum[:], nil).Scan(&found, new(string), new(string), new([]byte),
+		new(int), new(int), new(int), new(int), new(int), new(int64), new([]netip.Prefix), new(*string)); err != nil || found != rec.ID {
+		t.Errorf("the last release's lookup of this release's key found %q, %v", found, err)
+	}
+
+	// The last release's upstream inserts a key with its own statement.
+	full, id, secret, err := format.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum = keystore.HashSecret(secret)
+	if _, err := pool.Exec(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at, rate_limit, allowed_cidrs, scopes)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT (key_id) DO NOTHING`, id, org, "the last release's", "Viewer", sum[:], nil, nil, nil, []netip.Prefix{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if k, ok, err := s.Verify(ctx, full); err != nil || !ok || k.ID != id {
+		t.Errorf("Verify of the last release's key = %+v, %v, %v", k, ok, err)
+	}
+}
