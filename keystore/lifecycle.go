@@ -151,7 +151,8 @@ const (
 
 // RevokeLeaked revokes every live key among the reports' tokens. In the same
 // statement, it audits each as key.leaked by ActorLeakReport, with the URL of its first
-// report. It returns one outcome per report, in order. It reads all the keys with one
+// report, in which the secret of any key is redacted (Redact): the URL is kept in the
+// audit trail and sent in the key.leaked event. It returns one outcome per report, in order. It reads all the keys with one
 // query, and revokes with one more. A key reported twice counts once, with the same
 // outcome both times. Reporting again answers LeakAlreadyRevoked and changes nothing.
 func (s *Store) RevokeLeaked(ctx context.Context, reports []LeakReport) ([]string, error) {
@@ -214,7 +215,7 @@ FROM api_keys WHERE key_id = ANY($1)`, ids)
 		}
 		matched[i] = subtle.ConstantTimeCompare(k.sum[:], want) == 1 && ok
 		if matched[i] && st.live {
-			liveIDs, liveURLs = append(liveIDs, k.keyID), append(liveURLs, reports[i].URL)
+			liveIDs, liveURLs = append(liveIDs, k.keyID), append(liveURLs, Redact(reports[i].URL))
 			st.live = false // its first report's URL is the one audited
 			found[k.keyID] = st
 		}
@@ -260,7 +261,7 @@ RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
 func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, COALESCE(key_id, ''), COALESCE(webhook_id::text, ''), actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
 FROM audit_events
-WHERE org_id = $1 AND ($2 = 0 OR id < $2)
+WHERE org_id = $1 AND ($2::bigint = 0 OR id < $2::bigint)
 ORDER BY id DESC LIMIT $3`, orgID, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing audit events: %w", err)

@@ -43,7 +43,7 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 //
 // It reads only indexes: api_keys_lookup_idx, whose key ids it asks for in their
 // order (COLLATE "C"), and orgs_plan_idx hold every column it reads of api_keys and
-// orgs (schema/migrations/010_key_lookup.sql). A column added here goes in its index
+// orgs (schema/migrations/013_key_lookup.sql). A column added here goes in its index
 // too, or every lookup reads the table's row again (TestLookupReadsOnlyIndexes).
 const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
 CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit

@@ -236,6 +236,8 @@ func (s *Server) routes() http.Handler {
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/test", s.page(s.pageTestWebhook)},
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/rotate", s.page(s.pageRotateWebhook)},
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/enabled", s.page(s.pageEnableWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/edit", s.page(s.pageEditWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/delete", s.page(s.pageDeleteWebhook)},
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/deliveries/{deliveryId}/retry", s.page(s.pageRetryDelivery)},
 		{"GET /dashboard/static/{file}", s.page(s.pageStatic)},
 	} {

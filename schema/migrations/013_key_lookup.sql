@@ -1,4 +1,4 @@
--- 010_key_lookup: a key's lookup reads two small indexes and nothing of the tables,
+-- 013_key_lookup: a key's lookup reads two small indexes and nothing of the tables,
 -- and the gateways' last_used_at writes leave the rows it reads alone
 -- (docs/scaling.md, What a lookup reads).
 --
