@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -16,7 +17,8 @@ const defaultMaxRequestBody = 1 << 20
 
 // limitBody reads a proxied request's body whole (readBody) before anything goes
 // upstream. A body over max_request_body answers 413 request_too_large: at once when
-// its Content-Length says so, else at the first byte too many. A body the client
+// its Content-Length says so, closing the connection (refuseBody), else at the first
+// byte too many. A body the client
 // breaks answers as bodyFailure says. Then limitBody reports false, and the upstream
 // has seen nothing of the request: it never commits a change whose answer the
 // gateway would have to replace by an error (docs/security.md, The gateway's edge).
@@ -28,6 +30,8 @@ func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystor
 			return true
 		}
 		status = bodyFailed(h.floodLog, w, r, err)
+	} else {
+		refuseBody(w)
 	}
 	h.countUsage(key, keystore.OutcomeProxied, status, units)
 	setRateLimit(w.Header(), count)
@@ -70,6 +74,17 @@ func bodyFailed(log *zap.Logger, w http.ResponseWriter, r *http.Request, err err
 	}
 	w.Header().Set("Connection", "close")
 	return status
+}
+
+// refuseBody tells net/http's server that the request's body is over its limit
+// before any of it is read, with http.MaxBytesReader's own signal, as a body crossing
+// it on the way does. The server then answers with Connection: close and closes the
+// connection gracefully after the answer, instead of reading the body first: a
+// client that waits to send it (Expect: 100-continue, or none) would otherwise get
+// the 413 only at read_body's timeout.
+func refuseBody(w http.ResponseWriter) {
+	var one [1]byte
+	_, _ = http.MaxBytesReader(innermostWriter(w), io.NopCloser(strings.NewReader(".")), 0).Read(one[:])
 }
 
 // innermostWriter unwraps w to the writer of net/http's server. http.MaxBytesReader

@@ -219,7 +219,7 @@ func routeArgs(d *caddyfile.Dispenser) (Route, error) {
 			}
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {
-				return Route{}, d.Errf("route %s %s: cost must be a whole number of at least 1, not %q", args[0], args[1], v)
+				return Route{}, d.Errf("route %s %s: cost must be a whole number from 1 to %d, not %q", args[0], args[1], routetable.MaxCost, v)
 			}
 			r.Cost = n
 		default:

@@ -189,7 +189,9 @@ func TestUnmarshalCaddyfileErrorsPointAtTheLine(t *testing.T) {
 		{"route with a dangling word", "v1_gateway {\n\troute GET /v1/x scope\n}", "wrong argument count", 2},
 		{"route with an unknown method", "v1_gateway {\n\troute GET,FETCH /v1/x\n}", `unknown method "FETCH"`, 2},
 		{"route with a bad scope", "v1_gateway {\n\troute GET /v1/x scope Reports\n}", `scope "Reports" must match`, 2},
-		{"route with a zero cost", "v1_gateway {\n\troute GET /v1/x cost 0\n}", `cost must be a whole number of at least 1, not "0"`, 2},
+		{"route with a zero cost", "v1_gateway {\n\troute GET /v1/x cost 0\n}", `cost must be a whole number from 1 to 1000000, not "0"`, 2},
+		{"route with a cost over a million", "v1_gateway {\n\troute GET /v1/x cost 100000000000000000\n}", `cost 100000000000000000 must be from 1 to 1000000`, 2},
+		{"route with a scope too long", "v1_gateway {\n\troute GET /v1/x scope r" + strings.Repeat("x", 64) + "\n}", `at most 64 characters`, 2},
 		{"route with two costs", "v1_gateway {\n\troute GET /v1/x cost 2 cost 3\n}", "cost already specified", 2},
 		{"route with an unknown word", "v1_gateway {\n\troute GET /v1/x weight 3\n}", `unrecognized "weight" (scope or cost)`, 2},
 	}

@@ -72,6 +72,7 @@ func (c *ClientBody) Validate() error {
 // on, or answers the body's failure.
 func (c *ClientBody) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if r.ContentLength > c.MaxSize {
+		refuseBody(w)
 		writeJSON(w, http.StatusRequestEntityTooLarge, bodyRequestTooLarge)
 		return nil
 	}

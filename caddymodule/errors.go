@@ -48,6 +48,14 @@ func scopeForbiddenBody(required string) []byte {
 	return append(b, '}')
 }
 
+// invalidPathBody is the body of the 400 of a path the route table and a service
+// could read differently: {"error":"invalid_request","message":problem}, the
+// message one of routetable's Path* problems.
+func invalidPathBody(problem string) []byte {
+	b := append(make([]byte, 0, len(problem)+48), `{"error":"invalid_request","message":`...)
+	return append(appendJSONString(b, problem), '}')
+}
+
 // quotaExceededBody is the body of the 402 of a request over its organisation's
 // monthly quota m: with the month's limit and what it has used, in units.
 func quotaExceededBody(m limiter.Quota) []byte {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,6 +230,7 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 	d, key, _ := newDBWithKey(t)
 	_, secret, _ := strings.Cut(key, ".")
 	encoded := strings.NewReplacer("_", "%5F", ".", "%2E").Replace(key)
+	inPath := strings.ReplaceAll(key, "_", "%5F") // an encoded dot is no path's (routetable.CheckTarget)
 	up := newUpstream(t)
 	pg := newLatencyProxy(t, hostOf(t, d.url))
 	live := startGateway(t, gatewayConfig{
@@ -244,9 +246,9 @@ func TestNoModuleLogLineShowsAKey(t *testing.T) {
 		wantLine string
 	}{
 		{live, "/v1/truncated-json?api_key=" + key + "&k=" + encoded, nil, "aborting a response the JSON filter could not complete"},
-		{live, "/v1/compressed/br/" + encoded + "?api_key=" + key, nil, "unsupported content encoding"},
+		{live, "/v1/compressed/br/" + inPath + "?api_key=" + key, nil, "unsupported content encoding"},
 		{live, "/v1/me?api_key=" + key, nil, "rate limiter failed"},
-		{live, "/v1/monitors/" + encoded + "?api_key=" + key, up.Close, "upstream failed"},
+		{live, "/v1/monitors/" + inPath + "?api_key=" + key, up.Close, "upstream failed"},
 		{live, "/v1/me?api_key=" + key, pg.Hang, "key lookup failed"},
 	} {
 		if tc.before != nil {
@@ -354,14 +356,22 @@ func TestAHungPostgresCostsALoneRequestItsDatabaseTimeoutNotMore(t *testing.T) {
 			}
 			pg.Hang()
 			defer pg.Resume()
-			for i := range conns.BreakerThreshold {
+			// Each 503 comes no sooner than the timeout and never a second late. The bound
+			// itself is judged on the median: a grace too many delays every request, while a
+			// busy machine's scheduler delays one now and then.
+			took := make([]time.Duration, conns.BreakerThreshold)
+			for i := range took {
 				var res *http.Response
 				var body []byte
-				took := timed(func() { res, body = gw.get(t, "/v1/me", key) })
+				took[i] = timed(func() { res, body = gw.get(t, "/v1/me", key) })
 				wantJSONError(t, res, body, http.StatusServiceUnavailable, wantUnavailable)
-				if took < timeout || took > tc.most+120*time.Millisecond {
-					t.Errorf("request %d: the 503 took %v; want database_timeout (%v), at most %v", i, took, timeout, tc.most)
+				if took[i] < timeout || took[i] > tc.most+time.Second {
+					t.Errorf("request %d: the 503 took %v; want database_timeout (%v), at most %v", i, took[i], timeout, tc.most)
 				}
+			}
+			slices.Sort(took)
+			if median := took[len(took)/2]; median > tc.most+120*time.Millisecond {
+				t.Errorf("the 503s took %v: a median of %v; want database_timeout (%v), at most %v", took, median, timeout, tc.most)
 			}
 		})
 	}

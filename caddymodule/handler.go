@@ -286,6 +286,7 @@ type Handler struct {
 	logger      *zap.Logger       // from ctx.Logger()
 	floodLog    *zap.Logger       // logger, at most one entry a second per message, for failures that come in floods
 	refusedLog  *zap.Logger       // logger of an upstream refusing the gateway's credentials (upstreamRefusedLog)
+	secondLooks secondLooks       // the workers of refuseAfter's second looks
 }
 
 // Route is one rule of the route table (Routes): the requests it matches, the scope
@@ -321,6 +322,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	placement.WarnStrippedPath(ctx, h.logger)
+	var looksKey string
+	h.secondLooks, looksKey = loadSecondLooks()
+	h.poolKeys = append(h.poolKeys, looksKey)
 	if !h.DisableMetrics {
 		m, key, err := loadMetrics(ctx)
 		if err != nil {
@@ -367,6 +371,13 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP decides in the order README.md gives; see Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// 0. The path: one the route table and the upstream read alike, so that the path
+	// decided is the path sent.
+	if problem := routetable.CheckTarget(r.URL); problem != "" {
+		h.answer(w, r, keystore.OutcomeInvalidPath, nil, invalidPathBody(problem))
+		return nil
+	}
+
 	// 1. Credentials.
 	keyID, secret, ok := bearerKey(r.Header, h.format)
 	if !ok {
@@ -384,12 +395,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	if !ok {
-		h.refuseLookedUp(w, r, keyID, secret)
+		h.refuseLookedUp(w, r, keyID, secret, from)
 		return nil
 	}
 	if len(key.AllowedCIDRs) > 0 && !key.AllowsAddr(from) {
 		// The very answer of an unknown key: a stolen key tells its thief nothing.
-		h.refuse(w, r, keystore.OutcomeIPDenied, &key)
+		h.refuse(w, r, key, from)
 		return nil
 	}
 	setIdentityPlaceholders(r, key)

@@ -211,17 +211,29 @@ func (h *Handler) record(r *http.Request, o keystore.Outcome, key *keystore.Key)
 	h.recordUnits(r, o, key, 1)
 }
 
-// recordUnits notes the decision of a request weighing units: its counter, the usage
-// record of its key (countDecided), its span where it is traced (spans.Decided), and
-// the access log's outcome, key_id and org_id fields, if its server writes an access
-// log. key is nil while the key is not known.
+// recordUnits notes the decision of a request weighing units: its counter and the
+// usage record of its key (count), and the request's own records, its span and its
+// access log fields (logOutcome). key is nil while the key is not known.
 func (h *Handler) recordUnits(r *http.Request, o keystore.Outcome, key *keystore.Key, units int) {
+	h.count(o, key, units)
+	h.logOutcome(r, o, key, units)
+}
+
+// count counts the decision o of a request weighing units in its counter, and in the
+// usage record of its key (countDecided), if known.
+func (h *Handler) count(o keystore.Outcome, key *keystore.Key, units int) {
 	if h.metrics != nil {
 		h.metrics.byOutcome[o].Inc()
 	}
 	if key != nil {
 		h.countDecided(key, o, units)
 	}
+}
+
+// logOutcome notes the decision o of r in r's own records: its span where it is traced
+// (spans.Decided), and the access log's outcome, key_id and org_id fields, if its
+// server writes an access log.
+func (h *Handler) logOutcome(r *http.Request, o keystore.Outcome, key *keystore.Key, units int) {
 	spans.Decided(r, o, key, units)
 	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
 	if !ok || !accessLogged(r) {

@@ -25,8 +25,13 @@ type usageRecorder interface {
 // countUsage counts a request of key answered with status, weighing units (its
 // route's cost), in the usage record. It is in memory and never waits on the database.
 func (h *Handler) countUsage(key *keystore.Key, outcome keystore.Outcome, status, units int) {
+	h.countUsageAt(key, outcome, status, units, now())
+}
+
+// countUsageAt is countUsage of a request answered at at, counted later.
+func (h *Handler) countUsageAt(key *keystore.Key, outcome keystore.Outcome, status, units int, at time.Time) {
 	if h.usage != nil {
-		h.usage.Record(key.OrgID, key.ID, now(), outcome, status, units)
+		h.usage.Record(key.OrgID, key.ID, at, outcome, status, units)
 	}
 }
 

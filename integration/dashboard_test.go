@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -337,22 +339,25 @@ func TestDashboardInABrowser(t *testing.T) {
 	}
 
 	// The usage page: a chart and each key's totals, the numbers of the JSON API.
-	s.checkUsagePage(owner, o, oldID, strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_"))
+	// The keys answered 200 to /v1/me three times (the old one) and twice (the rolled one).
+	s.checkUsagePage(owner, o, oldID, strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_"), 3, 2)
 
 	// The audit trail, and the keys page at 320 px: nothing wider than the screen.
 	owner.do("audit", chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/audit"), chromedp.WaitVisible(tid("audit-row")))
-	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 4 {
-		t.Errorf("audit trail: %d events, want 4 (created, updated, rolled, revoked)", n)
+	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 5 {
+		t.Errorf("audit trail: %d events, want 5 (created, updated, rolled, revoked, and the operator's plan change)", n)
 	}
-	if got := get(owner, "the update's changes", chromedp.Text(tid("audit-changes"))); got != "rate limit: 50 a minute → 40 a minute; rate limit a second: 5 a second → 3 a second; "+
-		"rate limit a day: 10000 a day → plan's; allowed networks: 127.0.0.0/8, ::1/128, 192.0.2.0/24 → 127.0.0.1/32, ::1/128" {
-		t.Errorf("the audit trail says %q", got)
+	changes := get(owner, "the changes", chromedp.Evaluate[[]string](`[...document.querySelectorAll('[data-testid="audit-changes"]')].map(e => e.textContent)`))
+	if want := []string{"plan: pro → metered", "rate limit: 50 a minute → 40 a minute; rate limit a second: 5 a second → 3 a second; " +
+		"rate limit a day: 10000 a day → plan's; allowed networks: 127.0.0.0/8, ::1/128, 192.0.2.0/24 → 127.0.0.1/32, ::1/128"}; !slices.Equal(changes, want) {
+		t.Errorf("the audit trail says %q, want %q", changes, want)
 	}
-	// People by email, keys by name: the owner did all four, on the key "deploy bot"
-	// and the key its roll made, which keeps the name.
-	for _, actor := range get(owner, "the actors", chromedp.Evaluate[[]string](`[...document.querySelectorAll('[data-testid="audit-actor"]')].map(e => e.textContent)`)) {
-		if actor != o.Email {
-			t.Errorf("the audit trail names %q, want %q", actor, o.Email)
+	// People by email, keys by name: the owner did all four key events, on the key
+	// "deploy bot" and the key its roll made, which keeps the name; the newest, the
+	// plan change of checkUsagePage, was the operator's.
+	for i, actor := range get(owner, "the actors", chromedp.Evaluate[[]string](`[...document.querySelectorAll('[data-testid="audit-actor"]')].map(e => e.textContent)`)) {
+		if want := map[bool]string{true: "an operator", false: o.Email}[i == 0]; actor != want {
+			t.Errorf("the audit trail names %q, want %q", actor, want)
 		}
 	}
 	for _, k := range get(owner, "the keys", chromedp.Evaluate[[]string](`[...document.querySelectorAll('[data-testid="audit-key"]')].map(e => e.textContent)`)) {
@@ -468,9 +473,17 @@ func (s *Stack) wantSettings(tb *tab, row chromedp.CSS, limit, windows, cidrs st
 // then reads it on the usage page in tb: the chart has a bar per hour, and each key's
 // total is the API's for the same range, with at least what was added. The gateway
 // may have counted requests of its own: the API says how many.
-func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string) {
+func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string, oldServed, rolledServed int64) {
 	s.t.Helper()
 	now := time.Now()
+	// The gateway records its answers a moment later: the page and the API are read
+	// once the record has every answer the keys got, so that both read the same.
+	since := now.Add(-time.Hour)
+	reader := s.loginOwner(o)
+	testenv.Eventually(s.t, 30*time.Second, "the gateway's record of the keys' /v1/me answers", func() bool {
+		got := reader.usageTotals(o.ID, since)
+		return got[oldID+" me 200"] >= oldServed && got[rolledID+" me 200"] >= rolledServed
+	})
 	s.recordUsage(o.ID,
 		usageRow{oldID, now.Add(-3 * time.Hour), keystore.OutcomeProxied, 200, 40},
 		usageRow{oldID, now.Add(-3 * time.Hour), keystore.OutcomeRateLimited, 429, 6},

@@ -346,7 +346,9 @@ http://{{.Addr}} {
 		v1_gateway_jwks {{.}}
 	}{{end}}
 	handle {
-		reverse_proxy {{.Upstream}}
+		reverse_proxy {{.Upstream}} {
+			header_up X-Forwarded-For {client_ip}
+		}
 	}
 }
 `))

@@ -57,7 +57,7 @@ type Key struct {
 	MonthlyQuota int64
 	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
 	AllowedCIDRs []netip.Prefix
-	// Scopes are the key's scopes, in the order of the package's Scopes; nil:
+	// Scopes are the key's scopes, in the vocabulary's order (Store.Scopes); nil:
 	// everything its role allows. A scope never widens the role: a request needs its
 	// route's scope as well (docs/configuration.md, Scopes and route costs).
 	Scopes []string
@@ -100,7 +100,7 @@ type Record struct {
 	// AllowedCIDRs are the networks the key may be used from, in canonical form; empty:
 	// anywhere.
 	AllowedCIDRs []netip.Prefix
-	// Scopes are the key's scopes, in the order of the package's Scopes; nil:
+	// Scopes are the key's scopes, in the vocabulary's order (Store.Scopes); nil:
 	// everything its role allows.
 	Scopes []string
 }
@@ -126,7 +126,7 @@ type NewKey struct {
 	// AllowedCIDRs is optional: the networks the key may be used from, at most
 	// MaxAllowedCIDRs, each as ParseCIDR returns it. Empty: anywhere.
 	AllowedCIDRs []netip.Prefix
-	// Scopes is optional: the key's scopes, as ParseScopes returns them. Nil:
-	// everything its role allows.
+	// Scopes is optional: the key's scopes, each in the vocabulary (Store.Scopes),
+	// none twice. Nil: everything its role allows.
 	Scopes []string
 }

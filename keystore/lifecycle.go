@@ -42,13 +42,15 @@ type Event struct {
 	// KeyID is the key of a key.* action; WebhookID the endpoint of a webhook.* one.
 	KeyID     string
 	WebhookID string
-	// Actor is the acting user's id, or ActorLeakReport.
+	// Actor is the acting user's id, ActorLeakReport, or another program's name: the
+	// webhook dispatcher's, an operator's command's.
 	Actor string
 	// NewKeyID is the key a roll created (ActionRolled only).
 	NewKeyID string
 	// URL is where a leaked key was found (ActionLeaked only).
 	URL string
-	// Changes is what an update changed (ActionUpdated only).
+	// Changes is what an update changed (ActionUpdated), or an organisation's plan
+	// (org.plan_changed).
 	Changes *Changes
 	At      time.Time
 }

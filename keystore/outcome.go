@@ -14,13 +14,14 @@ const (
 	OutcomeUnauthenticated    Outcome = iota // no, a malformed, an unknown or a wrong key
 	OutcomeFeatureGated                      // the plan has no API access
 	OutcomeRateLimited                       // over the key's or the organisation's minute
-	OutcomeForbidden                         // a Viewer key writing
+	OutcomeForbidden                         // the key's role (a Viewer key writing) or its scopes
 	OutcomeMe                                // GET /v1/me, answered by the gateway
 	OutcomeProxied                           // handed to the upstream, whatever it answered
 	OutcomeLookupUnavailable                 // PostgreSQL did not answer in time
 	OutcomeLimiterUnavailable                // Redis did not count, limiter_failure closed
 	OutcomeQuotaExceeded                     // the organisation's month is spent
 	OutcomeIPDenied                          // a key used from outside its allowed networks
+	OutcomeInvalidPath                       // a path a service could route otherwise than the gateway decided
 	NumOutcomes                              // the number of outcomes, not an outcome
 )
 
@@ -45,6 +46,7 @@ var outcomes = [NumOutcomes]struct {
 	OutcomeLimiterUnavailable: {"limiter_unavailable", http.StatusServiceUnavailable, true, false},
 	OutcomeQuotaExceeded:      {"quota_exceeded", http.StatusPaymentRequired, true, false},
 	OutcomeIPDenied:           {"ip_denied", http.StatusUnauthorized, true, false},
+	OutcomeInvalidPath:        {"invalid_path", http.StatusBadRequest, false, false},
 }
 
 // String returns o's name, or "" for a value that is no outcome.

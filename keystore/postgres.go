@@ -325,7 +325,7 @@ func scanLookup(rows pgx.Rows, ids int) (map[string]row, error) {
 // splitScopes returns the scopes of a lookup's row, which sends them separated by
 // spaces, and nil for NULL: a key without scopes. Scanning the list as text rather than
 // as an array spares every lookup the planning of an array scan, a few allocations, and
-// costs a key without scopes nothing. A scope never holds a space (ParseScopes).
+// costs a key without scopes nothing. A scope never holds a space (ValidScopeName).
 func splitScopes(t pgtype.Text) []string {
 	if !t.Valid {
 		return nil
@@ -371,7 +371,8 @@ func retryable(ctx context.Context, err error) bool {
 // Create makes a new key and returns its record and the full key, which is never
 // readable again. A key with a creator (NewKey.CreatedBy) is audited as key.created,
 // in the same transaction. Settings that break their rules are a *SettingError. The
-// rate limit is checked against the organisation's plan within the transaction.
+// rate limit is checked against the organisation's plan, and the scopes against the
+// vocabulary, within the transaction.
 func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if !nk.Role.Valid() {
 		return Record{}, "", fmt.Errorf("invalid role %q", nk.Role)
@@ -386,6 +387,9 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	}
 	defer tx.Rollback(ctx)
 	if err := checkNewSettings(ctx, tx, nk.OrgID, nk.RateLimit, nk.WindowLimits, nk.AllowedCIDRs); err != nil {
+		return Record{}, "", err
+	}
+	if nk.Scopes, err = resolveScopes(ctx, tx, nk.Scopes); err != nil {
 		return Record{}, "", err
 	}
 	r, full, err := s.insertKey(ctx, tx, nk)

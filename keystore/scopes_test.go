@@ -3,6 +3,7 @@ package keystore_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -10,7 +11,23 @@ import (
 	"github.com/keygate/keygate/keystore/keystoretest"
 )
 
-func TestParseScopesKeepsTheVocabularysOrder(t *testing.T) {
+// TestAKeysScopesFollowTheVocabularysOrder: a key is created with its scopes in the
+// vocabulary's order, whatever the order given, so that two lists of the same scopes
+// are equal; a scope the operator added takes its place after the others.
+func TestAKeysScopesFollowTheVocabularysOrder(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	if _, err := pool.Exec(ctx, `INSERT INTO scopes (name) VALUES ('reports:read')`); err != nil {
+		t.Fatal(err)
+	}
+	vocab, err := s.Scopes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []keystore.Scope{{"monitors:read", "List and read monitors"}, {"monitors:write", "Create and change monitors"},
+		{"monitors:delete", "Delete monitors"}, {"reports:read", ""}}; !slices.Equal(vocab, want) {
+		t.Errorf("Scopes = %q, want %q", vocab, want)
+	}
 	for _, tc := range []struct {
 		name string
 		in   []string
@@ -19,12 +36,14 @@ func TestParseScopesKeepsTheVocabularysOrder(t *testing.T) {
 		{"nil is unscoped", nil, nil},
 		{"one", []string{"monitors:write"}, []string{"monitors:write"}},
 		{"out of order", []string{"monitors:delete", "monitors:read"}, []string{"monitors:read", "monitors:delete"}},
-		{"every scope", []string{"monitors:write", "monitors:delete", "monitors:read"}, keystore.Scopes},
+		{"the operator's", []string{"reports:read", "monitors:write"}, []string{"monitors:write", "reports:read"}},
+		{"every scope", []string{"reports:read", "monitors:write", "monitors:delete", "monitors:read"},
+			[]string{"monitors:read", "monitors:write", "monitors:delete", "reports:read"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := keystore.ParseScopes(tc.in)
-			if err != nil || (got == nil) != (tc.want == nil) || !slices.Equal(got, tc.want) {
-				t.Errorf("ParseScopes(%q) = %#v, %v; want %#v", tc.in, got, err, tc.want)
+			rec, _ := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleEditor, Scopes: tc.in})
+			if (rec.Scopes == nil) != (tc.want == nil) || !slices.Equal(rec.Scopes, tc.want) {
+				t.Errorf("Create with %q = %#v; want %#v", tc.in, rec.Scopes, tc.want)
 			}
 		})
 	}
@@ -37,10 +56,11 @@ func TestParseScopesRefusesWhatCannotBeMeant(t *testing.T) {
 		reason string
 	}{
 		{"empty", []string{}, "must list at least one scope, or be null for everything the role allows"},
-		{"unknown", []string{"monitors:read", "monitors:admin"}, `"monitors:admin" is not a scope: use monitors:read, monitors:write or monitors:delete`},
-		{"another case", []string{"Monitors:Read"}, `"Monitors:Read" is not a scope: use monitors:read, monitors:write or monitors:delete`},
-		{"white space", []string{" monitors:read"}, `" monitors:read" is not a scope: use monitors:read, monitors:write or monitors:delete`},
-		{"empty string", []string{""}, `"" is not a scope: use monitors:read, monitors:write or monitors:delete`},
+		{"another case", []string{"Monitors:Read"}, `"Monitors:Read" is not a scope: a scope matches [a-z][a-z0-9_.:-]*`},
+		{"white space", []string{" monitors:read"}, `" monitors:read" is not a scope: a scope matches [a-z][a-z0-9_.:-]*`},
+		{"empty string", []string{""}, `"" is not a scope: a scope matches [a-z][a-z0-9_.:-]*`},
+		{"too long", []string{"a" + strings.Repeat("b", keystore.MaxScopeLen)}, `"a` + strings.Repeat("b", keystore.MaxScopeLen) +
+			`" is not a scope: a scope matches [a-z][a-z0-9_.:-]*`},
 		{"twice", []string{"monitors:read", "monitors:write", "monitors:read"}, "lists monitors:read more than once"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +210,7 @@ func TestKeysLookedUpTogetherKeepTheirOwnScopes(t *testing.T) {
 	want := make([][]string, n)
 	for i := range n {
 		if i%4 != 0 { // every fourth key unscoped
-			want[i] = []string{keystore.Scopes[i%len(keystore.Scopes)]}
+			want[i] = []string{[]string{keystore.ScopeMonitorsRead, keystore.ScopeMonitorsWrite, keystore.ScopeMonitorsDelete}[i%3]}
 		}
 		_, full[i] = create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleAdmin, Scopes: want[i]})
 	}

@@ -182,14 +182,15 @@ type Update struct {
 	// SetAllowedCIDRs says that AllowedCIDRs is the key's new list; empty is anywhere.
 	SetAllowedCIDRs bool
 	AllowedCIDRs    []netip.Prefix
-	// SetScopes says that Scopes are the key's new scopes, as ParseScopes returns
-	// them; nil is everything its role allows.
+	// SetScopes says that Scopes are the key's new scopes, which ParseScopes has
+	// passed; nil is everything its role allows.
 	SetScopes bool
 	Scopes    []string
 }
 
 // Changes is what a key.updated event changed: each setting that changed, before and
-// after. It is stored as the event's JSON, in this form.
+// after; or what an org.plan_changed changed, the organisation's plan. It is stored
+// as the event's JSON, in this form.
 type Changes struct {
 	RateLimit          *RateLimitChange `json:"rate_limit,omitempty"`
 	RateLimitPerSecond *RateLimitChange `json:"rate_limit_per_second,omitempty"`
@@ -197,6 +198,13 @@ type Changes struct {
 	RateLimitPerDay    *RateLimitChange `json:"rate_limit_per_day,omitempty"`
 	AllowedCIDRs       *CIDRsChange     `json:"allowed_cidrs,omitempty"`
 	Scopes             *ScopesChange    `json:"scopes,omitempty"`
+	Plan               *PlanChange      `json:"plan,omitempty"`
+}
+
+// PlanChange is an organisation's plan before and after.
+type PlanChange struct {
+	From string `json:"from"`
+	To   string `json:"to"`
 }
 
 // Window returns the change of the key's own limit in w; nil if it did not change.
@@ -229,7 +237,8 @@ var ErrNoChange = errors.New("keystore: the update sets no setting")
 
 // Update changes the settings of the live key keyID of orgID that u sets, in one
 // transaction, and returns the key's record. It checks them first (a *SettingError),
-// the rate limit against the organisation's plan at this moment, then answers
+// the rate limit against the organisation's plan and the scopes against the
+// vocabulary at this moment, then answers
 // ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
 // or expired key. The settings that change are audited as one key.updated by actor,
 // with what changed; an Update that changes nothing audits nothing.
@@ -262,6 +271,9 @@ func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor
 		}
 	}
 	if err := checkNewSettings(ctx, tx, orgID, rateLimit, windows, u.AllowedCIDRs); err != nil {
+		return Record{}, err
+	}
+	if u.Scopes, err = resolveScopes(ctx, tx, u.Scopes); err != nil {
 		return Record{}, err
 	}
 	if !ValidKeyID(keyID) {
@@ -341,7 +353,7 @@ func equalLimits(a, b *int) bool {
 }
 
 // equalScopes reports whether a and b are the same scopes: both nil (unscoped), or
-// both the same list. Lists are kept in the order of Scopes, so order is no matter.
+// both the same list. Lists are kept in the vocabulary's order, so order is no matter.
 func equalScopes(a, b []string) bool {
 	return (a == nil) == (b == nil) && slices.Equal(a, b)
 }

@@ -6,33 +6,67 @@
 package routetable
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 // Rule is one rule of the route table, as configured: the requests it matches, the
 // scope a scoped key needs for them, and what each weighs against every budget.
 type Rule struct {
 	// Methods are the HTTP methods the rule matches, in upper case. "*" or none:
-	// every method.
+	// every method. A rule naming GET matches HEAD too: a service answers a HEAD
+	// with its GET handler.
 	Methods []string `json:"methods,omitempty"`
 	// Path is a path pattern, read as Caddy's path matcher reads one: case-insensitive,
 	// on the cleaned path, "*" at the end a prefix match, at the start a suffix match,
 	// elsewhere a glob. Required.
 	Path string `json:"path"`
-	// Scope is the scope a scoped key needs for the rule's requests. Default: none
-	// (any key whose role allows the method)
+	// Scope is the scope a scoped key needs for the rule's requests, one of the
+	// upstream's vocabulary (`upstream scope list`), which this package cannot see.
+	// Default: none (any key whose role allows the method)
 	Scope string `json:"scope,omitempty"`
 	// Cost is how many units each of the rule's requests counts against the key's
-	// minute, the organisation's minute and its month. Default: 1
+	// minute, the organisation's minute and its month, from 1 to MaxCost. Default: 1
 	Cost int `json:"cost,omitempty"`
+}
+
+// MaxCost is the most a rule's requests may cost. A budget counts up to it many
+// times over without leaving the range Redis's scripts count in exactly.
+const MaxCost = 1_000_000
+
+// UnmarshalJSON reads a rule of the JSON config. A cost given as 0 is refused, as
+// below 1: left out, the cost is 1.
+func (r *Rule) UnmarshalJSON(b []byte) error {
+	type plain Rule
+	var in struct {
+		*plain
+		Cost *int `json:"cost"`
+	}
+	in.plain = (*plain)(r)
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	if in.Cost != nil {
+		if *in.Cost < 1 {
+			return costError(*r, *in.Cost)
+		}
+		r.Cost = *in.Cost
+	}
+	return nil
+}
+
+// costError is the error of a rule whose cost is out of range.
+func costError(r Rule, cost int) error {
+	return fmt.Errorf("route %s %s: cost %d must be from 1 to %d", strings.Join(r.Methods, ","), r.Path, cost, MaxCost)
 }
 
 // Builtin is the table of /v1 when the config names no route
@@ -53,9 +87,6 @@ var routeMethods = []string{
 	http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace,
 }
 
-// scopeRE is what a scope looks like.
-var scopeRE = regexp.MustCompile(`^[a-z][a-z0-9_.:-]*$`)
-
 // Check returns what is wrong with r, or nil.
 func Check(r Rule) error {
 	if strings.TrimSpace(r.Path) == "" {
@@ -66,11 +97,12 @@ func Check(r Rule) error {
 			return fmt.Errorf("route %s %s: unknown method %q (one of %s, or *)", strings.Join(r.Methods, ","), r.Path, m, strings.Join(routeMethods, ", "))
 		}
 	}
-	if r.Scope != "" && !scopeRE.MatchString(r.Scope) {
-		return fmt.Errorf("route %s %s: scope %q must match %s", strings.Join(r.Methods, ","), r.Path, r.Scope, scopeRE)
+	if r.Scope != "" && !keystore.ValidScopeName(r.Scope) {
+		return fmt.Errorf("route %s %s: scope %q must match %s, at most %d characters", strings.Join(r.Methods, ","), r.Path, r.Scope,
+			keystore.ScopeNamePattern, keystore.MaxScopeLen)
 	}
-	if r.Cost < 0 {
-		return fmt.Errorf("route %s %s: cost %d must be at least 1", strings.Join(r.Methods, ","), r.Path, r.Cost)
+	if r.Cost < 0 || r.Cost > MaxCost {
+		return costError(r, r.Cost)
 	}
 	return nil
 }
@@ -134,6 +166,9 @@ func New(rules []Rule) *Table {
 				continue
 			}
 			rt.methods |= 1 << slices.Index(routeMethods, m)
+			if m == http.MethodGet {
+				rt.methods |= 1 << slices.Index(routeMethods, http.MethodHead)
+			}
 		}
 		if len(r.Methods) == 0 {
 			rt.methods = ^uint16(0)

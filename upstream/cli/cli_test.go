@@ -168,6 +168,8 @@ func TestPlanListGetAndSet(t *testing.T) {
 	}{
 		{"plan list", []string{"plan", "list"}, 0, `{"plans":[` + enterprise + "," + free + "," + pro + "," + team + `]}`, ""},
 		{"plan get", []string{"plan", "get", "--name", "pro"}, 0, pro, ""},
+		{"plan get by its first argument", []string{"plan", "get", "pro"}, 0, pro, ""},
+		{"plan get with two names", []string{"plan", "get", "pro", "free"}, 2, "", `upstream plan get: usage: unexpected argument "free" (see --help)`},
 		{"plan get of an unknown plan", []string{"plan", "get", "--name", "gold"}, 1, "", `upstream plan get: unknown plan "gold"`},
 		{"plan get without a name", []string{"plan", "get"}, 2, "", "upstream plan get: usage: --name is required (see --help)"},
 		{"plan list with an argument", []string{"plan", "list", "pro"}, 2, "", `upstream plan list: usage: unexpected argument "pro" (see --help)`},

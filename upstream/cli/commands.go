@@ -10,6 +10,7 @@ import (
 	"unicode"
 
 	"github.com/keygate/keygate/internal/version"
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema"
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
@@ -33,30 +34,28 @@ var commands = []command{
 	{"migrate", "apply the database schema to DATABASE_URL (idempotent)", (*cli).migrate},
 	{"version", "print the version of this binary", (*cli).version},
 	{"plan list", "print every plan", (*cli).planList},
-	{"plan get", "print one plan", (*cli).planGet},
+	{"plan get", "print one plan (plan get P, or --name P)", (*cli).planGet},
 	{"plan put", "create a plan or replace its limits", (*cli).planPut},
 	{"plan set", "change the given limits of a plan, keeping the others", (*cli).planSet},
 	{"org create", "create an organisation on a plan", (*cli).orgCreate},
 	{"org set-plan", "move an organisation to another plan", (*cli).orgSetPlan},
 	{"user create", "create a user, the password read from standard input", (*cli).userCreate},
 	{"member add", "make a user a member of an organisation, or change their role", (*cli).memberAdd},
+	{"org list", "print every organisation", (*cli).orgList},
+	{"key list", "print an organisation's keys", (*cli).keyList},
+	{"key revoke", "revoke an organisation's key, from its next request on", (*cli).keyRevoke},
+	{"scope list", "print the scopes keys may carry", (*cli).scopeList},
+	{"scope put", "add a scope keys may carry, or change its description", (*cli).scopePut},
+	{"scope delete", "remove a scope no live key holds", (*cli).scopeDelete},
+	{"audit list", "print the operators' audit: changes to plans and scopes", (*cli).auditList},
 }
 
 // withPool runs op on a store on a small pool of DATABASE_URL. store.DefaultDatabaseTimeout
 // bounds each database wait. withPool prints what op returns as one line of JSON.
 // Commands check their flags before they call it. So bad flags are reported without a
-// database.
+// database. withKeys (operators.go) is the same with the keys' store.
 func (c *cli) withPool(op func(ctx context.Context, st *store.Store) (any, error)) error {
-	pool, err := c.connect(2, store.DefaultDatabaseTimeout, nil)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	out, err := op(c.ctx, store.New(pool))
-	if err != nil {
-		return err
-	}
-	return c.printJSON(out)
+	return c.withKeys(func(ctx context.Context, st *store.Store, _ *keystore.Store) (any, error) { return op(ctx, st) })
 }
 
 func (c *cli) migrate(name string, args []string) error {
@@ -104,11 +103,11 @@ func (c *cli) planList(name string, args []string) error {
 }
 
 func (c *cli) planGet(name string, args []string) error {
-	fs := c.flags(name, "--name P",
+	fs := c.flags(name, "P | --name P",
 		`Prints plan P: {"name","api_rate_limit","max_monitors","min_interval_seconds","locations","check_types","org_rate_limit","api_requests_per_month",`+
 			`"api_rate_limit_per_second","api_rate_limit_per_hour","api_rate_limit_per_day"}.`)
-	planName := fs.String("name", "", "plan name `P` (required)")
-	if err := c.parse(fs, args, "name"); err != nil {
+	planName := fs.String("name", "", "plan name `P` (required, or the first argument)")
+	if err := c.parse(fs, positionalName(args), "name"); err != nil {
 		return err
 	}
 	return c.withPool(func(ctx context.Context, st *store.Store) (any, error) {

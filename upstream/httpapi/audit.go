@@ -10,7 +10,8 @@ import (
 )
 
 // eventJSON is one audit event. key_id appears on the key.* actions, webhook_id on the
-// webhook.* ones, new_key_id on key.rolled, url on key.leaked, changes on key.updated.
+// webhook.* ones, new_key_id on key.rolled, url on key.leaked, changes on key.updated
+// and org.plan_changed.
 type eventJSON struct {
 	ID        string            `json:"id"`
 	Action    string            `json:"action"`

@@ -266,3 +266,24 @@ func TestTheAuditPageNamesWebhooks(t *testing.T) {
 		}
 	}
 }
+
+// TestAnOperatorsPlanChangeIsInTheOrgsTrail: org set-plan's move is an event of the
+// organisation's trail, by the operator, with the plans before and after, in the JSON
+// API and on the audit page.
+func TestAnOperatorsPlanChangeIsInTheOrgsTrail(t *testing.T) {
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
+	if _, err := store.New(e.Pool).SetOrgPlan(t.Context(), org, "enterprise"); err != nil {
+		t.Fatal(err)
+	}
+	r := owner.Do("GET", "/orgs/"+org+"/audit-events", "")
+	upstreamtest.WantStatus(t, r, 200)
+	if want := `"action":"org.plan_changed","actor":"operator","changes":{"plan":{"from":"pro","to":"enterprise"}},"at":`; !strings.Contains(r.Body, want) {
+		t.Errorf("the trail %s lacks %s", r.Body, want)
+	}
+	page := owner.Do("GET", "/dashboard/orgs/"+org+"/audit", "").Body
+	for _, want := range []string{`data-testid="audit-changes">plan: pro → enterprise<`, `data-testid="audit-actor">an operator<`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the audit page lacks %s:\n%s", want, page)
+		}
+	}
+}

@@ -1,50 +1,32 @@
 package httpapi
 
 import (
-	"net"
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/keygate/keygate/internal/clientip"
 )
 
 // fromTrustedProxy reports whether r's connection comes from one of the trusted
 // proxies, and returns the connection's address.
 func (s *Server) fromTrustedProxy(r *http.Request) (netip.Addr, bool) {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	a, err := netip.ParseAddr(host)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	a = a.Unmap()
-	for _, p := range s.trustedProxies {
-		if p.Contains(a) {
-			return a, true
-		}
-	}
-	return a, false
+	a, ok := clientip.Parse(r.RemoteAddr)
+	return a, ok && clientip.Trusted(a, s.trustedProxies)
 }
 
-// clientAddr returns the client the login throttle counts r against. From a trusted
-// proxy, it is the last hop of X-Forwarded-For: the address that proxy saw. The
-// earlier hops are the client's to write. Otherwise, or without a usable
-// X-Forwarded-For, it is the connection's address. throttleClient then groups IPv6
-// addresses.
+// clientAddr returns the client the login throttle counts r against: the address
+// the gateway would check a key's networks against (package clientip). From a
+// trusted proxy, it is the rightmost X-Forwarded-For entry that is not a trusted
+// proxy: the gateway and any balancer before it, named in --trusted-proxies, are
+// passed over. Otherwise, or without such an entry, it is the connection's address.
+// throttleClient then groups IPv6 addresses.
 func (s *Server) clientAddr(r *http.Request) string {
 	conn, trusted := s.fromTrustedProxy(r)
-	if trusted {
-		if hop := lastHop(r.Header.Values("X-Forwarded-For")); hop != "" {
-			if a, err := netip.ParseAddr(hop); err == nil {
-				return throttleClient(a.Unmap())
-			}
-		}
-	}
 	if !conn.IsValid() {
 		return r.RemoteAddr
 	}
-	return throttleClient(conn)
+	return throttleClient(clientip.Resolve(conn, trusted, r.Header.Values("X-Forwarded-For"), s.trustedProxies))
 }
 
 // throttleClient is the client an address belongs to. An IPv4 address or IPv6

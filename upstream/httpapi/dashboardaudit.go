@@ -122,6 +122,8 @@ func (n auditNamer) actor(actor string) string {
 		return "a leak report"
 	case actor == store.ActorDispatcher:
 		return "the webhook dispatcher"
+	case actor == store.ActorOperator:
+		return "an operator"
 	case n.emails[actor] != "":
 		return n.emails[actor]
 	}
@@ -131,7 +133,7 @@ func (n auditNamer) actor(actor string) string {
 // changesWords says what a key.updated changed, each setting before and after:
 // "rate limit: plan's → 25 a minute; rate limit a second: plan's → 2 a second;
 // allowed networks: anywhere → 192.0.2.0/24; scopes: all the role allows →
-// monitors:read".
+// monitors:read"; or an org.plan_changed: "plan: free → pro".
 func changesWords(c *keystore.Changes) string {
 	if c == nil {
 		return ""
@@ -150,6 +152,9 @@ func changesWords(c *keystore.Changes) string {
 	}
 	if sc := c.Scopes; sc != nil {
 		parts = append(parts, "scopes: "+scopesWords(sc.From)+" → "+scopesWords(sc.To))
+	}
+	if p := c.Plan; p != nil {
+		parts = append(parts, "plan: "+p.From+" → "+p.To)
 	}
 	return strings.Join(parts, "; ")
 }

@@ -38,7 +38,7 @@ func (s *Server) showKeys(w http.ResponseWriter, r *http.Request, p principal, d
 }
 
 // listKeys adds the keys of p's organisation to data, each with its requests in the
-// last 24 hours, and the plan's budgets.
+// last 24 hours, the plan's budgets and the scopes a key may carry.
 func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) error {
 	recs, err := s.keys.List(ctx, p.orgID)
 	if err != nil {
@@ -53,6 +53,9 @@ func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) erro
 		return err
 	}
 	data.Plan = newPlanView(budgets)
+	if data.Scopes, err = s.keys.Scopes(ctx); err != nil {
+		return err
+	}
 	now := s.now()
 	for _, rec := range recs {
 		kv := s.keyView(rec, now)

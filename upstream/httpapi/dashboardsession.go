@@ -90,7 +90,7 @@ func (s *Server) orgPage(r *http.Request, title string) (principal, *pageData, e
 	}
 	data := &pageData{
 		Title: title, User: true, MultiOrg: len(orgs) > 1, CanManage: p.canManageKeys(),
-		Org: &store.OrgMembership{ID: p.orgID, Role: p.role}, Roles: keyRoles, Scopes: keystore.Scopes,
+		Org: &store.OrgMembership{ID: p.orgID, Role: p.role}, Roles: keyRoles,
 		Form: keyForm{Role: string(keystore.RoleViewer)},
 	}
 	for i := range orgs {

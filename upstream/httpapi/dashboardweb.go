@@ -56,7 +56,7 @@ type pageData struct {
 	NewKey     *newKeyView
 	Form       keyForm
 	Roles      []string
-	Scopes     []string // keys: the scopes a key may carry, keystore.Scopes
+	Scopes     []keystore.Scope // keys: the scopes a key may carry, the vocabulary
 	Events     []eventView
 	NextCursor string
 	Usage      *usageView

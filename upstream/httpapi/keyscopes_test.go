@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/internal/upstreamtest"
 	"github.com/keygate/keygate/upstream/store"
 )
@@ -76,7 +77,7 @@ func TestBadScopesAreRefusedAtEveryDoor(t *testing.T) {
 	for _, tc := range []struct{ name, members, message string }{
 		{"empty", `"scopes":[]`, "scopes: must list at least one scope, or be null for everything the role allows"},
 		{"unknown", `"scopes":["monitors:read","monitors:admin"]`, unknown},
-		{"another case", `"scopes":["MONITORS:READ"]`, `scopes: "MONITORS:READ" is not a scope: use monitors:read, monitors:write or monitors:delete`},
+		{"another case", `"scopes":["MONITORS:READ"]`, `scopes: "MONITORS:READ" is not a scope: a scope matches [a-z][a-z0-9_.:-]*`},
 		{"twice", `"scopes":["monitors:write","monitors:write"]`, "scopes: lists monitors:write more than once"},
 		{"a string", `"scopes":"monitors:read"`, "scopes: must be an array of strings or null, not a string"},
 		{"an object", `"scopes":{}`, "scopes: must be an array of strings or null, not an object"},
@@ -92,6 +93,35 @@ func TestBadScopesAreRefusedAtEveryDoor(t *testing.T) {
 				t.Errorf("a refused write changed keys or trail: %s, then %s", before, after)
 			}
 		})
+	}
+}
+
+// TestTheVocabularyIsTheOperators: a scope the operator adds is offered by the
+// dashboard and accepted by both doors at once, in the vocabulary's order; one the
+// operator deletes is neither.
+func TestTheVocabularyIsTheOperators(t *testing.T) {
+	e, org, owner := upstreamtest.NewOrgEnv(t, "pro", store.RoleOwner)
+	st := store.New(e.Pool)
+	if _, err := st.PutScope(t.Context(), keystore.Scope{Name: "reports:read", Description: "Read reports"}); err != nil {
+		t.Fatal(err)
+	}
+	page := owner.Do("GET", "/dashboard/orgs/"+org, "").Body
+	if want := `<label title="Read reports"><input name="scopes" type="checkbox" value="reports:read"> reports:read</label>`; !strings.Contains(page, want) {
+		t.Errorf("the keys page lacks %s", want)
+	}
+	id, _ := newKey(t, owner, org, `{"name":"r","role":"Viewer","scopes":["reports:read","monitors:read"]}`)
+	if got := listEntry(t, owner, org, id); !strings.Contains(got, `"scopes":["monitors:read","reports:read"]`) {
+		t.Errorf("listed as %s", got)
+	}
+	upstreamtest.WantStatus(t, owner.Do("PATCH", "/orgs/"+org+"/api-keys/"+id, `{"scopes":["monitors:read"]}`), 200)
+	if _, err := st.DeleteScope(t.Context(), "reports:read"); err != nil {
+		t.Fatal(err)
+	}
+	const gone = `scopes: "reports:read" is not a scope: use monitors:read, monitors:write or monitors:delete`
+	upstreamtest.Want(t, owner.Do("PATCH", "/orgs/"+org+"/api-keys/"+id, `{"scopes":["reports:read"]}`), 400, badRequest(gone))
+	upstreamtest.Want(t, owner.Do("POST", "/orgs/"+org+"/api-keys", `{"name":"k","role":"Admin","scopes":["reports:read"]}`), 400, badRequest(gone))
+	if page := owner.Do("GET", "/dashboard/orgs/"+org, "").Body; strings.Contains(page, "reports:read") {
+		t.Error("the keys page still offers a deleted scope")
 	}
 }
 
@@ -173,9 +203,9 @@ func TestDashboardCreatesAndEditsAKeysScopes(t *testing.T) {
 	page := owner.Do("GET", "/dashboard/orgs/"+org, "").Body
 	for _, field := range []string{
 		`<fieldset class="scopes" data-testid="create-key-scopes">`,
-		`<label><input name="scopes" type="checkbox" value="monitors:read"> monitors:read</label>`,
-		`<label><input name="scopes" type="checkbox" value="monitors:write"> monitors:write</label>`,
-		`<label><input name="scopes" type="checkbox" value="monitors:delete"> monitors:delete</label>`,
+		`<label title="List and read monitors"><input name="scopes" type="checkbox" value="monitors:read"> monitors:read</label>`,
+		`<label title="Create and change monitors"><input name="scopes" type="checkbox" value="monitors:write"> monitors:write</label>`,
+		`<label title="Delete monitors"><input name="scopes" type="checkbox" value="monitors:delete"> monitors:delete</label>`,
 	} {
 		if !strings.Contains(page, field) {
 			t.Errorf("the keys page lacks %s", field)
@@ -248,7 +278,7 @@ func TestDashboardCreatesAndEditsAKeysScopes(t *testing.T) {
 			if edit := settingsForm(t, r.Body, id); !strings.Contains(edit, `value="monitors:read" checked>`) {
 				t.Errorf("the settings form is not sent back as it was:\n%s", edit)
 			}
-		} else if !strings.Contains(r.Body, `<label><input name="scopes" type="checkbox" value="monitors:read" checked> monitors:read</label>`) {
+		} else if !strings.Contains(r.Body, `<input name="scopes" type="checkbox" value="monitors:read" checked> monitors:read</label>`) {
 			t.Errorf("the create form is not sent back as it was:\n%s", r.Body)
 		}
 	}

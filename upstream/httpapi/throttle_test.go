@@ -117,3 +117,32 @@ func TestLoginThrottleCountsAnIPv6AddressByItsSlash64(t *testing.T) {
 	// The next /64 is another client.
 	upstreamtest.WantStatus(t, loginFrom(e, "2001:db8:1:3::1", email, password), 204)
 }
+
+// TestLoginThrottleBehindATrustedBalancerCountsTheClient: the gateway appends the
+// balancer's address to X-Forwarded-For, after the client's, which the balancer
+// appended. With the balancer among the trusted proxies, the throttle passes over it
+// to the rightmost untrusted entry: five wrong passwords from one client leave
+// another client's right password alone, and whatever the client wrote further left
+// is not its address.
+func TestLoginThrottleBehindATrustedBalancerCountsTheClient(t *testing.T) {
+	clock := upstreamtest.NewClock()
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) {
+		c.TrustedProxies = append([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, loopback...)
+		c.LoginThrottle = store.LoginThrottle{Window: time.Minute, PerEmail: 3, PerClient: 5}
+		c.Now = clock.Now
+	})
+	email, password := e.User()
+	const attacker, owner, balancer = "203.0.113.1", "203.0.113.2", "10.0.0.5"
+	via := func(client, pw string) upstreamtest.Response {
+		return e.Anon().With("X-Forwarded-For", "192.0.2.77, "+client+", "+balancer).
+			Do("POST", "/auth/login", upstreamtest.JSONBody(map[string]string{"email": email, "password": pw}))
+	}
+	for i := range 5 {
+		upstreamtest.WantStatus(t, via(attacker, "wrong password"), map[bool]int{true: 401, false: 429}[i < 3])
+	}
+	upstreamtest.Want(t, via(attacker, password), 429, `{"error":"rate_limited","retryAfter":60}`)
+	upstreamtest.Want(t, via(owner, password), 204, "")
+	if got := upstreamtest.Scalar[string](e, `SELECT string_agg(DISTINCT client, ',') FROM login_attempts`); got != attacker {
+		t.Errorf("attempts recorded for %q, want %s", got, attacker)
+	}
+}

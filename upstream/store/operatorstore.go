@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -13,8 +14,8 @@ import (
 )
 
 // The operator's writes behind the commands of package cli (docs/configuration.md).
-// Each changes the database in one statement or transaction. Each returns what it
-// wrote, and the command prints that as JSON. The command has checked their input. A
+// Each changes the database in one statement or transaction, with its audit
+// (operatoraudit.go). Each returns what it wrote, and the command prints that as JSON. The command has checked their input. A
 // missing referent is apperr.ENOTFOUND, a duplicate apperr.ECONFLICT.
 
 // Plan is a plan as the plan commands print it, and as `plan put` writes it.
@@ -59,9 +60,24 @@ type Member struct {
 	Role   string `json:"role"`
 }
 
-// PutPlan creates the plan p.Name or replaces its limits.
+// PutPlan creates the plan p.Name or replaces its limits, audited in the operators'
+// audit as plan.created or plan.updated with the plan before and after.
 func (s *Store) PutPlan(ctx context.Context, p Plan) (Plan, error) {
-	_, err := s.pool.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Plan{}, fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	old, err := scanPlan(tx.QueryRow(ctx, `SELECT `+planColumns+` FROM plans WHERE name = $1 FOR UPDATE`, p.Name))
+	var before any = old
+	action := ActionPlanUpdated
+	if errors.Is(err, pgx.ErrNoRows) {
+		before, action, err = nil, ActionPlanCreated, nil
+	}
+	if err != nil {
+		return Plan{}, fmt.Errorf("reading plan: %w", err)
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
 	org_rate_limit, api_requests_per_month, api_rate_limit_per_second, api_rate_limit_per_hour, api_rate_limit_per_day)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (name) DO UPDATE SET
@@ -79,6 +95,12 @@ ON CONFLICT (name) DO UPDATE SET
 		p.Name, p.APIRateLimit, p.MaxMonitors, p.MinIntervalSeconds, p.Locations, p.CheckTypes,
 		p.OrgRateLimit, p.APIRequestsPerMonth, p.APIRateLimitPerSecond, p.APIRateLimitPerHour, p.APIRateLimitPerDay)
 	if err != nil {
+		return Plan{}, fmt.Errorf("writing plan: %w", err)
+	}
+	if err := auditOperator(ctx, tx, action, p.Name, before, p); err != nil {
+		return Plan{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}
 	return p, nil
@@ -124,7 +146,8 @@ func (s *Store) Plan(ctx context.Context, name string) (Plan, error) {
 // UpdatePlan changes the existing plan name: change gets its stored limits and
 // alters those it is given, and may refuse the result with an error. The read and the
 // write are one transaction with the row locked, so two updates of different limits
-// both hold. An unknown plan is apperr.ENOTFOUND.
+// both hold. It is audited in the operators' audit as plan.updated, with the plan
+// before and after. An unknown plan is apperr.ENOTFOUND.
 func (s *Store) UpdatePlan(ctx context.Context, name string, change func(*Plan) error) (Plan, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -138,6 +161,7 @@ func (s *Store) UpdatePlan(ctx context.Context, name string, change func(*Plan) 
 	if err != nil {
 		return Plan{}, fmt.Errorf("reading plan: %w", err)
 	}
+	before := p
 	if err := change(&p); err != nil {
 		return Plan{}, err
 	}
@@ -149,6 +173,9 @@ WHERE name = $1`,
 		p.OrgRateLimit, p.APIRequestsPerMonth, p.APIRateLimitPerSecond, p.APIRateLimitPerHour, p.APIRateLimitPerDay)
 	if err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
+	}
+	if err := auditOperator(ctx, tx, ActionPlanUpdated, name, before, p); err != nil {
+		return Plan{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
@@ -170,25 +197,82 @@ func (s *Store) CreateOrg(ctx context.Context, name, planName string) (Org, erro
 	return o, nil
 }
 
-// SetOrgPlan moves the organisation orgID, a UUID, to another existing plan.
+// SetOrgPlan moves the organisation orgID, a UUID, to another existing plan. A move to
+// another plan is audited in the organisation's audit trail as org.plan_changed by
+// ActorOperator, with the plans before and after; a move to the plan it is on changes
+// nothing and audits nothing.
 func (s *Store) SetOrgPlan(ctx context.Context, orgID, planName string) (Org, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Org{}, fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
 	var exists bool
-	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM plans WHERE name = $1)`, planName).Scan(&exists); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM plans WHERE name = $1)`, planName).Scan(&exists); err != nil {
 		return Org{}, fmt.Errorf("looking up plan: %w", err)
 	}
 	if !exists {
 		return Org{}, apperr.Errorf(apperr.ENOTFOUND, "unknown plan %q", planName)
 	}
 	o := Org{Plan: planName}
-	err := s.pool.QueryRow(ctx, `UPDATE orgs SET plan = $2 WHERE id = $1 RETURNING id::text, name`, orgID, planName).
-		Scan(&o.ID, &o.Name)
+	var from string
+	err = tx.QueryRow(ctx, `SELECT id::text, name, plan FROM orgs WHERE id = $1 FOR UPDATE`, orgID).Scan(&o.ID, &o.Name, &from)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Org{}, apperr.Errorf(apperr.ENOTFOUND, "unknown org %s", orgID)
 	}
 	if err != nil {
 		return Org{}, fmt.Errorf("setting plan: %w", err)
 	}
+	if from == planName {
+		return o, nil
+	}
+	_, err = tx.Exec(ctx, `WITH o AS (UPDATE orgs SET plan = $2 WHERE id = $1)
+INSERT INTO audit_events (org_id, action, actor, changes)
+VALUES ($1, $3, $4, jsonb_build_object('plan', jsonb_build_object('from', $5::text, 'to', $2::text)))`,
+		orgID, planName, ActionOrgPlanChanged, ActorOperator, from)
+	if err != nil {
+		return Org{}, fmt.Errorf("setting plan: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Org{}, fmt.Errorf("setting plan: %w", err)
+	}
 	return o, nil
+}
+
+// OrgExists returns apperr.ENOTFOUND when there is no organisation orgID, a UUID.
+func (s *Store) OrgExists(ctx context.Context, orgID string) error {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM orgs WHERE id = $1)`, orgID).Scan(&exists); err != nil {
+		return fmt.Errorf("looking up org: %w", err)
+	}
+	if !exists {
+		return apperr.Errorf(apperr.ENOTFOUND, "unknown org %s", orgID)
+	}
+	return nil
+}
+
+// OrgListing is an organisation as `org list` prints it.
+type OrgListing struct {
+	Org
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Orgs returns every organisation, oldest first.
+func (s *Store) Orgs(ctx context.Context) ([]OrgListing, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id::text, name, plan, created_at FROM orgs ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("listing orgs: %w", err)
+	}
+	orgs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OrgListing, error) {
+		var o OrgListing
+		err := row.Scan(&o.ID, &o.Name, &o.Plan, &o.CreatedAt)
+		o.CreatedAt = o.CreatedAt.UTC()
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing orgs: %w", err)
+	}
+	return orgs, nil
 }
 
 // CreateUser creates a user with hasher's hash of pw. Emails are unique, whatever their

@@ -1,17 +1,21 @@
-// Package timingpair is a bench tool, used by make bench only
-// (scripts/bench/timing.sh): it measures whether two requests that must look alike
-// also take alike. It sends them in interleaved pairs, each pair in a random order,
-// and compares their times: the medians, and the share of pairs in which each was the
-// slower. make bench uses it on a refused restricted key against a revoked key, whose
-// 401s are byte for byte the same (docs/security.md, Timing).
+// Package timingpair is a test and bench tool, used by make bench
+// (scripts/bench/timing.sh) and the integration suite: it measures whether two
+// requests that must look alike also take alike. It sends them in interleaved pairs,
+// each pair in a random order, and compares their times: the medians, and the share
+// of pairs in which each was the slower. make bench uses it on a refused restricted
+// key against a revoked key, whose 401s are byte for byte the same (docs/security.md,
+// Timing).
 package timingpair
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"time"
 )
@@ -36,8 +40,22 @@ type Result struct {
 }
 
 // Run sends warmup pairs it does not count, then pairs pairs, one request at a time
-// over one keep-alive connection, and compares the times of A and B.
+// over one keep-alive connection, and compares the times of A and B: each from its
+// request to the end of its answer.
 func Run(client *http.Client, a, b Request, warmup, pairs int) (Result, error) {
+	return run(func(r Request) (time.Duration, answer, error) { return timed(client, r) }, a, b, warmup, pairs)
+}
+
+// RunClosing is Run with each request on a connection of its own, asking the server
+// to close it (Connection: close), and timed from its request to the server's close
+// of the connection: what a client can time of a refusal, all the work the server
+// does before it lets the connection go included.
+func RunClosing(a, b Request, warmup, pairs int) (Result, error) {
+	return run(timedToClose, a, b, warmup, pairs)
+}
+
+// run is Run and RunClosing, with timed the one's way of timing a request.
+func run(timed func(Request) (time.Duration, answer, error), a, b Request, warmup, pairs int) (Result, error) {
 	var ref answer
 	var res Result
 	res.IdenticalBytes = true
@@ -50,11 +68,11 @@ func Run(client *http.Client, a, b Request, warmup, pairs int) (Result, error) {
 		if !aFirst {
 			first, second = b, a
 		}
-		t1, ans1, err := timed(client, first)
+		t1, ans1, err := timed(first)
 		if err != nil {
 			return res, err
 		}
-		t2, ans2, err := timed(client, second)
+		t2, ans2, err := timed(second)
 		if err != nil {
 			return res, err
 		}
@@ -112,6 +130,43 @@ func timed(client *http.Client, r Request) (time.Duration, answer, error) {
 	took := time.Since(start)
 	if err != nil {
 		return 0, answer{}, fmt.Errorf("%s: reading the answer: %w", r.Name, err)
+	}
+	return took, answer{res.StatusCode, body}, nil
+}
+
+// timedToClose sends r on a new connection with Connection: close, reads the answer
+// and then until the server closes the connection, and returns how long that took
+// from the request's first byte.
+func timedToClose(r Request) (time.Duration, answer, error) {
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		return 0, answer{}, err
+	}
+	conn, err := net.DialTimeout("tcp", u.Host, 10*time.Second)
+	if err != nil {
+		return 0, answer{}, fmt.Errorf("%s: %w", r.Name, err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return 0, answer{}, err
+	}
+	req := "GET " + u.RequestURI() + " HTTP/1.1\r\nHost: " + u.Host + "\r\nAuthorization: Bearer " + r.Key + "\r\nConnection: close\r\n\r\n"
+	start := time.Now()
+	if _, err := io.WriteString(conn, req); err != nil {
+		return 0, answer{}, fmt.Errorf("%s: %w", r.Name, err)
+	}
+	raw, err := io.ReadAll(conn) // to the server's close
+	took := time.Since(start)
+	if err != nil {
+		return 0, answer{}, fmt.Errorf("%s: reading to the close: %w", r.Name, err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil)
+	if err != nil {
+		return 0, answer{}, fmt.Errorf("%s: %w", r.Name, err)
+	}
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		return 0, answer{}, fmt.Errorf("%s: %w", r.Name, err)
 	}
 	return took, answer{res.StatusCode, body}, nil
 }

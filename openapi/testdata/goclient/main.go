@@ -118,10 +118,10 @@ func scopeKey(ctx context.Context, dash *dashboard.ClientWithResponses, org open
 		scopes    []dashboard.Scope // nil: null
 		rateLimit int               // 0: null
 	}{
-		{"PATCH scopes", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullableWithValue(dashboard.KeyScopes{dashboard.MonitorsRead})},
-			[]dashboard.Scope{dashboard.MonitorsRead}, 0},
+		{"PATCH scopes", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullableWithValue(dashboard.KeyScopes{"monitors:read"})},
+			[]dashboard.Scope{"monitors:read"}, 0},
 		{"PATCH the rate limit alone", dashboard.ApiKeyUpdate{RateLimit: nullable.NewNullableWithValue(30)},
-			[]dashboard.Scope{dashboard.MonitorsRead}, 30},
+			[]dashboard.Scope{"monitors:read"}, 30},
 		{"PATCH scopes and rate limit null", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullNullable[dashboard.KeyScopes](),
 			RateLimit: nullable.NewNullNullable[dashboard.KeyRateLimit]()}, nil, 0},
 	} {

@@ -20,7 +20,7 @@ func TestAKeyPatchSendsNullApartFromLeavingOut(t *testing.T) {
 	}{
 		{"scopes left out", dashboard.ApiKeyUpdate{RateLimit: nullable.NewNullableWithValue(30)}, `{"rate_limit":30}`},
 		{"scopes null", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullNullable[dashboard.KeyScopes]()}, `{"scopes":null}`},
-		{"scopes listed", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullableWithValue(dashboard.KeyScopes{dashboard.MonitorsRead})},
+		{"scopes listed", dashboard.ApiKeyUpdate{Scopes: nullable.NewNullableWithValue(dashboard.KeyScopes{"monitors:read"})},
 			`{"scopes":["monitors:read"]}`},
 		{"rate limit null", dashboard.ApiKeyUpdate{RateLimit: nullable.NewNullNullable[dashboard.KeyRateLimit]()}, `{"rate_limit":null}`},
 	} {

@@ -3,7 +3,7 @@
 // prints the medians of two requests, the share of pairs in which each was the slower,
 // and whether the targets hold.
 //
-//	timingpair -url http://127.0.0.1:8080/v1/me -a KEY -b KEY [-pairs 2000]
+//	timingpair -url http://127.0.0.1:8080/v1/me -a KEY -b KEY [-pairs 2000] [-close]
 package main
 
 import (
@@ -26,6 +26,7 @@ func main() {
 	warmup := flag.Int("warmup", 200, "pairs sent first and not counted")
 	maxDiff := flag.Duration("max-diff", 5*time.Microsecond, "target: the medians differ by at most this")
 	maxShare := flag.Float64("max-share", 0.55, "target: neither is the slower in more than this share of pairs")
+	closing := flag.Bool("close", false, "send each request on a connection of its own, timed to the server's close of it")
 	flag.Parse()
 	if *url == "" || *a == "" || *b == "" {
 		flag.Usage()
@@ -35,9 +36,11 @@ func main() {
 		Timeout:   10 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true},
 	}
-	res, err := timingpair.Run(client,
-		timingpair.Request{Name: *aName, URL: *url, Key: *a},
-		timingpair.Request{Name: *bName, URL: *url, Key: *b}, *warmup, *pairs)
+	ra, rb := timingpair.Request{Name: *aName, URL: *url, Key: *a}, timingpair.Request{Name: *bName, URL: *url, Key: *b}
+	res, err := timingpair.Run(client, ra, rb, *warmup, *pairs)
+	if *closing {
+		res, err = timingpair.RunClosing(ra, rb, *warmup, *pairs)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "timingpair:", err)
 		os.Exit(1)
