@@ -109,11 +109,12 @@ func TestKeyFormatDecisions(t *testing.T) {
 	}
 }
 
-// lastUsedAt reads a key's last_used_at straight from the database.
+// lastUsedAt reads a key's last_used_at straight from the database, where the
+// gateway writes it.
 func (d *db) lastUsedAt(keyID string) *time.Time {
 	d.t.Helper()
 	var at *time.Time
-	if err := d.pool.QueryRow(context.Background(), `SELECT last_used_at FROM api_keys WHERE key_id = $1`, keyID).Scan(&at); err != nil {
+	if err := d.pool.QueryRow(context.Background(), `SELECT (SELECT last_used_at FROM api_key_last_used WHERE key_id = $1)`, keyID).Scan(&at); err != nil {
 		d.t.Fatal(err)
 	}
 	return at

@@ -11,9 +11,11 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/caddymodule/spans"
+	"github.com/keygate/keygate/internal/flaplog"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -49,6 +51,22 @@ func (e readerEntry) Destruct() error {
 	return nil
 }
 
+// standbyLog logs a standby joining and leaving the lookups: a change at once, then
+// at most once a minute while the standby keeps crossing database_read_max_lag, with
+// the number of changes, at warn unless it is in after a single change.
+func standbyLog(logger *zap.Logger, host string) *flaplog.Log {
+	return flaplog.New(false, time.Minute, func(in bool, changes int) {
+		level, msg := zapcore.WarnLevel, "standby left out of key lookups: down, or behind by more than database_read_max_lag"
+		if in {
+			msg = "standby takes key lookups"
+		}
+		if in && changes == 1 {
+			level = zapcore.InfoLevel
+		}
+		logger.Log(level, msg, zap.String("standby", host), zap.Int("changes", changes))
+	})
+}
+
 // provisionReads takes a pool for each of database_read_urls and returns the shared
 // Reader over them, with primary answering what no standby can. primaryKey is the
 // pools key of primaryPool. Every setting the Reader is built with is in its key.
@@ -68,9 +86,9 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 	}
 	readerKey := strings.Join(key, "\x01")
 	logger := h.logger
-	hosts := make([]string, len(h.readURLs))
+	logs := make([]*flaplog.Log, len(h.readURLs))
 	for i, u := range h.readURLs {
-		hosts[i] = standbyHost(u)
+		logs[i] = standbyLog(logger, standbyHost(u))
 	}
 	m := h.metrics
 	v, _, err := pools.LoadOrNew(readerKey, func() (caddy.Destructor, error) {
@@ -78,14 +96,7 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 			Batcher:      opts,
 			MaxLag:       time.Duration(h.DatabaseReadMaxLag),
 			ProbeTimeout: time.Duration(h.DatabaseDialTimeout + h.DatabaseTimeout),
-			OnStandby: func(i int, in bool) {
-				if in {
-					logger.Info("standby takes key lookups", zap.String("standby", hosts[i]))
-				} else {
-					logger.Warn("standby left out of key lookups: down, or behind by more than database_read_max_lag",
-						zap.String("standby", hosts[i]))
-				}
-			},
+			OnStandby:    func(i int, in bool) { logs[i].Change(in) },
 		}
 		ro.OnLookup = spans.LookupServer
 		if m != nil {

@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
@@ -134,5 +136,26 @@ func TestStandbysSurviveAReload(t *testing.T) {
 	}
 	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
 		t.Fatalf("GET /v1/me without standbys: %d %s", res.StatusCode, body)
+	}
+}
+
+// TestStandbyLogTellsAFlappingStandbyOnceAMinute: a standby's first change is logged
+// at once, at info when it comes in; the changes right after it are held (the minute
+// of internal/flaplog's own tests), and never log a line each.
+func TestStandbyLogTellsAFlappingStandbyOnceAMinute(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	l := standbyLog(zap.New(core), "standby1:5432")
+	for i := range 10 {
+		l.Change(i%2 == 0) // in, out, in, … as a standby crossing database_read_max_lag
+	}
+	entries := logs.AllUntimed()
+	if len(entries) != 1 {
+		t.Fatalf("logged %d lines for 10 changes within a minute, want 1: %v", len(entries), entries)
+	}
+	e := entries[0]
+	if e.Level != zapcore.InfoLevel || e.Message != "standby takes key lookups" ||
+		e.ContextMap()["standby"] != "standby1:5432" || e.ContextMap()["changes"] != int64(1) {
+		t.Errorf("first line: %v %q %v, want info \"standby takes key lookups\" standby=standby1:5432 changes=1",
+			e.Level, e.Message, e.ContextMap())
 	}
 }

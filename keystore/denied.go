@@ -67,9 +67,10 @@ func (d *Denials) Denied(ctx context.Context, keyID, secret string) (Key, bool, 
 const deniedSelect = `SELECT k.key_id, k.org_id::text, k.secret_hash FROM api_keys k
 WHERE cardinality(k.allowed_cidrs) > 0 AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())`
 
+// Like the lookup, it reads api_keys_lookup_idx alone (lookupSelect).
 var (
-	deniedOneSQL = deniedSelect + " AND k.key_id = $1 AND k.secret_hash = $2"
-	deniedAnySQL = deniedSelect + " AND k.key_id = ANY($1) AND k.secret_hash = ANY($2)"
+	deniedOneSQL = deniedSelect + ` AND k.key_id COLLATE "C" = $1 AND k.secret_hash = $2`
+	deniedAnySQL = deniedSelect + ` AND k.key_id COLLATE "C" = ANY($1) AND k.secret_hash = ANY($2)`
 )
 
 // query is the Denials' gather.Flush: one statement for the batch's distinct key ids

@@ -52,3 +52,17 @@ func (r *Reader) StandbyQueries() (n uint64) {
 	}
 	return n
 }
+
+// LookupStatement returns the statement and arguments of the lookup of one batch of
+// ids (distinct key ids) presenting the digests sums, as the store sends it.
+func LookupStatement(ids []string, sums [][]byte) (string, []any) {
+	probes := make([]probe, len(ids))
+	for i := range ids {
+		probes[i] = probe{id: ids[i], sum: [32]byte(sums[i])}
+	}
+	l := lookupOf(probes)
+	return l.sql, l.args
+}
+
+// DeniedStatements are the second look's statements, of one key and of many.
+var DeniedStatements = [2]string{deniedOneSQL, deniedAnySQL}

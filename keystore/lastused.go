@@ -3,7 +3,6 @@ package keystore
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,9 +37,9 @@ type LastUsedOptions struct {
 	OnDrop func()
 }
 
-// LastUsed records which keys were used, and writes their api_keys.last_used_at in
+// LastUsed records which keys were used, and writes when, their last_used_at, in
 // batches, off the request path. Record only notes a key id in memory. Run flushes the
-// noted ids every Interval, with one UPDATE. A key is written at most once per
+// noted ids every Interval, with one statement. A key is written at most once per
 // Interval, with the database's clock at the flush. What was noted since the last
 // flush is lost if the process dies (docs/operations.md, last_used_at). A flush that
 // fails keeps its ids for the next one, as far as MaxPending allows.
@@ -95,13 +94,18 @@ func (l *LastUsed) Record(keyID string) {
 // (flusher).
 func (l *LastUsed) Run(ctx context.Context) { l.flusher.run(ctx) }
 
-// lastUsedSQL sets last_used_at of the keys among $1 to the flush's time. The time
-// never goes back: a slower gateway's older flush does not undo a newer one.
-const lastUsedSQL = `UPDATE api_keys SET last_used_at = now()
-WHERE key_id = ANY($1) AND (last_used_at IS NULL OR last_used_at < now())`
+// lastUsedSQL sets when the keys among $1 that exist were last used to the flush's
+// time, in api_key_last_used: a table of its own, so that the pages of api_keys that
+// the lookups read stay unchanged (docs/scaling.md, What a lookup reads). The time
+// never goes back: a slower gateway's older flush does not undo a newer one. The rows
+// go in key order, the order in which another gateway's flush locks them too.
+const lastUsedSQL = `INSERT INTO api_key_last_used AS u (key_id, last_used_at)
+SELECT key_id, now() FROM api_keys WHERE key_id = ANY($1) ORDER BY key_id
+ON CONFLICT (key_id) DO UPDATE SET last_used_at = excluded.last_used_at
+WHERE u.last_used_at < excluded.last_used_at`
 
-// Flush writes the ids noted since the last flush with one UPDATE, and forgets them.
-// If the UPDATE fails they are noted again, for the next flush.
+// Flush writes the ids noted since the last flush with one statement, and forgets
+// them. If it fails they are noted again, for the next flush.
 func (l *LastUsed) Flush(ctx context.Context) error {
 	l.mu.Lock()
 	if len(l.pending) == 0 {
@@ -116,8 +120,6 @@ func (l *LastUsed) Flush(ctx context.Context) error {
 	for id := range batch {
 		ids = append(ids, id)
 	}
-	// In one order, so that two gateways flushing at once lock rows in one order.
-	slices.Sort(ids)
 	_, err := pgfailover.Exec(ctx, l.pool, pgfailover.Local, lastUsedSQL, ids)
 	if err != nil {
 		err = fmt.Errorf("writing last_used_at: %w", err)

@@ -73,7 +73,7 @@ func TestLastUsedNeverGoesBack(t *testing.T) {
 	s, pool, org := newStore(t, "pro")
 	k, _ := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleEditor})
 	future := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
-	if _, err := pool.Exec(ctx, `UPDATE api_keys SET last_used_at = $1 WHERE key_id = $2`, future, k.ID); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO api_key_last_used (key_id, last_used_at) VALUES ($1, $2)`, k.ID, future); err != nil {
 		t.Fatal(err)
 	}
 	lu := keystore.NewLastUsed(pool, keystore.LastUsedOptions{})
@@ -219,4 +219,33 @@ func TestRunFlushesEveryIntervalAndOnceMoreWhenStopped(t *testing.T) {
 func TestNilLastUsedRecordsNothing(t *testing.T) {
 	var lu *keystore.LastUsed
 	lu.Record("AbCdEfGhIjKlMnOpQrStUv") // must not panic
+}
+
+// TestLastUsedOfTheLastReleaseAndThisOneShowTheLater: while gateways roll, those of
+// the release before api_key_last_used still write api_keys.last_used_at, with their
+// own statement, and the key list shows the later of what either release wrote.
+func TestLastUsedOfTheLastReleaseAndThisOneShowTheLater(t *testing.T) {
+	ctx := context.Background()
+	s, pool, org := newStore(t, "pro")
+	k, _ := create(t, s, keystore.NewKey{OrgID: org, Name: "k", Role: keystore.RoleEditor})
+	// The last release's statement, as it was.
+	const lastRelease = `UPDATE api_keys SET last_used_at = now()
+WHERE key_id = ANY($1) AND (last_used_at IS NULL OR last_used_at < now())`
+	lu := keystore.NewLastUsed(pool, keystore.LastUsedOptions{})
+	var seen []time.Time
+	for i, write := range []func() error{
+		func() error { _, err := pool.Exec(ctx, lastRelease, []string{k.ID}); return err },
+		func() error { lu.Record(k.ID); return lu.Flush(ctx) },
+		func() error { _, err := pool.Exec(ctx, lastRelease, []string{k.ID}); return err },
+	} {
+		if err := write(); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		got := lastUsedOf(t, s, org, k.ID)
+		if got == nil || (len(seen) > 0 && !got.After(seen[len(seen)-1])) {
+			t.Fatalf("after write %d (of %s) the list shows %v, want later than %v", i,
+				[]string{"the last release", "this release", "the last release"}[i], got, seen)
+		}
+		seen = append(seen, *got)
+	}
 }

@@ -41,6 +41,11 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 // scopes come as one text, NULL for none (splitScopes). lookupOf completes its
 // condition on the key id, then lookupDigest its condition on the digest and address. The
 // database's clock decides revocation and expiry, on this very request.
+//
+// It reads only indexes: api_keys_lookup_idx, whose key ids it asks for in their
+// order (COLLATE "C"), and orgs_plan_idx hold every column it reads of api_keys and
+// orgs (schema/migrations/013_key_lookup.sql). A column added here goes in its index
+// too, or every lookup reads the table's row again (TestLookupReadsOnlyIndexes).
 const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
 CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit
 	WHEN p.api_rate_limit < 0 THEN k.rate_limit
@@ -57,7 +62,7 @@ array_to_string(k.scopes, ' ')
 FROM api_keys k
 JOIN orgs o ON o.id = k.org_id
 JOIN plans p ON p.name = o.plan
-WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AND k.key_id `
+WHERE k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()) AND k.key_id COLLATE "C" `
 
 // lookupDigest is the condition on the presented digests and client addresses of a
 // lookup statement whose ids take params parameters. They come after the ids: one
@@ -370,8 +375,11 @@ FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 }
 
 // recordColumns are the columns of api_keys that make a Record, in scanRecord's order.
-const recordColumns = `key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at, rate_limit, allowed_cidrs, scopes,
-	rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day`
+// A key's last use is the later of api_key_last_used's, which LastUsed writes, and
+// api_keys.last_used_at, which gateways of the release before it wrote.
+const recordColumns = `key_id, org_id::text, name, role, created_at, expires_at, revoked_at,
+greatest(last_used_at, (SELECT u.last_used_at FROM api_key_last_used u WHERE u.key_id = api_keys.key_id)),
+rate_limit, allowed_cidrs, scopes, rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day`
 
 // scanRecord scans a row of recordColumns.
 func scanRecord(row pgx.Row) (Record, error) {

@@ -24,7 +24,9 @@
 # STANDBY_WARMUP ((sb)'s warm-up, 10s), STANDBY_ROUNDS ((sb)'s rounds, 10);
 # BENCH_MANYKEYS (1; 0 skips (mk)); BUDGETS_WAITERS ((o1) and (o2), 1,4,16,64);
 # MODULE_RUNS ((s), (s2), (w) and (tr) in process, 8); TIMING_PAIRS ((t), 2000); FIELDSTRIP_RUNS
-# ((fs), 5); LANES (the (c) gateway's lookup_lanes, 1); BENCH_CAPACITY (1; 0 skips the
+# ((fs), 5); LANES (the (c) gateway's lookup_lanes, 1); BENCH_SHARED_BUFFERS (1GB) and
+# BENCH_HUGE_PAGES (on; off runs without), the stack's PostgreSQL as docs/scaling.md
+# advises (bench/setup.sh; huge pages need root); BENCH_CAPACITY (1; 0 skips the
 # capacity section) and BENCH_ONLY above, the capacity section's own CAP_* in
 # scripts/bench/capacity.sh.
 # PROFILE=DIR also writes DIR/gateway.cpu.pprof (Caddy's pprof, through its admin

@@ -40,6 +40,13 @@
 # It installs redis-server and PostgreSQL with apt-get when they are missing, and runs
 # PostgreSQL as the postgres user when invoked as root (PostgreSQL refuses to run as root).
 # The servers are tuned for tests (no fsync); they are not for production data.
+#
+# For up, PG_SHARED_BUFFERS (128MB) is PostgreSQL's shared_buffers, and PG_HUGE_PAGES=on
+# backs them with huge pages that up reserves in the kernel's pool (vm.nr_hugepages,
+# as root) and down gives back; without it, or when the kernel has not the memory,
+# PostgreSQL runs without (huge_pages off), whatever the machine reserved for others.
+# make bench sets both as docs/scaling.md tells operators to; DIR/pg.hugepages says
+# how many pages the stack holds.
 set -euo pipefail
 
 die() { echo "stack.sh: $*" >&2; exit 1; }
@@ -162,12 +169,50 @@ up_pg() {
 	as_pg "$bindir/initdb" -D "$dir/pg" -U keygate --auth=trust -E UTF8 --no-locale --no-sync >"$dir/initdb.log" 2>&1 ||
 		{ cat "$dir/initdb.log" >&2; die "initdb failed"; }
 	{
-		printf '%s\n' "fsync = off" "full_page_writes = off" "max_connections = 300" "shared_buffers = 128MB"
+		printf '%s\n' "fsync = off" "full_page_writes = off" "max_connections = 300" "shared_buffers = ${PG_SHARED_BUFFERS:-128MB}"
 		printf '%s\n' "$@"
 	} >>"$dir/pg/postgresql.conf"
+	local huge=off
+	if [ "${PG_HUGE_PAGES:-off}" = on ] && reserve_huge_pages; then
+		huge=on
+	fi
+	echo "huge_pages = $huge" | as_pg tee -a "$dir/pg/postgresql.conf" >/dev/null
 	start_pg
 	pg_admin "CREATE DATABASE keygate"
 	echo "export DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
+}
+
+# reserve_huge_pages adds to the kernel's pool of huge pages as many as the stack's
+# PostgreSQL needs for its shared memory, and writes their number to DIR/pg.hugepages
+# for down to give back. It needs root, and fails, reserving nothing, when the kernel
+# cannot find that many. Stacks reserving at once take turns (flock).
+reserve_huge_pages() {
+	local need before after
+	[ "$(id -u)" = 0 ] || { echo "stack.sh: PG_HUGE_PAGES=on needs root to reserve huge pages; running without" >&2; return 1; }
+	need=$(as_pg "$(cat "$dir/pg.bindir")/postgres" -D "$dir/pg" -C shared_memory_size_in_huge_pages)
+	(
+		flock 9
+		before=$(cat /proc/sys/vm/nr_hugepages)
+		sysctl -qw vm.nr_hugepages=$((before + need))
+		after=$(cat /proc/sys/vm/nr_hugepages)
+		if [ "$after" -lt $((before + need)) ]; then
+			sysctl -qw vm.nr_hugepages="$before"
+			echo "stack.sh: the kernel found $((after - before)) of the $need huge pages PostgreSQL needs; running without" >&2
+			exit 1
+		fi
+	) 9>/tmp/keygate-stack-hugepages.lock || return 1
+	echo "$need" >"$dir/pg.hugepages"
+}
+
+# release_huge_pages gives back the huge pages reserve_huge_pages reserved, once
+# PostgreSQL has stopped.
+release_huge_pages() {
+	[ -f "$dir/pg.hugepages" ] || return 0
+	(
+		flock 9
+		sysctl -qw vm.nr_hugepages=$(($(cat /proc/sys/vm/nr_hugepages) - $(cat "$dir/pg.hugepages")))
+	) 9>/tmp/keygate-stack-hugepages.lock
+	rm -f "$dir/pg.hugepages"
 }
 
 # start_extra_redis NAME PORT ARGS... starts one more redis-server under DIR/NAME,
@@ -420,7 +465,9 @@ make_standby() {
 		-D "$dir/standby$n" -R -X stream -C -S "standby$n" -c fast --no-sync >"$dir/standby$n.log" 2>&1 ||
 		{ cat "$dir/standby$n.log" >&2; die "pg_basebackup of standby $n failed"; }
 	chmod 700 "$dir/standby$n"
-	printf '%s\n' "cluster_name = 'standby$n'" "$@" | as_pg tee -a "$dir/standby$n/postgresql.conf" >/dev/null
+	# The primary's huge pages are its own (reserve_huge_pages): a standby takes what
+	# the kernel has to spare.
+	printf '%s\n' "cluster_name = 'standby$n'" "huge_pages = try" "$@" | as_pg tee -a "$dir/standby$n/postgresql.conf" >/dev/null
 	start_standby "$n"
 }
 
@@ -504,6 +551,7 @@ down() {
 	stop_standby 1
 	stop_standby 2
 	stop_pg
+	release_huge_pages
 	rm -rf "$dir"
 }
 

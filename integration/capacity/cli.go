@@ -130,8 +130,9 @@ func writeSeeded(w io.Writer, s Seeded) {
 	if s.Took > 0 {
 		took = fmt.Sprintf("seeded in %.1fs", s.Took.Seconds())
 	}
-	fmt.Fprintf(w, "    api_keys: %d keys of %d orgs (%s), table %.0f MB, key_id index %.0f MB, shared_buffers %s\n",
-		s.Keys, s.Orgs, took, float64(s.TableBytes)/(1<<20), float64(s.IndexBytes)/(1<<20), s.SharedBuffers)
+	fmt.Fprintf(w, "    api_keys: %d keys of %d orgs (%s), table %.0f MB, key_id index %.0f MB, lookup index %.0f MB, "+
+		"%.0f %% of pages all-visible, shared_buffers %s\n", s.Keys, s.Orgs, took, float64(s.TableBytes)/(1<<20),
+		float64(s.IndexBytes)/(1<<20), float64(s.LookupIndexBytes)/(1<<20), 100*s.AllVisible, s.SharedBuffers)
 }
 
 func lookupsCommand(ctx context.Context, args []string, stdout io.Writer) error {

@@ -68,10 +68,14 @@ type Seeded struct {
 	Keys, Orgs int
 	// Took is how long Seed took; zero when the keys were there already.
 	Took time.Duration
-	// TableBytes and IndexBytes are api_keys's heap and its key_id index;
-	// SharedBuffers is PostgreSQL's setting, to compare them with.
-	TableBytes, IndexBytes int64
-	SharedBuffers          string
+	// TableBytes and IndexBytes are api_keys's heap and its key_id index, and
+	// LookupIndexBytes the lookup's index (0 in a schema without it); SharedBuffers
+	// is PostgreSQL's setting, to compare them with.
+	TableBytes, IndexBytes, LookupIndexBytes int64
+	SharedBuffers                            string
+	// AllVisible is the share of api_keys's pages marked all-visible, whose rows an
+	// index-only scan need not read.
+	AllVisible float64
 }
 
 // Seed makes sure the database of databaseURL exists, is migrated and holds exactly
@@ -92,6 +96,13 @@ func Seed(ctx context.Context, databaseURL string, keys, orgs int) (Seeded, erro
 		return Seeded{}, fmt.Errorf("connecting to postgres: %w", err)
 	}
 	defer conn.Close(ctx)
+	// Vacuum marks a page all-visible, which the lookup's index-only scans need, only
+	// once the commits of its rows are flushed to the WAL. A server with
+	// synchronous_commit off (scripts/stack.sh's) flushes them later: this session's
+	// commits wait for it.
+	if _, err := conn.Exec(ctx, `SET synchronous_commit = on`); err != nil {
+		return Seeded{}, fmt.Errorf("seeding: %w", err)
+	}
 	var haveKeys, haveOrgs int
 	err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM api_keys WHERE key_id LIKE 'capacity%'),
 	(SELECT count(*) FROM orgs WHERE name LIKE 'capacity %')`).Scan(&haveKeys, &haveOrgs)
@@ -106,7 +117,9 @@ func Seed(ctx context.Context, databaseURL string, keys, orgs int) (Seeded, erro
 		s.Took = time.Since(start)
 	}
 	err = conn.QueryRow(ctx, `SELECT pg_relation_size('api_keys'), pg_relation_size('api_keys_pkey'),
-	current_setting('shared_buffers')`).Scan(&s.TableBytes, &s.IndexBytes, &s.SharedBuffers)
+	coalesce(pg_relation_size(to_regclass('api_keys_lookup_idx')), 0), current_setting('shared_buffers'),
+	(SELECT relallvisible::float8 / greatest(relpages, 1) FROM pg_class WHERE oid = 'api_keys'::regclass)`).
+		Scan(&s.TableBytes, &s.IndexBytes, &s.LookupIndexBytes, &s.SharedBuffers, &s.AllVisible)
 	if err != nil {
 		return Seeded{}, fmt.Errorf("reading the table's size: %w", err)
 	}

@@ -113,7 +113,7 @@ capacity_main() {
 	report=$(
 		echo "$cap_header, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 		echo "machine: $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), load average $load at the start;" \
-			"$(($(date +%s) - start)) s"
+			"$(($(date +%s) - start)) s; $(pg_settings)"
 		cat <<-'EOF'
 		columns: W/proc, goroutines per worker process (each process one gateway's Batcher or limiter);
 		  batch, key ids per lookup query; round, counts per Redis round trip (per primary);

@@ -210,7 +210,8 @@ only_run() {
 	local -n _only=$1
 	local prefix=$2
 	_only+=$'\n'"    run alone (BENCH_ONLY=$BENCH_ONLY), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown),"
-	_only+=" $(nproc) cores, load average $bench_start_load at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+	_only+=" $(nproc) cores, load average $bench_start_load at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end;"
+	_only+=$'\n'"    $(pg_settings)"
 	echo "$_only"
 	printf '%s\n' "$_only" | sed '/./,$!d' >"$OUT.block"
 	if [ -f "$OUT" ] && grep -qF "$prefix" "$OUT"; then
@@ -244,6 +245,15 @@ capacity_tool() {
 # CAP_* knobs): keys, worker processes, warm-up and each level's window.
 capacity_flags=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "${CAP_WARMUP:-2s}"
 	-duration "${CAP_DURATION:-5s}")
+
+# pg_settings prints the settings of the bench's PostgreSQL that docs/scaling.md's
+# lookups depend on, for the report: its shared_buffers and whether huge pages back
+# them (BENCH_SHARED_BUFFERS and BENCH_HUGE_PAGES, bench/setup.sh).
+pg_settings() {
+	local huge="huge pages off"
+	[ ! -f "$stack/pg.hugepages" ] || huge="huge pages on ($(cat "$stack/pg.hugepages") of 2 MB)"
+	echo "PostgreSQL shared_buffers $("$(cat "$stack/pg.bindir")/psql" "$DATABASE_URL" -qAtc 'SHOW shared_buffers'), $huge"
+}
 
 # with_database URL NAME prints URL with its database replaced by NAME.
 with_database() {

@@ -50,7 +50,10 @@ bench_manykeys() {
 	capacity_tool
 	echo "seeding $rows keys for (mk)…" >&2
 	seeded=$("$stack/capacity" seed -database-url "$DATABASE_URL" -keys "$rows" -orgs 10000)
+	# The session's commits wait for their WAL: only then can VACUUM mark the moved
+	# keys' pages all-visible, for the lookups' index-only scans (capacity.Seed).
 	moved=$("$(cat "$stack/pg.bindir")/psql" "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 <<-SQL
+		SET synchronous_commit = on;
 		UPDATE api_keys SET org_id = '$org' WHERE key_id IN
 			(SELECT 'capacity' || lpad(i::text, 14, '0') FROM generate_series(0, $(((n - 1) * every)), $every) AS i);
 		VACUUM ANALYZE api_keys;

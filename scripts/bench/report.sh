@@ -9,6 +9,7 @@ bench_report() {
 		cat <<EOF
 keygate benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 machine: $(nproc) cores; wrk -t$THREADS -c$CONNS -d$DURATION after ${WARMUP} warm-up; (b) and (c) median of $ROUNDS alternating runs
+$(pg_settings)
 
                                    req/s      p50 ms    p99 ms
 (a) upstream alone              $(printf '%9.0f %11.3f %9.3f' "$a_rps" "$a_p50" "$a_p99")

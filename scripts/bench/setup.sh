@@ -14,7 +14,10 @@
 #   auth, ident            curl/wrk -H arguments: the bench key; the identity headers the
 #       upstream takes directly (for (a) and (b))
 bench_setup() {
-	scripts/stack.sh up "$stack" >/dev/null
+	# PostgreSQL as docs/scaling.md tells operators to set it for the lookups:
+	# shared_buffers that hold api_keys, orgs and their indexes (the capacity section's
+	# and (mk)'s 1,000,000 keys), backed by huge pages.
+	PG_SHARED_BUFFERS=${BENCH_SHARED_BUFFERS:-1GB} PG_HUGE_PAGES=${BENCH_HUGE_PAGES:-on} scripts/stack.sh up "$stack" >/dev/null
 	# shellcheck disable=SC1091 # written by stack.sh
 	source "$stack/env"
 	GATEWAY_SECRET=bench-secret-0123456789abcdef
