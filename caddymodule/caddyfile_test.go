@@ -462,6 +462,14 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	}
 	res, body = gw.do(t, "GET", "/v1/me", "", nil, "")
 	wantJSONError(t, res, body, http.StatusUnauthorized, wantUnauthenticated)
+	// The load balancer's health check needs no key.
+	testenv.Eventually(t, 10*time.Second, "GET /healthz answering 200", func() bool {
+		res, body = gw.do(t, "GET", "/healthz", "", nil, "")
+		return res.StatusCode == http.StatusOK
+	})
+	if string(body) != `{"status":"ok"}` || up.requests() != 1 { // /v1/monitors
+		t.Errorf("GET /healthz = %d %s; upstream saw %d requests", res.StatusCode, body, up.requests())
+	}
 	// A key in the query string does not authenticate, and is not logged.
 	res, body = gw.do(t, "GET", "/v1/me?api_key="+key+"&access_token="+key+"&token="+key, "", http.Header{"X-Api-Key": {key}}, "")
 	wantJSONError(t, res, body, http.StatusUnauthorized, wantUnauthenticated)

@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,7 +13,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -84,19 +82,14 @@ func (d *depGauge) Set(v float64) {
 	d.g.Set(v)
 }
 
-// attempted sets the gauge from a request's call, made under ctx, that ended in err.
-// Two calls say nothing of the dependency and leave it alone. One is a call
-// abandoned because the client went away. The other is a call the breaker refused:
-// the failures that opened it set 0, and its probe sets 1 when it closes (see
-// breakerChanged).
-func (d *depGauge) attempted(ctx context.Context, err error) {
-	switch {
-	case err == nil:
-		d.Set(1)
-	case errors.Is(err, conns.ErrBreakerOpen) || ctx.Err() != nil:
-	default:
-		d.Set(0)
+// setUp is the OnUp of the dependency's breaker (conns.Breaker.Up): 1 while the
+// dependency answers, 0 once it failed.
+func (d *depGauge) setUp(up bool) {
+	v := 0.0
+	if up {
+		v = 1
 	}
+	d.Set(v)
 }
 
 // dependency returns the gauge of the dependency named name ("postgres" or "redis").
