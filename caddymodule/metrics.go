@@ -28,6 +28,7 @@ const (
 	metricLimiterDuration = "keygate_limiter_duration_seconds"
 	metricLimiterErrors   = "keygate_limiter_errors_total"
 	metricDependencyUp    = "keygate_dependency_up"
+	metricStandbyUp       = "keygate_standby_up"
 	metricLastUsedDropped = "keygate_last_used_dropped_total"
 	metricLastUsedErrors  = "keygate_last_used_flush_errors_total"
 	metricUsageDropped    = "keygate_usage_dropped_total"
@@ -54,6 +55,7 @@ type metrics struct {
 	limiterDuration prometheus.Histogram
 	limiterErrors   prometheus.Counter
 	dependencyUp    *prometheus.GaugeVec
+	standbyUp       *prometheus.GaugeVec // with database_read_urls
 
 	lastUsedDropped     prometheus.Counter
 	lastUsedFlushErrors prometheus.Counter
@@ -120,6 +122,8 @@ func newMetrics() *metrics {
 			"Rate-limit counts that could not be made (Redis unreachable or slower than redis_timeout)."),
 		dependencyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricDependencyUp,
 			Help: "1 while the last attempt to use the dependency succeeded (a request's, or the probe that closed its circuit breaker), else 0."}, []string{"dependency"}),
+		standbyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricStandbyUp,
+			Help: "With database_read_urls: 1 while the standby takes key lookups, 0 while it is left out."}, []string{"standby"}),
 		lastUsedDropped: newCounter(metricLastUsedDropped,
 			"Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached."),
 		lastUsedFlushErrors: newCounter(metricLastUsedErrors,
@@ -151,7 +155,7 @@ func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.lookups, m.fenceWait, m.replayWait, m.limiterDuration, m.limiterErrors, m.dependencyUp,
+	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.lookups, m.fenceWait, m.replayWait, m.limiterDuration, m.limiterErrors, m.dependencyUp, m.standbyUp,
 		m.lastUsedDropped, m.lastUsedFlushErrors, m.usageDropped, m.usageFlushErrors}
 }
 
@@ -290,6 +294,14 @@ func (m *metrics) observeLookupServer(standby bool) {
 		m.byServer[1].Inc()
 	} else {
 		m.byServer[0].Inc()
+	}
+}
+
+// standbyIn sets keygate_standby_up of the standby at host: 1 in, 0 out. It does
+// nothing with m nil (disable_metrics).
+func (m *metrics) standbyIn(host string, in bool) {
+	if m != nil {
+		m.standbyUp.WithLabelValues(host).Set(map[bool]float64{true: 1}[in])
 	}
 }
 

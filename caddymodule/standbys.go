@@ -39,11 +39,20 @@ func (h *Handler) validateReads() error {
 
 // readerEntry is a shared keystore.Reader in pools. Its standbys' health carries
 // across config reloads, so a reload does not send every lookup to the primary
-// until the probes have run.
-type readerEntry struct{ r *keystore.Reader }
+// until the probes have run. Its standbys' keygate_standby_up go with it.
+type readerEntry struct {
+	r     *keystore.Reader
+	hosts []string
+	m     *metrics
+}
 
 func (e readerEntry) Destruct() error {
 	e.r.Close()
+	for _, host := range e.hosts {
+		if e.m != nil {
+			e.m.standbyUp.DeleteLabelValues(host)
+		}
+	}
 	return nil
 }
 
@@ -77,6 +86,7 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 			MaxLag:       time.Duration(h.DatabaseReadMaxLag),
 			ProbeTimeout: time.Duration(h.DatabaseDialTimeout + h.DatabaseTimeout),
 			OnStandby: func(i int, in bool) {
+				m.standbyIn(hosts[i], in)
 				if in {
 					logger.Info("standby takes key lookups", zap.String("standby", hosts[i]))
 				} else {
@@ -90,7 +100,10 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 			ro.OnFenceWait = m.observeFenceWait
 			ro.OnReplayWait = m.observeReplayWait
 		}
-		return readerEntry{keystore.NewReader(primary, primaryPool, standbys, ro)}, nil
+		for _, host := range hosts {
+			m.standbyIn(host, false) // out until its first probe
+		}
+		return readerEntry{keystore.NewReader(primary, primaryPool, standbys, ro), hosts, m}, nil
 	})
 	if err != nil {
 		return nil, err
