@@ -17,6 +17,7 @@ import (
 
 	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/deploy/grafana"
+	alertrules "github.com/keygate/keygate/deploy/prometheus"
 	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 	"github.com/keygate/keygate/internal/testkit/promtest"
 	"github.com/keygate/keygate/internal/testkit/testenv"
@@ -458,6 +459,37 @@ func TestGrafanaDashboardQueriesOnlyExportedGatewaySeries(t *testing.T) {
 		if !shown[c] {
 			t.Errorf("the dashboard has no panel over %s", c)
 		}
+	}
+}
+
+// TestAlertRulesReadOnlyExportedGatewaySeries: every keygate_ series of the gateway
+// that deploy/prometheus/keygate.rules.yml reads is one this package exports. (The
+// upstream's are checked in upstream.)
+func TestAlertRulesReadOnlyExportedGatewaySeries(t *testing.T) {
+	m := newMetrics()
+	m.postgres.Set(1) // the vectors' series exist once they have a child
+	m.standbyIn("standby", true)
+	reg := prometheus.NewPedanticRegistry()
+	if err := m.register(reg); err != nil {
+		t.Fatal(err)
+	}
+	exported := exportedSeries(t, reg)
+	read, err := alertrules.Series()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateway := 0
+	for _, name := range read {
+		if !strings.HasPrefix(name, "keygate_") || strings.HasPrefix(name, "keygate_upstream_") {
+			continue
+		}
+		gateway++
+		if !exported[name] {
+			t.Errorf("the alert rules read %s, which the gateway does not export", name)
+		}
+	}
+	if gateway == 0 {
+		t.Errorf("the alert rules read no series of the gateway: %q", read)
 	}
 }
 
