@@ -23,6 +23,10 @@ const (
 // ActorLeakReport is the actor of the key.leaked events: a leak report, not a person.
 const ActorLeakReport = "leak-report"
 
+// ActorReplay is the actor of an event Replay writes again when its source named
+// none (a webhook's body does not).
+const ActorReplay = "replay"
+
 // MaxGrace is the longest a rolled key may keep working.
 const MaxGrace = 24 * time.Hour
 
@@ -51,6 +55,9 @@ type Event struct {
 	// Changes is what an update changed (ActionUpdated only).
 	Changes *Changes
 	At      time.Time
+	// ExpiresAt is the old key's expiry a roll set (ActionRolled, read by Revocations
+	// only; nil where it is not known).
+	ExpiresAt *time.Time
 }
 
 // audit appends e to the audit trail within tx. The changes travel as JSON text cast in

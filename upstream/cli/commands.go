@@ -40,6 +40,7 @@ var commands = []command{
 	{"org set-plan", "move an organisation to another plan", (*cli).orgSetPlan},
 	{"user create", "create a user, the password read from standard input", (*cli).userCreate},
 	{"member add", "make a user a member of an organisation, or change their role", (*cli).memberAdd},
+	{"key replay-revocations", "after a restore, end again the keys the audit trail ended since the backup", (*cli).keyReplayRevocations},
 }
 
 // withPool runs op on a store on a small pool of DATABASE_URL. store.DefaultDatabaseTimeout

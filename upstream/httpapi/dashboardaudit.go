@@ -122,6 +122,8 @@ func (n auditNamer) actor(actor string) string {
 		return "a leak report"
 	case actor == store.ActorDispatcher:
 		return "the webhook dispatcher"
+	case actor == keystore.ActorReplay:
+		return "a replay after a restore"
 	case n.emails[actor] != "":
 		return n.emails[actor]
 	}
