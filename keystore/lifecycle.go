@@ -263,10 +263,24 @@ RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
 // Events returns up to limit events of orgID's audit trail, newest first. When
 // before > 0, it returns those with an id below before.
 func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
+	return s.EventsOf(ctx, orgID, EventFilter{}, before, limit)
+}
+
+// EventFilter narrows an audit trail. Its zero value keeps every event.
+type EventFilter struct {
+	Action string // only events of this action; "": every one
+	// KeyID keeps only the events of this key: its own, and the roll that made it.
+	// "": every key's, and the webhooks'.
+	KeyID string
+}
+
+// EventsOf is Events of the events f keeps.
+func (s *Store) EventsOf(ctx context.Context, orgID string, f EventFilter, before int64, limit int) ([]Event, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, COALESCE(key_id, ''), COALESCE(webhook_id::text, ''), actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
 FROM audit_events
 WHERE org_id = $1 AND ($2 = 0 OR id < $2)
-ORDER BY id DESC LIMIT $3`, orgID, before, limit)
+  AND ($4 = '' OR action = $4) AND ($5 = '' OR key_id = $5 OR new_key_id = $5)
+ORDER BY id DESC LIMIT $3`, orgID, before, limit, f.Action, f.KeyID)
 	if err != nil {
 		return nil, fmt.Errorf("listing audit events: %w", err)
 	}
@@ -279,4 +293,21 @@ ORDER BY id DESC LIMIT $3`, orgID, before, limit)
 		return nil, fmt.Errorf("listing audit events: %w", err)
 	}
 	return events, nil
+}
+
+// Rolled returns the keys of orgID that a roll replaced, as a set of key ids.
+func (s *Store) Rolled(ctx context.Context, orgID string) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT key_id FROM audit_events WHERE org_id = $1 AND action = $2`, orgID, ActionRolled)
+	if err != nil {
+		return nil, fmt.Errorf("listing rolled keys: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing rolled keys: %w", err)
+	}
+	rolled := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		rolled[id] = true
+	}
+	return rolled, nil
 }
