@@ -1,7 +1,11 @@
 package caddymodule
 
 import (
+	"bytes"
+	"io"
 	"net/http"
+
+	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
@@ -10,25 +14,62 @@ import (
 // defaultMaxRequestBody is max_request_body's default: the upstream's own limit.
 const defaultMaxRequestBody = 1 << 20
 
-// limitBody holds a proxied request's body to max_request_body. A Content-Length
-// over it is answered 413 request_too_large here, before anything goes upstream, and
-// limitBody reports false. Any other body is read through a limit. A chunked body
-// that crosses it fails the reverse proxy's read at the first byte too many. The
-// proxyWriter then answers the same 413 as the client's failure (clientFailed). So
-// the upstream never gets more than the limit, and never answers or hangs up first:
-// without the limit, its own 413 raced the rest of the upload, and a reset
-// connection was a 502.
+// limitBody reads a proxied request's body whole (readBody) before anything goes
+// upstream. A body over max_request_body answers 413 request_too_large: at once when
+// its Content-Length says so, else at the first byte too many. A body the client
+// breaks answers as bodyFailure says. Then limitBody reports false, and the upstream
+// has seen nothing of the request: it never commits a change whose answer the
+// gateway would have to replace by an error (docs/security.md, The gateway's edge).
 func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystore.Key, count limiter.Result, units int) bool {
-	if r.ContentLength > h.MaxRequestBody {
-		h.countUsage(key, keystore.OutcomeProxied, http.StatusRequestEntityTooLarge, units)
-		setRateLimit(w.Header(), count)
-		writeJSON(w, http.StatusRequestEntityTooLarge, bodyRequestTooLarge)
-		return false
+	status := http.StatusRequestEntityTooLarge
+	if r.ContentLength <= h.MaxRequestBody {
+		err := readBody(w, r, h.MaxRequestBody)
+		if err == nil {
+			return true
+		}
+		status = bodyFailed(h.floodLog, w, r, err)
 	}
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = http.MaxBytesReader(innermostWriter(w), r.Body, h.MaxRequestBody)
+	h.countUsage(key, keystore.OutcomeProxied, status, units)
+	setRateLimit(w.Header(), count)
+	writeJSON(w, status, statusBody(status))
+	return false
+}
+
+// readBody reads r's body, up to limit bytes, and puts it back in full, with its
+// length, so that the request goes on only once its body has arrived whole. A body
+// over limit is a *http.MaxBytesError; any other error is the client's reading's.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) error {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil
 	}
-	return true
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(innermostWriter(w), r.Body, limit))
+	if err != nil {
+		return err
+	}
+	r.Body, r.ContentLength, r.TransferEncoding = http.NoBody, 0, nil
+	if buf.Len() > 0 {
+		r.Body, r.ContentLength = io.NopCloser(&buf), int64(buf.Len())
+	}
+	// The client has been told to continue (net/http did, at the first read); the
+	// upstream gets the body at once.
+	r.Header.Del("Expect")
+	return nil
+}
+
+// bodyFailed logs to log a body the client broke, as the client's doing, and returns
+// the status that answers it (bodyFailure). It marks the connection to be closed:
+// what is left of the body must never be read as another request.
+func bodyFailed(log *zap.Logger, w http.ResponseWriter, r *http.Request, err error) int {
+	status, lvl := bodyFailure(err)
+	if c := log.Check(lvl, "the client's request body could not be read; answering with a JSON error"); c != nil {
+		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(r.URL.Path)), zap.Error(err))
+	}
+	w.Header().Set("Connection", "close")
+	return status
 }
 
 // innermostWriter unwraps w to the writer of net/http's server. http.MaxBytesReader

@@ -278,6 +278,29 @@ func TestCaddyfileAdapt(t *testing.T) {
 	}
 }
 
+// TestExampleCaddyfileTracing turns on the tracing block Caddyfile.example shows,
+// commented out: it adapts, without warnings, into Caddy's tracing handler.
+func TestExampleCaddyfileTracing(t *testing.T) {
+	input, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	on := strings.Replace(string(input), "\t# tracing {\n\t# \tspan keygate\n\t# }\n", "\ttracing {\n\t\tspan keygate\n\t}\n", 1)
+	if on == string(input) {
+		t.Fatal("Caddyfile.example no longer shows the commented tracing block")
+	}
+	out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(on), nil)
+	if err != nil {
+		t.Fatalf("adapting Caddyfile.example with tracing: %v", err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: line %d: %s: %s", w.Line, w.Directive, w.Message)
+	}
+	if !strings.Contains(string(out), `{"handler":"tracing","span":"keygate"}`) {
+		t.Errorf("no tracing handler in %s", out)
+	}
+}
+
 // TestExampleCaddyfile checks that Caddyfile.example adapts, and that its JSON holds
 // the gateway as docs/configuration.md shows it. It checks that the JSON loads back
 // into a Handler equal to the one the Caddyfile describes: the two syntaxes say the

@@ -15,8 +15,6 @@ import (
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-
-	"github.com/keygate/keygate/keystore"
 )
 
 func init() {
@@ -28,11 +26,13 @@ func init() {
 // ClientBody is the keygate_body handler (http.handlers.keygate_body): a request body
 // the client breaks, on a route without v1_gateway, is the client's failure. Caddy's
 // reverse proxy answers a body it cannot read (malformed chunking) as an upstream
-// failure, an empty 502. Before it, ClientBody answers it as v1_gateway does: 400
-// {"error":"bad_request"}, and 413 {"error":"request_too_large"} for a body over
-// max_size, logged at info level as the client's doing. A client that hangs up
-// mid-upload gets 499, logged at debug level. Caddyfile.example puts it before the
-// dashboard's reverse_proxy (docs/security.md, The gateway's edge).
+// failure, an empty 502, and may do so after the upstream committed the request.
+// Before it, ClientBody reads the body whole, and answers a failure as v1_gateway
+// does: 400 {"error":"bad_request"}, and 413 {"error":"request_too_large"} for a body
+// over max_size, logged at info level as the client's doing. A client that hangs up
+// mid-upload gets 499, logged at debug level. The request goes on only with its body
+// whole. Caddyfile.example puts it before the dashboard's reverse_proxy
+// (docs/security.md, The gateway's edge).
 type ClientBody struct {
 	// MaxSize is the largest request body, in bytes, passed on. A larger one answers
 	// 413 request_too_large: at once when Content-Length says so, and when a chunked
@@ -68,33 +68,19 @@ func (c *ClientBody) Validate() error {
 	return nil
 }
 
-// ServeHTTP hands the request on with its body read through the limit. When the body
-// failed and the next handler has answered nothing of its own, it answers the
-// failure.
+// ServeHTTP reads the request's body whole, within MaxSize, and hands the request
+// on, or answers the body's failure.
 func (c *ClientBody) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if r.ContentLength > c.MaxSize {
 		writeJSON(w, http.StatusRequestEntityTooLarge, bodyRequestTooLarge)
 		return nil
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return next.ServeHTTP(w, r)
+	if err := readBody(w, r, c.MaxSize); err != nil {
+		status := bodyFailed(c.logger, w, r, err)
+		writeJSON(w, status, statusBody(status))
+		return nil
 	}
-	body := &clientBody{ReadCloser: http.MaxBytesReader(innermostWriter(w), r.Body, c.MaxSize)}
-	r.Body = body
-	bw := &bodyWatcher{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, body: body}
-	err := next.ServeHTTP(bw, r)
-	failed := body.failed()
-	if failed == nil || bw.answered {
-		return err
-	}
-	status, lvl := bodyFailure(failed)
-	if ce := c.logger.Check(lvl, "the client's request body could not be read; answering with a JSON error"); ce != nil {
-		ce.Write(zap.Int("status", status), zap.String("path", keystore.Redact(r.URL.Path)), zap.Error(failed))
-	}
-	// What is left of the body must never be read as another request (innermostWriter).
-	w.Header().Set("Connection", "close")
-	writeJSON(w, status, statusBody(status))
-	return nil
+	return next.ServeHTTP(w, r)
 }
 
 // bodyFailure returns the status that answers a request body the client broke, and
@@ -110,35 +96,6 @@ func bodyFailure(err error) (int, zapcore.Level) {
 		return statusClientClosed, zapcore.DebugLevel
 	}
 	return http.StatusBadRequest, zapcore.InfoLevel
-}
-
-// bodyWatcher tells whether the next handler answered anything of its own. The
-// reverse proxy's 499 for a body that failed (see clientBody) is not an answer:
-// ClientBody writes the real one.
-type bodyWatcher struct {
-	*caddyhttp.ResponseWriterWrapper
-	body     *clientBody
-	answered bool
-}
-
-func (bw *bodyWatcher) WriteHeader(status int) {
-	if bw.answered {
-		return
-	}
-	if status == statusClientClosed && bw.body.failed() != nil {
-		return
-	}
-	if status >= 200 {
-		bw.answered = true
-	}
-	bw.ResponseWriterWrapper.WriteHeader(status)
-}
-
-func (bw *bodyWatcher) Write(p []byte) (int, error) {
-	if !bw.answered {
-		bw.WriteHeader(http.StatusOK)
-	}
-	return bw.ResponseWriterWrapper.Write(p)
 }
 
 // parseClientBody sets up keygate_body from Caddyfile tokens. Syntax:

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/caddymodule/spans"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/limiter"
 )
@@ -86,6 +87,7 @@ type lookups struct {
 	dep      dependency
 	verifier Verifier
 	denials  Denier // nil: a refused key is never recorded as ip_denied
+	standbys bool   // verifier is a keystore.Reader, which tells the span its server
 }
 
 // Denier tells whether a key its lookup refused was refused for its address: a live
@@ -106,13 +108,17 @@ func newLookups(v Verifier, b *conns.Breaker, m *metrics) lookups {
 // verify looks the key up, unless the breaker is open. The verifier bounds the wait
 // by database_timeout itself.
 func (l *lookups) verify(ctx context.Context, keyID, secret string, from netip.Addr) (key keystore.Key, ok bool, err error) {
-	start := l.dep.start()
+	start, wait := l.dep.start(), spans.Start(ctx, spans.Lookup)
 	if l.dep.allow() {
 		key, ok, err = l.verifier.VerifyParsed(ctx, keyID, secret, from)
 		l.dep.done(ctx, err)
 	} else {
 		err = conns.ErrBreakerOpen
 	}
+	if err == nil && !l.standbys {
+		wait.Served(false)
+	}
+	wait.End(err)
 	l.dep.observe(start, err)
 	return key, ok, err
 }
@@ -162,7 +168,7 @@ func localCounts(lim limiter.Limiter, m *metrics) counts {
 // count could not be read from the usage record is PostgreSQL's failure, not Redis's:
 // Redis answered, so its breaker and gauge take it as a success.
 func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Result, err error) {
-	start := c.dep.start()
+	start, wait := c.dep.start(), spans.Start(ctx, spans.Count)
 	redisErr := conns.ErrBreakerOpen
 	if c.dep.allow() {
 		res, err = c.lim.Allow(ctx, b)
@@ -177,6 +183,7 @@ func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Resu
 	} else {
 		err = conns.ErrBreakerOpen
 	}
+	wait.End(err)
 	c.dep.observe(start, redisErr)
 	return res, err
 }
@@ -219,6 +226,7 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, string, error) {
 	pb.Spacing = conns.BreakerSpacing(time.Duration(h.DatabaseTimeout))
 	h.watch("postgres", key, pb, conns.PostgresPing(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout)))
 	h.lookups = newLookups(v, pb, h.metrics)
+	h.lookups.standbys = len(h.readURLs) > 0
 	h.lookups.denials = keystore.NewDenials(store, time.Duration(h.DatabaseTimeout))
 	return pool, key, nil
 }

@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"net/http"
 	"strconv"
+
+	"github.com/keygate/keygate/limiter"
 )
 
 // The error bodies of the /v1 contract (README.md, the decision order). Every /v1
@@ -10,9 +12,8 @@ import (
 var (
 	bodyUnauthenticated    = []byte(`{"error":"api key unauthenticated"}`)
 	bodyFeatureGated       = []byte(`{"error":"feature_gated","feature":"api","upgrade":true}`)
-	bodyForbidden          = []byte(`{"error":"forbidden","reason":"role"}`)
+	bodyForbidden          = []byte(`{"error":"forbidden","reason":"role","required_role":"Editor"}`) // the least role that writes
 	bodyScopeForbidden     = []byte(`{"error":"forbidden","reason":"scope"}`)
-	bodyQuotaExceeded      = []byte(`{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`)
 	bodyServiceUnavailable = []byte(`{"error":"service_unavailable"}`)
 	bodyBadGateway         = []byte(`{"error":"bad_gateway"}`)
 	bodyGatewayTimeout     = []byte(`{"error":"gateway_timeout"}`)
@@ -44,6 +45,17 @@ func scopeForbiddenBody(required string) []byte {
 	b = append(b, bodyScopeForbidden[:len(bodyScopeForbidden)-1]...)
 	b = append(b, `,"required_scope":`...)
 	b = appendJSONString(b, required)
+	return append(b, '}')
+}
+
+// quotaExceededBody is the body of the 402 of a request over its organisation's
+// monthly quota m: with the month's limit and what it has used, in units.
+func quotaExceededBody(m limiter.Quota) []byte {
+	b := make([]byte, 0, 112)
+	b = append(b, `{"error":"quota_exceeded","metric":"api_requests","upgrade":true,"limit":`...)
+	b = strconv.AppendInt(b, m.Limit, 10)
+	b = append(b, `,"used":`...)
+	b = strconv.AppendInt(b, m.Used, 10)
 	return append(b, '}')
 }
 

@@ -58,6 +58,8 @@ func init() {
 //
 // The module sets the placeholders {http.auth.user.id}, {http.auth.user.org_id} and
 // {http.auth.user.role}. Caddy's access log shows the first, the key id, as user_id.
+// Under Caddy's tracing directive, the request's span shows what the module decided
+// and its waits (package spans, docs/operations.md, Tracing).
 type Handler struct {
 	// DatabaseURL is the postgres:// URL of the database holding the API keys and
 	// plans. Every request queries it. Placeholders such as {env.DATABASE_URL} are
@@ -255,12 +257,13 @@ type Handler struct {
 	// Default: the built-in table of /v1 (monitors:read, monitors:write, monitors:delete)
 	Routes []Route `json:"routes,omitempty"`
 
-	// MaxRequestBody is the largest request body, in bytes, the gateway passes on. A
+	// MaxRequestBody is the largest request body, in bytes, the gateway passes on. The
+	// gateway reads a body whole, up to it, before the request goes upstream. A
 	// larger one answers 413 request_too_large: at once when Content-Length says so,
-	// and when a chunked body crosses it on the way. The upstream's own limit is the
-	// default, so the upstream never sees more than it would accept, and the 413 is
-	// the gateway's every time (docs/configuration.md, Request bodies). The Caddyfile
-	// takes sizes such as 1MiB.
+	// and when a chunked body crosses it. The upstream's own limit is the default, so
+	// the upstream never sees more than it would accept, and the 413 is the gateway's
+	// every time (docs/configuration.md, Request bodies). The Caddyfile takes sizes
+	// such as 1MiB.
 	// Default: 1MiB
 	MaxRequestBody int64 `json:"max_request_body,omitempty"`
 

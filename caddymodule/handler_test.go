@@ -20,7 +20,7 @@ import (
 const (
 	wantUnauthenticated = `{"error":"api key unauthenticated"}`
 	wantFeatureGated    = `{"error":"feature_gated","feature":"api","upgrade":true}`
-	wantForbidden       = `{"error":"forbidden","reason":"role"}`
+	wantForbidden       = `{"error":"forbidden","reason":"role","required_role":"Editor"}`
 	wantUnavailable     = `{"error":"service_unavailable"}`
 )
 
@@ -86,7 +86,7 @@ func TestRateLimit(t *testing.T) {
 			if got := res.Header.Get("Retry-After"); got != strconv.Itoa(s) {
 				t.Errorf("Retry-After %q, want %d (the t of RateLimit)", got, s)
 			}
-			wantJSONError(t, res, body, http.StatusTooManyRequests, `{"error":"rate_limited","retryAfter":`+strconv.Itoa(s)+`,"budget":"key"}`)
+			wantJSONError(t, res, body, http.StatusTooManyRequests, `{"error":"rate_limited","retryAfter":`+strconv.Itoa(s)+`,"budget":"key","window":"minute"}`)
 			// Refused requests count too: still refused, still r=0.
 			res, _ = f.gw.get(t, "/v1/monitors", key)
 			if res.StatusCode != http.StatusTooManyRequests {

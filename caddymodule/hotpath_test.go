@@ -19,6 +19,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keygate/keygate/caddymodule/routetable"
 	"github.com/keygate/keygate/internal/testkit/benchcpu"
@@ -27,12 +30,15 @@ import (
 )
 
 // hotKeys are the keys of the hot path: one whose limit is never reached, one of a
-// plan with an organisation ceiling and a monthly quota never reached, and one
-// already over its limit.
+// plan with an organisation ceiling and a monthly quota never reached, one with a
+// second's and a day's limits beside its minute, never reached, and one already over
+// its limit.
 var hotKeys = map[string]keystore.Key{
 	"HotAdminHotAdminHotAd1": {ID: "HotAdminHotAdminHotAd1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30},
 	"HotOrgsHotOrgsHotOrgs1": {ID: "HotOrgsHotOrgsHotOrgs1", OrgID: "22222222-2222-4222-8222-222222222222", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
 		OrgRateLimit: 1 << 30, MonthlyQuota: 1 << 50},
+	"HotWindowsHotWindowsH1": {ID: "HotWindowsHotWindowsH1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
+		Windows: [keystore.NumWindows]int{keystore.PerSecond: 1 << 30, keystore.PerHour: -1, keystore.PerDay: 1 << 30}},
 	"HotOverHotOverHotOver1": {ID: "HotOverHotOverHotOver1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1},
 	"HotScopedHotScopedHot1": {ID: "HotScopedHotScopedHot1", OrgID: "11111111-1111-4111-8111-111111111111", Role: keystore.RoleAdmin, RateLimit: 1 << 30,
 		Scopes: []string{"monitors:read", "monitors:write"}},
@@ -87,10 +93,21 @@ func (w *discardWriter) Write(p []byte) (int, error) { w.n += len(p); return len
 // hotRequest is one request through ServeHTTP. It reuses its parts between runs, as
 // a test can. So what the handler allocates is what is left.
 type hotRequest struct {
-	h    *Handler
-	r    *http.Request
-	w    *discardWriter
-	auth []string
+	h      *Handler
+	r      *http.Request
+	w      *discardWriter
+	auth   []string
+	tracer trace.Tracer // nil: untraced
+}
+
+// traceAll makes every request of hr traced at full sampling, as under Caddy's
+// tracing directive: a server span around each, its spans exported in batches to an
+// exporter that drops them.
+func (hr *hotRequest) traceAll(tb testing.TB) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()),
+		sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	tb.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	hr.tracer = tp.Tracer("caddy")
 }
 
 func newHotRequest(tb testing.TB, method, path, auth string, routes []Route) *hotRequest {
@@ -116,7 +133,13 @@ func (hr *hotRequest) serve(tb testing.TB) int {
 	clear(hr.w.hdr)
 	hr.w.status = 0
 	hr.r.Header["Authorization"] = hr.auth
-	if err := hr.h.ServeHTTP(hr.w, hr.r, hotNext); err != nil {
+	r := hr.r
+	if hr.tracer != nil {
+		ctx, span := hr.tracer.Start(r.Context(), "keygate", trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		r = r.WithContext(ctx)
+	}
+	if err := hr.h.ServeHTTP(hr.w, r, hotNext); err != nil {
 		tb.Fatal(err)
 	}
 	return hr.w.status
@@ -129,21 +152,30 @@ var hotPaths = []struct {
 	auth         string
 	routes       []Route // nil: the built-in table
 	status       int
+	traced       bool // under a recording span (hotRequest.traceAll)
 }{
-	{"proxied", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK},
-	{"proxied_budgets", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotOrgsHotOrgsHotOrgs1"), nil, http.StatusOK},
-	{"proxied_scoped", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotScopedHotScopedHot1"), nil, http.StatusOK},
-	{"proxied_20_rules", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), twentyRules, http.StatusOK},
-	{"me", http.MethodGet, "/v1/me", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK},
-	{"unknown_key", http.MethodGet, "/v1/monitors", bearer("UnknownUnknownUnknown1"), nil, http.StatusUnauthorized},
-	{"malformed_key", http.MethodGet, "/v1/monitors", "Bearer mon_live_nope", nil, http.StatusUnauthorized},
-	{"over_limit", http.MethodGet, "/v1/monitors", bearer("HotOverHotOverHotOver1"), nil, http.StatusTooManyRequests},
+	{"proxied", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK, false},
+	{"proxied_budgets", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotOrgsHotOrgsHotOrgs1"), nil, http.StatusOK, false},
+	{"proxied_windows", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotWindowsHotWindowsH1"), nil, http.StatusOK, false},
+	{"proxied_scoped", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotScopedHotScopedHot1"), nil, http.StatusOK, false},
+	{"proxied_20_rules", http.MethodGet, "/v1/monitors/00000000-0000-4000-8000-000000000001", bearer("HotAdminHotAdminHotAd1"), twentyRules, http.StatusOK, false},
+	{"me", http.MethodGet, "/v1/me", bearer("HotAdminHotAdminHotAd1"), nil, http.StatusOK, false},
+	{"unknown_key", http.MethodGet, "/v1/monitors", bearer("UnknownUnknownUnknown1"), nil, http.StatusUnauthorized, false},
+	{"malformed_key", http.MethodGet, "/v1/monitors", "Bearer mon_live_nope", nil, http.StatusUnauthorized, false},
+	{"over_limit", http.MethodGet, "/v1/monitors", bearer("HotOverHotOverHotOver1"), nil, http.StatusTooManyRequests, false},
+	// proxied under tracing: the request's span, which Caddy would start, and what the
+	// module adds to it (package spans).
+	{name: "proxied_traced", method: http.MethodGet, path: "/v1/monitors/00000000-0000-4000-8000-000000000001",
+		auth: bearer("HotAdminHotAdminHotAd1"), status: http.StatusOK, traced: true},
 }
 
 func BenchmarkServeHTTP(b *testing.B) {
 	for _, p := range hotPaths {
 		b.Run(p.name, func(b *testing.B) {
 			hr := newHotRequest(b, p.method, p.path, p.auth, p.routes)
+			if p.traced {
+				hr.traceAll(b)
+			}
 			hr.serve(b) // the over-limit key's first request is allowed
 			if got := hr.serve(b); got != p.status {
 				b.Fatalf("status %d, want %d", got, p.status)
@@ -161,12 +193,14 @@ func BenchmarkServeHTTP(b *testing.B) {
 var maxHotAllocs = map[string]float64{
 	"proxied":          12,
 	"proxied_budgets":  12,
+	"proxied_windows":  12,
 	"proxied_scoped":   13, // X-Gateway-Key-Scopes: two scopes, joined
 	"proxied_20_rules": 12,
 	"me":               10, // its body, with limits, is over 99 bytes: Content-Length is no small string of strconv's
 	"unknown_key":      2,
 	"malformed_key":    2,
 	"over_limit":       10,
+	"proxied_traced":   30, // proxied's, the request's span and its context, and the module's attributes and two child spans
 }
 
 func TestServeHTTPAllocs(t *testing.T) {
@@ -176,6 +210,9 @@ func TestServeHTTPAllocs(t *testing.T) {
 	for _, p := range hotPaths {
 		t.Run(p.name, func(t *testing.T) {
 			hr := newHotRequest(t, p.method, p.path, p.auth, p.routes)
+			if p.traced {
+				hr.traceAll(t)
+			}
 			hr.serve(t)
 			if got := hr.serve(t); got != p.status {
 				t.Fatalf("status %d, want %d", got, p.status)

@@ -13,7 +13,7 @@ import (
 // none) and its organisation's use of the month so far, this request included (null
 // without a monthly quota).
 func meBody(key keystore.Key, count limiter.Result) []byte {
-	b := make([]byte, 0, 192)
+	b := make([]byte, 0, 256)
 	b = append(b, `{"org_id":`...)
 	b = appendJSONString(b, key.OrgID)
 	b = append(b, `,"role":`...)
@@ -33,6 +33,12 @@ func meBody(key keystore.Key, count limiter.Result) []byte {
 	}
 	b = append(b, `,"limits":{"per_minute":`...)
 	b = appendBudget(b, int64(key.RateLimit))
+	b = append(b, `,"per_second":`...)
+	b = appendBudget(b, int64(key.Windows[keystore.PerSecond]))
+	b = append(b, `,"per_hour":`...)
+	b = appendBudget(b, int64(key.Windows[keystore.PerHour]))
+	b = append(b, `,"per_day":`...)
+	b = appendBudget(b, int64(key.Windows[keystore.PerDay]))
 	b = append(b, `,"org_per_minute":`...)
 	b = appendBudget(b, int64(key.OrgRateLimit))
 	b = append(b, `,"per_month":`...)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/keygate/keygate/caddymodule/spans"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -208,8 +209,9 @@ func (h *Handler) record(r *http.Request, o keystore.Outcome, key *keystore.Key)
 }
 
 // recordUnits notes the decision of a request weighing units: its counter, the usage
-// record of its key (countDecided), and the access log's outcome, key_id and org_id
-// fields, if its server writes an access log. key is nil while the key is not known.
+// record of its key (countDecided), its span where it is traced (spans.Decided), and
+// the access log's outcome, key_id and org_id fields, if its server writes an access
+// log. key is nil while the key is not known.
 func (h *Handler) recordUnits(r *http.Request, o keystore.Outcome, key *keystore.Key, units int) {
 	if h.metrics != nil {
 		h.metrics.byOutcome[o].Inc()
@@ -217,6 +219,7 @@ func (h *Handler) recordUnits(r *http.Request, o keystore.Outcome, key *keystore
 	if key != nil {
 		h.countDecided(key, o, units)
 	}
+	spans.Decided(r, o, key, units)
 	extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields)
 	if !ok || !accessLogged(r) {
 		return
@@ -288,7 +291,8 @@ func (f *logFields) MarshalLogObject(enc zapcore.ObjectEncoder) error {
 // observeBatch is the Batcher's OnBatch.
 func (m *metrics) observeBatch(size int) { m.batchSize.Observe(float64(size)) }
 
-// observeLookupServer is the Reader's OnLookup.
+// observeLookupServer counts a lookup by the server that answered it, for the
+// Reader's OnLookup.
 func (m *metrics) observeLookupServer(standby bool) {
 	if standby {
 		m.byServer[1].Inc()

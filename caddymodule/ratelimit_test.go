@@ -15,7 +15,7 @@ import (
 
 func TestRateLimitHeaders(t *testing.T) {
 	hdr := http.Header{}
-	setRateLimit(hdr, limiter.Result{Allowed: true, Key: limiter.Minute{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42}})
+	setRateLimit(hdr, limiter.Result{Allowed: true, Key: limiter.Window{Allowed: true, Limit: 600, Remaining: 17, ResetAfter: 42}})
 	if got := hdr.Get("RateLimit-Policy"); got != `"default";q=600;w=60` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
@@ -25,8 +25,8 @@ func TestRateLimitHeaders(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h := &Handler{}
 	h.answer(rec, httptest.NewRequest(http.MethodGet, "/v1/me", nil), keystore.OutcomeRateLimited, nil,
-		rateLimited(rec.Header(), limiter.Result{RefusedAt: limiter.StageKey, Key: limiter.Minute{Limit: 600, ResetAfter: 9}}, nil))
-	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9,"budget":"key"}` || rec.Header().Get("Retry-After") != "9" {
+		rateLimited(rec.Header(), &limiter.Result{RefusedAt: limiter.StageKey, Key: limiter.Window{Limit: 600, ResetAfter: 9}}, 1, nil))
+	if rec.Code != 429 || rec.Body.String() != `{"error":"rate_limited","retryAfter":9,"budget":"key","window":"minute"}` || rec.Header().Get("Retry-After") != "9" {
 		t.Errorf("429 = %d %q %s", rec.Code, rec.Header(), rec.Body)
 	}
 }
@@ -37,7 +37,7 @@ func TestRateLimitHeadersWithoutACountRemoveAnyUpstreamSet(t *testing.T) {
 	if len(hdr) != 1 || hdr.Get("X-Other") != "kept" {
 		t.Errorf("without a count: %q; want only X-Other", hdr)
 	}
-	setRateLimit(hdr, limiter.Result{Allowed: true, Key: limiter.Minute{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5}})
+	setRateLimit(hdr, limiter.Result{Allowed: true, Key: limiter.Window{Allowed: true, Limit: 3, Remaining: -1, ResetAfter: 5}})
 	if hdr.Get("Ratelimit") != `"default";r=0;t=5` || hdr.Get("Ratelimit-Policy") != `"default";q=3;w=60` {
 		t.Errorf("with a count: %q", hdr)
 	}
@@ -53,18 +53,18 @@ func TestRateLimitHeadersListEachMinuteBudget(t *testing.T) {
 		retryAfter    int
 	}{
 		{"both", limiter.Result{Allowed: true,
-			Key: limiter.Minute{Allowed: true, Limit: 20, Remaining: 19, ResetAfter: 42},
-			Org: limiter.Minute{Allowed: true, Limit: 100, Remaining: 57, ResetAfter: 42}},
+			Key: limiter.Window{Allowed: true, Limit: 20, Remaining: 19, ResetAfter: 42},
+			Org: limiter.Window{Allowed: true, Limit: 100, Remaining: 57, ResetAfter: 42}},
 			`"default";q=20;w=60, "org";q=100;w=60`, `"default";r=19;t=42, "org";r=57;t=42`, 0},
 		{"refused by the org", limiter.Result{RefusedAt: limiter.StageOrg,
-			Key: limiter.Minute{Allowed: true, Limit: 20, Remaining: 3, ResetAfter: 8},
-			Org: limiter.Minute{Limit: 100, Remaining: -4, ResetAfter: 8}},
+			Key: limiter.Window{Allowed: true, Limit: 20, Remaining: 3, ResetAfter: 8},
+			Org: limiter.Window{Limit: 100, Remaining: -4, ResetAfter: 8}},
 			`"default";q=20;w=60, "org";q=100;w=60`, `"default";r=3;t=8, "org";r=0;t=8`, 8},
 		{"an unlimited key", limiter.Result{Allowed: true,
-			Org: limiter.Minute{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: 30}},
+			Org: limiter.Window{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: 30}},
 			`"org";q=100;w=60`, `"org";r=99;t=30`, 0},
 		{"a month alone", limiter.Result{Allowed: true,
-			Key:   limiter.Minute{Allowed: true, Limit: 20, Remaining: 10, ResetAfter: 5},
+			Key:   limiter.Window{Allowed: true, Limit: 20, Remaining: 10, ResetAfter: 5},
 			Month: limiter.Quota{Limit: 1000, Used: 7, Remaining: 993, ResetAfter: 86400}},
 			`"default";q=20;w=60`, `"default";r=10;t=5`, 0},
 	} {

@@ -158,3 +158,69 @@ func TestSentinelFailoverKeepsCounting(t *testing.T) {
 	}
 	t.Logf("%d counts failed during the failover", failed)
 }
+
+// TestAKeysWindowsAreExactInEveryRedisMode: three clients, as three gateways would
+// have, count one key's second of 5 and day of 7 beside its minute, at once, on a
+// single Redis, the Cluster, a TLS Redis and the Sentinels' primary: each window lets
+// through exactly its number, in the one script call each count makes.
+func TestAKeysWindowsAreExactInEveryRedisMode(t *testing.T) {
+	now := time.Now().Add(time.Minute) // one instant: every count in one second
+	for _, m := range []struct {
+		mode, env, ca string
+	}{
+		{conns.RedisSingle, "REDIS_URL", ""},
+		{conns.RedisCluster, "REDIS_CLUSTER_URL", ""},
+		{conns.RedisSingle, "REDIS_TLS_URL", "REDIS_TLS_CA"},
+		{conns.RedisSentinel, "REDIS_SENTINEL_URL", ""},
+	} {
+		t.Run(m.env, func(t *testing.T) {
+			url, ca := testenv.GetenvOrSkip(t, m.env), ""
+			if m.ca != "" {
+				ca = testenv.GetenvOrSkip(t, m.ca)
+			}
+			var lims []*limiter.Redis
+			for range 3 {
+				c, _, err := conns.NewRedisClient(m.mode, url, ca, 2*time.Second, 2*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				lims = append(lims, limiter.NewRedis(c, limiter.WithPipelining(2*time.Second), limiter.WithClock(func() time.Time { return now })))
+			}
+			key := fmt.Sprintf("win%d", time.Now().UnixNano())
+			for _, step := range []struct {
+				b       limiter.Budgets
+				allowed int64
+				window  limiter.Span
+			}{
+				{limiter.Budgets{Key: key, KeyLimit: 1000, KeyPerSecond: 5, KeyPerDay: 7}, 5, limiter.Second},
+				// A second of 50 now: the day has 2 left.
+				{limiter.Budgets{Key: key, KeyLimit: 1000, KeyPerSecond: 50, KeyPerDay: 7}, 2, limiter.Day},
+			} {
+				var allowed atomic.Int64
+				var wg sync.WaitGroup
+				for _, l := range lims {
+					for range 10 {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							r, err := l.Allow(context.Background(), step.b)
+							switch {
+							case err != nil:
+								t.Error(err)
+							case r.Allowed:
+								allowed.Add(1)
+							case r.RefusedIn != step.window:
+								t.Errorf("refused in the %s, want the %s", r.RefusedIn, step.window)
+							}
+						}()
+					}
+				}
+				wg.Wait()
+				if n := allowed.Load(); n != step.allowed {
+					t.Errorf("%d of 30 allowed, want exactly %d", n, step.allowed)
+				}
+			}
+		})
+	}
+}

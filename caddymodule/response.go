@@ -3,12 +3,10 @@ package caddymodule
 import (
 	"compress/gzip"
 	"compress/zlib"
-	"context"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -50,10 +48,9 @@ const (
 //     {"error":"<status text>"}, so that every /v1 error is JSON.
 //
 // Anything else passes through unchanged, streamed: Flush and ReadFrom work. An
-// upstream that fails before answering gets the same JSON error (nextFailed). A
-// request body the client breaks is the client's failure, not the upstream's (see
-// clientBody). That is malformed chunking, a hang-up mid-upload, or a body over a
-// size limit.
+// upstream that fails before answering gets the same JSON error (nextFailed). The
+// request's body has arrived whole before the request goes on (limitBody): the
+// upstream's answer is never replaced by the client's failure.
 type proxyWriter struct {
 	*caddyhttp.ResponseWriterWrapper
 	wrapper caddyhttp.ResponseWriterWrapper // what ResponseWriterWrapper points to: one allocation for both
@@ -65,7 +62,6 @@ type proxyWriter struct {
 	// request the gateway authenticated (upstreamRefusedLog).
 	refusedLog *zap.Logger
 
-	body   clientBody // the request's body, as the reverse proxy reads it
 	mode   writerMode
 	status int
 	filter *fieldstrip.Filter
@@ -84,10 +80,6 @@ func newProxyWriter(w http.ResponseWriter, r *http.Request, count limiter.Result
 		log:     log,
 	}
 	pw.ResponseWriterWrapper = &pw.wrapper
-	if r.Body != nil && r.Body != http.NoBody {
-		pw.body.ReadCloser = r.Body
-		r.Body = &pw.body
-	}
 	return pw
 }
 
@@ -98,11 +90,6 @@ func (pw *proxyWriter) WriteHeader(status int) {
 	}
 	if status >= 100 && status <= 199 && status != http.StatusSwitchingProtocols {
 		pw.ResponseWriter.WriteHeader(status) // informational: not the response yet
-		return
-	}
-	if status == statusClientClosed && pw.body.failed() != nil {
-		// The reverse proxy's answer to the client's body failing (see clientBody).
-		pw.clientFailed()
 		return
 	}
 	pw.status = status
@@ -208,10 +195,6 @@ func (pw *proxyWriter) nextFailed(err error) error {
 	if pw.mode != modeUndecided {
 		return err
 	}
-	if pw.body.failed() != nil {
-		pw.clientFailed()
-		return nil
-	}
 	// The reverse proxy's errors carry their status: 502 for an upstream it cannot
 	// reach, 504 for one that timed out. Any other error is the server's own.
 	status := http.StatusInternalServerError
@@ -232,56 +215,6 @@ func (pw *proxyWriter) nextFailed(err error) error {
 // statusClientClosed is Caddy's status for a client that went away. The reverse
 // proxy answers it when its round trip ends in context.Canceled.
 const statusClientClosed = 499
-
-// clientFailed answers a request whose body the client broke. A body that is not
-// valid HTTP (malformed chunking) gets 400 bad_request. One over a request_body
-// limit gets 413. A client that hung up mid-upload gets 499, which nobody reads. The
-// failure is logged as the client's doing: at info level, or debug for a hang-up.
-func (pw *proxyWriter) clientFailed() {
-	err := pw.body.failed()
-	status, lvl := bodyFailure(err)
-	if c := pw.log.Check(lvl, "the client's request body could not be read; answering with a JSON error"); c != nil {
-		c.Write(zap.Int("status", status), zap.String("path", keystore.Redact(pw.r.URL.Path)), zap.Error(err))
-	}
-	// What is left of the body must never be read as another request (innermostWriter).
-	pw.Header().Set("Connection", "close")
-	pw.writeError(status)
-}
-
-// clientBody is the request body as the reverse proxy reads it. It keeps the
-// client's first error (not io.EOF), and hands it on as context.Canceled too. Caddy
-// treats that as the client's doing: it neither retries the request nor counts it
-// against the upstream's passive health. A client could otherwise drive that down
-// by breaking its uploads. The reverse proxy then answers 499, which the proxyWriter
-// turns into the answer for the failure (clientFailed).
-type clientBody struct {
-	io.ReadCloser
-	err atomic.Pointer[error] // set once; read after the round trip
-}
-
-func (b *clientBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF {
-		b.err.CompareAndSwap(nil, &err)
-		return n, errClientBody{err}
-	}
-	return n, err
-}
-
-// failed returns the error that broke the body, or nil.
-func (b *clientBody) failed() error {
-	if p := b.err.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
-// errClientBody is a read error of the client's body. It is also context.Canceled
-// (see clientBody).
-type errClientBody struct{ err error }
-
-func (e errClientBody) Error() string   { return "reading the client's request body: " + e.err.Error() }
-func (e errClientBody) Unwrap() []error { return []error{e.err, context.Canceled} }
 
 func (pw *proxyWriter) Write(p []byte) (int, error) {
 	if pw.mode == modeUndecided {

@@ -88,7 +88,7 @@ func TestScopeDecisions(t *testing.T) {
 					need, ruled := needs[req]
 					switch {
 					case role == keystore.RoleViewer && !readOnlyMethod(method):
-						status, body = 403, `{"error":"forbidden","reason":"role"}`
+						status, body = 403, `{"error":"forbidden","reason":"role","required_role":"Editor"}`
 					case scopes != nil && !me && !ruled:
 						status, body = 403, `{"error":"forbidden","reason":"scope"}`
 					case scopes != nil && !me && !slices.Contains(scopes, need):
@@ -169,7 +169,9 @@ func TestACustomTableWeighsEachRoute(t *testing.T) {
 				t.Errorf("scopes %v, step %d %s %s: %d %s RateLimit %q; want %d %q",
 					scopes, i, step.method, step.path, w.Code, w.Body, w.Header().Get("Ratelimit"), step.status, step.ratelimit)
 			}
-			if step.status == 429 && w.Body.String() != `{"error":"rate_limited","retryAfter":45,"budget":"key"}` {
+			// A request of cost above 1 says its cost.
+			cost := map[string]string{"POST": `,"cost":5`}[step.method]
+			if step.status == 429 && w.Body.String() != `{"error":"rate_limited","retryAfter":45,"budget":"key","window":"minute"`+cost+`}` {
 				t.Errorf("step %d: 429 body %s", i, w.Body)
 			}
 		}

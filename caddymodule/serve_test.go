@@ -260,7 +260,7 @@ const (
 // noLimits is the limits member of /v1/me for a key of rate limit perMinute on a plan
 // without organisation budgets.
 func noLimits(perMinute string) string {
-	return `"scopes":null,"limits":{"per_minute":` + perMinute + `,"org_per_minute":null,"per_month":null,"used_this_month":null}`
+	return `"scopes":null,"limits":{"per_minute":` + perMinute + `,"per_second":null,"per_hour":null,"per_day":null,"org_per_minute":null,"per_month":null,"used_this_month":null}`
 }
 
 // orgHeaders are the RateLimit fields of a key of 600 a minute under an org ceiling.
@@ -287,9 +287,9 @@ func TestDecisions(t *testing.T) {
 		{name: "no API access on /v1/me too", path: "/v1/me", auth: []string{bearer(freeAdmin)}, status: 403, body: wantFeatureGated, headers: merge(ownJSON(nil), noRateLimit), outcome: keystore.OutcomeFeatureGated},
 		// 4. The rate limit, before the role and /v1/me.
 		{name: "last request of the budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 2, status: 200, body: `{"org_id":"org-2","role":"Viewer",` + noLimits("3") + `}`, headers: rateLimitHeader(3, 0), outcome: keystore.OutcomeMe},
-		{name: "over budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 3, status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"key"}`,
+		{name: "over budget", path: "/v1/me", auth: []string{bearer(tinyViewer)}, used: 3, status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"key","window":"minute"}`,
 			headers: merge(ownJSON(rateLimitHeader(3, 0)), http.Header{"Retry-After": {"45"}}), outcome: keystore.OutcomeRateLimited},
-		{name: "rate limit before the role", method: "POST", path: "/v1/monitors", auth: []string{bearer(tinyViewer)}, used: 5, status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"key"}`,
+		{name: "rate limit before the role", method: "POST", path: "/v1/monitors", auth: []string{bearer(tinyViewer)}, used: 5, status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"key","window":"minute"}`,
 			headers: rateLimitHeader(3, 0), outcome: keystore.OutcomeRateLimited},
 		// 5. The role.
 		{name: "a Viewer writing", method: "POST", path: "/v1/monitors", auth: []string{bearer(viewer)}, status: 403, body: wantForbidden, headers: ownJSON(rl600), outcome: keystore.OutcomeForbidden},
@@ -300,10 +300,10 @@ func TestDecisions(t *testing.T) {
 		{name: "an Editor writes", method: "POST", path: "/v1/monitors", auth: []string{bearer(editor)}, status: 200, body: `{"id":"m1"}`, headers: rl600, proxied: true, outcome: keystore.OutcomeProxied},
 		// 6. /v1/me.
 		{name: "GET /v1/me", path: "/v1/me", auth: []string{bearer(editor)}, status: 200, body: `{"org_id":"org-1","role":"Editor",` + noLimits("600") + `}`,
-			headers: ownJSON(merge(rl600, http.Header{"Content-Length": {"138"}})), outcome: keystore.OutcomeMe},
+			headers: ownJSON(merge(rl600, http.Header{"Content-Length": {"187"}})), outcome: keystore.OutcomeMe},
 		{name: "GET /v1/me of a Viewer", path: "/v1/me", auth: []string{bearer(viewer)}, status: 200, body: `{"org_id":"org-1","role":"Viewer",` + noLimits("600") + `}`, outcome: keystore.OutcomeMe},
 		{name: "HEAD /v1/me", method: "HEAD", path: "/v1/me", auth: []string{bearer(admin)}, status: 200, bodyAny: true,
-			headers: ownJSON(http.Header{"Content-Length": {"137"}}), outcome: keystore.OutcomeMe},
+			headers: ownJSON(http.Header{"Content-Length": {"186"}}), outcome: keystore.OutcomeMe},
 		{name: "POST /v1/me is the upstream's", method: "POST", path: "/v1/me", auth: []string{bearer(admin)}, status: 200, body: `{"id":"m1"}`, proxied: true, outcome: keystore.OutcomeProxied},
 		{name: "an upstream that writes nothing: 200 with the RateLimit fields", path: "/v1/monitors", auth: []string{bearer(admin)},
 			upstream: func(http.ResponseWriter, *http.Request) error { return nil }, status: 200, body: "", headers: rl600, proxied: true, outcome: keystore.OutcomeProxied},
@@ -330,19 +330,19 @@ func TestDecisions(t *testing.T) {
 		{name: "an org ceiling: both minute budgets in the fields", path: "/v1/monitors", auth: []string{bearer(orgCeiling)},
 			status: 200, body: `{"id":"m1"}`, headers: orgHeaders(599, 3, 2), proxied: true, outcome: keystore.OutcomeProxied},
 		{name: "an org ceiling spent: 429 until the org's window ends", path: "/v1/monitors", auth: []string{bearer(orgCeiling)}, used: 3,
-			status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"org"}`,
+			status: 429, body: `{"error":"rate_limited","retryAfter":45,"budget":"org","window":"minute"}`,
 			headers: ownJSON(merge(orgHeaders(596, 3, 0), http.Header{"Retry-After": {"45"}})), outcome: keystore.OutcomeRateLimited},
 		{name: "an unlimited key under an org ceiling: the org's fields alone", path: "/v1/monitors", auth: []string{bearer(orgUnlimited)},
 			status: 200, body: `{"id":"m1"}`, proxied: true, outcome: keystore.OutcomeProxied,
 			headers: http.Header{"Ratelimit-Policy": {`"org";q=4;w=60`}, "Ratelimit": {`"org";r=3;t=45`}}},
 		{name: "a month spent: 402 quota_exceeded, no Retry-After", path: "/v1/monitors", auth: []string{bearer(quotaKey)}, used: 2,
-			status: 402, body: `{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`,
+			status: 402, body: `{"error":"quota_exceeded","metric":"api_requests","upgrade":true,"limit":2,"used":2}`,
 			headers: ownJSON(merge(rateLimitHeader(5, 2), http.Header{"Retry-After": {}})), outcome: keystore.OutcomeQuotaExceeded},
 		{name: "GET /v1/me shows the budgets and the month's use", path: "/v1/me", auth: []string{bearer(quotaKey)}, used: 1, status: 200,
-			body:    `{"org_id":"org-6","role":"Viewer","scopes":null,"limits":{"per_minute":5,"org_per_minute":null,"per_month":2,"used_this_month":2}}`,
+			body:    `{"org_id":"org-6","role":"Viewer","scopes":null,"limits":{"per_minute":5,"per_second":null,"per_hour":null,"per_day":null,"org_per_minute":null,"per_month":2,"used_this_month":2}}`,
 			headers: rateLimitHeader(5, 3), outcome: keystore.OutcomeMe},
 		{name: "GET /v1/me under an org ceiling", path: "/v1/me", auth: []string{bearer(orgCeiling)}, status: 200,
-			body:    `{"org_id":"org-5","role":"Viewer","scopes":null,"limits":{"per_minute":600,"org_per_minute":3,"per_month":null,"used_this_month":null}}`,
+			body:    `{"org_id":"org-5","role":"Viewer","scopes":null,"limits":{"per_minute":600,"per_second":null,"per_hour":null,"per_day":null,"org_per_minute":3,"per_month":null,"used_this_month":null}}`,
 			headers: orgHeaders(599, 3, 2), outcome: keystore.OutcomeMe},
 		// 2. A key's allowed networks.
 		{name: "outside its networks: the unknown key's 401", path: "/v1/monitors", auth: []string{bearer(restricted)},

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/caddymodule/conns"
+	"github.com/keygate/keygate/caddymodule/spans"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -95,8 +97,12 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 				}
 			},
 		}
+		ro.OnLookup = spans.LookupServer
 		if m != nil {
-			ro.OnLookup = m.observeLookupServer
+			ro.OnLookup = func(ctx context.Context, standby bool) {
+				spans.LookupServer(ctx, standby)
+				m.observeLookupServer(standby)
+			}
 			ro.OnFenceWait = m.observeFenceWait
 			ro.OnReplayWait = m.observeReplayWait
 		}

@@ -28,29 +28,34 @@ import (
 	"github.com/keygate/keygate/keystore"
 )
 
-// bodyQuotaExceeded is the 402 of an organisation whose month is spent.
-const bodyQuotaExceeded = `{"error":"quota_exceeded","metric":"api_requests","upgrade":true}`
+// bodyQuotaExceeded is the 402 of an organisation whose month of limit is spent by
+// requests of cost 1: all of it used.
+func bodyQuotaExceeded(limit int) string {
+	return fmt.Sprintf(`{"error":"quota_exceeded","metric":"api_requests","upgrade":true,"limit":%d,"used":%[1]d}`, limit)
+}
 
 // burstWorkers is how many clients send a burst at once.
 const burstWorkers = 8
 
 // onEachRedis runs f on a stack of its own for each Redis the gateways can count on:
 // the single server and the 3-master Cluster of scripts/stack.sh. The two run at once:
-// they share no Redis, and each has its own database and organisations.
-func onEachRedis(t *testing.T, f func(t *testing.T, s *Stack)) {
+// they share no Redis, and each has its own database and organisations. The gateways
+// have more option lines, if given.
+func onEachRedis(t *testing.T, f func(t *testing.T, s *Stack), options ...string) {
 	for _, mode := range []string{"single", "cluster"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			f(t, newBudgetStack(t, mode))
+			f(t, newBudgetStack(t, mode, options...))
 		})
 	}
 }
 
 // newBudgetStack is a stack whose two gateways count on the Redis of mode and write
-// the usage record every second, so that a test can wait for it.
-func newBudgetStack(t *testing.T, mode string) *Stack {
+// the usage record every second, so that a test can wait for it, with more option
+// lines, if given.
+func newBudgetStack(t *testing.T, mode string, options ...string) *Stack {
 	t.Helper()
-	o := stackOptions{redisMode: mode, gwOptions: "usage_flush_interval 1s"}
+	o := stackOptions{redisMode: mode, gwOptions: strings.Join(append([]string{"usage_flush_interval 1s"}, options...), "\n\t\t\t")}
 	if mode == "cluster" {
 		if o.redisURL = os.Getenv("REDIS_CLUSTER_URL"); o.redisURL == "" {
 			t.Fatal("REDIS_CLUSTER_URL is not set: run the tests with `make test` (scripts/stack.sh up-cluster)")
@@ -238,16 +243,17 @@ func want429(t *testing.T, a answer, budget string) {
 	if err != nil || !nearS(retry, a) {
 		t.Errorf("Retry-After %q, want the %d seconds left in the window", a.Header.Get("Retry-After"), secondsLeftAt(a.at))
 	}
-	wantError(t, a.Resp, http.StatusTooManyRequests, fmt.Sprintf(`{"error":"rate_limited","retryAfter":%d,"budget":%q}`, retry, budget))
+	wantError(t, a.Resp, http.StatusTooManyRequests, fmt.Sprintf(`{"error":"rate_limited","retryAfter":%d,"budget":%q,"window":"minute"}`, retry, budget))
 }
 
-// want402 checks the 402 of a spent month: exactly its body, and no Retry-After (no
-// waiting within the minute helps).
-func want402(t *testing.T, a answer) {
+// want402 checks the 402 of a month of limit spent: exactly its body, and no
+// Retry-After (no waiting within the minute helps).
+func want402(t *testing.T, a answer, limit int) {
 	t.Helper()
-	wantError(t, a.Resp, http.StatusPaymentRequired, bodyQuotaExceeded)
-	if string(a.Body) != bodyQuotaExceeded {
-		t.Errorf("402 body %q, want exactly %q", a.Body, bodyQuotaExceeded)
+	body := bodyQuotaExceeded(limit)
+	wantError(t, a.Resp, http.StatusPaymentRequired, body)
+	if string(a.Body) != body {
+		t.Errorf("402 body %q, want exactly %q", a.Body, body)
 	}
 	if v := a.Header.Values("Retry-After"); len(v) != 0 {
 		t.Errorf("a 402 carries Retry-After %q", v)
@@ -276,7 +282,8 @@ func lim(perMinute, orgPerMinute, perMonth, used int64) string {
 		}
 		return strconv.FormatInt(n, 10)
 	}
-	return fmt.Sprintf(`{"per_minute":%s,"org_per_minute":%s,"per_month":%s,"used_this_month":%s}`, v(perMinute), v(orgPerMinute), v(perMonth), v(used))
+	return fmt.Sprintf(`{"per_minute":%s,"per_second":null,"per_hour":null,"per_day":null,"org_per_minute":%s,"per_month":%s,"used_this_month":%s}`,
+		v(perMinute), v(orgPerMinute), v(perMonth), v(used))
 }
 
 // proMe is the GET /v1/me body of a key with role of orgID on the pro plan: its
@@ -315,8 +322,17 @@ func sleepToNextMinute() {
 // one, so that a test's requests all count in one month.
 func waitForMonthRoom(need time.Duration) {
 	now := time.Now().UTC()
-	next := time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, time.UTC)
-	if d := next.Sub(now); d < need {
+	waitPast(time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, time.UTC), need)
+}
+
+// waitForDayRoom is waitForMonthRoom for a UTC day.
+func waitForDayRoom(need time.Duration) {
+	waitPast(time.Now().UTC().Truncate(24*time.Hour).Add(24*time.Hour), need)
+}
+
+// waitPast sleeps until just after next when it is less than need away.
+func waitPast(next time.Time, need time.Duration) {
+	if d := time.Until(next); d < need {
 		time.Sleep(d + 50*time.Millisecond)
 	}
 }
@@ -500,7 +516,7 @@ func TestBudgetTheMonthlyQuotaPassesExactlyItsNumberThen402(t *testing.T) {
 		wantStatuses(t, "the second minute: 9 requests, 7 left in the month", as2, map[int]int{200: 7, 402: 2})
 		for _, a := range as2 {
 			if a.Status == http.StatusPaymentRequired {
-				want402(t, a)
+				want402(t, a, 20)
 				wantRateLimit(t, "a 402", a, `"default";q=50;w=60, "org";q=13;w=60`, left{"default", -1}, left{"org", -1})
 			}
 		}
@@ -518,7 +534,7 @@ func TestBudgetTheMonthlyQuotaPassesExactlyItsNumberThen402(t *testing.T) {
 			a := s.send(c)
 			as3 = append(as3, a)
 			if i < len(cs3)-1 {
-				want402(t, a)
+				want402(t, a, 20)
 				wantRateLimit(t, "a 402", a, `"default";q=50;w=60, "org";q=13;w=60`, left{"default", -1}, left{"org", 12 - len(as2) - i})
 			} else {
 				want429(t, a, "org")
@@ -613,7 +629,7 @@ func TestBudgetTheMonthSurvivesFlushall(t *testing.T) {
 			if a.Status == http.StatusOK {
 				used = append(used, usedThisMonth(t, a))
 			} else {
-				want402(t, a)
+				want402(t, a, 11)
 			}
 		}
 		slices.Sort(used)
@@ -632,7 +648,7 @@ func TestBudgetTheMonthSurvivesFlushall(t *testing.T) {
 		s.flushRedis()
 		for _, key := range []string{admin, viewer, admin} { // the viewer's 3 a minute: 2
 			for gw := range 2 {
-				want402(t, s.me(key, gw))
+				want402(t, s.me(key, gw), 11)
 			}
 		}
 	})
@@ -730,7 +746,7 @@ func TestBudgetAPlanWithoutOrganisationBudgetsAnswersAsBefore(t *testing.T) {
 	if as[1].Status != http.StatusOK || !jsonEqual(as[1].Body, []byte(`{"data":[],"next_cursor":null}`)) {
 		t.Errorf("GET /v1/monitors: %d %s", as[1].Status, as[1].Body)
 	}
-	wantError(t, as[2].Resp, http.StatusForbidden, `{"error":"forbidden","reason":"role"}`)
+	wantError(t, as[2].Resp, http.StatusForbidden, `{"error":"forbidden","reason":"role","required_role":"Editor"}`)
 	wantHeaderNames(t, "a 403", as[2], "Cache-Control", "Content-Length", "Content-Type", "Date", "Ratelimit", "Ratelimit-Policy", "Server", "X-Content-Type-Options")
 	for _, a := range as[7:] {
 		want429(t, a, "key")

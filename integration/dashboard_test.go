@@ -247,12 +247,15 @@ func TestDashboardInABrowser(t *testing.T) {
 	owner.logIn(o.Email, o.Password)
 	owner.do("the keys page", chromedp.WaitVisible(tid("create-key-name")))
 
-	// Create a key through the form, with its own limit, networks (the loopback ones,
-	// from which this test calls /v1) and scopes (/v1/me needs none), and read it once.
+	// Create a key through the form, with its own limits (a minute's, a second's and a
+	// day's), networks (the loopback ones, from which this test calls /v1) and scopes
+	// (/v1/me needs none), and read it once.
 	owner.do("create a key",
 		chromedp.SendKeys(tid("create-key-name"), "deploy bot"),
 		chromedp.SetValue(tid("create-key-role"), "Editor"),
 		chromedp.SendKeys(tid("create-key-rate-limit"), "50"),
+		chromedp.SendKeys(tid("create-key-rate-limit-per-second"), "5"),
+		chromedp.SendKeys(tid("create-key-rate-limit-per-day"), "10000"),
 		chromedp.SendKeys(tid("create-key-cidrs"), "127.0.0.0/8,\n::1\n192.0.2.0/24"),
 		chromedp.Click(scopeBox(tid("create-key-scopes"), "monitors:read")),
 		chromedp.Click(scopeBox(tid("create-key-scopes"), "monitors:write")),
@@ -276,7 +279,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Fatalf("the secret is on the page after a reload:\n%s", html)
 	}
 	row := chromedp.CSS(`tr[data-key-id="` + oldID + `"] `)
-	s.wantSettings(owner, row, "50", "127.0.0.0/8 ::1/128 192.0.2.0/24")
+	s.wantSettings(owner, row, "50", "5 a second, 10000 a day", "127.0.0.0/8 ::1/128 192.0.2.0/24")
 	wantScopes(owner, row, "monitors:read monitors:write")
 	wantCompactRow(owner, oldID)
 	owner.screenshot("keys")
@@ -286,11 +289,13 @@ func TestDashboardInABrowser(t *testing.T) {
 		chromedp.Click(row+tid("edit-settings")),
 		chromedp.WaitVisible(row+tid("save-settings")),
 		chromedp.SetValue(row+tid("edit-rate-limit"), "40"),
+		chromedp.SetValue(row+tid("edit-rate-limit-per-second"), "3"),
+		chromedp.SetValue(row+tid("edit-rate-limit-per-day"), ""),
 		chromedp.SetValue(row+tid("edit-cidrs"), "127.0.0.1, ::1/128"),
 	)
 	owner.screenshot("key-settings")
 	owner.do("save the settings", clickThrough(row+tid("save-settings"), tid("create-key-name")))
-	s.wantSettings(owner, row, "40", "127.0.0.1/32 ::1/128")
+	s.wantSettings(owner, row, "40", "3 a second", "127.0.0.1/32 ::1/128")
 	if got := bearer(t, base, "/v1/me", key); got != 200 {
 		t.Fatalf("/v1/me with the key after its settings changed: %d", got)
 	}
@@ -306,7 +311,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	rolled := get(owner, "read the rolled key", chromedp.Text(tid("new-key")))
 	s.neverLog(rolled)
 	rolledRow := chromedp.CSS(`tr[data-key-id="` + strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_") + `"] `)
-	s.wantSettings(owner, rolledRow, "40", "127.0.0.1/32 ::1/128")
+	s.wantSettings(owner, rolledRow, "40", "3 a second", "127.0.0.1/32 ::1/128")
 	owner.screenshot("rolled")
 	if state := get(owner, "the old key's state", chromedp.Text(row+tid("key-state"))); state != "rolled" {
 		t.Errorf("the rolled key's row says %q, want rolled", state)
@@ -345,7 +350,8 @@ func TestDashboardInABrowser(t *testing.T) {
 	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 4 {
 		t.Errorf("audit trail: %d events, want 4 (created, updated, rolled, revoked)", n)
 	}
-	if got := get(owner, "the update's changes", chromedp.Text(tid("audit-changes"))); got != "rate limit: 50 a minute → 40 a minute; allowed networks: 127.0.0.0/8, ::1/128, 192.0.2.0/24 → 127.0.0.1/32, ::1/128" {
+	if got := get(owner, "the update's changes", chromedp.Text(tid("audit-changes"))); got != "rate limit: 50 a minute → 40 a minute; rate limit a second: 5 a second → 3 a second; "+
+		"rate limit a day: 10000 a day → plan's; allowed networks: 127.0.0.0/8, ::1/128, 192.0.2.0/24 → 127.0.0.1/32, ::1/128" {
 		t.Errorf("the audit trail says %q", got)
 	}
 	// People by email, keys by name: the owner did all four, on the key "deploy bot"
@@ -458,11 +464,17 @@ func wantCompactRow(tb *tab, keyID string) {
 	}
 }
 
-// wantSettings checks the keys page's limit and networks cells of the row.
-func (s *Stack) wantSettings(tb *tab, row chromedp.CSS, limit, cidrs string) {
+// wantSettings checks the keys page's limits and networks of the row: its minute's,
+// its other windows' (comma-separated), and its networks.
+func (s *Stack) wantSettings(tb *tab, row chromedp.CSS, limit, windows, cidrs string) {
 	s.t.Helper()
 	if got := get(tb, "the key's limit", chromedp.Text(row+tid("key-rate-limit"))); got != limit {
 		s.t.Errorf("the key's limit shows %q, want %q", got, limit)
+	}
+	shown := get(tb, "the key's windows", chromedp.Evaluate[[]string](`[...document.querySelectorAll('`+string(row)+
+		`[data-testid="key-window-limit"]')].map(e => e.textContent)`))
+	if got := strings.Join(shown, ", "); got != windows {
+		s.t.Errorf("the key's windows show %q, want %q", got, windows)
 	}
 	if got := strings.Join(strings.Fields(get(tb, "the key's networks", chromedp.Text(row+tid("key-cidrs")))), " "); got != cidrs {
 		s.t.Errorf("the key's networks show %q, want %q", got, cidrs)

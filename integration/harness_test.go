@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -158,6 +159,10 @@ type Stack struct {
 	jwksAddr    string
 	// upstreamArgs are more flags of the upstream's serve.
 	upstreamArgs []string
+	// siteOptions are more lines of the gateways' site block (e.g. tracing), and
+	// gatewayEnv and upstreamEnv more environment of the gateways and the upstream.
+	siteOptions             string
+	gatewayEnv, upstreamEnv []string
 }
 
 type gateway struct {
@@ -201,6 +206,9 @@ type stackOptions struct {
 	gwOptions, globalOptions string
 	// upstreamArgs are more flags of `upstream serve` (none).
 	upstreamArgs []string
+	// siteOptions, gatewayEnv and upstreamEnv are the Stack's (none).
+	siteOptions             string
+	gatewayEnv, upstreamEnv []string
 }
 
 // newStackWith is newStack with options.
@@ -225,6 +233,7 @@ func newStackWith(t *testing.T, o stackOptions) *Stack {
 	}
 	s.gwOptions, s.globalOptions = o.gwOptions, o.globalOptions
 	s.upstreamArgs = o.upstreamArgs
+	s.siteOptions, s.gatewayEnv, s.upstreamEnv = o.siteOptions, o.gatewayEnv, o.upstreamEnv
 	if o.databaseVia != nil {
 		s.dbURL = o.databaseVia(s.dbURL)
 	}
@@ -287,7 +296,7 @@ func (s *Stack) startUpstream() {
 		args = append(args, "--gateway-jwks", "http://"+s.jwksAddr+"/.well-known/jwks.json")
 	}
 	args = append(args, s.upstreamArgs...)
-	s.upstream = s.start("upstream", s.cliEnv, args...)
+	s.upstream = s.start("upstream", append(slices.Clip(s.cliEnv), s.upstreamEnv...), args...)
 	waitListening(s.t, s.upAddr, s.upstream)
 }
 
@@ -319,6 +328,7 @@ var caddyfileTmpl = template.Must(template.New("caddyfile").Parse(`{
 http://{{.Addr}} {
 	bind 127.0.0.1
 	log
+	{{.Site}}
 	handle /v1/* {
 		v1_gateway {
 			database_url   {env.DATABASE_URL}
@@ -359,7 +369,7 @@ func (s *Stack) startGateway(mode string) *gateway {
 	caddyfileTmpl.Execute(&cfg, map[string]any{
 		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": mode, "Upstream": s.upAddr,
 		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": s.gwOptions, "IdentityKey": s.identityKey,
-		"Global": s.globalOptions,
+		"Global": s.globalOptions, "Site": s.siteOptions,
 	})
 	dir := s.t.TempDir()
 	g.config = filepath.Join(dir, "Caddyfile")
@@ -368,6 +378,7 @@ func (s *Stack) startGateway(mode string) *gateway {
 	}
 	env := append(os.Environ(), "DATABASE_URL="+s.dbURL, "REDIS_URL="+s.redisURL,
 		"GATEWAY_SECRET="+gatewaySecret, "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	env = append(env, s.gatewayEnv...)
 	g.proc = s.start(fmt.Sprintf("gateway %d (%s)", len(s.gateways), mode), env,
 		filepath.Join(s.bin, "caddy"), "run", "--config", g.config, "--adapter", "caddyfile")
 	waitListening(s.t, g.addr, g.proc)

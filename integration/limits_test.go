@@ -96,7 +96,7 @@ func TestRateLimitIsOneBudgetAcrossGatewaysAndPerKey(t *testing.T) {
 		if retry < 1 || retry > 60 || retry < s-1 || retry > s+1 {
 			t.Errorf("Retry-After %d, want the %d seconds left in the window", retry, s)
 		}
-		wantError(t, r, 429, fmt.Sprintf(`{"error":"rate_limited","retryAfter":%d,"budget":"key"}`, retry))
+		wantError(t, r, 429, fmt.Sprintf(`{"error":"rate_limited","retryAfter":%d,"budget":"key","window":"minute"}`, retry))
 		if got := r.Header.Get("RateLimit-Policy"); got != fmt.Sprintf(`"default";q=%d;w=60`, n) {
 			t.Errorf("RateLimit-Policy %q", got)
 		}
@@ -126,7 +126,7 @@ func TestRateLimitIsOneBudgetAcrossGatewaysAndPerKey(t *testing.T) {
 		t.Errorf("proxied list: %d, RateLimit %q", proxied.Status, proxied.Header.Get("RateLimit"))
 	}
 	forbidden := s.api(other, 0).do("POST", "/v1/monitors", map[string]any{})
-	wantError(t, forbidden, 403, `{"error":"forbidden","reason":"role"}`)
+	wantError(t, forbidden, 403, `{"error":"forbidden","reason":"role","required_role":"Editor"}`)
 	if !rateLimitRE.MatchString(forbidden.Header.Get("RateLimit")) {
 		t.Errorf("403 forbidden of a limited key: RateLimit %q", forbidden.Header.Get("RateLimit"))
 	}

@@ -59,7 +59,7 @@ func TestRolesOnV1(t *testing.T) {
 		{"POST", "/v1/monitors"}, {"PATCH", "/v1/monitors/" + ids[0]}, {"PUT", "/v1/monitors/" + ids[0]},
 		{"DELETE", "/v1/monitors/" + ids[0]}, {"POST", "/v1/me"},
 	} {
-		wantError(t, v.do(rq.method, rq.path, map[string]any{"name": "x"}), 403, `{"error":"forbidden","reason":"role"}`)
+		wantError(t, v.do(rq.method, rq.path, map[string]any{"name": "x"}), 403, `{"error":"forbidden","reason":"role","required_role":"Editor"}`)
 	}
 	// The refused writes changed nothing.
 	if r := v.do("GET", "/v1/monitors/"+ids[0], nil); r.Status != 200 || r.JSON(t)["name"] != "by key" {

@@ -186,7 +186,7 @@ func TestTheDocumentCheckBites(t *testing.T) {
 	// Exchanges made up here, each broken in one way, must each be caught; the unbroken
 	// ones must pass. Without this, a check that lets everything through would look
 	// like a suite that matches its documents.
-	limits := `"limits":{"per_minute":600,"org_per_minute":null,"per_month":null,"used_this_month":null}`
+	limits := `"limits":{"per_minute":600,"per_second":null,"per_hour":null,"per_day":null,"org_per_minute":null,"per_month":null,"used_this_month":null}`
 	me := `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Editor",` + limits + `}`
 	monitor := `{"id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","name":"a","type":"http","target":"https://example.com",` +
 		`"interval_seconds":60,"locations":["us-east"],"paused":false,"created_at":"2026-01-01T00:00:00Z","updated_at":"2026-01-01T00:00:00Z"}`
@@ -204,6 +204,12 @@ func TestTheDocumentCheckBites(t *testing.T) {
 		{"GET /v1/me with a role the document lacks", "GET", "/v1/me", "", 200, `{"org_id":"0b8e0f0a-5d5e-4c4e-9a57-2f1d9b2c9e11","role":"Owner",` + limits + `}`, true},
 		{"GET /v1/me with an undocumented status", "GET", "/v1/me", "", http.StatusTeapot, `{"error":"teapot"}`, true},
 		{"a 429 without retryAfter", "GET", "/v1/me", "", 429, `{"error":"rate_limited"}`, true},
+		{"a 429 of a window", "GET", "/v1/me", "", 429, `{"error":"rate_limited","retryAfter":3,"budget":"key","window":"second","cost":2}`, false},
+		{"a 429 of a window the document lacks", "GET", "/v1/me", "", 429, `{"error":"rate_limited","retryAfter":3,"budget":"key","window":"week"}`, true},
+		{"a 429 that never fits", "GET", "/v1/me", "", 429, `{"error":"rate_limited","budget":"key","window":"second","cost":6,"limit":5,"fits":false}`, false},
+		{"a 429 that never fits, with retryAfter", "GET", "/v1/me", "", 429,
+			`{"error":"rate_limited","retryAfter":1,"budget":"key","window":"second","cost":6,"limit":5,"fits":false}`, true},
+		{"a 429 that never fits, without its limit", "GET", "/v1/me", "", 429, `{"error":"rate_limited","budget":"key","window":"day","cost":6,"fits":false}`, true},
 		{"a route the document lacks, answered", "GET", "/v1/keys", "", 200, `{"data":[]}`, true},
 		{"a route the document lacks, answered 404", "GET", "/v1/keys", "", 404, `{"error":"not found"}`, false},
 		{"a monitor created as documented", "POST", "/v1/monitors", `{"name":"a","type":"http","target":"https://example.com"}`, 201, monitor, false},
@@ -326,6 +332,8 @@ func TestTheDocumentsRefuseTheBodiesTheServerRefuses(t *testing.T) {
 		{"an empty key update", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{}},
 		{"a key update with an unknown field", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit": 5, "name": "x"}},
 		{"a key update with a negative rate limit", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit": -1}},
+		{"a key update with a second of 0", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"rate_limit_per_second": 0}},
+		{"a key with a fractional day", "POST", "/orgs/" + org.ID + "/api-keys", map[string]any{"name": "k", "role": "Admin", "rate_limit_per_day": 1.5}},
 		{"a key update with a network as a number", "PATCH", "/orgs/" + org.ID + "/api-keys/" + keyID, map[string]any{"allowed_cidrs": []any{10}}},
 		{"a login with an empty email", "POST", "/auth/login", map[string]any{"email": "", "password": "x"}},
 		{"a leak report without url", "POST", "/security/leaked-keys", []any{map[string]any{"token": "x"}}},

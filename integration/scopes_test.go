@@ -63,7 +63,7 @@ func TestScopedKeysOnEveryV1Route(t *testing.T) {
 			has := tc.scopes == nil || c.need == "" || contains(tc.scopes, c.need)
 			switch {
 			case tc.role == "Viewer" && c.method != "GET":
-				wantError(t, r, 403, `{"error":"forbidden","reason":"role"}`)
+				wantError(t, r, 403, `{"error":"forbidden","reason":"role","required_role":"Editor"}`)
 			case !has:
 				wantError(t, r, 403, scopeForbidden(c.need))
 			case r.Status >= 300:

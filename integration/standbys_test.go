@@ -28,28 +28,34 @@ const (
 // has replayed the test's database and whatever the suite wrote before it.
 func newStandbyStack(t *testing.T, extra string) *Stack {
 	t.Helper()
+	return newStandbyStackWith(t, stackOptions{gwOptions: extra})
+}
+
+// newStandbyStackWith is newStandbyStack with the options o, whose gwOptions follow
+// database_read_urls.
+func newStandbyStackWith(t *testing.T, o stackOptions) *Stack {
+	t.Helper()
 	fast := testenv.GetenvOrSkip(t, "DATABASE_STANDBY_FAST_URL")
 	slow := testenv.GetenvOrSkip(t, "DATABASE_STANDBY_SLOW_URL")
 	defer testenv.WaitForReplay(t, testenv.Getenv(t, "DATABASE_URL"), fast, 2*time.Minute)
-	return newStackWith(t, stackOptions{
-		// The test's database has a name of its own; the standbys have it too.
-		databaseVia: func(direct string) string {
-			d, err := url.Parse(direct)
+	// The test's database has a name of its own; the standbys have it too.
+	o.databaseVia = func(direct string) string {
+		d, err := url.Parse(direct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for env, base := range map[string]string{"KEYGATE_TEST_STANDBY_FAST": fast, "KEYGATE_TEST_STANDBY_SLOW": slow} {
+			u, err := url.Parse(base)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for env, base := range map[string]string{"KEYGATE_TEST_STANDBY_FAST": fast, "KEYGATE_TEST_STANDBY_SLOW": slow} {
-				u, err := url.Parse(base)
-				if err != nil {
-					t.Fatal(err)
-				}
-				u.Path = d.Path
-				t.Setenv(env, u.String())
-			}
-			return direct
-		},
-		gwOptions: "database_read_urls {env.KEYGATE_TEST_STANDBY_FAST} {env.KEYGATE_TEST_STANDBY_SLOW}\n" + extra,
-	})
+			u.Path = d.Path
+			t.Setenv(env, u.String())
+		}
+		return direct
+	}
+	o.gwOptions = "database_read_urls {env.KEYGATE_TEST_STANDBY_FAST} {env.KEYGATE_TEST_STANDBY_SLOW}\n" + o.gwOptions
+	return newStackWith(t, o)
 }
 
 // standbyCmd runs scripts/stack.sh's stop-standby or start-standby for standby n

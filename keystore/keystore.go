@@ -46,6 +46,9 @@ type Key struct {
 	// or the key's own rate_limit when that is smaller. 0 no API access, N requests a
 	// minute, -1 unlimited.
 	RateLimit int
+	// Windows are the key's limits in its windows beside its minute at the lookup, by
+	// Window: its plan's, or the key's own when that is smaller. -1: none.
+	Windows [NumWindows]int
 	// OrgRateLimit is the plan's org_rate_limit: requests a minute across all the
 	// organisation's keys. -1: none.
 	OrgRateLimit int
@@ -91,6 +94,9 @@ type Record struct {
 	// RateLimit is the key's own requests a minute; nil: its plan's api_rate_limit.
 	// The gateway applies the smaller of the two.
 	RateLimit *int
+	// WindowLimits are the key's own limits in its windows beside its minute; nil
+	// each: its plan's. The gateway applies the smaller of the two.
+	WindowLimits WindowLimits
 	// AllowedCIDRs are the networks the key may be used from, in canonical form; empty:
 	// anywhere.
 	AllowedCIDRs []netip.Prefix
@@ -113,6 +119,10 @@ type NewKey struct {
 	// RateLimit is optional: the key's own requests a minute, from 1 to its plan's
 	// api_rate_limit (any positive number on an unlimited plan). Nil: the plan's.
 	RateLimit *int
+	// WindowLimits are optional: the key's own limits in its windows beside its
+	// minute, each from 1 to its plan's (any positive number where the plan has none).
+	// Nil each: the plan's.
+	WindowLimits WindowLimits
 	// AllowedCIDRs is optional: the networks the key may be used from, at most
 	// MaxAllowedCIDRs, each as ParseCIDR returns it. Empty: anywhere.
 	AllowedCIDRs []netip.Prefix

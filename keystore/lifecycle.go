@@ -104,8 +104,10 @@ func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Durati
 
 	nk := NewKey{OrgID: orgID, CreatedBy: actor}
 	var role string
-	err = tx.QueryRow(ctx, `SELECT name, role, expires_at, rate_limit, allowed_cidrs, scopes FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
-		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt, &nk.RateLimit, &nk.AllowedCIDRs, &nk.Scopes)
+	w := &nk.WindowLimits
+	err = tx.QueryRow(ctx, `SELECT name, role, expires_at, rate_limit, allowed_cidrs, scopes, rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day
+FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`,
+		orgID, keyID).Scan(&nk.Name, &role, &nk.ExpiresAt, &nk.RateLimit, &nk.AllowedCIDRs, &nk.Scopes, &w[PerSecond], &w[PerHour], &w[PerDay])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, "", ErrNotFound
 	}
@@ -156,7 +158,8 @@ const (
 
 // RevokeLeaked revokes every live key among the reports' tokens. In the same
 // statement, it audits each as key.leaked by ActorLeakReport, with the URL of its first
-// report. It returns one outcome per report, in order. It reads all the keys with one
+// report, in which the secret of any key is redacted (Redact): the URL is kept in the
+// audit trail and sent in the key.leaked event. It returns one outcome per report, in order. It reads all the keys with one
 // query, and revokes with one more. A key reported twice counts once, with the same
 // outcome both times. Reporting again answers LeakAlreadyRevoked and changes nothing.
 func (s *Store) RevokeLeaked(ctx context.Context, reports []LeakReport) ([]string, error) {
@@ -219,7 +222,7 @@ FROM api_keys WHERE key_id = ANY($1)`, ids)
 		}
 		matched[i] = subtle.ConstantTimeCompare(k.sum[:], want) == 1 && ok
 		if matched[i] && st.live {
-			liveIDs, liveURLs = append(liveIDs, k.keyID), append(liveURLs, reports[i].URL)
+			liveIDs, liveURLs = append(liveIDs, k.keyID), append(liveURLs, Redact(reports[i].URL))
 			st.live = false // its first report's URL is the one audited
 			found[k.keyID] = st
 		}
@@ -278,8 +281,8 @@ type EventFilter struct {
 func (s *Store) EventsOf(ctx context.Context, orgID string, f EventFilter, before int64, limit int) ([]Event, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, COALESCE(key_id, ''), COALESCE(webhook_id::text, ''), actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
 FROM audit_events
-WHERE org_id = $1 AND ($2 = 0 OR id < $2)
-  AND ($4 = '' OR action = $4) AND ($5 = '' OR key_id = $5 OR new_key_id = $5)
+WHERE org_id = $1 AND ($2::bigint = 0 OR id < $2::bigint)
+  AND ($4::text = '' OR action = $4::text) AND ($5::text = '' OR key_id = $5::text OR new_key_id = $5::text)
 ORDER BY id DESC LIMIT $3`, orgID, before, limit, f.Action, f.KeyID)
 	if err != nil {
 		return nil, fmt.Errorf("listing audit events: %w", err)

@@ -33,8 +33,9 @@ func New(pool *pgxpool.Pool, format Format) *Store {
 }
 
 // lookupSelect finds the live keys with their budgets, allowed networks and scopes.
-// The key's minute limit is the smaller of its own and its plan's; a plan without API
-// access keeps 0 whatever the key says. A key without networks sends NULL rather than
+// The key's limit in each window is the smaller of its own and its plan's; a plan
+// without API access keeps 0 whatever the key says, and a window the plan does not
+// limit keeps the key's own or -1, none. A key without networks sends NULL rather than
 // an empty array, which costs a batch's decoding more than the rest of its row. The
 // scopes come as one text, NULL for none (splitScopes). lookupOf completes its
 // condition on the key id, then lookupDigest its condition on the digest and address. The
@@ -43,6 +44,12 @@ const lookupSelect = `SELECT k.key_id, k.org_id::text, k.role, k.secret_hash,
 CASE WHEN k.rate_limit IS NULL OR p.api_rate_limit = 0 THEN p.api_rate_limit
 	WHEN p.api_rate_limit < 0 THEN k.rate_limit
 	ELSE least(k.rate_limit, p.api_rate_limit) END,
+CASE WHEN p.api_rate_limit_per_second < 0 THEN coalesce(k.rate_limit_per_second, -1)
+	ELSE least(k.rate_limit_per_second, p.api_rate_limit_per_second) END,
+CASE WHEN p.api_rate_limit_per_hour < 0 THEN coalesce(k.rate_limit_per_hour, -1)
+	ELSE least(k.rate_limit_per_hour, p.api_rate_limit_per_hour) END,
+CASE WHEN p.api_rate_limit_per_day < 0 THEN coalesce(k.rate_limit_per_day, -1)
+	ELSE least(k.rate_limit_per_day, p.api_rate_limit_per_day) END,
 p.org_rate_limit, p.api_requests_per_month,
 CASE WHEN cardinality(k.allowed_cidrs) > 0 THEN k.allowed_cidrs END,
 array_to_string(k.scopes, ' ')
@@ -295,12 +302,14 @@ func scanLookup(rows pgx.Rows, ids int) (map[string]row, error) {
 		id, org, role   string
 		hash            []byte
 		limit, orgLimit int
+		windows         [NumWindows]int
 		quota           int64
 		cidrs           []netip.Prefix
 		scopes          pgtype.Text
 	}
-	_, err := pgx.ForEachRow(rows, []any{&d.id, &d.org, &d.role, &d.hash, &d.limit, &d.orgLimit, &d.quota, &d.cidrs, &d.scopes}, func() error {
-		out[d.id] = row{orgID: d.org, role: Role(d.role), hash: d.hash, rateLimit: d.limit, orgRateLimit: d.orgLimit,
+	_, err := pgx.ForEachRow(rows, []any{&d.id, &d.org, &d.role, &d.hash, &d.limit,
+		&d.windows[PerSecond], &d.windows[PerHour], &d.windows[PerDay], &d.orgLimit, &d.quota, &d.cidrs, &d.scopes}, func() error {
+		out[d.id] = row{orgID: d.org, role: Role(d.role), hash: d.hash, rateLimit: d.limit, windows: d.windows, orgRateLimit: d.orgLimit,
 			monthlyQuota: d.quota, cidrs: d.cidrs, scopes: splitScopes(d.scopes)}
 		d.cidrs = nil // the next row's scan makes its own
 		return nil
@@ -325,6 +334,7 @@ type row struct {
 	role         Role
 	hash         []byte
 	rateLimit    int
+	windows      [NumWindows]int
 	orgRateLimit int
 	monthlyQuota int64
 	cidrs        []netip.Prefix
@@ -341,7 +351,7 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 	if subtle.ConstantTimeCompare(sum[:], stored) != 1 || !found {
 		return Key{}, false
 	}
-	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit,
+	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit, Windows: r.windows,
 		OrgRateLimit: r.orgRateLimit, MonthlyQuota: r.monthlyQuota, AllowedCIDRs: r.cidrs, Scopes: r.scopes}, true
 }
 
@@ -370,7 +380,7 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 		return Record{}, "", fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	if err := checkNewSettings(ctx, tx, nk.OrgID, nk.RateLimit, nk.AllowedCIDRs); err != nil {
+	if err := checkNewSettings(ctx, tx, nk.OrgID, nk.RateLimit, nk.WindowLimits, nk.AllowedCIDRs); err != nil {
 		return Record{}, "", err
 	}
 	r, full, err := s.insertKey(ctx, tx, nk)
@@ -402,12 +412,15 @@ func (s *Store) insertKey(ctx context.Context, tx pgx.Tx, nk NewKey) (Record, st
 		}
 		sum := HashSecret(secret)
 		r := Record{ID: keyID, OrgID: nk.OrgID, Name: nk.Name, Role: nk.Role}
-		err = tx.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at, rate_limit, allowed_cidrs, scopes)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		w := &r.WindowLimits
+		err = tx.QueryRow(ctx, `INSERT INTO api_keys (key_id, org_id, name, role, secret_hash, created_by, expires_at, rate_limit, allowed_cidrs, scopes,
+	rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 ON CONFLICT (key_id) DO NOTHING
-RETURNING created_at, expires_at, rate_limit, allowed_cidrs, scopes`,
-			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt, nk.RateLimit, nonNil(nk.AllowedCIDRs), nk.Scopes).
-			Scan(&r.CreatedAt, &r.ExpiresAt, &r.RateLimit, &r.AllowedCIDRs, &r.Scopes)
+RETURNING created_at, expires_at, rate_limit, allowed_cidrs, scopes, rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day`,
+			keyID, nk.OrgID, nk.Name, string(nk.Role), sum[:], createdBy, nk.ExpiresAt, nk.RateLimit, nonNil(nk.AllowedCIDRs), nk.Scopes,
+			nk.WindowLimits[PerSecond], nk.WindowLimits[PerHour], nk.WindowLimits[PerDay]).
+			Scan(&r.CreatedAt, &r.ExpiresAt, &r.RateLimit, &r.AllowedCIDRs, &r.Scopes, &w[PerSecond], &w[PerHour], &w[PerDay])
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -435,14 +448,15 @@ FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id`, orgID)
 }
 
 // recordColumns are the columns of api_keys that make a Record, in scanRecord's order.
-const recordColumns = `key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at, rate_limit, allowed_cidrs, scopes`
+const recordColumns = `key_id, org_id::text, name, role, created_at, expires_at, revoked_at, last_used_at, rate_limit, allowed_cidrs, scopes,
+	rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day`
 
 // scanRecord scans a row of recordColumns.
 func scanRecord(row pgx.Row) (Record, error) {
 	var r Record
 	var role string
 	err := row.Scan(&r.ID, &r.OrgID, &r.Name, &role, &r.CreatedAt, &r.ExpiresAt, &r.RevokedAt, &r.LastUsedAt,
-		&r.RateLimit, &r.AllowedCIDRs, &r.Scopes)
+		&r.RateLimit, &r.AllowedCIDRs, &r.Scopes, &r.WindowLimits[PerSecond], &r.WindowLimits[PerHour], &r.WindowLimits[PerDay])
 	r.Role = Role(role)
 	return r, err
 }

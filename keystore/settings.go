@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A key's own settings, which narrow what its plan allows: its rate limit and the
+// A key's own settings, which narrow what its plan allows: its rate limits and the
 // networks it may be used from. The rules of both live here, so that every program
 // that writes them (the upstream's two doors, a Go caller) refuses the same values
 // with the same words (docs/configuration.md, Budgets and restricted keys).
@@ -26,7 +26,7 @@ const (
 const MaxAllowedCIDRs = 32
 
 // SettingError is a value of a key's setting that breaks its rule. Field is
-// FieldRateLimit, FieldAllowedCIDRs or FieldScopes; Reason says what is wrong, in
+// FieldRateLimit, a Window's Field, FieldAllowedCIDRs or FieldScopes; Reason says what is wrong, in
 // words fit for the person who sent it.
 type SettingError struct {
 	Field  string
@@ -39,17 +39,18 @@ func invalidSetting(field, format string, args ...any) *SettingError {
 	return &SettingError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-// checkRateLimit checks a key's own rate limit n against planLimit, the api_rate_limit
-// of its organisation's plan: n is from 1 to planLimit, any positive 32-bit number on
-// an unlimited plan (-1), and nothing on a plan without API access (0).
-func checkRateLimit(n, planLimit int) error {
+// checkRateLimit checks a key's own rate limit n, named field, against planLimit, its
+// organisation's plan's limit in the same window (api_<field>): n is from 1 to
+// planLimit, any positive 32-bit number where the plan has none (-1), and nothing on a
+// plan without API access (0).
+func checkRateLimit(field string, n, planLimit int) error {
 	switch {
 	case planLimit == 0:
-		return invalidSetting(FieldRateLimit, "must be null: the plan has no API access")
+		return invalidSetting(field, "must be null: the plan has no API access")
 	case planLimit < 0 && (n < 1 || n > math.MaxInt32):
-		return invalidSetting(FieldRateLimit, "must be a positive integer")
+		return invalidSetting(field, "must be a positive integer")
 	case planLimit > 0 && (n < 1 || n > planLimit):
-		return invalidSetting(FieldRateLimit, "must be from 1 to %d, the plan's api_rate_limit", planLimit)
+		return invalidSetting(field, "must be from 1 to %d, the plan's api_%s", planLimit, field)
 	}
 	return nil
 }
@@ -133,38 +134,39 @@ func tooManyCIDRs() error {
 	return invalidSetting(FieldAllowedCIDRs, "must list at most %d networks", MaxAllowedCIDRs)
 }
 
-// lockPlanRateLimit returns the api_rate_limit of orgID's plan, and share-locks the
+// lockPlanLimits returns the limits orgID's plan gives each key, and share-locks the
 // org's row and its plan's until tx ends, so that neither a plan change nor a move to
 // another plan commits between this check and the write it guards. It answers
 // ErrNotFound for an org that does not exist.
-func lockPlanRateLimit(ctx context.Context, tx pgx.Tx, orgID string) (int, error) {
-	var limit int
-	err := tx.QueryRow(ctx, `SELECT p.api_rate_limit FROM orgs o JOIN plans p ON p.name = o.plan
-WHERE o.id = $1 FOR SHARE OF o, p`, orgID).Scan(&limit)
+func lockPlanLimits(ctx context.Context, tx pgx.Tx, orgID string) (planLimits, error) {
+	var p planLimits
+	err := tx.QueryRow(ctx, `SELECT p.api_rate_limit, p.api_rate_limit_per_second, p.api_rate_limit_per_hour, p.api_rate_limit_per_day
+FROM orgs o JOIN plans p ON p.name = o.plan
+WHERE o.id = $1 FOR SHARE OF o, p`, orgID).Scan(&p.minute, &p.windows[PerSecond], &p.windows[PerHour], &p.windows[PerDay])
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, ErrNotFound
+		return planLimits{}, ErrNotFound
 	}
 	if err != nil {
-		return 0, fmt.Errorf("reading the plan's rate limit: %w", err)
+		return planLimits{}, fmt.Errorf("reading the plan's rate limits: %w", err)
 	}
-	return limit, nil
+	return p, nil
 }
 
 // checkNewSettings checks the settings a key is created or updated with, in tx: the
-// list of networks, then the rate limit against the plan of orgID at this moment. A
-// nil rateLimit (the plan's) needs no plan and reads none.
-func checkNewSettings(ctx context.Context, tx pgx.Tx, orgID string, rateLimit *int, cidrs []netip.Prefix) error {
+// list of networks, then the rate limits against the plan of orgID at this moment.
+// Limits all nil (the plan's) need no plan and read none.
+func checkNewSettings(ctx context.Context, tx pgx.Tx, orgID string, rateLimit *int, windows WindowLimits, cidrs []netip.Prefix) error {
 	if err := checkAllowedCIDRs(cidrs); err != nil {
 		return err
 	}
-	if rateLimit == nil {
+	if rateLimit == nil && windows == (WindowLimits{}) {
 		return nil
 	}
-	planLimit, err := lockPlanRateLimit(ctx, tx, orgID)
+	p, err := lockPlanLimits(ctx, tx, orgID)
 	if err != nil {
 		return err
 	}
-	return checkRateLimit(*rateLimit, planLimit)
+	return p.checkLimits(rateLimit, windows)
 }
 
 // Update is a change of a key's own settings. A setting it does not set is left as
@@ -173,6 +175,10 @@ type Update struct {
 	// SetRateLimit says that RateLimit is the key's new own limit; nil is the plan's.
 	SetRateLimit bool
 	RateLimit    *int
+	// SetWindowLimits says which of WindowLimits are the key's new own limits in its
+	// windows; nil is the plan's.
+	SetWindowLimits [NumWindows]bool
+	WindowLimits    WindowLimits
 	// SetAllowedCIDRs says that AllowedCIDRs is the key's new list; empty is anywhere.
 	SetAllowedCIDRs bool
 	AllowedCIDRs    []netip.Prefix
@@ -185,9 +191,19 @@ type Update struct {
 // Changes is what a key.updated event changed: each setting that changed, before and
 // after. It is stored as the event's JSON, in this form.
 type Changes struct {
-	RateLimit    *RateLimitChange `json:"rate_limit,omitempty"`
-	AllowedCIDRs *CIDRsChange     `json:"allowed_cidrs,omitempty"`
-	Scopes       *ScopesChange    `json:"scopes,omitempty"`
+	RateLimit          *RateLimitChange `json:"rate_limit,omitempty"`
+	RateLimitPerSecond *RateLimitChange `json:"rate_limit_per_second,omitempty"`
+	RateLimitPerHour   *RateLimitChange `json:"rate_limit_per_hour,omitempty"`
+	RateLimitPerDay    *RateLimitChange `json:"rate_limit_per_day,omitempty"`
+	AllowedCIDRs       *CIDRsChange     `json:"allowed_cidrs,omitempty"`
+	Scopes             *ScopesChange    `json:"scopes,omitempty"`
+}
+
+// Window returns the change of the key's own limit in w; nil if it did not change.
+func (c *Changes) Window(w Window) *RateLimitChange { return *c.window(w) }
+
+func (c *Changes) window(w Window) **RateLimitChange {
+	return [NumWindows]**RateLimitChange{&c.RateLimitPerSecond, &c.RateLimitPerHour, &c.RateLimitPerDay}[w]
 }
 
 // RateLimitChange is a key's own rate limit before and after; nil is the plan's.
@@ -218,7 +234,7 @@ var ErrNoChange = errors.New("keystore: the update sets no setting")
 // or expired key. The settings that change are audited as one key.updated by actor,
 // with what changed; an Update that changes nothing audits nothing.
 func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor string) (Record, error) {
-	if !u.SetRateLimit && !u.SetAllowedCIDRs && !u.SetScopes {
+	if u.Empty() {
 		return Record{}, ErrNoChange
 	}
 	if u.SetScopes {
@@ -239,7 +255,13 @@ func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor
 	if u.SetRateLimit {
 		rateLimit = u.RateLimit
 	}
-	if err := checkNewSettings(ctx, tx, orgID, rateLimit, u.AllowedCIDRs); err != nil {
+	var windows WindowLimits
+	for w, set := range u.SetWindowLimits {
+		if set {
+			windows[w] = u.WindowLimits[w]
+		}
+	}
+	if err := checkNewSettings(ctx, tx, orgID, rateLimit, windows, u.AllowedCIDRs); err != nil {
 		return Record{}, err
 	}
 	if !ValidKeyID(keyID) {
@@ -247,13 +269,16 @@ func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor
 	}
 
 	var (
-		live      bool
-		oldLimit  *int
-		oldCIDRs  []netip.Prefix
-		oldScopes []string
+		live       bool
+		oldLimit   *int
+		oldWindows WindowLimits
+		oldCIDRs   []netip.Prefix
+		oldScopes  []string
 	)
-	err = tx.QueryRow(ctx, `SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()), rate_limit, allowed_cidrs, scopes
-FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(&live, &oldLimit, &oldCIDRs, &oldScopes)
+	err = tx.QueryRow(ctx, `SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()), rate_limit,
+	rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day, allowed_cidrs, scopes
+FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(&live, &oldLimit,
+		&oldWindows[PerSecond], &oldWindows[PerHour], &oldWindows[PerDay], &oldCIDRs, &oldScopes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, ErrNotFound
 	}
@@ -265,25 +290,34 @@ FROM api_keys WHERE org_id = $1 AND key_id = $2 FOR UPDATE`, orgID, keyID).Scan(
 	}
 
 	var ch Changes
-	newLimit, newCIDRs, newScopes := oldLimit, oldCIDRs, oldScopes
+	changed := false
+	newLimit, newWindows, newCIDRs, newScopes := oldLimit, oldWindows, oldCIDRs, oldScopes
 	if u.SetRateLimit && !equalLimits(oldLimit, u.RateLimit) {
 		ch.RateLimit = &RateLimitChange{From: oldLimit, To: u.RateLimit}
-		newLimit = u.RateLimit
+		newLimit, changed = u.RateLimit, true
+	}
+	for w, set := range u.SetWindowLimits {
+		if set && !equalLimits(oldWindows[w], u.WindowLimits[w]) {
+			*ch.window(Window(w)) = &RateLimitChange{From: oldWindows[w], To: u.WindowLimits[w]}
+			newWindows[w], changed = u.WindowLimits[w], true
+		}
 	}
 	if u.SetAllowedCIDRs && !slices.Equal(oldCIDRs, u.AllowedCIDRs) {
 		ch.AllowedCIDRs = &CIDRsChange{From: nonNil(oldCIDRs), To: u.AllowedCIDRs}
-		newCIDRs = u.AllowedCIDRs
+		newCIDRs, changed = u.AllowedCIDRs, true
 	}
 	if u.SetScopes && !equalScopes(oldScopes, u.Scopes) {
 		ch.Scopes = &ScopesChange{From: oldScopes, To: u.Scopes}
-		newScopes = u.Scopes
+		newScopes, changed = u.Scopes, true
 	}
 	var rec Record
-	if ch.RateLimit == nil && ch.AllowedCIDRs == nil && ch.Scopes == nil {
+	if !changed {
 		rec, err = scanRecord(tx.QueryRow(ctx, `SELECT `+recordColumns+` FROM api_keys WHERE key_id = $1`, keyID))
 	} else {
-		rec, err = scanRecord(tx.QueryRow(ctx, `UPDATE api_keys SET rate_limit = $2, allowed_cidrs = $3, scopes = $4
-WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs), newScopes))
+		rec, err = scanRecord(tx.QueryRow(ctx, `UPDATE api_keys SET rate_limit = $2, allowed_cidrs = $3, scopes = $4,
+	rate_limit_per_second = $5, rate_limit_per_hour = $6, rate_limit_per_day = $7
+WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs), newScopes,
+			newWindows[PerSecond], newWindows[PerHour], newWindows[PerDay]))
 		if err == nil {
 			err = audit(ctx, tx, Event{OrgID: orgID, Action: ActionUpdated, KeyID: keyID, Actor: actor, Changes: &ch})
 		}
@@ -295,6 +329,11 @@ WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs), 
 		return Record{}, fmt.Errorf("committing key update: %w", err)
 	}
 	return rec, nil
+}
+
+// Empty reports whether u sets no setting.
+func (u *Update) Empty() bool {
+	return !u.SetRateLimit && u.SetWindowLimits == [NumWindows]bool{} && !u.SetAllowedCIDRs && !u.SetScopes
 }
 
 func equalLimits(a, b *int) bool {

@@ -69,9 +69,10 @@ type ReaderOptions struct {
 	// ProbeTimeout bounds a standby's health probe, connection setup included. It is
 	// a budget of its own: no request waits on a probe. Default: twice the Timeout.
 	ProbeTimeout time.Duration
-	// OnLookup, if set, is called once a lookup is answered, with whether a standby
-	// answered it. It must be fast. Default: none.
-	OnLookup func(standby bool)
+	// OnLookup, if set, is called once a lookup is answered, with the context the
+	// lookup was made under and whether a standby answered it. It must be fast.
+	// Default: none.
+	OnLookup func(ctx context.Context, standby bool)
 	// OnFenceWait, if set, is called with each lookup's wait for its reading of the
 	// primary's position once its standby answered. It must be fast. Default: none.
 	OnFenceWait func(time.Duration)
@@ -217,7 +218,7 @@ func (r *Reader) VerifyParsed(ctx context.Context, keyID, secret string, from ne
 		if replayed >= target {
 			s.caughtUp(sent)
 			if r.opts.OnLookup != nil {
-				r.opts.OnLookup(true)
+				r.opts.OnLookup(ctx, true)
 			}
 			return k, ok, nil
 		}
@@ -334,7 +335,7 @@ func (r *Reader) advance(s *standby, replayed LSN) {
 func (r *Reader) fromPrimary(ctx context.Context, keyID, secret string, from netip.Addr) (Key, bool, error) {
 	k, ok, err := r.primary.VerifyParsed(ctx, keyID, secret, from)
 	if err == nil && r.opts.OnLookup != nil {
-		r.opts.OnLookup(false)
+		r.opts.OnLookup(ctx, false)
 	}
 	return k, ok, err
 }

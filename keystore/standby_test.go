@@ -55,7 +55,7 @@ type counted struct {
 func newReader(t *testing.T, s *keystore.Store, pool *pgxpool.Pool, standbys []*pgxpool.Pool, opts keystore.ReaderOptions) *counted {
 	t.Helper()
 	c := &counted{}
-	opts.OnLookup = func(standby bool) {
+	opts.OnLookup = func(_ context.Context, standby bool) {
 		if standby {
 			c.standby.Add(1)
 		} else {

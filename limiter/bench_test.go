@@ -53,3 +53,19 @@ func BenchmarkPipelinedAllowBudgets(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPipelinedAllowWindows is BenchmarkPipelinedAllow for keys with a second's
+// and a day's limits beside their minute: three counters a count, in the same call.
+func BenchmarkPipelinedAllowWindows(b *testing.B) {
+	c := redisClient(b)
+	l := limiter.NewRedis(c, limiter.WithPrefix(uniquePrefix(b)), limiter.WithPipelining(time.Second))
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	benchcpu.Run(b, func(b *testing.B, i int) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		budgets := limiter.Budgets{Key: keys[i%len(keys)], KeyLimit: 1 << 30, KeyPerSecond: 1 << 30, KeyPerDay: 1 << 30}
+		if _, err := l.Allow(ctx, budgets); err != nil {
+			b.Errorf("Allow: %v", err)
+		}
+		cancel()
+	}, benchcpu.Self(), benchcpu.Redis(c))
+}

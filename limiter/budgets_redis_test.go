@@ -212,7 +212,7 @@ func TestAnOrgsCountsOfSeveralKeysShareAScriptCallAndEachGetsItsOwnNumber(t *tes
 	}
 	before := limiter.ScriptCalls(l)
 	var mu sync.Mutex
-	keys := map[string][]limiter.Minute{}
+	keys := map[string][]limiter.Window{}
 	orgs := map[string][]int{} // the org's remaining, of those that reached it
 	used := map[string][]int{}
 	var wg sync.WaitGroup

@@ -307,7 +307,7 @@ func TestARefusalAtOneStageIsNotCountedAtALaterOne(t *testing.T) {
 			b         limiter.Budgets
 			next      bool // in the next minute
 			refusedAt limiter.Stage
-			key, org  limiter.Minute
+			key, org  limiter.Window
 			used      int64
 			counters  [4]int64 // A's minute, B's minute, the org's minute, the month
 		}{
@@ -349,8 +349,8 @@ func TestARefusalAtOneStageIsNotCountedAtALaterOne(t *testing.T) {
 }
 
 // res is a Result.
-func res(allowed bool, limit, remaining, resetAfter int) limiter.Minute {
-	return limiter.Minute{Allowed: allowed, Limit: limit, Remaining: remaining, ResetAfter: resetAfter}
+func res(allowed bool, limit, remaining, resetAfter int) limiter.Window {
+	return limiter.Window{Allowed: allowed, Limit: limit, Remaining: remaining, ResetAfter: resetAfter}
 }
 
 // monthLeft is the whole seconds left in t's UTC month, rounded up.
@@ -427,7 +427,7 @@ func TestAKeyWithoutALimitOfItsOwnCountsAgainstItsOrg(t *testing.T) {
 			t.Errorf("allowed %d, refused %v; want 10 and 20 at org", got.allowed, got.refused)
 		}
 		for _, r := range got.results {
-			if r.Key != (limiter.Minute{}) || r.Month != (limiter.Quota{}) {
+			if r.Key != (limiter.Window{}) || r.Month != (limiter.Quota{}) {
 				t.Errorf("budgets that do not apply reported: %+v", r)
 			}
 		}

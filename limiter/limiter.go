@@ -1,12 +1,13 @@
 // Package limiter counts the requests of API keys against their budgets, in fixed
-// one-minute windows aligned to the UTC minute and in UTC calendar months. The window
-// of instant t is floor(unix(t) / 60).
+// windows aligned to UTC (a second, a minute, an hour, a day) and in UTC calendar
+// months. The window of a span of d seconds holding instant t is floor(unix(t) / d).
 //
 // A request counts against up to three budgets, in order (see Budgets): its key's
-// minute, its organisation's minute, its organisation's month. A key whose plan has no
-// organisation budget counts against its key's minute alone: the one-stage case of
-// the same count. Minute windows count every request that reaches them, allowed or
-// not; in a window, the requests numbered limit+1 and later are refused.
+// windows (its minute, and a second, an hour and a day where it has them), its
+// organisation's minute, its organisation's month. A key whose plan has no
+// organisation budget counts against its key's windows alone: the one-stage case of
+// the same count. Windows count every request that reaches them, allowed or not; in a
+// window, the requests numbered limit+1 and later are refused.
 //
 // Two backends share that behaviour. Redis counts in Redis, and every process using
 // the same Redis shares each budget: several gateway instances have one budget, not
@@ -22,21 +23,44 @@ import (
 	"time"
 )
 
-// Window is the length of a rate limit window.
-const Window = time.Minute
-
 // ErrBadLimit is returned by Allow for Budgets with no budget at all. "No API
 // access" and "unlimited" are the caller's decisions, not counts.
 var ErrBadLimit = errors.New("limiter: limit must be positive")
 
-// Minute is the state of one minute window after a count.
-type Minute struct {
-	// Allowed reports whether the request is within the window's limit.
+// Span is the length of a window: a second, a minute, an hour or a day. Each window is
+// aligned to UTC: the day's start at midnight UTC.
+type Span uint8
+
+// The spans, in the order a key's windows are listed: its minute first.
+const (
+	Minute Span = iota
+	Second
+	Hour
+	Day
+	spans // how many
+)
+
+// spanSeconds are the spans' lengths, in seconds.
+var spanSeconds = [spans]int64{Minute: 60, Second: 1, Hour: 3600, Day: 86400}
+
+// spanNames are the spans' names.
+var spanNames = [spans]string{Minute: "minute", Second: "second", Hour: "hour", Day: "day"}
+
+// Seconds returns the length of s in seconds.
+func (s Span) Seconds() int { return int(spanSeconds[s]) }
+
+// String returns "second", "minute", "hour" or "day".
+func (s Span) String() string { return spanNames[s] }
+
+// Window is the state of one window after a count.
+type Window struct {
+	// Allowed reports whether the request passed the window's budget. A key's windows
+	// are one budget: each of them refuses a request that one of them refuses.
 	Allowed bool
 	// Limit is the limit the request was counted against; 0 when the budget does
 	// not apply.
 	Limit int
-	// Remaining is how many more requests the window allows; never negative.
+	// Remaining is how many more units the window allows; never negative.
 	Remaining int
 	// ResetAfter is the whole number of seconds left in the window, rounded up, at
 	// least 1. It is the Retry-After of a request the window refused.
@@ -46,11 +70,13 @@ type Minute struct {
 // Limiter is what both backends do.
 type Limiter interface {
 	// Allow counts one request against b's budgets in order, stopping at the first
-	// that refuses it: the key's minute window counts it; then, if the key's allowed
-	// it, the org's minute window counts it; then, if that allowed it, the org's month
-	// lets it through and counts it, or refuses it uncounted once Used has reached
-	// MonthLimit. Minute windows count every request that reaches them, refused or
-	// not; a month counts only what passed every budget. An error means nothing was
+	// that refuses it: the key's windows count it, the request passing only if it fits
+	// in every one of them; then, if they allowed it, the org's minute window counts
+	// it; then, if that allowed it, the org's month lets it through and counts it, or
+	// refuses it uncounted when it does not fit. Windows count every request that
+	// reaches them, refused or not, except where a refused request would spend units
+	// the window still has (see Budgets.Cost); a month counts only what passed every
+	// budget. An error means nothing was
 	// counted: Redis is unreachable or slow, or the month's seed failed. The Result is
 	// then meaningless, and the caller applies its failure policy.
 	Allow(ctx context.Context, b Budgets) (Result, error)
@@ -127,17 +153,32 @@ func buildOptions(opts []Option) options {
 	return o
 }
 
-// windowOf returns the index of the window holding t, and the whole seconds left in
-// it, rounded up, at least 1. It also returns how long the window's counters must live
-// from t, in milliseconds: the rest of the window and one window more. So a gateway
-// whose clock runs a little behind still finds the count.
-func windowOf(t time.Time) (index int64, resetAfter int, ttlMs int64) {
+// windowOf returns the index of the window of span s holding t, and the whole seconds
+// left in it, rounded up, at least 1. It also returns how long the window's counters
+// must live from t, in milliseconds: the rest of the window and one window more. So a
+// gateway whose clock runs a little behind still finds the count.
+func windowOf(t time.Time, s Span) (index int64, resetAfter int, ttlMs int64) {
 	ms := t.UnixMilli()
-	const windowMs = int64(Window / time.Millisecond)
+	windowMs := spanSeconds[s] * 1000
 	index = floorDiv(ms, windowMs)
-	leftMs := (index+1)*windowMs - ms // 1..60000
+	leftMs := (index+1)*windowMs - ms // 1..windowMs
 	resetAfter = int((leftMs + 999) / 1000)
 	return index, max(resetAfter, 1), leftMs + windowMs
+}
+
+// clock is the windows of every span holding one instant (see windowOf), by span.
+type clock struct {
+	index  [spans]int64
+	resets [spans]int
+	ttlMs  [spans]int64
+}
+
+func clockAt(t time.Time) clock {
+	var c clock
+	for s := range spans {
+		c.index[s], c.resets[s], c.ttlMs[s] = windowOf(t, s)
+	}
+	return c
 }
 
 func floorDiv(a, b int64) int64 {
@@ -148,9 +189,9 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// minute builds the Minute of the count'th request of a window.
-func minute(count int64, limit, resetAfter int) Minute {
-	return Minute{
+// window builds the Window of the count'th request of a window.
+func window(count int64, limit, resetAfter int) Window {
+	return Window{
 		Allowed:    count <= int64(limit),
 		Limit:      limit,
 		Remaining:  int(max(int64(limit)-count, 0)),

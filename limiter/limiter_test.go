@@ -19,7 +19,7 @@ import (
 
 // allowKey counts one request of key against limit, the one budget of a key whose
 // plan has no organisation budget, and returns its minute window.
-func allowKey(l limiter.Limiter, ctx context.Context, key string, limit int) (limiter.Minute, error) {
+func allowKey(l limiter.Limiter, ctx context.Context, key string, limit int) (limiter.Window, error) {
 	r, err := l.Allow(ctx, limiter.Budgets{Key: key, KeyLimit: limit})
 	return r.Key, err
 }
@@ -105,7 +105,7 @@ func TestCountsRemainingAndRefusesTheRequestAfterTheLimit(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := limiter.Minute{Allowed: i <= 3, Limit: 3, Remaining: max(3-i, 0), ResetAfter: 45}
+				want := limiter.Window{Allowed: i <= 3, Limit: 3, Remaining: max(3-i, 0), ResetAfter: 45}
 				if r != want {
 					t.Errorf("request %d: %+v, want %+v", i, r, want)
 				}

@@ -11,26 +11,42 @@ import (
 )
 
 // Local counts in process memory: for a single gateway instance, or when no Redis is
-// configured. It keeps only the current window's counts and the current month's. So
-// its memory is bounded by the number of distinct keys and orgs seen in one minute,
-// and of orgs with a monthly quota seen in one month.
+// configured. It keeps only the current window's counts of each span and the current
+// month's. So its memory is bounded by the number of distinct keys and orgs seen in
+// one window of each span (a day for keys with a day's limit), and of orgs with a
+// monthly quota seen in one month.
 type Local struct {
 	now   func() time.Time
 	seeds *seeder // WithMonthSeed's; nil for none
 
-	mu        sync.Mutex
-	window    int64            // guarded by mu
-	counts    map[string]int64 // guarded by mu; the keys' minute counts of window
-	orgWindow int64            // guarded by mu
-	orgs      map[string]int64 // guarded by mu; the orgs' minute counts of orgWindow
-	month     int64            // guarded by mu; yyyymm
-	used      map[string]int64 // guarded by mu; the orgs' month counts of month
+	mu    sync.Mutex
+	keys  [spans]windowCounts // guarded by mu; the keys' counts, by span
+	orgs  windowCounts        // guarded by mu; the orgs' minute counts
+	month int64               // guarded by mu; yyyymm
+	used  map[string]int64    // guarded by mu; the orgs' month counts of month
+}
+
+// windowCounts are the counts of one window, by key or org.
+type windowCounts struct {
+	index  int64
+	counts map[string]int64
+}
+
+// at returns the counts of window index. A clock that steps back counts into the
+// newest window seen, which errs on the side of refusing. A new window forgets the
+// old one whole (a new map, so its memory goes too).
+func (w *windowCounts) at(index int64) map[string]int64 {
+	if index > w.index || w.counts == nil {
+		w.index = index
+		w.counts = make(map[string]int64, len(w.counts))
+	}
+	return w.counts
 }
 
 // NewLocal returns an in-process limiter. WithPrefix does not apply to it.
 func NewLocal(opts ...Option) *Local {
 	o := buildOptions(opts)
-	return &Local{now: o.now, counts: make(map[string]int64), seeds: newSeeder(o.monthSeed)}
+	return &Local{now: o.now, seeds: newSeeder(o.monthSeed)}
 }
 
 // Allow counts one request against b's budgets; see Limiter. Its errors are
@@ -40,7 +56,7 @@ func (l *Local) Allow(ctx context.Context, b Budgets) (Result, error) {
 		return Result{}, err
 	}
 	t := l.now()
-	w, reset, _ := windowOf(t)
+	w := clockAt(t)
 	var m month
 	if b.orgWide() {
 		m = monthOf(t)
@@ -50,13 +66,13 @@ func (l *Local) Allow(ctx context.Context, b Budgets) (Result, error) {
 	for range seedAttempts {
 		sent := time.Now()
 		l.mu.Lock()
-		c, ok := l.count(b, w, m, seed)
+		c, ok := l.count(b, &w, m, seed)
 		l.mu.Unlock()
 		if ok {
 			if call != nil {
 				l.seeds.applied(call)
 			}
-			return newResult(b, c, reset, m), nil
+			return newResult(b, c, &w.resets, m), nil
 		}
 		var err error
 		if call, err = l.seeds.seed(ctx, gather.Deadline(ctx, 0), sent, b.Org, m.start); err != nil {
@@ -67,24 +83,16 @@ func (l *Local) Allow(ctx context.Context, b Budgets) (Result, error) {
 	return Result{}, fmt.Errorf("seeding the month of org %s: %w", b.Org, errMonthMissing)
 }
 
-// count counts b's stages in window w and month m, as countScript does. It counts
-// nothing and returns false when the month is needed, not held, and seed is negative.
-// It must be called with mu held.
-func (l *Local) count(b Budgets, w int64, m month, seed int64) (stageCounts, bool) {
-	// A clock that steps back counts into the newest window (and month) seen, which
-	// errs on the side of refusing. A new window or month forgets the old one whole (a
-	// new map, so its memory goes too).
-	if w > l.window {
-		l.window = w
-		l.counts = make(map[string]int64, len(l.counts))
-	}
+// count counts b's stages in the windows of w and month m, as countScript does. It
+// counts nothing and returns false when the month is needed, not held, and seed is
+// negative. It must be called with mu held.
+func (l *Local) count(b Budgets, w *clock, m month, seed int64) (stageCounts, bool) {
+	lim := b.limits()
 	var used, org int64
 	var usedHeld, orgSeen bool
+	var orgs map[string]int64
 	if b.orgWide() {
-		if w > l.orgWindow || l.orgs == nil {
-			l.orgWindow = w
-			l.orgs = make(map[string]int64, len(l.orgs))
-		}
+		orgs = l.orgs.at(w.index[Minute])
 		if int64(m.name) > l.month || l.used == nil {
 			l.month = int64(m.name)
 			l.used = make(map[string]int64, len(l.used))
@@ -97,15 +105,25 @@ func (l *Local) count(b Budgets, w int64, m month, seed int64) (stageCounts, boo
 			used = seed
 			l.used[strings.Clone(b.Org)] = used
 		}
-		org, orgSeen = l.orgs[b.Org]
+		org, orgSeen = orgs[b.Org]
 	}
-	key, keySeen := l.counts[b.Key]
-	c := stages(&key, &org, &used, b.KeyLimit, b.OrgLimit, b.MonthLimit, b.cost())
-	if b.KeyLimit > 0 {
-		store(l.counts, b.Key, key, keySeen)
+	var key [spans]int64
+	var keySeen [spans]bool
+	var counts [spans]map[string]int64
+	for s, limit := range lim.key {
+		if limit > 0 {
+			counts[s] = l.keys[s].at(w.index[s])
+			key[s], keySeen[s] = counts[s][b.Key]
+		}
+	}
+	c := stages(&key, &org, &used, &lim, b.cost())
+	for s, limit := range lim.key {
+		if limit > 0 {
+			store(counts[s], b.Key, key[s], keySeen[s])
+		}
 	}
 	if b.OrgLimit > 0 && c.stage != int64(StageKey) {
-		store(l.orgs, b.Org, org, orgSeen)
+		store(orgs, b.Org, org, orgSeen)
 	}
 	if b.MonthLimit > 0 {
 		l.used[b.Org] = used
@@ -123,9 +141,10 @@ func store(counts map[string]int64, k string, n int64, seen bool) {
 	}
 }
 
-// Len returns the number of key counters l holds: the keys seen in the current window.
+// Len returns the number of minute counters of keys l holds: the keys with a minute's
+// limit seen in the current minute.
 func (l *Local) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.counts)
+	return len(l.keys[Minute].counts)
 }

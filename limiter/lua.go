@@ -4,13 +4,13 @@ import "github.com/redis/go-redis/v9"
 
 // countScript counts requests against their budgets, stage by stage as stages says,
 // as one atomic step on the Redis server, so that each stage is exact across
-// gateways. All the keys of one call share a Cluster hash slot: a key's own counter
+// gateways. All the keys of one call share a Cluster hash slot: a key's own counters
 // (a key without organisation budgets), or its organisation's (see Redis.Allow).
 //
 // One call may count several requests (a pipelined round gathers them): of one key,
 // or of one organisation's keys. Each request meets the counts its predecessors in
 // ARGV left. So at each stage the first requests its limit leaves room for pass. The
-// script reads the requests once and counts each stage's total in one step.
+// script reads the requests once and counts each window's total in one step.
 //
 // A count that arrives after its caller's deadline is not made. The caller has given
 // up on it, and under limiter_failure open has let the request through. Writing it
@@ -19,62 +19,81 @@ import "github.com/redis/go-redis/v9"
 // returned (see late).
 //
 // The script answers the counts as they stood before the call; from them the caller
-// numbers each request with stages, as the script did. (An answer of four numbers per
-// request would cost the caller an allocation each.)
+// numbers each request with stages, as the script did. (An answer of several numbers
+// per request would cost the caller an allocation each.)
 //
 // A missing month counter is the sign of a new month, or of a Redis that lost its
 // data. Unless told what the month starts from, the script then counts nothing at
 // all, so that the caller can read the month's count from its record and call again
 // with it.
 var countScript = redis.NewScript(`
--- KEYS[1], …, KEYS[K]: the minute counters of the keys counted, each once.
--- KEYS[K+1], KEYS[K+2]: the org's minute counter and its month counter, when the call
---          has an org budget (ARGV[4] or ARGV[5] positive); absent otherwise.
--- ARGV[1]: how long a minute counter must live from now, in milliseconds: the rest of
---          its window and one window more. Relative, so that a gateway clock behind
---          Redis's cannot write a counter that is already expired.
+-- KEYS: the window counters of the keys counted, each key once, each key's in the
+--          order minute, second, hour, day (those it has); then the org's minute
+--          counter and its month counter, when the call has an org budget (ARGV[4] or
+--          ARGV[5] positive).
+-- ARGV[1], ARGV[6], ARGV[7], ARGV[8]: how long a counter of a minute, a second, an
+--          hour and a day must live from now, in milliseconds: the rest of its window
+--          and one window more; 0 when the call has none of that span. Relative, so
+--          that a gateway clock behind Redis's cannot write a counter that is already
+--          expired.
 -- ARGV[2]: how long the month counter must live from now, in milliseconds: until a
 --          day after the month's end.
 -- ARGV[3]: what a missing month counter starts from; negative: count nothing, and
 --          say so.
 -- ARGV[4]: the org's minute limit; 0 for none.
 -- ARGV[5]: the month's limit; 0 for none.
--- ARGV[6], …, ARGV[5+K]: the limit of each key counter, in the order of KEYS.
--- Then three per request: the index in KEYS of its key's counter (0: no key budget),
---          its caller's deadline on Redis's clock in Unix milliseconds (0: none), and
---          its cost, a positive number of units.
--- Returns {status, now, org, month, key…}: status 0, or -2 when the month counter
+-- ARGV[9]: E, how many keys the call counts. Then for each key: the spans of its
+--          windows, a sum of 1 (minute), 2 (second), 4 (hour) and 8 (day), followed
+--          by the limit of each, in the order of its counters in KEYS.
+-- Then three per request: the index of its key among the E (0: no key budget), its
+--          caller's deadline on Redis's clock in Unix milliseconds (0: none), and its
+--          cost, a positive number of units.
+-- Returns {status, now, org, month, counter…}: status 0, or -2 when the month counter
 -- was missing and nothing was counted (then nothing follows now); now Redis's clock
 -- in Unix milliseconds; then the org's minute count, the month's count and each key
 -- counter's, in the order of KEYS, as they stood before this call.
 --
--- The budgets are taken in order: each key's minute, the org's minute, the org's
--- month. A request passes a budget when its cost fits in what the budget has left,
--- and counts its whole cost there. Otherwise it is refused, and no budget after it
--- counts it. A minute window counts every request that reaches it, a refused one too,
--- except one refused while the window still had units left: that one counts nothing,
--- so that it does not spend the units a cheaper request may still use. The month
--- counts only what passes.
+-- The budgets are taken in order: each key's windows, the org's minute, the org's
+-- month. A request passes a budget when its cost fits in what the budget has left, in
+-- each of its windows, and counts its whole cost there. Otherwise it is refused, and no
+-- budget after it counts it. A window counts every request that reaches it, a refused
+-- one too, except one refused while the window still had units left: that one counts
+-- nothing there, so that it does not spend the units a cheaper request may still use.
+-- The month counts only what passes.
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local orgLimit, monthLimit = tonumber(ARGV[4]), tonumber(ARGV[5])
-local K = #KEYS
-if orgLimit > 0 or monthLimit > 0 then
-	K = K - 2
+local ttlOf = {ARGV[1], ARGV[6], ARGV[7], ARGV[8]} -- by span: minute, second, hour, day
+
+-- Each key's counters (indexes in KEYS) and their limits.
+local counters, limits, ttl = {}, {}, {}
+local a, K = 10, 0
+for e = 1, tonumber(ARGV[9]) do
+	local spans = tonumber(ARGV[a])
+	a = a + 1
+	local cs, ls = {}, {}
+	for s = 1, 4 do
+		if spans % 2 == 1 then
+			K = K + 1
+			cs[#cs + 1], ls[#ls + 1], ttl[K] = K, tonumber(ARGV[a]), ttlOf[s]
+			a = a + 1
+		end
+		spans = math.floor(spans / 2)
+	end
+	counters[e], limits[e] = cs, ls
 end
 local orgKey, monthKey = KEYS[K + 1], KEYS[K + 2]
-local first = 6 + K -- the first request's first argument
 
--- The live requests, in order: their key counter's index and cost. A request is live
--- when its deadline is 0 or not before now. added: each key counter's live units.
+-- The live requests, in order: their key and cost. A request is live when its
+-- deadline is 0 or not before now. added: each key's live units.
 local keyOf, cost, added, live = {}, {}, {}, 0
-for a = first, #ARGV, 3 do
-	local deadline = tonumber(ARGV[a + 1])
+for r = a, #ARGV, 3 do
+	local deadline = tonumber(ARGV[r + 1])
 	if deadline <= 0 or now <= deadline then
 		live = live + 1
-		local k, c = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
-		keyOf[live], cost[live] = k, c
-		added[k] = (added[k] or 0) + c
+		local e, c = tonumber(ARGV[r]), tonumber(ARGV[r + 2])
+		keyOf[live], cost[live] = e, c
+		added[e] = (added[e] or 0) + c
 	end
 end
 
@@ -96,11 +115,11 @@ local out = {0, now, 0, month}
 
 -- count adds units to counter optimistically and returns what it held before: one
 -- command whether or not every request passes; refund gives back what did not.
-local function count(counter, units)
+local function count(counter, units, ttlMs)
 	local after = redis.call("INCRBY", counter, units)
 	if after == units then
 		-- The first requests of a window create its counter: make it expire.
-		redis.call("PEXPIRE", counter, ARGV[1])
+		redis.call("PEXPIRE", counter, ttlMs)
 	end
 	return after - units
 end
@@ -110,43 +129,53 @@ local function refund(counter, units)
 	end
 end
 
--- (a) Each key's minute.
-local passed, keyAt, keyBefore = {}, {}, {}
-for k = 1, K do
-	local before = 0
-	if added[k] then
-		before = count(KEYS[k], added[k])
+-- (a) Each key's windows.
+local at, before = {}, {}
+for e, cs in ipairs(counters) do
+	for _, k in ipairs(cs) do
+		local n = 0
+		if added[e] then
+			n = count(KEYS[k], added[e], ttl[k])
+		end
+		before[k], at[k] = n, n
+		out[4 + k] = n
 	end
-	keyBefore[k], keyAt[k] = before, before
-	out[#out + 1] = before
 end
-local units = 0 -- of the requests the key's minute let through
+local passed, units = {}, 0 -- units: of the requests the keys' windows let through
 for r = 1, live do
-	local k, c = keyOf[r], cost[r]
-	if k == 0 then
-		passed[r] = true
-	else
-		local left = tonumber(ARGV[5 + k]) - keyAt[k]
-		passed[r] = c <= left
-		if passed[r] or left <= 0 then
-			keyAt[k] = keyAt[k] + c
+	local e, c = keyOf[r], cost[r]
+	local ok = true
+	if e > 0 then
+		local cs, ls = counters[e], limits[e]
+		for j, k in ipairs(cs) do
+			if c > ls[j] - at[k] then
+				ok = false
+			end
+		end
+		for j, k in ipairs(cs) do
+			if ok or at[k] >= ls[j] then
+				at[k] = at[k] + c
+			end
 		end
 	end
-	if passed[r] then
+	passed[r] = ok
+	if ok then
 		units = units + c
 	end
 end
-for k = 1, K do
-	if added[k] then
-		refund(KEYS[k], added[k] - (keyAt[k] - keyBefore[k]))
+for e, cs in ipairs(counters) do
+	if added[e] then
+		for _, k in ipairs(cs) do
+			refund(KEYS[k], added[e] - (at[k] - before[k]))
+		end
 	end
 end
 
--- (b) The org's minute, for what the keys' let through.
+-- (b) The org's minute, for what the keys' windows let through.
 if orgLimit > 0 and live > 0 then
 	local org
 	if units > 0 then
-		org = count(orgKey, units)
+		org = count(orgKey, units, ARGV[1])
 	else
 		org = tonumber(redis.call("GET", orgKey) or "0")
 	end

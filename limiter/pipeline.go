@@ -41,16 +41,17 @@ type pipeline struct {
 
 // count is one Allow call's count, in a round or alone.
 type count struct {
-	keyCounter   string // "" without a key budget
+	// key is the key's id, "" without a window of the key's; keyCounters are its
+	// window counters, by span ("" where it has none of that span).
+	key          string
+	keyCounters  [spans]string
 	orgCounter   string // "" without an org budget
 	monthCounter string // "" without an org budget
-	keyLimit     int
-	orgLimit     int
-	monthLimit   int64
-	cost         int64 // units, at least 1
-	minuteTTL    int64 // milliseconds
-	monthTTL     int64 // milliseconds
-	seed         int64 // what a missing month starts from; -1: count nothing (see countScript)
+	limits       limits
+	cost         int64        // units, at least 1
+	ttlMs        [spans]int64 // how long a new counter of each span must live
+	monthTTL     int64        // milliseconds
+	seed         int64        // what a missing month starts from; -1: count nothing (see countScript)
 
 	redisDeadline int64 // the caller's deadline on Redis's clock; 0 for none
 }
@@ -140,41 +141,44 @@ func sendCalls(ctx context.Context, rdb pipeliner, script *redis.Script, n int,
 }
 
 // scriptCall is one call of countScript: its KEYS and ARGV, its members (indices of a
-// round, in the order of ARGV), for each member the index in KEYS of its key's
-// counter, from 1 as Lua counts (0: no key budget), and how many key counters KEYS
-// starts with.
+// round, in the order of ARGV), for each member the index of its key among the call's,
+// from 1 as Lua counts (0: no key budget), for each of the call's keys the member that
+// brought it (whose counters and limits are the key's in the call), and how many key
+// counters KEYS starts with.
 type scriptCall struct {
-	keys    []string
-	args    []any
-	members []int
-	keyOf   []int
-	nKeys   int
+	keys     []string
+	args     []any
+	members  []int
+	keyOf    []int
+	keyFirst []int
+	nKeys    int
 }
 
 // scriptCalls splits round into script calls, one per hash slot: the counts of a key
-// without org budgets by its counter, the others by org counter, month counter and
+// without org budgets by its counters, the others by org counter, month counter and
 // org limits (an org's plan changed mid-round goes as two), the groups and their
 // members in the order of arrival. On oneNode, a Redis without hash slots, the counts
 // of every key without org budgets go in one group: a round of many keys costs Redis
-// one call rather than one per key. A call holds each key counter once, with its
-// limit: a count of a key counter already in its call with another limit (the key's
-// limit changed mid-round) goes in a call of its own.
+// one call rather than one per key. A call holds each key once, with its limits and
+// counters: a count of a key already in its call with other limits or counters (the
+// key's limits changed mid-round, or a second ended) goes in a call of its own, so
+// that no counter is in a call twice.
 func scriptCalls(round []count, oneNode bool) []scriptCall {
 	var groups [][]int
 	if len(round) == 1 {
 		groups = oneCount
 	} else {
 		type group struct {
-			slot, month string // the org's counters; a key's own counter and "" without
+			slot, month string // the org's counters; a key's own counters and "" without
 			orgLimit    int
 			monthLimit  int64
 		}
 		index := make(map[group]int)
 		for i := range round {
 			c := &round[i]
-			k := group{c.orgCounter, c.monthCounter, c.orgLimit, c.monthLimit}
+			k := group{c.orgCounter, c.monthCounter, c.limits.org, c.limits.month}
 			if c.orgCounter == "" && !oneNode {
-				k.slot = c.keyCounter
+				k.slot = c.key
 			}
 			g, ok := index[k]
 			if !ok {
@@ -204,30 +208,34 @@ var oneCount = [][]int{{0}}
 func (call *scriptCall) fill(round []count, members []int) (others []int) {
 	first := &round[members[0]]
 	call.keys = make([]string, 0, 3)
-	limits := make([]int, 0, 8) // of the key counters, keys[:nKeys]
-	var index map[string]int    // key counter to its index in keys, once there are many
-	minuteTTL, monthTTL, seed := int64(0), int64(0), int64(-1)
+	var index map[string]int // key to its index among the call's keys, once there are many
+	var ttlMs [spans]int64   // the longest of each span's; any member's will do
+	monthTTL, seed := int64(0), int64(-1)
 	call.members = members // until one goes to others
 	call.keyOf = make([]int, 0, len(members))
 	for j, i := range members {
 		c := &round[i]
 		k := 0 // no key budget
-		if c.keyCounter != "" {
-			k = lookup(call.keys, index, c.keyCounter)
+		if c.key != "" {
+			k = call.lookup(round, index, c.key)
 			switch {
 			case k == 0:
-				call.keys = append(call.keys, c.keyCounter)
-				limits = append(limits, c.keyLimit)
-				k = len(call.keys)
-				if index != nil {
-					index[c.keyCounter] = k
-				} else if k > 10 {
-					index = make(map[string]int, 2*len(members))
-					for x, have := range call.keys {
-						index[have] = x + 1
+				call.keyFirst = append(call.keyFirst, i)
+				k = len(call.keyFirst)
+				for _, counter := range c.keyCounters {
+					if counter != "" {
+						call.keys = append(call.keys, counter)
 					}
 				}
-			case limits[k-1] != c.keyLimit:
+				if index != nil {
+					index[c.key] = k
+				} else if k > 10 {
+					index = make(map[string]int, 2*len(members))
+					for x, have := range call.keyFirst {
+						index[round[have].key] = x + 1
+					}
+				}
+			case round[call.keyFirst[k-1]].limits.key != c.limits.key || round[call.keyFirst[k-1]].keyCounters != c.keyCounters:
 				if others == nil {
 					call.members = append(make([]int, 0, len(members)), members[:j]...)
 				}
@@ -235,9 +243,12 @@ func (call *scriptCall) fill(round []count, members []int) (others []int) {
 				continue
 			}
 		}
-		// Any member's TTLs will do; the longest are safest. One seeded member seeds
-		// them all: they count the same month.
-		minuteTTL, monthTTL, seed = max(minuteTTL, c.minuteTTL), max(monthTTL, c.monthTTL), max(seed, c.seed)
+		// The longest TTLs are safest. One seeded member seeds them all: they count
+		// the same month.
+		for s := range ttlMs {
+			ttlMs[s] = max(ttlMs[s], c.ttlMs[s])
+		}
+		monthTTL, seed = max(monthTTL, c.monthTTL), max(seed, c.seed)
 		if others != nil {
 			call.members = append(call.members, i)
 		}
@@ -247,10 +258,17 @@ func (call *scriptCall) fill(round []count, members []int) (others []int) {
 	if first.orgCounter != "" {
 		call.keys = append(call.keys, first.orgCounter, first.monthCounter)
 	}
-	call.args = make([]any, 0, 5+len(limits)+3*len(call.members))
-	call.args = append(call.args, minuteTTL, monthTTL, seed, first.orgLimit, first.monthLimit)
-	for _, limit := range limits {
-		call.args = append(call.args, limit)
+	call.args = make([]any, 0, 9+2*len(call.keyFirst)+3*len(call.members))
+	call.args = append(call.args, ttlMs[Minute], monthTTL, seed, first.limits.org, first.limits.month,
+		ttlMs[Second], ttlMs[Hour], ttlMs[Day], len(call.keyFirst))
+	for _, i := range call.keyFirst {
+		c := &round[i]
+		call.args = append(call.args, c.spanBits())
+		for s, counter := range c.keyCounters {
+			if counter != "" {
+				call.args = append(call.args, c.limits.key[s])
+			}
+		}
 	}
 	for j, i := range call.members {
 		call.args = append(call.args, call.keyOf[j], round[i].redisDeadline, round[i].cost)
@@ -258,14 +276,26 @@ func (call *scriptCall) fill(round []count, members []int) (others []int) {
 	return others
 }
 
-// lookup returns the index in keys (from 1) of counter, through index if it is not
-// nil; 0 if it is not there.
-func lookup(keys []string, index map[string]int, counter string) int {
-	if index != nil {
-		return index[counter]
+// spanBits returns the spans of c's key counters, as countScript's ARGV gives them: a
+// sum of 1 (minute), 2 (second), 4 (hour) and 8 (day).
+func (c *count) spanBits() uint8 {
+	var bits uint8
+	for s, counter := range c.keyCounters {
+		if counter != "" {
+			bits |= 1 << s
+		}
 	}
-	for j, have := range keys {
-		if have == counter {
+	return bits
+}
+
+// lookup returns the index among call's keys (from 1) of key, through index if it is
+// not nil; 0 if it is not there.
+func (call *scriptCall) lookup(round []count, index map[string]int, key string) int {
+	if index != nil {
+		return index[key]
+	}
+	for j, have := range call.keyFirst {
+		if round[have].key == key {
 			return j + 1
 		}
 	}
@@ -293,8 +323,25 @@ func readReplies(round []count, call *scriptCall, v []int64, err error, replies 
 		}
 		return
 	}
-	now, org, month, keys := v[1], v[2], v[3], v[4:] // keys: of call.keys[:nKeys], advanced below
-	var none int64
+	now, org, month := v[1], v[2], v[3]
+	// The counts of each of the call's keys, by span, advanced below: on the stack for
+	// the few keys of most calls.
+	var few [8][spans]int64
+	keys := few[:0]
+	if len(call.keyFirst) > len(few) {
+		keys = make([][spans]int64, 0, len(call.keyFirst))
+	}
+	keys = keys[:len(call.keyFirst)]
+	at := 4
+	for k, i := range call.keyFirst {
+		for s, counter := range round[i].keyCounters {
+			if counter != "" {
+				keys[k][s] = v[at]
+				at++
+			}
+		}
+	}
+	var none [spans]int64
 	for j, i := range call.members {
 		c := &round[i]
 		if late(c.redisDeadline, now) {
@@ -305,7 +352,7 @@ func readReplies(round []count, call *scriptCall, v []int64, err error, replies 
 		if k := call.keyOf[j]; k > 0 {
 			key = &keys[k-1]
 		}
-		replies[i].counts = stages(key, &org, &month, c.keyLimit, c.orgLimit, c.monthLimit, c.cost)
+		replies[i].counts = stages(key, &org, &month, &c.limits, c.cost)
 	}
 }
 

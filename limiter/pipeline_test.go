@@ -14,10 +14,10 @@ import (
 
 // countAll runs calls[key] concurrent Allow calls of every key against limits[key],
 // all at once. It returns each key's results.
-func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map[string][]limiter.Minute {
+func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map[string][]limiter.Window {
 	t.Helper()
 	var mu sync.Mutex
-	got := map[string][]limiter.Minute{}
+	got := map[string][]limiter.Window{}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for key, n := range calls {
@@ -46,7 +46,7 @@ func countAll(t *testing.T, l limiter.Limiter, calls, limits map[string]int) map
 // must be those of the numbers 1..n counted one by one. The first limit are allowed,
 // with remaining limit-1 … 0, each once. The rest are refused with remaining 0. All
 // have resetAfter.
-func checkNumbered(t *testing.T, key string, results []limiter.Minute, n, limit, resetAfter int) {
+func checkNumbered(t *testing.T, key string, results []limiter.Window, n, limit, resetAfter int) {
 	t.Helper()
 	if len(results) != n {
 		t.Fatalf("%s: %d results, want %d", key, len(results), n)
@@ -139,7 +139,7 @@ func TestPipelinedCountsLateForRedisAreRefusedAloneInTheirCall(t *testing.T) {
 	}()
 	testenv.Eventually(t, 10*time.Second, "the first count in flight", func() bool { return proxy.Held() > 0 })
 	type answer struct {
-		r   limiter.Minute
+		r   limiter.Window
 		err error
 	}
 	answers := make(chan answer, 40)
@@ -210,9 +210,9 @@ func TestWithLingerBusyCallersShareRoundsAndStayExact(t *testing.T) {
 		clock := newClock(at(base, 20*time.Second))
 		l := limiter.NewRedis(rdb, limiter.WithClock(clock.now), limiter.WithPrefix(uniquePrefix(t)),
 			limiter.WithPipelining(timeout), limiter.WithLinger(linger))
-		run := func(key string) []limiter.Minute {
+		run := func(key string) []limiter.Window {
 			var mu sync.Mutex
-			var results []limiter.Minute
+			var results []limiter.Window
 			var wg sync.WaitGroup
 			for range callers {
 				wg.Add(1)

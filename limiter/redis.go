@@ -23,18 +23,22 @@ var ErrLate = errors.New("limiter: redis received the count after its deadline; 
 // Budgets hold: EVALSHA, falling back to EVAL once after a SCRIPT FLUSH or a
 // failover.
 //
-// A key without organisation budgets counts on a counter of its own, in the Cluster
+// A key without organisation budgets counts on counters of its own, in the Cluster
 // hash slot of its id. The counters of an organisation's budgets share the slot of
-// the organisation's id, its keys' minute counters included:
+// the organisation's id, its keys' window counters included:
 //
-//	<prefix>{<key>}:<window>             a key's minute, without org budgets
-//	<prefix>{o:<org>}:k:<key>:<window>   a key's minute, with them
-//	<prefix>{o:<org>}:o:<window>         the org's minute
-//	<prefix>{o:<org>}:M:<yyyymm>         the org's month (UTC)
+//	<prefix>{<key>}:<window>               a key's minute, without org budgets
+//	<prefix>{<key>}:<s|h|d>:<window>       a key's second, hour or day, without them
+//	<prefix>{o:<org>}:k:<key>:<window>     a key's minute, with them
+//	<prefix>{o:<org>}:k:<key>:<s|h|d>:<window>  its second, hour or day, with them
+//	<prefix>{o:<org>}:o:<window>           the org's minute
+//	<prefix>{o:<org>}:M:<yyyymm>           the org's month (UTC)
 //
-// So all counting of one organisation with budgets lands on one Cluster shard, and a
-// key whose plan gains or loses an org budget starts its minute afresh once (it
-// changes counter). The month counter lives until a day after its month ends.
+// <window> is the window's index: floor(unix(t) / its span's seconds). So all
+// counting of one key, or of one organisation with budgets, lands on one Cluster
+// shard, and a key whose plan gains or loses an org budget starts its windows afresh
+// once (it changes counters). A window's counter lives the rest of its window and
+// one window more; the month counter until a day after its month ends.
 //
 // A count carries its caller's deadline, translated to Redis's clock. That is its
 // context's deadline, or WithTimeout's if sooner. The script does not count past it.
@@ -82,16 +86,20 @@ func (l *Redis) Allow(ctx context.Context, b Budgets) (Result, error) {
 		return Result{}, fmt.Errorf("counting in redis: reading its clock: %w", err)
 	}
 	t := l.opts.now()
-	w, reset, ttl := windowOf(t)
-	c := count{keyLimit: b.KeyLimit, cost: b.cost(), minuteTTL: ttl, redisDeadline: l.clock.deadline(by)}
-	var m month
-	if !b.orgWide() {
-		c.keyCounter = l.keyCounter(b.Key, w)
-	} else {
-		m = monthOf(t)
-		c.orgLimit, c.monthLimit, c.monthTTL, c.seed = b.OrgLimit, b.MonthLimit, m.ttlMs, firstSeed(l.seeds)
-		c.keyCounter, c.orgCounter, c.monthCounter = l.orgCounters(b, w, m.name)
+	w := clockAt(t)
+	c := count{limits: b.limits(), cost: b.cost(), redisDeadline: l.clock.deadline(by)}
+	c.ttlMs[Minute] = w.ttlMs[Minute] // the org's minute needs it too
+	for s, limit := range c.limits.key {
+		if limit > 0 {
+			c.key, c.ttlMs[s] = b.Key, w.ttlMs[s]
+		}
 	}
+	var m month
+	if b.orgWide() {
+		m = monthOf(t)
+		c.monthTTL, c.seed = m.ttlMs, firstSeed(l.seeds)
+	}
+	l.counters(&c, b, &w, m.name)
 	var call *seedCall // the seed call c.seed came from
 	for range seedAttempts {
 		sent := time.Now()
@@ -109,7 +117,7 @@ func (l *Redis) Allow(ctx context.Context, b Budgets) (Result, error) {
 		if call != nil {
 			l.seeds.applied(call)
 		}
-		return newResult(b, counts, reset, m), nil
+		return newResult(b, counts, &w.resets, m), nil
 	}
 	return Result{}, fmt.Errorf("counting in redis: %w", errMonthMissing)
 }
@@ -156,48 +164,66 @@ func (l *Redis) Prepare(ctx context.Context) error {
 	return nil
 }
 
-// keyCounter is the Redis key of the minute counter in window w of a key without
-// organisation budgets. The braces make key the hash tag.
-func (l *Redis) keyCounter(key string, w int64) string {
-	b := make([]byte, 0, len(l.opts.prefix)+len(key)+24)
-	b = append(b, l.opts.prefix...)
-	b = append(b, '{')
-	b = append(b, key...)
-	b = append(b, "}:"...)
-	b = strconv.AppendInt(b, w, 10)
-	return string(b)
+// counters sets the Redis keys of c, for b in the windows of w and month yyyymm (see
+// Redis), as parts of one string: one allocation.
+func (l *Redis) counters(c *count, b Budgets, w *clock, yyyymm int) {
+	var stack [320]byte
+	buf := stack[:0]
+	var ends [spans + 2]int // where each counter ends in buf: the key's, then the org's two
+	if b.orgWide() {
+		buf = l.appendTag(buf, b)
+		buf = append(buf, ":o:"...)
+		buf = strconv.AppendInt(buf, w.index[Minute], 10)
+		ends[spans] = len(buf)
+		buf = l.appendTag(buf, b)
+		buf = append(buf, ":M:"...)
+		buf = strconv.AppendInt(buf, int64(yyyymm), 10)
+		ends[spans+1] = len(buf)
+	}
+	for s, limit := range c.limits.key {
+		if limit <= 0 {
+			continue
+		}
+		buf = l.appendTag(buf, b)
+		if b.orgWide() {
+			buf = append(buf, ":k:"...)
+			buf = append(buf, b.Key...)
+		}
+		buf = append(buf, spanTags[s]...)
+		buf = strconv.AppendInt(buf, w.index[s], 10)
+		ends[s] = len(buf)
+	}
+	str := string(buf)
+	start := 0
+	if b.orgWide() {
+		c.orgCounter, c.monthCounter = str[:ends[spans]], str[ends[spans]:ends[spans+1]]
+		start = ends[spans+1]
+	}
+	for s, limit := range c.limits.key {
+		if limit > 0 {
+			c.keyCounters[s] = str[start:ends[s]]
+			start = ends[s]
+		}
+	}
 }
 
-// orgCounters returns the Redis keys of b's counters in minute window w and month
-// yyyymm (see Redis), as substrings of one string: one allocation. key is empty when
-// b has no key budget.
-func (l *Redis) orgCounters(b Budgets, w int64, yyyymm int) (key, org, month string) {
-	n := 3*(len(l.opts.prefix)+len(b.Org)+8) + len(b.Key) + 3*20
-	buf := make([]byte, 0, n)
-	tag := func() {
-		buf = append(buf, l.opts.prefix...)
+// appendTag appends the prefix and hash tag of b's counters (see Redis): its
+// organisation's if it has an organisation budget, its key's otherwise.
+func (l *Redis) appendTag(buf []byte, b Budgets) []byte {
+	buf = append(buf, l.opts.prefix...)
+	if b.orgWide() {
 		buf = append(buf, "{o:"...)
 		buf = append(buf, b.Org...)
-		buf = append(buf, '}')
-	}
-	tag()
-	buf = append(buf, ":o:"...)
-	buf = strconv.AppendInt(buf, w, 10)
-	orgEnd := len(buf)
-	tag()
-	buf = append(buf, ":M:"...)
-	buf = strconv.AppendInt(buf, int64(yyyymm), 10)
-	monthEnd := len(buf)
-	if b.KeyLimit > 0 {
-		tag()
-		buf = append(buf, ":k:"...)
+	} else {
+		buf = append(buf, '{')
 		buf = append(buf, b.Key...)
-		buf = append(buf, ':')
-		buf = strconv.AppendInt(buf, w, 10)
 	}
-	s := string(buf)
-	return s[monthEnd:], s[:orgEnd], s[orgEnd:monthEnd]
+	return append(buf, '}')
 }
+
+// spanTags are what comes between a key's tag and its window's index in the name of
+// its counter of each span (see Redis).
+var spanTags = [spans]string{Minute: ":", Second: ":s:", Hour: ":h:", Day: ":d:"}
 
 // redisClock compares this process's clock with Redis's, so that Redis itself can
 // check a caller's deadline.

@@ -119,3 +119,95 @@ func TestTheLastReleaseAndThisOneShareAnOrgsBudgets(t *testing.T) {
 		t.Errorf("the month holds %d (%v), want the %d allowed", used, err, orgLimit)
 	}
 }
+
+// TestTheLastReleaseIgnoresAKeysOtherWindowsAndSharesItsMinute: while gateways roll,
+// the last release counts a key's minute (and an org's budgets) as before, on the
+// same counters, and knows nothing of the key's second, hour and day. This release
+// counts those too: the minute and the org's minute stay exact between both, and the
+// other windows hold only this release's counts.
+func TestTheLastReleaseIgnoresAKeysOtherWindowsAndSharesItsMinute(t *testing.T) {
+	rdb := redisClient(t)
+	prefix := uniquePrefix(t)
+	now := time.Date(2030, 1, 2, 3, 4, 15, 0, time.UTC)
+	w := now.Unix() / 60
+	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	t.Run("a key's own minute", func(t *testing.T) {
+		old := lastReleaseScript(t, "last-release-key.lua")
+		counter := prefix + "{k}:" + strconv.FormatInt(w, 10)
+		const limit = 6
+		allowed, ours := 0, 0
+		for i := 1; i <= 10; i++ {
+			if i%2 == 1 {
+				v, err := old.Run(ctx, rdb, []string{counter}, 60000, 0).Int64Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v[0] <= limit {
+					allowed++
+				}
+				continue
+			}
+			r, err := l.Allow(ctx, limiter.Budgets{Key: "k", KeyLimit: limit, KeyPerSecond: 100, KeyPerDay: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Allowed != (allowed < limit) || r.Allowed && r.Day.Remaining != 100-ours-1 {
+				t.Fatalf("request %d: this release's %+v, with %d allowed before it", i, r, allowed)
+			}
+			if r.Allowed {
+				allowed++
+				ours++
+			}
+		}
+		if allowed != limit {
+			t.Errorf("%d of 10 allowed, want %d", allowed, limit)
+		}
+		day := windowCounter(prefix, "", "k", limiter.Day, now)
+		if n, err := rdb.Get(ctx, day).Int64(); err != nil || n != int64(ours) {
+			t.Errorf("the day holds %d (%v), want this release's %d that passed", n, err, ours)
+		}
+	})
+	t.Run("an org's budgets", func(t *testing.T) {
+		old := lastReleaseScript(t, "last-release-budgets.lua")
+		keys := []string{orgCounter(prefix, "o", w), monthCounter(prefix, "o", now), keyCounter(prefix, "o", "k", w)}
+		const keyLimit, orgLimit, monthLimit = 100, 7, 1000
+		b := limiter.Budgets{Key: "k", KeyLimit: keyLimit, KeyPerSecond: 50, KeyPerHour: 50, Org: "o", OrgLimit: orgLimit, MonthLimit: monthLimit}
+		allowed := 0
+		for i := 1; i <= 10; i++ {
+			if i%2 == 1 {
+				v, err := old.Run(ctx, rdb, keys, 120000, 86400000, 0, orgLimit, monthLimit, keyLimit, 3, 0).Int64Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v[0] != 0 || v[4] != int64(i-1) {
+					t.Fatalf("request %d: the last release answered %v", i, v)
+				}
+				if v[2] < orgLimit {
+					allowed++
+				}
+				continue
+			}
+			r, err := l.Allow(ctx, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Key.Remaining != keyLimit-i || r.Allowed != (allowed < orgLimit) {
+				t.Fatalf("request %d: this release's %+v, with %d allowed before it", i, r, allowed)
+			}
+			if r.Allowed {
+				allowed++
+			}
+		}
+		if allowed != orgLimit {
+			t.Errorf("%d of 10 allowed, want the org's %d", allowed, orgLimit)
+		}
+		if used, err := rdb.Get(ctx, keys[1]).Int64(); err != nil || used != orgLimit {
+			t.Errorf("the month holds %d (%v), want the %d allowed", used, err, orgLimit)
+		}
+		// This release's five all passed the key's windows; the hour counts them.
+		if n, err := rdb.Get(ctx, windowCounter(prefix, "o", "k", limiter.Hour, now)).Int64(); err != nil || n != 5 {
+			t.Errorf("the hour holds %d (%v), want this release's 5", n, err)
+		}
+	})
+}

@@ -1,6 +1,6 @@
 // Package capacity is for benchmarks only: it measures how much CPU PostgreSQL and
 // Redis spend per key lookup and per count when gateway processes drive them, for
-// `make bench`'s capacity sections (scripts/capacity.sh) and the model in
+// `make bench`'s capacity sections (scripts/bench/capacity.sh) and the model in
 // docs/scaling.md.
 //
 // A measurement runs a Runner's worker processes, each one gateway process's worth

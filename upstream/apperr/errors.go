@@ -43,8 +43,9 @@ const (
 	// EMETHOD is a known route called with a method it does not serve. HTTP: 405
 	// {"error":"method not allowed"}.
 	EMETHOD = "method_not_allowed"
-	// ERATELIMITED is a login refused for the recent failures from the client's
-	// address (the store's login throttle). The password is not checked. HTTP: 429
+	// ERATELIMITED is a request refused for how often it came: a login, for the
+	// recent failures from the client's address (the store's login throttle; the
+	// password is not checked), or a webhook's test event past its limit. HTTP: 429
 	// {"error":"rate_limited","retryAfter":RetryAfter} with a Retry-After header.
 	ERATELIMITED = "rate_limited"
 	// ETOOLARGE is a request body over the HTTP API's limit. HTTP: 413

@@ -21,6 +21,7 @@ import (
 
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/tracing"
 )
 
 // Exit codes of Main.
@@ -138,7 +139,8 @@ func (c *cli) printUsage(w io.Writer, group string) {
 		}
 	}
 	if group == "" {
-		fmt.Fprintln(w, "\nenvironment: DATABASE_URL (every command), GATEWAY_SECRET (serve), GATEWAY_JWKS (serve), KEY_PREFIX (serve)")
+		fmt.Fprintln(w, "\nenvironment: DATABASE_URL (every command), GATEWAY_SECRET (serve), GATEWAY_JWKS (serve), KEY_PREFIX (serve),\n"+
+			"OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_TRACES_EXPORTER (serve: traces, with the other OpenTelemetry variables)")
 	}
 }
 
@@ -196,8 +198,9 @@ func (c *cli) databaseURL() (string, error) {
 }
 
 // connect opens a pool of maxConns connections on DATABASE_URL, and pings it. 0 means
-// store.PoolConfig's default. timeout bounds each database wait.
-func (c *cli) connect(maxConns int32, timeout time.Duration) (*pgxpool.Pool, error) {
+// store.PoolConfig's default. timeout bounds each database wait. traces, if not nil,
+// traces its queries.
+func (c *cli) connect(maxConns int32, timeout time.Duration, traces *tracing.Traces) (*pgxpool.Pool, error) {
 	u, err := c.databaseURL()
 	if err != nil {
 		return nil, err
@@ -206,6 +209,7 @@ func (c *cli) connect(maxConns int32, timeout time.Duration) (*pgxpool.Pool, err
 	if err != nil {
 		return nil, errBadDatabaseURL
 	}
+	traces.Pool(cfg)
 	return store.Open(c.ctx, cfg)
 }
 

@@ -91,16 +91,65 @@ func TestPlanPutStoresTheBudgetsAndResetsThoseLeftOut(t *testing.T) {
 	}
 }
 
+// TestPlanWindowsAreSetShownAndZeroIsRefused: plan put and plan set take a key's
+// second, hour and day beside its minute, -1 none and left out by plan put; plan get
+// shows them; 0 is refused with the flag that means no API access.
+func TestPlanWindowsAreSetShownAndZeroIsRefused(t *testing.T) {
+	_, dbURL := schematest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+	put := []string{"plan", "put", "--name", "burst", "--api-rate-limit", "1000", "--max-monitors", "10", "--min-interval", "60",
+		"--locations", "us-east", "--check-types", "http"}
+	const plan = `{"name":"burst","api_rate_limit":1000,"max_monitors":10,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],` +
+		`"org_rate_limit":-1,"api_requests_per_month":-1,`
+	zero := func(flag, unit string) string {
+		return "upstream plan " + map[bool]string{true: "put", false: "set"}[flag == "--api-rate-limit-per-day"] + ": " + flag +
+			": must be -1 (none) or a positive number of requests " + unit + "; 0 is not a limit: a plan without API access is --api-rate-limit 0"
+	}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"plan put with a second and a day", append(put, "--api-rate-limit-per-second", "20", "--api-rate-limit-per-day", "100000"), 0,
+			plan + `"api_rate_limit_per_second":20,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":100000}`, ""},
+		{"plan set of an hour keeps the others", []string{"plan", "set", "--name", "burst", "--api-rate-limit-per-hour", "5000"}, 0,
+			plan + `"api_rate_limit_per_second":20,"api_rate_limit_per_hour":5000,"api_rate_limit_per_day":100000}`, ""},
+		{"plan set of a zero second", []string{"plan", "set", "--name", "burst", "--api-rate-limit-per-second", "0"}, 2, "",
+			zero("--api-rate-limit-per-second", "a second")},
+		{"plan set of a zero hour", []string{"plan", "set", "--name", "burst", "--api-rate-limit-per-hour", "0"}, 2, "",
+			zero("--api-rate-limit-per-hour", "an hour")},
+		{"plan put of a zero day", append(put, "--api-rate-limit-per-day", "0"), 2, "", zero("--api-rate-limit-per-day", "a day")},
+		{"plan set of a second below -1", []string{"plan", "set", "--name", "burst", "--api-rate-limit-per-second", "-2"}, 2, "",
+			"upstream plan set: --api-rate-limit-per-second: must be -1 (none) or a number of requests a second from 1 to 2147483647"},
+		{"plan get after the refusals", []string{"plan", "get", "--name", "burst"}, 0,
+			plan + `"api_rate_limit_per_second":20,"api_rate_limit_per_hour":5000,"api_rate_limit_per_day":100000}`, ""},
+		{"plan set back to none", []string{"plan", "set", "--name", "burst", "--api-rate-limit-per-second", "-1"}, 0,
+			plan + `"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":5000,"api_rate_limit_per_day":100000}`, ""},
+		{"plan put leaves out what it is not given", put, 0,
+			plan + `"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := run(t, env, "", tc.args...)
+			want := map[bool]string{true: tc.stdout + "\n", false: ""}[tc.stdout != ""]
+			if code != tc.code || stdout != want || stderr != map[bool]string{true: tc.stderr + "\n", false: ""}[tc.stderr != ""] {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, %q, %q", code, stdout, stderr, tc.code, tc.stdout, tc.stderr)
+			}
+		})
+	}
+}
+
 // TestPlanListGetAndSet reads the seeded plans back, and changes one limit of a plan
 // with plan set while the others keep what plan put gave them.
 func TestPlanListGetAndSet(t *testing.T) {
 	_, dbURL := schematest.NewPool(t)
 	env := map[string]string{"DATABASE_URL": dbURL}
 	const (
-		free       = `{"name":"free","api_rate_limit":0,"max_monitors":5,"min_interval_seconds":300,"locations":["us-east"],"check_types":["http"],"org_rate_limit":-1,"api_requests_per_month":-1}`
-		enterprise = `{"name":"enterprise","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-east","us-west","eu-west","eu-central","ap-southeast"],"check_types":["http","tcp","dns","icmp"],"org_rate_limit":-1,"api_requests_per_month":-1}`
-		pro        = `{"name":"pro","api_rate_limit":600,"max_monitors":100,"min_interval_seconds":60,"locations":["us-east","eu-west","ap-southeast"],"check_types":["http","tcp","dns"],"org_rate_limit":-1,"api_requests_per_month":-1}`
-		team       = `{"name":"team","api_rate_limit":100,"max_monitors":10,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],"org_rate_limit":250,"api_requests_per_month":1000000}`
+		free       = `{"name":"free","api_rate_limit":0,"max_monitors":5,"min_interval_seconds":300,"locations":["us-east"],"check_types":["http"],"org_rate_limit":-1,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`
+		enterprise = `{"name":"enterprise","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-east","us-west","eu-west","eu-central","ap-southeast"],"check_types":["http","tcp","dns","icmp"],"org_rate_limit":-1,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`
+		pro        = `{"name":"pro","api_rate_limit":600,"max_monitors":100,"min_interval_seconds":60,"locations":["us-east","eu-west","ap-southeast"],"check_types":["http","tcp","dns"],"org_rate_limit":-1,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`
+		team       = `{"name":"team","api_rate_limit":100,"max_monitors":10,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http"],"org_rate_limit":250,"api_requests_per_month":1000000,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`
 	)
 	put := []string{"plan", "put", "--name", "team", "--api-rate-limit", "100", "--max-monitors", "10", "--min-interval", "60",
 		"--locations", "us-east", "--check-types", "http", "--org-rate-limit", "250", "--api-requests-per-month", "1000000"}
@@ -124,11 +173,11 @@ func TestPlanListGetAndSet(t *testing.T) {
 		{"plan set of one limit keeps the others", []string{"plan", "set", "--name", "team", "--org-rate-limit", "500"}, 0,
 			strings.Replace(team, `"org_rate_limit":250`, `"org_rate_limit":500`, 1), ""},
 		{"plan set of two limits and a list", []string{"plan", "set", "--name", "team", "--max-monitors", "-1", "--check-types", "http,dns"}, 0,
-			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":1000000}`, ""},
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":1000000,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
 		{"plan set back to none", []string{"plan", "set", "--name", "team", "--api-requests-per-month", "-1"}, 0,
-			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1}`, ""},
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
 		{"plan get after the sets", []string{"plan", "get", "--name", "team"}, 0,
-			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1}`, ""},
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
 		{"plan set without a limit", []string{"plan", "set", "--name", "team"}, 2, "", "upstream plan set: usage: give at least one limit to change (see --help)"},
 		{"plan set of an unknown plan", []string{"plan", "set", "--name", "gold", "--max-monitors", "3"}, 1, "", `upstream plan set: unknown plan "gold"`},
 		{"plan set of a bad limit", []string{"plan", "set", "--name", "team", "--org-rate-limit", "0"}, 2, "",
@@ -138,7 +187,7 @@ func TestPlanListGetAndSet(t *testing.T) {
 		{"plan set of a bad name", []string{"plan", "set", "--name", "Team", "--max-monitors", "3"}, 2, "",
 			"upstream plan set: --name: must match [a-z][a-z0-9_-]{0,62}"},
 		{"plan get after the refusals", []string{"plan", "get", "--name", "team"}, 0,
-			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1}`, ""},
+			`{"name":"team","api_rate_limit":100,"max_monitors":-1,"min_interval_seconds":60,"locations":["us-east"],"check_types":["http","dns"],"org_rate_limit":500,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stdout, stderr := run(t, env, "", tc.args...)
@@ -193,11 +242,11 @@ func TestOperatorCommands(t *testing.T) {
 		stderr string
 	}{
 		{"plan put creates", []string{"plan", "put", "--name", "team", "--api-rate-limit", "120", "--max-monitors", "20", "--min-interval", "30", "--locations", "us-east,eu-central", "--check-types", "http,icmp"}, "", 0,
-			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east","eu-central"],"check_types":["http","icmp"],"org_rate_limit":-1,"api_requests_per_month":-1}`, ""},
+			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east","eu-central"],"check_types":["http","icmp"],"org_rate_limit":-1,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
 		{"plan put with budgets", []string{"plan", "put", "--name", "team", "--api-rate-limit", "120", "--max-monitors", "20", "--min-interval", "30", "--locations", "us-east", "--check-types", "http", "--org-rate-limit", "300", "--api-requests-per-month", "5000000000"}, "", 0,
-			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east"],"check_types":["http"],"org_rate_limit":300,"api_requests_per_month":5000000000}`, ""},
+			`{"name":"team","api_rate_limit":120,"max_monitors":20,"min_interval_seconds":30,"locations":["us-east"],"check_types":["http"],"org_rate_limit":300,"api_requests_per_month":5000000000,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
 		{"plan put replaces", []string{"plan", "put", "--name", "team", "--api-rate-limit", "-1", "--max-monitors", "-1", "--min-interval", "10", "--locations", "us-west", "--check-types", "dns"}, "", 0,
-			`{"name":"team","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-west"],"check_types":["dns"],"org_rate_limit":-1,"api_requests_per_month":-1}`, ""},
+			`{"name":"team","api_rate_limit":-1,"max_monitors":-1,"min_interval_seconds":10,"locations":["us-west"],"check_types":["dns"],"org_rate_limit":-1,"api_requests_per_month":-1,"api_rate_limit_per_second":-1,"api_rate_limit_per_hour":-1,"api_rate_limit_per_day":-1}`, ""},
 		{"plan put with an org rate limit of 0", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http", "--org-rate-limit", "0"}, "", 2,
 			"", "upstream plan put: --org-rate-limit: must be -1 (none) or a number of requests a minute from 1 to 2147483647"},
 		{"plan put with an org rate limit of -2", []string{"plan", "put", "--name", "x", "--api-rate-limit", "1", "--max-monitors", "1", "--min-interval", "10", "--locations", "us-east", "--check-types", "http", "--org-rate-limit", "-2"}, "", 2,
@@ -338,12 +387,13 @@ func TestEveryCommandHasHelp(t *testing.T) {
 // plan put requires the limits every plan has and defaults the budgets to -1; plan
 // set requires only the name.
 func TestPlanPutAndSetHelpSayWhichLimitsEachRequires(t *testing.T) {
+	const windowFlags = " [--api-rate-limit-per-second N] [--api-rate-limit-per-hour N] [--api-rate-limit-per-day N]"
 	for _, tc := range []struct {
 		command, synopsis, required string
 	}{
-		{"put", "usage: upstream plan put --name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y [--org-rate-limit N] [--api-requests-per-month N]",
+		{"put", "usage: upstream plan put --name P --api-rate-limit N --max-monitors M --min-interval S --locations a,b --check-types x,y [--org-rate-limit N] [--api-requests-per-month N]" + windowFlags,
 			"api-rate-limit,check-types,locations,max-monitors,min-interval,name"},
-		{"set", "usage: upstream plan set --name P [--api-rate-limit N] [--max-monitors M] [--min-interval S] [--locations a,b] [--check-types x,y] [--org-rate-limit N] [--api-requests-per-month N]",
+		{"set", "usage: upstream plan set --name P [--api-rate-limit N] [--max-monitors M] [--min-interval S] [--locations a,b] [--check-types x,y] [--org-rate-limit N] [--api-requests-per-month N]" + windowFlags,
 			"name"},
 	} {
 		t.Run(tc.command, func(t *testing.T) {
@@ -366,7 +416,7 @@ func TestPlanPutAndSetHelpSayWhichLimitsEachRequires(t *testing.T) {
 			if got := strings.Join(required, ","); got != tc.required {
 				t.Errorf("required flags %s, want %s", got, tc.required)
 			}
-			if got := strings.Join(defaults, ","); got != "api-requests-per-month,org-rate-limit" {
+			if got := strings.Join(defaults, ","); got != "api-rate-limit-per-day,api-rate-limit-per-hour,api-rate-limit-per-second,api-requests-per-month,org-rate-limit" {
 				t.Errorf("flags defaulting to -1: %s", got)
 			}
 		})
@@ -430,12 +480,12 @@ func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret}
 
 	code, _, stderr := run(t, env, "", "serve", "--addr", "127.0.0.1:0")
-	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 8: run `upstream migrate` first (or serve --migrate)\n" {
+	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 10: run `upstream migrate` first (or serve --migrate)\n" {
 		t.Errorf("serve on an empty database: exit %d, stderr %q", code, stderr)
 	}
 	for range 2 {
 		code, stdout, stderr := run(t, env, "", "migrate")
-		if code != 0 || stdout != `{"schema_version":8}`+"\n" || stderr != "" {
+		if code != 0 || stdout != `{"schema_version":10}`+"\n" || stderr != "" {
 			t.Errorf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 		}
 	}

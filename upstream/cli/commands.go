@@ -48,7 +48,7 @@ var commands = []command{
 // Commands check their flags before they call it. So bad flags are reported without a
 // database.
 func (c *cli) withPool(op func(ctx context.Context, st *store.Store) (any, error)) error {
-	pool, err := c.connect(2, store.DefaultDatabaseTimeout)
+	pool, err := c.connect(2, store.DefaultDatabaseTimeout, nil)
 	if err != nil {
 		return err
 	}
@@ -106,7 +106,8 @@ func (c *cli) planList(name string, args []string) error {
 
 func (c *cli) planGet(name string, args []string) error {
 	fs := c.flags(name, "--name P",
-		`Prints plan P: {"name","api_rate_limit","max_monitors","min_interval_seconds","locations","check_types","org_rate_limit","api_requests_per_month"}.`)
+		`Prints plan P: {"name","api_rate_limit","max_monitors","min_interval_seconds","locations","check_types","org_rate_limit","api_requests_per_month",`+
+			`"api_rate_limit_per_second","api_rate_limit_per_hour","api_rate_limit_per_day"}.`)
 	planName := fs.String("name", "", "plan name `P` (required)")
 	if err := c.parse(fs, args, "name"); err != nil {
 		return err
@@ -153,6 +154,7 @@ func (c *cli) planSet(name string, args []string) error {
 	}
 	// The flags are checked as far as they can be before the database is asked.
 	probe := store.Plan{Name: given.Name, MinIntervalSeconds: store.MinInterval, OrgRateLimit: -1, APIRequestsPerMonth: -1,
+		APIRateLimitPerSecond: -1, APIRateLimitPerHour: -1, APIRateLimitPerDay: -1,
 		Locations: store.MonitorLocations[:1], CheckTypes: store.MonitorTypes[:1]}
 	setPlanLimits(&probe, &given, changed)
 	if err := checkPlan(probe); err != nil {
@@ -193,6 +195,12 @@ var planLimits = []planLimit{
 		func(p *store.Plan) any { return &p.OrgRateLimit }},
 	{"api-requests-per-month", "API requests per UTC calendar month of all an organisation's keys together, `N`: -1 none", false,
 		func(p *store.Plan) any { return &p.APIRequestsPerMonth }},
+	{"api-rate-limit-per-second", "API requests per key per second, beside the minute, `N`: -1 none", false,
+		func(p *store.Plan) any { return &p.APIRateLimitPerSecond }},
+	{"api-rate-limit-per-hour", "API requests per key per hour, beside the minute, `N`: -1 none", false,
+		func(p *store.Plan) any { return &p.APIRateLimitPerHour }},
+	{"api-rate-limit-per-day", "API requests per key per UTC day, beside the minute, `N`: -1 none", false,
+		func(p *store.Plan) any { return &p.APIRateLimitPerDay }},
 }
 
 // planNameHelp is the help of --name, which both plan put and plan set require.
@@ -363,6 +371,21 @@ func checkPlan(p store.Plan) error {
 		return apperr.Invalid("--org-rate-limit", "must be -1 (none) or a number of requests a minute from 1 to %d", math.MaxInt32)
 	case p.APIRequestsPerMonth != -1 && p.APIRequestsPerMonth < 1:
 		return apperr.Invalid("--api-requests-per-month", "must be -1 (none) or a positive number of requests a month")
+	}
+	for _, w := range []struct {
+		flag, unit string
+		limit      int
+	}{
+		{"--api-rate-limit-per-second", "a second", p.APIRateLimitPerSecond},
+		{"--api-rate-limit-per-hour", "an hour", p.APIRateLimitPerHour},
+		{"--api-rate-limit-per-day", "a day", p.APIRateLimitPerDay},
+	} {
+		switch {
+		case w.limit == 0:
+			return apperr.Invalid(w.flag, "must be -1 (none) or a positive number of requests %s; 0 is not a limit: a plan without API access is --api-rate-limit 0", w.unit)
+		case w.limit != -1 && (w.limit < 1 || w.limit > math.MaxInt32):
+			return apperr.Invalid(w.flag, "must be -1 (none) or a number of requests %s from 1 to %d", w.unit, math.MaxInt32)
+		}
 	}
 	if err := checkList("--locations", p.Locations, store.MonitorLocations); err != nil {
 		return err

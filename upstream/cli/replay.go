@@ -48,7 +48,7 @@ func (c *cli) keyReplayRevocations(name string, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, err := c.connect(2, store.DefaultDatabaseTimeout)
+	pool, err := c.connect(2, store.DefaultDatabaseTimeout, nil)
 	if err != nil {
 		return err
 	}

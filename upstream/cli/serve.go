@@ -15,10 +15,12 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/keygate/keygate/gatewayauth"
+	"github.com/keygate/keygate/internal/version"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/schema"
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/tracing"
 	"github.com/keygate/keygate/upstream/webhook"
 )
 
@@ -55,7 +57,8 @@ func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
 requests must carry both.
-Logs JSON to standard error. Stops gracefully on SIGINT or SIGTERM.`)
+Logs JSON to standard error. Exports OpenTelemetry traces where OTEL_EXPORTER_OTLP_ENDPOINT
+or OTEL_TRACES_EXPORTER says so. Stops gracefully on SIGINT or SIGTERM.`)
 	var cfg serveConfig
 	throttle := &cfg.api.LoginThrottle
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:9000", "`address` to listen on")
@@ -167,7 +170,13 @@ func (c *cli) runServe(cfg serveConfig) error {
 			return err
 		}
 	}
-	pool, err := c.connect(0, cfg.dbTimeout)
+	traces, err := tracing.FromEnv(c.ctx, c.getenv, version.String())
+	if err != nil {
+		return err
+	}
+	defer c.flushTraces(traces, logger) // last: after the server and the jobs stopped
+	cfg.api.Traces = traces
+	pool, err := c.connect(0, cfg.dbTimeout, traces)
 	if err != nil {
 		return err
 	}
@@ -194,8 +203,21 @@ func (c *cli) runServe(cfg serveConfig) error {
 	defer c.background(func(ctx context.Context) { srv.RunPurge(ctx, cfg.purgeEvery) })()
 	defer c.background(func(ctx context.Context) { srv.RunUsageRollup(ctx, cfg.rollupEvery) })()
 	dispatcher := webhook.NewDispatcher(store.New(pool), keystore.New(pool, cfg.api.KeyFormat), cfg.api.Webhooks, logger, cfg.api.Metrics)
+	dispatcher.Tracer = traces.Tracer(webhook.TracerName)
 	defer c.background(func(ctx context.Context) { dispatcher.Run(ctx, cfg.webhookPoll) })()
 	return c.listenAndServe(cfg, srv, logger)
+}
+
+// flushTraces sends the spans traces holds, if any, within shutdownTimeout.
+func (c *cli) flushTraces(traces *tracing.Traces, logger *zap.Logger) {
+	if traces == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := traces.Shutdown(ctx); err != nil {
+		logger.Warn("sending the last spans", zap.Error(err))
+	}
 }
 
 // background runs job until the returned stop is called. stop ends job's context and
@@ -238,7 +260,7 @@ func (c *cli) listenAndServe(cfg serveConfig, srv *httpapi.Server, logger *zap.L
 		zap.String("key_prefix", cfg.api.KeyFormat.Prefix()), zap.Duration("session_ttl", cfg.api.SessionTTL),
 		zap.Duration("database_timeout", cfg.dbTimeout), zap.Int32("pool_max_conns", cfg.api.Pool.Config().MaxConns),
 		zap.Duration("login_window", throttle.Window), zap.Int("login_failures_per_email", throttle.PerEmail),
-		zap.Int("login_failures_per_client", throttle.PerClient))
+		zap.Int("login_failures_per_client", throttle.PerClient), zap.Bool("traces", cfg.api.Traces != nil))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {

@@ -25,8 +25,11 @@ type keyJSON struct {
 
 // keySettingsJSON is a key's own settings, as every answer with a key shows them.
 type keySettingsJSON struct {
-	// RateLimit is null for the plan's.
-	RateLimit *int `json:"rate_limit"`
+	// RateLimit and the windows' limits are null for the plan's.
+	RateLimit          *int `json:"rate_limit"`
+	RateLimitPerSecond *int `json:"rate_limit_per_second"`
+	RateLimitPerHour   *int `json:"rate_limit_per_hour"`
+	RateLimitPerDay    *int `json:"rate_limit_per_day"`
 	// AllowedCIDRs is [] for anywhere, never null.
 	AllowedCIDRs []netip.Prefix `json:"allowed_cidrs"`
 	// Scopes is null for everything the role allows.
@@ -51,7 +54,9 @@ func keySettings(rec keystore.Record) keySettingsJSON {
 	if cidrs == nil {
 		cidrs = []netip.Prefix{}
 	}
-	return keySettingsJSON{RateLimit: rec.RateLimit, AllowedCIDRs: cidrs, Scopes: rec.Scopes}
+	w := rec.WindowLimits
+	return keySettingsJSON{RateLimit: rec.RateLimit, RateLimitPerSecond: w[keystore.PerSecond], RateLimitPerHour: w[keystore.PerHour],
+		RateLimitPerDay: w[keystore.PerDay], AllowedCIDRs: cidrs, Scopes: rec.Scopes}
 }
 
 // checkAPIAccess returns apperr.ErrAPIFeatureGated when the plan of p's organisation
@@ -100,7 +105,7 @@ func (s *Server) handleCreateKey(w http.ResponseWriter, r *http.Request, p princ
 func (s *Server) createKey(ctx context.Context, p principal, in createKeyInput) (keystore.Record, string, error) {
 	rec, full, err := s.keys.Create(ctx, keystore.NewKey{
 		OrgID: p.orgID, CreatedBy: p.userID, Name: in.Name, Role: in.Role, ExpiresAt: in.ExpiresAt,
-		RateLimit: in.RateLimit, AllowedCIDRs: in.AllowedCIDRs, Scopes: in.Scopes,
+		RateLimit: in.RateLimit, WindowLimits: in.WindowLimits, AllowedCIDRs: in.AllowedCIDRs, Scopes: in.Scopes,
 	})
 	return rec, full, settingError(err)
 }

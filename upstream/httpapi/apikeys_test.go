@@ -116,7 +116,7 @@ func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
 	upstreamtest.WantStatus(t, r, http.StatusCreated)
 	var created map[string]any
 	r.Decode(t, &created)
-	if got := upstreamtest.SortedKeys(created); got != "allowed_cidrs,created_at,expires_at,id,key,name,rate_limit,role,scopes" {
+	if got := upstreamtest.SortedKeys(created); got != "allowed_cidrs,created_at,expires_at,id,key,name,rate_limit,rate_limit_per_day,rate_limit_per_hour,rate_limit_per_second,role,scopes" {
 		t.Fatalf("create answered fields %s", got)
 	}
 	id, full := created["id"].(string), created["key"].(string)
@@ -142,7 +142,7 @@ func TestCreatedKeyAppearsOnceAndIsListedMasked(t *testing.T) {
 	secret := full[strings.IndexByte(full, '.')+1:]
 	r = owner.Do("GET", "/orgs/"+org+"/api-keys", "")
 	upstreamtest.Want(t, r, 200, `{"data":[{"id":"`+id+`","name":"ci","role":"Editor","created_at":`+upstreamtest.JSONBody(created["created_at"])+
-		`,"expires_at":"`+expires.Format(time.RFC3339)+`","revoked_at":null,"last_used_at":null,"masked_key":"mon_live_`+id+`.********","rate_limit":null,"allowed_cidrs":[],"scopes":null}]}`)
+		`,"expires_at":"`+expires.Format(time.RFC3339)+`","revoked_at":null,"last_used_at":null,"masked_key":"mon_live_`+id+`.********","rate_limit":null,"rate_limit_per_second":null,"rate_limit_per_hour":null,"rate_limit_per_day":null,"allowed_cidrs":[],"scopes":null}]}`)
 	if strings.Contains(r.Body, secret) {
 		t.Error("the list shows the secret")
 	}

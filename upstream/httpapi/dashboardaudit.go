@@ -275,15 +275,21 @@ func (n auditNamer) actor(actor string) string {
 }
 
 // changesWords says what a key.updated changed, each setting before and after:
-// "rate limit: plan's → 25 a minute; allowed networks: anywhere → 192.0.2.0/24;
-// scopes: all the role allows → monitors:read".
+// "rate limit: plan's → 25 a minute; rate limit a second: plan's → 2 a second;
+// allowed networks: anywhere → 192.0.2.0/24; scopes: all the role allows →
+// monitors:read".
 func changesWords(c *keystore.Changes) string {
 	if c == nil {
 		return ""
 	}
 	var parts []string
 	if rl := c.RateLimit; rl != nil {
-		parts = append(parts, "rate limit: "+limitWords(rl.From)+" → "+limitWords(rl.To))
+		parts = append(parts, "rate limit: "+limitWords(rl.From, "a minute")+" → "+limitWords(rl.To, "a minute"))
+	}
+	for w := range keystore.Window(keystore.NumWindows) {
+		if rl := c.Window(w); rl != nil {
+			parts = append(parts, "rate limit "+w.Unit()+": "+limitWords(rl.From, w.Unit())+" → "+limitWords(rl.To, w.Unit()))
+		}
 	}
 	if nets := c.AllowedCIDRs; nets != nil {
 		parts = append(parts, "allowed networks: "+networksWords(nets.From)+" → "+networksWords(nets.To))
@@ -294,11 +300,12 @@ func changesWords(c *keystore.Changes) string {
 	return strings.Join(parts, "; ")
 }
 
-func limitWords(n *int) string {
+// limitWords says a key's own limit n of requests per unit, nil the plan's.
+func limitWords(n *int, unit string) string {
 	if n == nil {
 		return "plan's"
 	}
-	return strconv.Itoa(*n) + " a minute"
+	return strconv.Itoa(*n) + " " + unit
 }
 
 func scopesWords(list []string) string {

@@ -65,7 +65,7 @@ func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) erro
 			kv.State = "rolled"
 		}
 		if e := data.Edit; e != nil && e.ID == rec.ID {
-			kv.LimitValue, kv.CIDRsText, kv.ScopesChecked, kv.EditOpen = e.RateLimit, e.CIDRs, e.Scopes, true
+			kv.LimitValue, kv.WindowValues, kv.CIDRsText, kv.ScopesChecked, kv.EditOpen = e.RateLimit, e.Windows, e.CIDRs, e.Scopes, true
 		}
 		data.Keys = append(data.Keys, kv)
 	}
@@ -83,6 +83,14 @@ func newPlanView(b store.Budgets) *planView {
 	default:
 		v.PerKey = fmt.Sprintf("%d requests a minute per key", b.APIRateLimit)
 		v.MaxKeyLimit = b.APIRateLimit
+	}
+	for w := range keystore.Window(keystore.NumWindows) {
+		f := windowField{Field: w.Field(), Unit: w.Unit(), Slug: strings.ReplaceAll(w.Field(), "_", "-")}
+		if limit := b.Windows[w]; limit > 0 {
+			v.PerWindow = append(v.PerWindow, fmt.Sprintf("%d %s per key", limit, w.Unit()))
+			f.Max = limit
+		}
+		v.Windows = append(v.Windows, f)
 	}
 	if b.OrgRateLimit > 0 {
 		v.PerOrg = fmt.Sprintf("%d a minute for all keys together", b.OrgRateLimit)
@@ -124,6 +132,12 @@ func (s *Server) keyView(rec keystore.Record, now time.Time) keyView {
 	if rec.RateLimit != nil {
 		kv.RateLimit = strconv.Itoa(*rec.RateLimit)
 	}
+	for w, n := range rec.WindowLimits {
+		if n != nil {
+			kv.WindowLimits = append(kv.WindowLimits, fmt.Sprintf("%d %s", *n, keystore.Window(w).Unit()))
+			kv.WindowValues[w] = strconv.Itoa(*n)
+		}
+	}
 	for _, p := range rec.AllowedCIDRs {
 		kv.CIDRs = append(kv.CIDRs, p.String())
 	}
@@ -141,7 +155,8 @@ func (s *Server) pageCreateKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	data.Form = keyForm{Name: form.Get("name"), Role: form.Get("role"), Expires: form.Get("expires_at"),
-		RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs), Scopes: form[keystore.FieldScopes]}
+		RateLimit: form.Get(keystore.FieldRateLimit), Windows: formWindows(form), CIDRs: form.Get(keystore.FieldAllowedCIDRs),
+		Scopes: form[keystore.FieldScopes]}
 	rec, full, err := s.createKeyFromForm(r.Context(), p, form)
 	if err != nil {
 		return s.keysError(r.Context(), p, data, err)
@@ -201,12 +216,20 @@ func (s *Server) pageUpdateKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	if err := s.updateKeyFromForm(r.Context(), p, id, form); err != nil {
-		data.Edit = &keyEdit{ID: id, RateLimit: form.Get(keystore.FieldRateLimit), CIDRs: form.Get(keystore.FieldAllowedCIDRs),
-			Scopes: form[keystore.FieldScopes]}
+		data.Edit = &keyEdit{ID: id, RateLimit: form.Get(keystore.FieldRateLimit), Windows: formWindows(form),
+			CIDRs: form.Get(keystore.FieldAllowedCIDRs), Scopes: form[keystore.FieldScopes]}
 		return s.keysError(r.Context(), p, data, err)
 	}
 	seeOther(w, "/dashboard/orgs/"+p.orgID)
 	return nil
+}
+
+// formWindows returns a form's fields of a key's limits in its windows, as typed.
+func formWindows(form url.Values) (v [keystore.NumWindows]string) {
+	for w := range keystore.Window(keystore.NumWindows) {
+		v[w] = form.Get(w.Field())
+	}
+	return v
 }
 
 // updateKeyFromForm reads a settings form and updates the key keyID.

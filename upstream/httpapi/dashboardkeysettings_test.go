@@ -14,23 +14,27 @@ import (
 	"github.com/keygate/keygate/upstream/store"
 )
 
-// settingsCells returns the keys page's limit and networks cells of the key id, their
+// settingsCells returns the keys page's minute limit and networks of the key id, their
 // markup without tags' attributes beyond what they show.
 func settingsCells(t *testing.T, page, id string) (limit, cidrs string) {
+	t.Helper()
+	return rowPart(t, page, id, "key-rate-limit", "</span>"), rowPart(t, page, id, "key-cidrs", "</td>")
+}
+
+// rowPart returns what the element of testid holds in the keys page's row of the key
+// id, up to end.
+func rowPart(t *testing.T, page, id, testid, end string) string {
 	t.Helper()
 	_, row, ok := strings.Cut(page, `data-key-id="`+id+`"`)
 	if !ok {
 		t.Fatalf("no row of %s on the page:\n%s", id, page)
 	}
-	cell := func(testid string) string {
-		_, rest, ok := strings.Cut(row, `data-testid="`+testid+`">`)
-		if !ok {
-			t.Fatalf("no %s in the row of %s", testid, id)
-		}
-		v, _, _ := strings.Cut(rest, "</td>")
-		return v
+	_, rest, ok := strings.Cut(row, `data-testid="`+testid+`">`)
+	if !ok {
+		t.Fatalf("no %s in the row of %s", testid, id)
 	}
-	return cell("key-rate-limit"), cell("key-cidrs")
+	v, _, _ := strings.Cut(rest, end)
+	return v
 }
 
 func TestDashboardCreatesAKeyWithItsOwnLimitAndNetworks(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/internal/version"
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/store"
 )
@@ -75,13 +76,26 @@ type pageData struct {
 // planView is what the keys page says of the plan's budgets.
 type planView struct {
 	PerKey, PerOrg, PerMonth string // PerOrg and PerMonth are empty without that budget
+	// PerWindow says each window beside the minute the plan limits ("20 a second").
+	PerWindow []string
 	// MaxKeyLimit is the highest rate limit a key may have, 0 for no bound.
 	MaxKeyLimit int
+	// Windows are the fields of a key's limits in its windows beside the minute, in
+	// keystore.Window's order.
+	Windows []windowField
+}
+
+// windowField is the form field of a key's limit in one window beside its minute.
+type windowField struct {
+	Field, Unit string // keystore.Window's
+	Slug        string // the field's name in ids: rate-limit-per-second
+	Max         int    // the plan's limit, 0 for no bound
 }
 
 // keyEdit is a key's settings form as it was sent, shown again after an error.
 type keyEdit struct {
 	ID, RateLimit, CIDRs string
+	Windows              [keystore.NumWindows]string
 	Scopes               []string
 }
 
@@ -101,6 +115,10 @@ type keyView struct {
 	CIDRs      []string
 	LimitValue string
 	CIDRsText  string
+	// WindowLimits say the key's own limits in its windows beside the minute ("2 a
+	// second"), none for the plan's; WindowValues are their settings form's values.
+	WindowLimits []string
+	WindowValues [keystore.NumWindows]string
 	// Scopes are the key's scopes, nil for everything its role allows; ScopesChecked
 	// are those its settings form checks.
 	Scopes        []string
@@ -119,6 +137,7 @@ type newKeyView struct {
 // keyForm is what the create form was sent with, shown again after an error.
 type keyForm struct {
 	Name, Role, Expires, RateLimit, CIDRs string
+	Windows                               [keystore.NumWindows]string
 	Scopes                                []string
 }
 

@@ -13,8 +13,9 @@ import (
 )
 
 // The dashboard's webhooks page: the org's endpoints, a form to add one, and per
-// endpoint its deliveries, a test, a rotation and enabling or disabling it. Each
-// action calls the store as the JSON routes of webhooks.go do.
+// endpoint its deliveries, a test, a rotation, a change of its URL, description and
+// events, enabling or disabling it, and its deletion. Each action calls the
+// operations of the JSON routes of webhooks.go.
 
 // deliveriesPageSize is the number of deliveries the endpoint's page shows.
 const deliveriesPageSize = 50
@@ -25,6 +26,8 @@ type webhookView struct {
 	Enabled                                       bool
 	// Status says whether it is enabled, and why not.
 	Status string
+	// Chosen are the event types it takes, none for every type.
+	Chosen []string
 }
 
 // deliveryView is a delivery's row, its attempts in words.
@@ -41,18 +44,29 @@ type webhookPage struct {
 	Deliveries []deliveryView
 	// Secret is a secret just made, shown this once.
 	Secret string
-	Form   struct{ URL, Description string }
+	// Form is the creation form as sent, shown again after an error.
+	Form struct {
+		URL, Description string
+		Events           []string
+	}
+	// Types are the event types an endpoint may choose (WebhookEventTypes).
+	Types []string
+	// Schemes names the schemes a URL may have: "https", or "http or https".
+	Schemes string
 }
 
 func toWebhookView(w store.Webhook) webhookView {
 	v := webhookView{ID: w.ID, URL: w.URL, Description: w.Description, Masked: maskSecret(w.Secret),
-		Created: pageTime(&w.CreatedAt, ""), Enabled: w.Enabled, Events: strings.Join(w.Events, ", "), Status: "enabled"}
+		Created: pageTime(&w.CreatedAt, ""), Enabled: w.Enabled, Events: strings.Join(w.Events, ", "), Status: "enabled",
+		Chosen: w.Events}
 	if v.Events == "" {
 		v.Events = "all"
 	}
 	switch w.DisabledReason {
 	case "failing":
 		v.Status = "disabled: every attempt failed for 3 days"
+	case "gone":
+		v.Status = "disabled: the receiver answered 410 Gone"
 	case "user":
 		v.Status = "disabled"
 	}
@@ -68,6 +82,7 @@ func (s *Server) showWebhooks(ctx context.Context, w http.ResponseWriter, p prin
 	if data.Webhooks == nil {
 		data.Webhooks = &webhookPage{}
 	}
+	s.webhookForms(data.Webhooks)
 	for _, wh := range list {
 		data.Webhooks.List = append(data.Webhooks.List, toWebhookView(wh))
 	}
@@ -97,26 +112,78 @@ func (s *Server) webhookForm(w http.ResponseWriter, r *http.Request) (principal,
 	return p, data, form, nil
 }
 
-// pageCreateWebhook adds an endpoint as POST /orgs/{orgId}/webhooks does, for every
-// event type, and shows its secret once. An error is shown on the list, with what was
-// typed.
+// webhookForms gives page what the forms of the list need.
+func (s *Server) webhookForms(page *webhookPage) {
+	page.Types, page.Schemes = WebhookEventTypes, "https"
+	if s.webhooks.AllowHTTP {
+		page.Schemes = "http or https"
+	}
+}
+
+// webhookInput reads an endpoint's form: url, description and the events checked
+// (none: every type), checked as the JSON body is.
+func webhookInput(form url.Values) (store.WebhookWrite, error) {
+	u, desc := form.Get("url"), form.Get("description")
+	in := store.WebhookWrite{URL: &u, Description: &desc}
+	if err := checkText("description", desc, 0, maxWebhookDescription); err != nil {
+		return in, err
+	}
+	var err error
+	in.Events, err = webhookEvents(form["events"])
+	return in, err
+}
+
+// pageCreateWebhook adds an endpoint as POST /orgs/{orgId}/webhooks does, for the
+// event types checked, and shows its secret once. An error is shown on the list, with
+// what was sent.
 func (s *Server) pageCreateWebhook(w http.ResponseWriter, r *http.Request) error {
 	p, data, form, err := s.webhookForm(w, r)
 	if err != nil {
 		return err
 	}
 	data.Webhooks = &webhookPage{}
-	u, desc := form.Get("url"), form.Get("description")
-	data.Webhooks.Form.URL, data.Webhooks.Form.Description = u, desc
-	in := store.WebhookWrite{URL: &u, Description: &desc}
-	if err = checkText("description", desc, 0, maxWebhookDescription); err == nil {
+	f := &data.Webhooks.Form
+	f.URL, f.Description, f.Events = form.Get("url"), form.Get("description"), form["events"]
+	in, err := webhookInput(form)
+	if err == nil {
 		var wh store.Webhook
 		if wh, err = s.createWebhook(r.Context(), p, in); err == nil {
-			data.Webhooks.Secret, data.Webhooks.Form.URL, data.Webhooks.Form.Description = wh.Secret, "", ""
+			data.Webhooks = &webhookPage{Secret: wh.Secret}
 			return s.showWebhooks(r.Context(), w, p, data, http.StatusCreated)
 		}
 	}
 	return s.webhooksError(r.Context(), w, p, data, err)
+}
+
+// pageEditWebhook changes the endpoint's URL, description and events as PATCH
+// …/webhooks/{id} does. An error is shown on the list.
+func (s *Server) pageEditWebhook(w http.ResponseWriter, r *http.Request) error {
+	p, data, form, err := s.webhookForm(w, r)
+	if err != nil {
+		return err
+	}
+	in, err := webhookInput(form)
+	if err == nil {
+		if _, err = s.updateWebhook(r.Context(), p, r.PathValue("id"), in); err == nil {
+			seeOther(w, "/dashboard/orgs/"+p.orgID+"/webhooks")
+			return nil
+		}
+	}
+	data.Webhooks = &webhookPage{}
+	return s.webhooksError(r.Context(), w, p, data, err)
+}
+
+// pageDeleteWebhook deletes the endpoint as DELETE …/webhooks/{id} does.
+func (s *Server) pageDeleteWebhook(w http.ResponseWriter, r *http.Request) error {
+	p, _, _, err := s.webhookForm(w, r)
+	if err != nil {
+		return err
+	}
+	if err := s.store.DeleteWebhook(r.Context(), p.orgID, r.PathValue("id"), p.userID); err != nil {
+		return err
+	}
+	seeOther(w, "/dashboard/orgs/"+p.orgID+"/webhooks")
+	return nil
 }
 
 // webhooksError shows err on the list, or as the error page when it is the server's.
@@ -129,6 +196,7 @@ func (s *Server) webhooksError(ctx context.Context, w http.ResponseWriter, p pri
 	if lerr != nil {
 		return lerr
 	}
+	s.webhookForms(data.Webhooks)
 	for _, wh := range list {
 		data.Webhooks.List = append(data.Webhooks.List, toWebhookView(wh))
 	}

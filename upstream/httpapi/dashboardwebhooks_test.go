@@ -89,3 +89,69 @@ func TestDashboardWebhooksPageIsForMembersWhoManageKeys(t *testing.T) {
 		t.Errorf("Admin: %d", r.Status)
 	}
 }
+
+func TestDashboardWebhooksPageEditsChoosesEventsAndDeletes(t *testing.T) {
+	e := newWebhookEnv(t)
+	org := e.Org("pro")
+	owner := e.Person(store.RoleOwner, org)
+	base := "/dashboard/orgs/" + org + "/webhooks"
+
+	r := form(owner).Do("POST", base, url.Values{"url": {"http://127.0.0.1:9/hook"}, "events": {"key.revoked", "key.created"}}.Encode())
+	if r.Status != http.StatusCreated {
+		t.Fatalf("add: %d %s", r.Status, r.Body)
+	}
+	wh, err := e.Store.Webhooks(t.Context(), org)
+	if err != nil || len(wh) != 1 || strings.Join(wh[0].Events, ",") != "key.created,key.revoked" {
+		t.Fatalf("stored %+v, %v; want the events checked", wh, err)
+	}
+	id := wh[0].ID
+	edit := base + "/" + id + "/edit"
+	for _, tc := range []struct {
+		name string
+		form url.Values
+		want string
+	}{
+		{"an unknown event", url.Values{"url": {"http://127.0.0.1:9/hook"}, "events": {"key.stolen"}}, "events: must hold only"},
+		{"a bad URL", url.Values{"url": {"ftp://127.0.0.1/"}}, "url: must be an https URL"},
+		{"a long description", url.Values{"url": {"http://127.0.0.1:9/hook"}, "description": {strings.Repeat("d", 501)}}, "description:"},
+	} {
+		r := form(owner).Do("POST", edit, tc.form.Encode())
+		if r.Status != http.StatusBadRequest || !strings.Contains(html.UnescapeString(r.Body), tc.want) {
+			t.Errorf("%s: %d, want 400 saying %q: %s", tc.name, r.Status, tc.want, r.Body)
+		}
+	}
+	r = form(owner).Do("POST", edit, url.Values{"url": {"http://127.0.0.1:9/moved"}, "description": {"moved"}}.Encode())
+	if r.Status != http.StatusSeeOther || r.Header.Get("Location") != base {
+		t.Errorf("edit: %d %q %s", r.Status, r.Header.Get("Location"), r.Body)
+	}
+	got, err := e.Store.Webhook(t.Context(), org, id)
+	if err != nil || got.URL != "http://127.0.0.1:9/moved" || got.Description != "moved" || len(got.Events) != 0 {
+		t.Errorf("after the edit %+v, %v; want the new URL and description, and every event (none checked)", got, err)
+	}
+	page := owner.Do("GET", base, "")
+	if !strings.Contains(page.Body, `data-testid="webhook-chosen">all</td>`) || !strings.Contains(page.Body, "URL (http or https)") {
+		t.Errorf("the list: %s", page.Body)
+	}
+
+	r = form(owner).Do("POST", base+"/"+id+"/delete", "")
+	if r.Status != http.StatusSeeOther || upstreamtest.Scalar[int](e, `SELECT count(*) FROM webhook_endpoints`) != 0 {
+		t.Errorf("delete: %d, the endpoint is still there", r.Status)
+	}
+	upstreamtest.WantStatus(t, form(owner).Do("POST", base+"/"+id+"/delete", ""), http.StatusNotFound)
+	audited := upstreamtest.Scalar[string](e, `SELECT string_agg(action, ',' ORDER BY id) FROM audit_events WHERE webhook_id = $1`, id)
+	if audited != "webhook.created,webhook.updated,webhook.deleted" {
+		t.Errorf("audited %s", audited)
+	}
+	for _, role := range []string{store.RoleEditor, store.RoleViewer} {
+		upstreamtest.WantStatus(t, form(e.Person(role, org)).Do("POST", base+"/"+id+"/edit", url.Values{"url": {"http://127.0.0.1:9/x"}}.Encode()), http.StatusForbidden)
+	}
+}
+
+func TestDashboardWebhooksFormSaysHTTPSWhereOnlyHTTPSIsAllowed(t *testing.T) {
+	e := upstreamtest.NewEnv(t)
+	org := e.Org("pro")
+	page := e.Person(store.RoleOwner, org).Do("GET", "/dashboard/orgs/"+org+"/webhooks", "")
+	if !strings.Contains(page.Body, "URL (https)") || strings.Contains(page.Body, "http or https") {
+		t.Errorf("the form's label: %s", page.Body)
+	}
+}

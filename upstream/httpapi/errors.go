@@ -67,7 +67,7 @@ type errorBody struct {
 }
 
 // writeError answers r with the status and JSON body of err's code (errorResponses).
-// It counts a plan gate's refusal. A throttled login gets Retry-After.
+// It counts a plan gate's refusal. A rate-limited request gets Retry-After.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e := s.callerError(r, err)
 	resp := errorResponses[e.Code]

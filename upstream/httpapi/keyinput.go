@@ -17,8 +17,9 @@ import (
 // The inputs of a key's creation, roll and update. The API's JSON body and the
 // dashboard's form decode into the same types. The two decoders share the check of
 // each field. So a bad value gets the same message at both doors. The rules of a key's
-// own settings (rate_limit, allowed_cidrs, scopes) are package keystore's, said in its words
-// (settingError); the rate limit is checked against the plan when the key is written.
+// own settings (rate_limit and its windows', allowed_cidrs, scopes) are package
+// keystore's, said in its words (settingError); the rate limits are checked against
+// the plan when the key is written.
 
 // createKeyInput is what a key's creation takes (createKey).
 type createKeyInput struct {
@@ -26,6 +27,9 @@ type createKeyInput struct {
 	Role      keystore.Role
 	ExpiresAt *time.Time // nil: the key lives until revoked
 	RateLimit *int       // nil: the plan's
+	// WindowLimits are the key's own limits in its windows beside its minute; nil
+	// each: the plan's.
+	WindowLimits keystore.WindowLimits
 	// AllowedCIDRs are the networks the key may be used from; empty: anywhere.
 	AllowedCIDRs []netip.Prefix
 	// Scopes are the key's scopes; nil: everything its role allows.
@@ -67,22 +71,36 @@ func decodeCreateKey(body []byte, now time.Time) (createKeyInput, error) {
 				in.ExpiresAt, err = keyExpiry(t, now)
 			}
 		case keystore.FieldRateLimit:
-			in.RateLimit, err = decodeKeyRateLimit(raw)
+			in.RateLimit, err = decodeKeyRateLimit(name, raw)
 		case keystore.FieldAllowedCIDRs:
 			in.AllowedCIDRs, err = decodeKeyCIDRs(raw)
 		case keystore.FieldScopes:
 			in.Scopes, err = decodeKeyScopes(raw)
 		default:
-			err = apperr.Invalid(name, "unknown field")
+			w, ok := keyWindow(name)
+			if !ok {
+				return apperr.Invalid(name, "unknown field")
+			}
+			in.WindowLimits[w], err = decodeKeyRateLimit(name, raw)
 		}
 		return err
 	})
 }
 
+// keyWindow returns the window whose limit is a key's setting name.
+func keyWindow(name string) (keystore.Window, bool) {
+	for w := range keystore.Window(keystore.NumWindows) {
+		if w.Field() == name {
+			return w, true
+		}
+	}
+	return 0, false
+}
+
 // createKeyForm reads the dashboard's create form. Its fields are checked in the order
-// expires_at, name, role, rate_limit, allowed_cidrs, scopes. An empty expires_at means
-// the key never expires, an empty rate_limit the plan's limit, an empty allowed_cidrs
-// anywhere, no scope checked everything the role allows.
+// expires_at, name, role, rate_limit, its windows', allowed_cidrs, scopes. An empty
+// expires_at means the key never expires, an empty rate limit the plan's limit, an
+// empty allowed_cidrs anywhere, no scope checked everything the role allows.
 func createKeyForm(form url.Values, now time.Time) (createKeyInput, error) {
 	var in createKeyInput
 	if v := form.Get("expires_at"); v != "" {
@@ -103,7 +121,7 @@ func createKeyForm(form url.Values, now time.Time) (createKeyInput, error) {
 		return createKeyInput{}, err
 	}
 	in.Role = role
-	if in.RateLimit, err = formRateLimit(form); err != nil {
+	if in.RateLimit, in.WindowLimits, err = formRateLimits(form); err != nil {
 		return createKeyInput{}, err
 	}
 	if in.AllowedCIDRs, err = formCIDRs(form); err != nil {
@@ -115,13 +133,14 @@ func createKeyForm(form url.Values, now time.Time) (createKeyInput, error) {
 	return in, nil
 }
 
-// decodeKeyRateLimit decodes a key's rate_limit: an integer, or null for the plan's.
-// Its range depends on the plan (keystore checks it when the key is written).
-func decodeKeyRateLimit(raw json.RawMessage) (*int, error) {
+// decodeKeyRateLimit decodes a key's rate limit named name, rate_limit or a window's:
+// an integer, or null for the plan's. Its range depends on the plan (keystore checks
+// it when the key is written).
+func decodeKeyRateLimit(name string, raw json.RawMessage) (*int, error) {
 	if string(raw) == "null" {
 		return nil, nil
 	}
-	n, err := decodeInt(keystore.FieldRateLimit, raw)
+	n, err := decodeInt(name, raw)
 	if err != nil {
 		return nil, err
 	}
@@ -188,19 +207,34 @@ func formScopes(form url.Values) ([]string, error) {
 	return scopes, settingError(err)
 }
 
-// formRateLimit reads a form's rate_limit: empty is the plan's limit.
-func formRateLimit(form url.Values) (*int, error) {
-	v := strings.TrimSpace(form.Get(keystore.FieldRateLimit))
+// formRateLimits reads a form's rate_limit and its windows' limits, in that order:
+// empty is the plan's limit.
+func formRateLimits(form url.Values) (minute *int, windows keystore.WindowLimits, err error) {
+	if minute, err = formRateLimit(form, keystore.FieldRateLimit, "a minute"); err != nil {
+		return nil, windows, err
+	}
+	for w := range keystore.Window(keystore.NumWindows) {
+		if windows[w], err = formRateLimit(form, w.Field(), w.Unit()); err != nil {
+			return nil, windows, err
+		}
+	}
+	return minute, windows, nil
+}
+
+// formRateLimit reads a form's rate limit named name, of requests per unit: empty is
+// the plan's limit.
+func formRateLimit(form url.Values, name, unit string) (*int, error) {
+	v := strings.TrimSpace(form.Get(name))
 	if v == "" {
 		return nil, nil
 	}
 	n, err := strconv.Atoi(v)
 	switch {
 	case err != nil:
-		return nil, apperr.Invalid(keystore.FieldRateLimit, "must be a whole number of requests a minute")
+		return nil, apperr.Invalid(name, "must be a whole number of requests %s", unit)
 	case n != int(int32(n)):
 		// The bound decodeInt puts on every JSON integer.
-		return nil, apperr.Invalid(keystore.FieldRateLimit, "must be an integer")
+		return nil, apperr.Invalid(name, "must be an integer")
 	}
 	return &n, nil
 }
@@ -232,11 +266,13 @@ func settingError(err error) error {
 }
 
 // errNoSetting is an update that sets no setting.
-var errNoSetting = apperr.Invalid("body", "must set at least one of rate_limit, allowed_cidrs and scopes")
+var errNoSetting = apperr.Invalid("body", "must set at least one of rate_limit, rate_limit_per_second, rate_limit_per_hour, "+
+	"rate_limit_per_day, allowed_cidrs and scopes")
 
-// decodeUpdateKey decodes an update body {"rate_limit"?,"allowed_cidrs"?,"scopes"?},
-// which sets at least one of them. A null rate_limit is the plan's; an empty
-// allowed_cidrs is anywhere; null scopes are everything the role allows.
+// decodeUpdateKey decodes an update body {"rate_limit"?,"rate_limit_per_second"?,
+// "rate_limit_per_hour"?,"rate_limit_per_day"?,"allowed_cidrs"?,"scopes"?}, which sets
+// at least one of them. A null rate limit is the plan's; an empty allowed_cidrs is
+// anywhere; null scopes are everything the role allows.
 func decodeUpdateKey(body []byte) (keystore.Update, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return keystore.Update{}, errNoSetting
@@ -246,7 +282,7 @@ func decodeUpdateKey(body []byte) (keystore.Update, error) {
 		switch name {
 		case keystore.FieldRateLimit:
 			u.SetRateLimit = true
-			u.RateLimit, err = decodeKeyRateLimit(raw)
+			u.RateLimit, err = decodeKeyRateLimit(name, raw)
 		case keystore.FieldAllowedCIDRs:
 			u.SetAllowedCIDRs = true
 			u.AllowedCIDRs, err = decodeKeyCIDRs(raw)
@@ -254,23 +290,28 @@ func decodeUpdateKey(body []byte) (keystore.Update, error) {
 			u.SetScopes = true
 			u.Scopes, err = decodeKeyScopes(raw)
 		default:
-			err = apperr.Invalid(name, "unknown field")
+			w, ok := keyWindow(name)
+			if !ok {
+				return apperr.Invalid(name, "unknown field")
+			}
+			u.SetWindowLimits[w] = true
+			u.WindowLimits[w], err = decodeKeyRateLimit(name, raw)
 		}
 		return err
 	})
-	if err == nil && !u.SetRateLimit && !u.SetAllowedCIDRs && !u.SetScopes {
+	if err == nil && u.Empty() {
 		err = errNoSetting
 	}
 	return u, err
 }
 
-// updateKeyForm reads a key's settings form, which sets all three: an empty rate_limit
+// updateKeyForm reads a key's settings form, which sets them all: an empty rate limit
 // is the plan's, an empty allowed_cidrs anywhere, no scope checked everything the role
 // allows.
 func updateKeyForm(form url.Values) (keystore.Update, error) {
-	u := keystore.Update{SetRateLimit: true, SetAllowedCIDRs: true, SetScopes: true}
+	u := keystore.Update{SetRateLimit: true, SetWindowLimits: [keystore.NumWindows]bool{true, true, true}, SetAllowedCIDRs: true, SetScopes: true}
 	var err error
-	if u.RateLimit, err = formRateLimit(form); err != nil {
+	if u.RateLimit, u.WindowLimits, err = formRateLimits(form); err != nil {
 		return keystore.Update{}, err
 	}
 	if u.AllowedCIDRs, err = formCIDRs(form); err != nil {

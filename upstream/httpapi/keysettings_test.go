@@ -37,7 +37,8 @@ func listEntry(t *testing.T, c *upstreamtest.Client, org, id string) string {
 // audit trail.
 func keysAndTrail(e *upstreamtest.Env) string {
 	return upstreamtest.Scalar[string](e, `SELECT coalesce(string_agg(
-		key_id || coalesce(rate_limit::text, '-') || allowed_cidrs::text || coalesce(revoked_at::text, '-'), ',' ORDER BY key_id), '')
+		key_id || coalesce(rate_limit::text, '-') || concat_ws('/', rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day)
+		|| allowed_cidrs::text || coalesce(revoked_at::text, '-'), ',' ORDER BY key_id), '')
 		|| (SELECT count(*)::text FROM audit_events) FROM api_keys`)
 }
 
@@ -53,7 +54,7 @@ func TestCreateKeyTakesItsOwnLimitAndNetworks(t *testing.T) {
 	}
 	id := created["id"].(string)
 	want := `{"allowed_cidrs":["192.0.2.0/24","2001:db8::/32","198.51.100.7/32"],"created_at":` + upstreamtest.JSONBody(created["created_at"]) +
-		`,"expires_at":null,"id":"` + id + `","last_used_at":null,"masked_key":"mon_live_` + id + `.********","name":"ci","rate_limit":60,"revoked_at":null,"role":"Viewer","scopes":null}`
+		`,"expires_at":null,"id":"` + id + `","last_used_at":null,"masked_key":"mon_live_` + id + `.********","name":"ci","rate_limit":60,"rate_limit_per_day":null,"rate_limit_per_hour":null,"rate_limit_per_second":null,"revoked_at":null,"role":"Viewer","scopes":null}`
 	if got := listEntry(t, owner, org, id); got != want {
 		t.Errorf("listed as %s\nwant %s", got, want)
 	}
@@ -140,8 +141,8 @@ func TestUpdateKeyChecksSessionMembershipPermissionBodyThenKeyInThatOrder(t *tes
 		{"a malformed org", owner, path("nope", id), good, 404, bodyNotFound},
 		{"an Editor", editor, path(pro, id), good, 403, bodyForbidden},
 		{"a Viewer with a bad body", viewer, path(pro, id), `{"rate_limit":0}`, 403, bodyForbidden},
-		{"an empty body", owner, path(pro, id), "", 400, badRequest("body: must set at least one of rate_limit, allowed_cidrs and scopes")},
-		{"an empty object", owner, path(pro, id), `{}`, 400, badRequest("body: must set at least one of rate_limit, allowed_cidrs and scopes")},
+		{"an empty body", owner, path(pro, id), "", 400, badRequest("body: must set at least one of rate_limit, rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day, allowed_cidrs and scopes")},
+		{"an empty object", owner, path(pro, id), `{}`, 400, badRequest("body: must set at least one of rate_limit, rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day, allowed_cidrs and scopes")},
 		{"not an object", owner, path(pro, id), `[]`, 400, badRequest("body: must be a JSON object")},
 		{"bad JSON", owner, path(pro, id), `{"rate_limit":`, 400, badRequest("body: is not valid JSON")},
 		{"an unknown field", owner, path(pro, id), `{"rate_limit":5,"name":"x"}`, 400, badRequest("name: unknown field")},

@@ -29,7 +29,7 @@ const (
 )
 
 // leakOutcomeJSON is the answer for one reported token. It never holds the token, nor
-// any part of it.
+// any part of it: a key in the URL is redacted, as it is where the URL is kept.
 type leakOutcomeJSON struct {
 	URL     string `json:"url"`
 	Outcome string `json:"outcome"`
@@ -63,7 +63,7 @@ func (s *Server) handleLeakReport(w http.ResponseWriter, r *http.Request) error 
 	}
 	data := make([]leakOutcomeJSON, len(reports))
 	for i, rep := range reports {
-		data[i] = leakOutcomeJSON{URL: rep.URL, Outcome: outcomes[i]}
+		data[i] = leakOutcomeJSON{URL: keystore.Redact(rep.URL), Outcome: outcomes[i]}
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Data []leakOutcomeJSON `json:"data"`

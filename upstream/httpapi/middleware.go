@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"runtime/debug"
@@ -9,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/keystore"
+	"github.com/keygate/keygate/upstream/tracing"
 )
 
 // requestInfo tells the request log who made a request. The authentication steps fill
@@ -58,7 +60,7 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // logRequests writes one log line per request: method, path, status, size, duration,
-// and the ids of whoever made it. It never logs headers, bodies or query strings. So
+// and the ids of whoever made it. It names the request's span by its route. It never logs headers, bodies or query strings. So
 // cookies, secrets, passwords and keys stay out of the logs. A key in the path, or
 // sent as the method, is redacted (keystore.Redact).
 func (s *Server) logRequests(next http.Handler) http.Handler {
@@ -68,6 +70,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
 		s.metrics.observe(info.route, sw.status, time.Since(start))
+		tracing.NameRequest(r, cmp.Or(info.route, routeNone))
 		ce := s.logger.Check(zap.InfoLevel, "request")
 		if ce == nil {
 			return

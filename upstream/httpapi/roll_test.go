@@ -108,7 +108,7 @@ func TestRollWithoutGraceReplacesTheKeyAtOnce(t *testing.T) {
 	upstreamtest.WantStatus(t, r, 201)
 	var created map[string]any
 	r.Decode(t, &created)
-	if got := upstreamtest.SortedKeys(created); got != "allowed_cidrs,created_at,expires_at,id,key,name,rate_limit,role,scopes" {
+	if got := upstreamtest.SortedKeys(created); got != "allowed_cidrs,created_at,expires_at,id,key,name,rate_limit,rate_limit_per_day,rate_limit_per_hour,rate_limit_per_second,role,scopes" {
 		t.Fatalf("roll answered fields %s", got)
 	}
 	newID, newFull := created["id"].(string), created["key"].(string)

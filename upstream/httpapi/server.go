@@ -34,6 +34,7 @@ import (
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/tracing"
 	"github.com/keygate/keygate/upstream/webhook"
 )
 
@@ -85,6 +86,9 @@ type Config struct {
 	// Now is the clock of the checks made in Go: a key's expiry and the login
 	// throttle's window. Default: time.Now.
 	Now func() time.Time
+	// Traces, if set, gives each request a server span named by its route
+	// (docs/operations.md, Tracing). Default: none.
+	Traces *tracing.Traces
 }
 
 // Server is the upstream's HTTP handler. Build it with NewServer; it is safe for
@@ -169,7 +173,7 @@ func NewServer(cfg Config) (*Server, error) {
 		s.now = time.Now
 	}
 	s.passwords.PrepareDummy()
-	s.handler = s.logRequests(s.recoverPanics(s.routes()))
+	s.handler = cfg.Traces.Handler(s.logRequests(s.recoverPanics(s.routes())))
 	return s, nil
 }
 
@@ -233,6 +237,8 @@ func (s *Server) routes() http.Handler {
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/test", s.page(s.pageTestWebhook)},
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/rotate", s.page(s.pageRotateWebhook)},
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/enabled", s.page(s.pageEnableWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/edit", s.page(s.pageEditWebhook)},
+		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/delete", s.page(s.pageDeleteWebhook)},
 		{"POST /dashboard/orgs/{orgId}/webhooks/{id}/deliveries/{deliveryId}/retry", s.page(s.pageRetryDelivery)},
 		{"GET /dashboard/static/{file}", s.page(s.pageStatic)},
 	} {

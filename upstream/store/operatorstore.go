@@ -30,6 +30,12 @@ type Plan struct {
 	// value either takes.
 	OrgRateLimit        int   `json:"org_rate_limit"`
 	APIRequestsPerMonth int64 `json:"api_requests_per_month"`
+	// APIRateLimitPerSecond, APIRateLimitPerHour and APIRateLimitPerDay are each
+	// key's requests in a second, an hour and a UTC day, beside its minute. -1 is
+	// none; 0 is not a value any takes (no API access is APIRateLimit 0).
+	APIRateLimitPerSecond int `json:"api_rate_limit_per_second"`
+	APIRateLimitPerHour   int `json:"api_rate_limit_per_hour"`
+	APIRateLimitPerDay    int `json:"api_rate_limit_per_day"`
 }
 
 // Org is an organisation as `org create` and `org set-plan` print it.
@@ -56,8 +62,8 @@ type Member struct {
 // PutPlan creates the plan p.Name or replaces its limits.
 func (s *Store) PutPlan(ctx context.Context, p Plan) (Plan, error) {
 	_, err := s.pool.Exec(ctx, `INSERT INTO plans (name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
-	org_rate_limit, api_requests_per_month)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	org_rate_limit, api_requests_per_month, api_rate_limit_per_second, api_rate_limit_per_hour, api_rate_limit_per_day)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (name) DO UPDATE SET
 	api_rate_limit = EXCLUDED.api_rate_limit,
 	max_monitors = EXCLUDED.max_monitors,
@@ -66,9 +72,12 @@ ON CONFLICT (name) DO UPDATE SET
 	check_types = EXCLUDED.check_types,
 	org_rate_limit = EXCLUDED.org_rate_limit,
 	api_requests_per_month = EXCLUDED.api_requests_per_month,
+	api_rate_limit_per_second = EXCLUDED.api_rate_limit_per_second,
+	api_rate_limit_per_hour = EXCLUDED.api_rate_limit_per_hour,
+	api_rate_limit_per_day = EXCLUDED.api_rate_limit_per_day,
 	updated_at = now()`,
 		p.Name, p.APIRateLimit, p.MaxMonitors, p.MinIntervalSeconds, p.Locations, p.CheckTypes,
-		p.OrgRateLimit, p.APIRequestsPerMonth)
+		p.OrgRateLimit, p.APIRequestsPerMonth, p.APIRateLimitPerSecond, p.APIRateLimitPerHour, p.APIRateLimitPerDay)
 	if err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}
@@ -77,13 +86,13 @@ ON CONFLICT (name) DO UPDATE SET
 
 // planColumns are the columns of a Plan in the order scanPlan reads them.
 const planColumns = `name, api_rate_limit, max_monitors, min_interval_seconds, locations, check_types,
-	org_rate_limit, api_requests_per_month`
+	org_rate_limit, api_requests_per_month, api_rate_limit_per_second, api_rate_limit_per_hour, api_rate_limit_per_day`
 
 // scanPlan reads one row of planColumns.
 func scanPlan(row pgx.Row) (Plan, error) {
 	var p Plan
 	err := row.Scan(&p.Name, &p.APIRateLimit, &p.MaxMonitors, &p.MinIntervalSeconds, &p.Locations, &p.CheckTypes,
-		&p.OrgRateLimit, &p.APIRequestsPerMonth)
+		&p.OrgRateLimit, &p.APIRequestsPerMonth, &p.APIRateLimitPerSecond, &p.APIRateLimitPerHour, &p.APIRateLimitPerDay)
 	return p, err
 }
 
@@ -133,10 +142,11 @@ func (s *Store) UpdatePlan(ctx context.Context, name string, change func(*Plan) 
 		return Plan{}, err
 	}
 	_, err = tx.Exec(ctx, `UPDATE plans SET api_rate_limit = $2, max_monitors = $3, min_interval_seconds = $4,
-	locations = $5, check_types = $6, org_rate_limit = $7, api_requests_per_month = $8, updated_at = now()
+	locations = $5, check_types = $6, org_rate_limit = $7, api_requests_per_month = $8,
+	api_rate_limit_per_second = $9, api_rate_limit_per_hour = $10, api_rate_limit_per_day = $11, updated_at = now()
 WHERE name = $1`,
 		name, p.APIRateLimit, p.MaxMonitors, p.MinIntervalSeconds, p.Locations, p.CheckTypes,
-		p.OrgRateLimit, p.APIRequestsPerMonth)
+		p.OrgRateLimit, p.APIRequestsPerMonth, p.APIRateLimitPerSecond, p.APIRateLimitPerHour, p.APIRateLimitPerDay)
 	if err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -57,10 +58,12 @@ func (s *Store) APIRateLimit(ctx context.Context, orgID string) (int, error) {
 }
 
 // Budgets are the API budgets of an organisation's plan: each key's requests a minute
-// (0 no API access, -1 unlimited), all its keys' requests a minute and a UTC month
-// together (-1 none).
+// (0 no API access, -1 unlimited) and in its windows beside the minute, by
+// keystore.Window (-1 none), all its keys' requests a minute and a UTC month together
+// (-1 none).
 type Budgets struct {
 	APIRateLimit        int
+	Windows             [keystore.NumWindows]int
 	OrgRateLimit        int
 	APIRequestsPerMonth int64
 }
@@ -69,8 +72,10 @@ type Budgets struct {
 // the org no longer exists.
 func (s *Store) PlanBudgets(ctx context.Context, orgID string) (Budgets, error) {
 	var b Budgets
-	err := s.pool.QueryRow(ctx, `SELECT p.api_rate_limit, p.org_rate_limit, p.api_requests_per_month
-FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.id = $1`, orgID).Scan(&b.APIRateLimit, &b.OrgRateLimit, &b.APIRequestsPerMonth)
+	err := s.pool.QueryRow(ctx, `SELECT p.api_rate_limit, p.org_rate_limit, p.api_requests_per_month,
+	p.api_rate_limit_per_second, p.api_rate_limit_per_hour, p.api_rate_limit_per_day
+FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.id = $1`, orgID).Scan(&b.APIRateLimit, &b.OrgRateLimit, &b.APIRequestsPerMonth,
+		&b.Windows[keystore.PerSecond], &b.Windows[keystore.PerHour], &b.Windows[keystore.PerDay])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Budgets{}, apperr.ErrNotFound
 	}

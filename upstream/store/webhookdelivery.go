@@ -48,7 +48,7 @@ func (s *Store) Deliveries(ctx context.Context, orgID, id string, before int64, 
 	COALESCE((SELECT jsonb_agg(jsonb_build_object('at', a.at, 'status_code', a.status_code, 'error', a.error, 'ms', a.duration_ms) ORDER BY a.id)
 	          FROM webhook_attempts a WHERE a.delivery_id = d.id), '[]')
 FROM webhook_deliveries d JOIN webhook_events ev ON ev.id = d.event_id
-WHERE d.endpoint_id = $1 AND ($2 = 0 OR d.id < $2)
+WHERE d.endpoint_id = $1 AND ($2::bigint = 0 OR d.id < $2::bigint)
 ORDER BY d.id DESC LIMIT $3`, id, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing deliveries: %w", err)
@@ -122,24 +122,87 @@ type Claim struct {
 	Secrets []string
 }
 
-// ClaimDeliveries takes up to limit pending deliveries of enabled endpoints that are
-// due at now, oldest first. Each is leased until now + lease: no other dispatcher
-// takes it before then, so each attempt is made once. Rows another dispatcher is
-// claiming are skipped, not waited for (FOR UPDATE SKIP LOCKED). A dispatcher that
-// dies leaves its claims to be taken again when their leases end.
-func (s *Store) ClaimDeliveries(ctx context.Context, now time.Time, lease time.Duration, limit int) ([]Claim, error) {
-	rows, err := s.pool.Query(ctx, `WITH c AS (
-	SELECT d.id FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+// Shares bound the attempts a claim may put in flight: in the claiming process, and
+// across every process, per organisation and per endpoint.
+type Shares struct {
+	// Slots is the most deliveries to claim now: the claimer's free slots.
+	Slots int
+	// PerOrg is the most attempts in flight to one organisation's endpoints.
+	PerOrg int
+	// PerEndpoint is the most attempts in flight to one endpoint.
+	PerEndpoint int
+}
+
+// ClaimDeliveries takes pending deliveries of enabled endpoints that are due at now,
+// up to sh.Slots, and leases each until now + lease: no other dispatcher takes it
+// before then, so each attempt is made once. A claim leaves an organisation with at
+// most sh.PerOrg attempts in flight, and an endpoint with at most sh.PerEndpoint,
+// counting those of every dispatcher, so that a slow receiver holds its share of the
+// attempts and never another's. It serves the organisations whose oldest due
+// delivery is oldest first, their endpoints in turn, each endpoint's deliveries
+// oldest first. A dispatcher that dies leaves its claims to be taken again when their
+// leases end.
+//
+// The organisations served are locked while they are counted and claimed for;
+// another dispatcher claiming at the same time skips them (SKIP LOCKED) and serves
+// the next ones, so the limits hold across processes.
+func (s *Store) ClaimDeliveries(ctx context.Context, now time.Time, lease time.Duration, sh Shares) ([]Claim, error) {
+	if sh.Slots < 1 || sh.PerOrg < 1 || sh.PerEndpoint < 1 {
+		return nil, nil
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	// The locks come first, in a statement of their own: counts in the same statement
+	// would read the table as it was before a lock was waited for.
+	rows, err := tx.Query(ctx, `SELECT o.id::text FROM orgs o JOIN (
+	SELECT e.org_id, min(d.next_attempt_at) AS due FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
 	WHERE d.state = 'pending' AND d.next_attempt_at <= $1 AND e.enabled
-	ORDER BY d.next_attempt_at, d.id LIMIT $3
-	FOR UPDATE OF d SKIP LOCKED
+	GROUP BY e.org_id
+) q ON q.org_id = o.id
+WHERE (SELECT count(*) FROM webhook_deliveries f JOIN webhook_endpoints fe ON fe.id = f.endpoint_id
+       WHERE fe.org_id = o.id AND f.lease IS NOT NULL AND f.state = 'pending' AND f.next_attempt_at > $1) < $3
+ORDER BY q.due, o.id LIMIT $2
+FOR NO KEY UPDATE OF o SKIP LOCKED`, now, sh.Slots, sh.PerOrg)
+	if err != nil {
+		return nil, fmt.Errorf("claiming deliveries: %w", err)
+	}
+	orgs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("claiming deliveries: %w", err)
+	}
+	if len(orgs) == 0 {
+		return nil, nil
+	}
+	// flying is each endpoint's attempts in flight; due, up to PerEndpoint of each
+	// endpoint's due deliveries ranked after them; ranked, those ranked again within
+	// the organisation after its attempts in flight, so that its endpoints take turns.
+	rows, err = tx.Query(ctx, `WITH flying AS (
+	SELECT e.id, e.org_id, (SELECT count(*) FROM webhook_deliveries f
+		WHERE f.endpoint_id = e.id AND f.lease IS NOT NULL AND f.state = 'pending' AND f.next_attempt_at > $1) AS n
+	FROM webhook_endpoints e WHERE e.org_id = ANY($4::uuid[]) AND e.enabled
+), due AS (
+	SELECT x.id, fl.org_id, x.next_attempt_at, fl.n + row_number() OVER (PARTITION BY fl.id ORDER BY x.next_attempt_at, x.id) AS turn
+	FROM flying fl CROSS JOIN LATERAL (
+		SELECT d.id, d.next_attempt_at FROM webhook_deliveries d
+		WHERE d.endpoint_id = fl.id AND d.state = 'pending' AND d.next_attempt_at <= $1
+		ORDER BY d.next_attempt_at, d.id LIMIT greatest($6 - fl.n, 0)
+	) x
+), ranked AS (
+	SELECT due.id, due.next_attempt_at,
+		(SELECT sum(n) FROM flying f WHERE f.org_id = due.org_id) + row_number() OVER (PARTITION BY due.org_id ORDER BY due.turn, due.next_attempt_at, due.id) AS turn
+	FROM due
+), c AS (
+	SELECT id FROM ranked WHERE turn <= $5 ORDER BY turn, next_attempt_at, id LIMIT $3
 )
 UPDATE webhook_deliveries d SET next_attempt_at = $2, lease = gen_random_uuid()
 FROM c, webhook_events ev, webhook_endpoints e
-WHERE d.id = c.id AND ev.id = d.event_id AND e.id = d.endpoint_id
+WHERE d.id = c.id AND d.state = 'pending' AND ev.id = d.event_id AND e.id = d.endpoint_id
 RETURNING d.id, d.lease::text, d.attempts, d.event_id, ev.body, e.id::text, e.org_id::text, e.url,
 	CASE WHEN e.previous_expires_at > $1 THEN ARRAY[e.secret, e.previous_secret] ELSE ARRAY[e.secret] END`,
-		now, now.Add(lease), limit)
+		now, now.Add(lease), sh.Slots, orgs, sh.PerOrg, sh.PerEndpoint)
 	if err != nil {
 		return nil, fmt.Errorf("claiming deliveries: %w", err)
 	}
@@ -153,6 +216,9 @@ RETURNING d.id, d.lease::text, d.attempts, d.event_id, ev.body, e.id::text, e.or
 	if err != nil {
 		return nil, fmt.Errorf("claiming deliveries: %w", err)
 	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("committing claims: %w", err)
+	}
 	return claims, nil
 }
 
@@ -165,13 +231,16 @@ type Outcome struct {
 	RetryAt time.Time
 	// DisableAfter is how long an endpoint may fail before it is disabled.
 	DisableAfter time.Duration
+	// Gone is an answer of 410 Gone: the receiver says the endpoint is no more, and
+	// it is disabled at once.
+	Gone bool
 }
 
 // RecordAttempt records the attempt of c, if c's lease still holds, and moves the
 // delivery on: delivered, due again at o.RetryAt, or failed. A delivered attempt ends
 // the endpoint's failure streak; a failed one starts it, and an endpoint failing for
-// o.DisableAfter is disabled and audited as webhook.disabled. It reports whether the
-// endpoint was disabled. A lease that ended (another dispatcher took the delivery)
+// o.DisableAfter, or answering 410 Gone (o.Gone), is disabled and audited as
+// webhook.disabled. It reports whether the endpoint was disabled. A lease that ended (another dispatcher took the delivery)
 // records nothing.
 func (s *Store) RecordAttempt(ctx context.Context, c Claim, o Outcome) (disabled bool, err error) {
 	tx, err := s.pool.Begin(ctx)
@@ -209,7 +278,7 @@ WHERE id = $1 AND lease = $2`, c.DeliveryID, c.Lease, state, next, o.At)
 	if o.Delivered {
 		_, err = tx.Exec(ctx, `UPDATE webhook_endpoints SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL`, c.EndpointID)
 	} else {
-		disabled, err = failing(ctx, tx, c.EndpointID, o.At, o.DisableAfter)
+		disabled, err = failing(ctx, tx, c.EndpointID, o)
 	}
 	if err != nil {
 		return false, fmt.Errorf("recording endpoint health: %w", err)
@@ -227,21 +296,26 @@ WHERE id = $1 AND lease = $2`, c.DeliveryID, c.Lease, state, next, o.At)
 	return disabled, nil
 }
 
-// failing records a failed attempt at at of the endpoint id within tx. It starts the
-// endpoint's failure streak, or disables the endpoint when the streak is disableAfter
-// old, and then reports true.
-func failing(ctx context.Context, tx pgx.Tx, id string, at time.Time, disableAfter time.Duration) (bool, error) {
+// failing records the failed attempt o of the endpoint id within tx. It starts the
+// endpoint's failure streak, or disables the endpoint when the streak is
+// o.DisableAfter old ('failing') or the receiver answered 410 ('gone'), and then
+// reports true.
+func failing(ctx context.Context, tx pgx.Tx, id string, o Outcome) (bool, error) {
 	var since time.Time
 	var enabled bool
 	err := tx.QueryRow(ctx, `UPDATE webhook_endpoints SET failing_since = COALESCE(failing_since, $2) WHERE id = $1 RETURNING failing_since, enabled`,
-		id, at).Scan(&since, &enabled)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (!enabled || at.Sub(since) < disableAfter)) {
+		id, o.At).Scan(&since, &enabled)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && (!enabled || !o.Gone && o.At.Sub(since) < o.DisableAfter)) {
 		return false, nil // deleted meanwhile, already disabled, or not failing for long enough
 	}
 	if err != nil {
 		return false, err
 	}
-	_, err = tx.Exec(ctx, `UPDATE webhook_endpoints SET enabled = false, disabled_reason = 'failing', updated_at = $2 WHERE id = $1`, id, at)
+	reason := "failing"
+	if o.Gone {
+		reason = "gone"
+	}
+	_, err = tx.Exec(ctx, `UPDATE webhook_endpoints SET enabled = false, disabled_reason = $3, updated_at = $2 WHERE id = $1`, id, o.At, reason)
 	return err == nil, err
 }
 

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/keystore"
 )
 
 // ExpiryNotices writes, once per key, the events of its expiry that are due at now:
@@ -45,13 +47,21 @@ FROM fresh f JOIN due d ON d.org_id = f.org_id AND d.key_id = f.subject AND d.ki
 type QuotaOrg struct {
 	ID    string
 	Limit int64 // api_requests_per_month
+	// Refused is whether the usage record holds a request of the month that the quota
+	// refused (outcome quota_exceeded).
+	Refused bool
 }
 
-// QuotaOrgs returns the organisations whose thresholds are watched.
-func (s *Store) QuotaOrgs(ctx context.Context) ([]QuotaOrg, error) {
-	rows, err := s.pool.Query(ctx, `SELECT o.id::text, p.api_requests_per_month FROM orgs o JOIN plans p ON p.name = o.plan
+// QuotaOrgs returns the organisations whose thresholds are watched, with whether
+// the quota refused any of their requests in the UTC month of now.
+func (s *Store) QuotaOrgs(ctx context.Context, now time.Time) ([]QuotaOrg, error) {
+	from := time.Date(now.UTC().Year(), now.UTC().Month(), 1, 0, 0, 0, 0, time.UTC)
+	rows, err := s.pool.Query(ctx, `SELECT o.id::text, p.api_requests_per_month,
+	EXISTS (SELECT 1 FROM usage_minutes m WHERE m.org_id = o.id AND m.start >= $1 AND m.start < $2 AND m.outcome = $3)
+	OR EXISTS (SELECT 1 FROM usage_days u WHERE u.org_id = o.id AND u.start >= $1 AND u.start < $2 AND u.outcome = $3)
+FROM orgs o JOIN plans p ON p.name = o.plan
 WHERE p.api_requests_per_month > 0 AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.org_id = o.id AND e.enabled)
-ORDER BY o.id`)
+ORDER BY o.id`, from, from.AddDate(0, 1, 0), keystore.OutcomeQuotaExceeded.String())
 	if err != nil {
 		return nil, fmt.Errorf("listing quota orgs: %w", err)
 	}
@@ -67,14 +77,16 @@ ORDER BY o.id`)
 var QuotaThresholds = []int{80, 100}
 
 // QuotaNotices writes a quota.threshold event of org for each threshold that used
-// reaches in the UTC month of now and that has not fired this month. It returns the
-// events written.
+// reaches in the UTC month of now and that has not fired this month. The month's
+// first refusal by the quota (org.Refused) reaches 100 %, whatever used is: a request
+// that costs more than what is left is refused below it. It returns the events
+// written.
 func (s *Store) QuotaNotices(ctx context.Context, org QuotaOrg, used int64, now time.Time) (int, error) {
 	month := now.UTC().Format("2006-01")
 	written := 0
 	for _, pct := range QuotaThresholds {
-		if used*100 < org.Limit*int64(pct) {
-			break
+		if used*100 < org.Limit*int64(pct) && !(pct == 100 && org.Refused) {
+			continue
 		}
 		var n int
 		err := s.pool.QueryRow(ctx, `WITH fresh AS (

@@ -226,25 +226,52 @@ SET previous_secret = secret, previous_expires_at = $4, secret = $3, updated_at 
 WHERE org_id = $1 AND id = $2 RETURNING `+webhookColumns, next, now.Add(SecretOverlap))
 }
 
+// TestsPerMinute is the most webhook.test events one endpoint takes in a minute.
+const TestsPerMinute = 5
+
 // TestWebhook writes a webhook.test event for orgID's endpoint id alone, whatever
 // types it takes, and returns the event's id. A disabled endpoint is apperr
-// ECONFLICT: nothing would deliver it.
+// ECONFLICT: nothing would deliver it. An endpoint takes TestsPerMinute tests in the
+// minute from its first; more is apperr ERATELIMITED until that minute ends.
 func (s *Store) TestWebhook(ctx context.Context, orgID, id string, now time.Time) (string, error) {
-	wh, err := s.Webhook(ctx, orgID, id)
-	if err != nil {
-		return "", err
+	if !ValidUUID(id) {
+		return "", ErrWebhookNotFound
 	}
-	if !wh.Enabled {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("beginning transaction: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	var enabled bool
+	var since time.Time
+	var sent int
+	err = tx.QueryRow(ctx, `UPDATE webhook_endpoints SET
+	tests_since = CASE WHEN tests_since > $3::timestamptz - interval '1 minute' THEN tests_since ELSE $3 END,
+	tests_sent = CASE WHEN tests_since > $3::timestamptz - interval '1 minute' THEN tests_sent + 1 ELSE 1 END
+WHERE org_id = $1 AND id = $2 RETURNING enabled, tests_since, tests_sent`, orgID, id, now).Scan(&enabled, &since, &sent)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", ErrWebhookNotFound
+	case err != nil:
+		return "", fmt.Errorf("counting test events: %w", err)
+	case !enabled:
 		return "", apperr.Errorf(apperr.ECONFLICT, "the webhook is disabled")
+	case sent > TestsPerMinute:
+		wait := since.Add(time.Minute).Sub(now)
+		return "", &apperr.Error{Code: apperr.ERATELIMITED, Message: "too many test events",
+			RetryAfter: max(int((wait+time.Second-1)/time.Second), 1)}
 	}
 	var eventID *string
-	err = s.pool.QueryRow(ctx, `SELECT webhook_enqueue($1::uuid, 'webhook.test', jsonb_build_object('org_id', $1::text, 'webhook_id', $2::text), $3::timestamptz, $2::uuid)`,
+	err = tx.QueryRow(ctx, `SELECT webhook_enqueue($1::uuid, 'webhook.test', jsonb_build_object('org_id', $1::text, 'webhook_id', $2::text), $3::timestamptz, $2::uuid)`,
 		orgID, id, now).Scan(&eventID)
 	if err != nil {
 		return "", fmt.Errorf("writing test event: %w", err)
 	}
 	if eventID == nil {
 		return "", apperr.Errorf(apperr.ECONFLICT, "the webhook is disabled")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("committing test event: %w", err)
 	}
 	return *eventID, nil
 }

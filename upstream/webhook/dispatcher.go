@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,9 +10,14 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/keystore"
@@ -52,6 +58,13 @@ type Observer interface {
 	WebhookAttempt(result string)
 }
 
+// The default shares of the attempts (Dispatcher).
+const (
+	DefaultSlots       = 20
+	DefaultPerOrg      = 4
+	DefaultPerEndpoint = 2
+)
+
 // Dispatcher delivers the outbox's events. Several dispatchers, in one process or
 // many, share one database: each delivery is claimed by one of them at a time
 // (store.ClaimDeliveries). Build it with NewDispatcher.
@@ -63,33 +76,25 @@ type Dispatcher struct {
 	client   *http.Client
 	// Now is the clock of the schedule, the leases and the notices; a seam for tests.
 	Now func() time.Time
-	// Batch is the most deliveries claimed and attempted at once.
-	Batch int
+	// Tracer makes the span of each delivery attempt, the root of a trace of its own
+	// (docs/operations.md, Tracing). Default: one that records nothing.
+	Tracer trace.Tracer
+	// Slots is the most attempts this dispatcher makes at once. Default: 20.
+	Slots int
+	// PerOrg is the most attempts in flight to one organisation's endpoints, and
+	// PerEndpoint to one endpoint, counting every dispatcher's: a receiver that is
+	// slow holds its share, never the others'. Default: 4 and 2.
+	PerOrg, PerEndpoint int
 }
 
 // NewDispatcher returns a Dispatcher on st whose connections follow policy. keys reads
 // the usage record for the quota thresholds; observer may be nil.
 func NewDispatcher(st *store.Store, keys *keystore.Store, policy Policy, logger *zap.Logger, observer Observer) *Dispatcher {
-	dialer := &net.Dialer{Timeout: Timeout}
-	if !policy.AllowPrivate {
-		dialer.Control = control
-	}
-	transport := &http.Transport{
-		Proxy:                 nil, // a proxy would connect where control cannot see
-		DialContext:           dialer.DialContext,
-		TLSHandshakeTimeout:   Timeout,
-		ResponseHeaderTimeout: Timeout,
-		MaxIdleConnsPerHost:   2,
-		IdleConnTimeout:       90 * time.Second,
-	}
 	return &Dispatcher{
-		store: st, keys: keys, logger: logger, observer: observer, Now: time.Now, Batch: 20,
-		client: &http.Client{
-			Transport: transport,
-			// A redirect is the receiver's answer, not a new destination: it is not
-			// followed, and it is not a 2xx.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
+		store: st, keys: keys, logger: logger, observer: observer, Now: time.Now,
+		Slots: DefaultSlots, PerOrg: DefaultPerOrg, PerEndpoint: DefaultPerEndpoint,
+		Tracer: noop.NewTracerProvider().Tracer(TracerName),
+		client: policy.Client(Timeout),
 	}
 }
 
@@ -97,35 +102,29 @@ func NewDispatcher(st *store.Store, keys *keystore.Store, policy Policy, logger 
 // they are days apart, and the look reads every key that expires within a week.
 const NoticeEvery = time.Minute
 
-// Run delivers until ctx ends: every poll it attempts what is due until nothing is,
-// and every NoticeEvery it first writes the notices that are due. Claims it holds
-// when ctx ends are given back.
+// Run delivers until ctx ends: it attempts what is due as its slots free up, and
+// looks again every poll when nothing was; every NoticeEvery it writes the notices
+// that are due. Claims it holds when ctx ends are given back.
 func (d *Dispatcher) Run(ctx context.Context, poll time.Duration) {
-	t := time.NewTicker(poll)
-	defer t.Stop()
-	var noticed time.Time
-	for {
-		if now := time.Now(); now.Sub(noticed) >= NoticeEvery {
-			noticed = now
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		t := time.NewTicker(NoticeEvery)
+		defer t.Stop()
+		for {
 			if err := d.Notices(ctx); err != nil && ctx.Err() == nil {
 				d.logger.Error("writing webhook notices", zap.Error(err))
 			}
-		}
-		for ctx.Err() == nil {
-			n, err := d.RunOnce(ctx)
-			if err != nil && ctx.Err() == nil {
-				d.logger.Error("delivering webhooks", zap.Error(err))
-			}
-			if n == 0 || err != nil {
-				break
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
+	slots := Slots[store.Claim]{Size: d.Slots, Poll: poll, Claim: d.claim, Send: d.deliver,
+		Failed: func(err error) { d.logger.Error("delivering webhooks", zap.Error(err)) }}
+	slots.Run(ctx)
 }
 
 // Notices writes the events that fire once and are due now: the keys' expiry and the
@@ -139,7 +138,7 @@ func (d *Dispatcher) Notices(ctx context.Context) error {
 	if _, err := d.store.ExpiryNotices(ctx, now); err != nil {
 		return err
 	}
-	orgs, err := d.store.QuotaOrgs(ctx)
+	orgs, err := d.store.QuotaOrgs(ctx, now)
 	if err != nil {
 		return err
 	}
@@ -155,11 +154,17 @@ func (d *Dispatcher) Notices(ctx context.Context) error {
 	return nil
 }
 
-// RunOnce claims the deliveries due now, up to Batch, attempts them at once, and
-// records each outcome. It returns how many it claimed. When ctx ends, the attempts
-// in flight are given back, not counted.
+// claim claims up to n deliveries due now, within the dispatcher's shares.
+func (d *Dispatcher) claim(ctx context.Context, n int) ([]store.Claim, error) {
+	return d.store.ClaimDeliveries(ctx, d.Now(), lease, store.Shares{Slots: n, PerOrg: d.PerOrg, PerEndpoint: d.PerEndpoint})
+}
+
+// RunOnce claims what is due now, within the shares and up to Slots, attempts it,
+// and records each outcome when all are done. It returns how many it claimed. When
+// ctx ends, the attempts in flight are given back, not counted. It is one round of
+// Run, which does not wait for a round to end, for tests and tools.
 func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
-	claims, err := d.store.ClaimDeliveries(ctx, d.Now(), lease, d.Batch)
+	claims, err := d.claim(ctx, d.Slots)
 	if err != nil || len(claims) == 0 {
 		return 0, err
 	}
@@ -171,8 +176,20 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 	return len(claims), nil
 }
 
-// deliver makes c's attempt and records it.
+// TracerName is the instrumentation scope of the deliveries' spans.
+const TracerName = "github.com/keygate/keygate/upstream/webhook"
+
+// deliver makes c's attempt and records it, in a span of its own: the receiver's
+// answer and the recording's queries are its children. Its attributes name the
+// endpoint, the event and the attempt, never the URL, which may hold a token of
+// the receiver's. A failed attempt is tried again after the schedule's wait from
+// the attempt's end, so that a slow failure does not eat the wait.
 func (d *Dispatcher) deliver(ctx context.Context, c store.Claim) {
+	ctx, span := d.Tracer.Start(ctx, "webhook delivery", trace.WithNewRoot(), trace.WithAttributes(
+		attribute.String("keygate.org_id", c.OrgID), attribute.String("keygate.webhook.id", c.EndpointID),
+		attribute.String("keygate.webhook.event_id", c.EventID), attribute.Int64("keygate.webhook.delivery_id", c.DeliveryID),
+		attribute.Int("keygate.webhook.attempt", c.Attempts+1)))
+	defer span.End()
 	o := d.attempt(ctx, c)
 	if ctx.Err() != nil {
 		// Stopping: the attempt was cut short by us, not by the receiver.
@@ -186,13 +203,21 @@ func (d *Dispatcher) deliver(ctx context.Context, c store.Claim) {
 	result := ResultDelivered
 	if !o.Delivered {
 		if c.Attempts+1 < MaxAttempts {
-			o.RetryAt = o.At.Add(Schedule[c.Attempts])
+			o.RetryAt = d.Now().Add(Schedule[c.Attempts])
 			result = ResultRetrying
 		} else {
 			result = ResultFailed
 		}
 	}
+	span.SetAttributes(attribute.String("keygate.webhook.result", result))
+	if o.StatusCode != 0 {
+		span.SetAttributes(attribute.Int("http.response.status_code", o.StatusCode))
+	}
+	if !o.Delivered {
+		span.SetStatus(codes.Error, cmp.Or(o.Error, "answered "+strconv.Itoa(o.StatusCode)))
+	}
 	o.DisableAfter = DisableAfter
+	o.Gone = o.StatusCode == http.StatusGone
 	disabled, err := d.store.RecordAttempt(ctx, c, o)
 	if err != nil {
 		d.logger.Error("recording a webhook attempt", zap.Int64("delivery_id", c.DeliveryID), zap.Error(err))
@@ -201,7 +226,11 @@ func (d *Dispatcher) deliver(ctx context.Context, c store.Claim) {
 	if d.observer != nil {
 		d.observer.WebhookAttempt(result)
 	}
-	if disabled {
+	switch {
+	case disabled && o.Gone:
+		d.logger.Warn("webhook endpoint disabled: its receiver answered 410 Gone",
+			zap.String("org_id", c.OrgID), zap.String("webhook_id", c.EndpointID))
+	case disabled:
 		d.logger.Warn("webhook endpoint disabled: every attempt failed for 3 days",
 			zap.String("org_id", c.OrgID), zap.String("webhook_id", c.EndpointID))
 	}
@@ -258,6 +287,8 @@ func describe(err error) string {
 		return "refused: the destination address is not public"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return "timeout: no answer within 10s"
+	case strings.Contains(err.Error(), "response headers exceeded"):
+		return "the answer's header is over 16 KiB"
 	}
 	var dnsErr *net.DNSError
 	if errors.As(err, &dnsErr) {

@@ -92,11 +92,39 @@ func newEnv(t *testing.T) *env {
 	return &env{Env: e, org: org, owner: e.Person(store.RoleOwner, org), clock: clock}
 }
 
+// newRealEnv is newEnv on the real clock, for the tests of Run's timing.
+func newRealEnv(t *testing.T) *env {
+	t.Helper()
+	e := upstreamtest.NewEnv(t, func(c *httpapi.Config) {
+		c.Webhooks = open
+		c.LeakReportToken = leakToken
+	})
+	org := e.Org("pro")
+	return &env{Env: e, org: org, owner: e.Person(store.RoleOwner, org)}
+}
+
 // dispatcher returns a dispatcher of e under policy, on e's clock.
 func (e *env) dispatcher(policy webhook.Policy) *webhook.Dispatcher {
 	d := webhook.NewDispatcher(e.Store, e.Keys, policy, zap.NewNop(), nil)
-	d.Now = e.clock.Now
+	if e.clock != nil {
+		d.Now = e.clock.Now
+	}
 	return d
+}
+
+// now is e's clock's time, or the real one.
+func (e *env) now() time.Time {
+	if e.clock != nil {
+		return e.clock.Now()
+	}
+	return time.Now()
+}
+
+// enqueue writes n webhook.test events of org for ep through the outbox's own
+// function, as many as a test needs: the API takes store.TestsPerMinute a minute.
+func (e *env) enqueue(org string, ep endpoint, n int) {
+	e.Exec(`SELECT webhook_enqueue($1::uuid, 'webhook.test', jsonb_build_object('org_id', $1::text, 'webhook_id', $2::text), $3::timestamptz, $2::uuid)
+FROM generate_series(1, $4)`, org, ep.ID, e.now(), n)
 }
 
 var open = webhook.Policy{AllowHTTP: true, AllowPrivate: true}
@@ -381,13 +409,11 @@ func TestTwoDispatchersDeliverEachEventOnce(t *testing.T) {
 	rc := newReceiver(t, nil)
 	ep := e.addEndpoint(t, rc.URL)
 	const events = 40
-	for range events {
-		e.sendTest(t, ep)
-	}
+	e.enqueue(e.org, ep, events)
 	var wg sync.WaitGroup
 	for range 2 {
 		d := e.dispatcher(open)
-		d.Batch = 3
+		d.Slots = 3
 		wg.Go(func() { drain(t, d) })
 	}
 	wg.Wait()
@@ -449,7 +475,7 @@ func TestADispatcherStoppedMidwayLosesNothing(t *testing.T) {
 	t.Run("killed", func(t *testing.T) {
 		id := e.sendTest(t, ep)
 		// A dispatcher that claims and dies records nothing and gives nothing back.
-		claims, err := e.Store.ClaimDeliveries(context.Background(), e.clock.Now(), 30*time.Second, 10)
+		claims, err := e.Store.ClaimDeliveries(context.Background(), e.clock.Now(), 30*time.Second, store.Shares{Slots: 10, PerOrg: 4, PerEndpoint: 2})
 		if err != nil || len(claims) != 1 {
 			t.Fatalf("claims %v, %v", claims, err)
 		}

@@ -1,9 +1,9 @@
-// Package timingpair is a bench tool, used by scripts/bench.sh only: it measures
-// whether two requests that must look alike also take alike. It sends them in
-// interleaved pairs, each pair in a random order, and compares their times: the
-// medians, and the share of pairs in which each was the slower. make bench uses it
-// on a refused restricted key against a revoked key, whose 401s are byte for byte the
-// same (docs/security.md, Timing).
+// Package timingpair is a bench tool, used by make bench only
+// (scripts/bench/timing.sh): it measures whether two requests that must look alike
+// also take alike. It sends them in interleaved pairs, each pair in a random order,
+// and compares their times: the medians, and the share of pairs in which each was the
+// slower. make bench uses it on a refused restricted key against a revoked key, whose
+// 401s are byte for byte the same (docs/security.md, Timing).
 package timingpair
 
 import (

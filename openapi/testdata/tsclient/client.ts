@@ -28,12 +28,16 @@ export function describe(e: V1Error): string {
       return `${e.error}: ${e.message}`;
     case "quota_exceeded": {
       const upgrade: boolean = e.upgrade;
-      return `${e.error} (${e.metric}), upgrade: ${upgrade}`;
+      const used = e.limit === undefined ? "" : `, ${e.used} of ${e.limit} used`;
+      return `${e.error} (${e.metric})${used}, upgrade: ${upgrade}`;
     }
     case "feature_gated":
       return `${e.error} (${e.feature}), upgrade: ${e.upgrade}`;
     case "rate_limited":
-      return `${e.error}: retry after ${e.retryAfter}s`;
+      if (e.fits === false) {
+        return `${e.error}: costs ${e.cost} units, more than the ${e.window} allows (${e.limit})`;
+      }
+      return `${e.error} (${e.budget} ${e.window}): retry after ${e.retryAfter}s`;
     case "forbidden":
     case "api key unauthenticated":
     case "monitor not found":

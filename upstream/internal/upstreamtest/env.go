@@ -118,12 +118,15 @@ func (e *Env) Org(planName string) string {
 	return o.ID
 }
 
-// Plan creates or replaces a plan. An OrgRateLimit or APIRequestsPerMonth of 0, which
-// no plan has, is taken as -1 (none), so that a test names only the budgets it sets.
+// Plan creates or replaces a plan. An OrgRateLimit, APIRequestsPerMonth or window of
+// 0, which no plan has, is taken as -1 (none), so that a test names only the budgets
+// it sets.
 func (e *Env) Plan(p store.Plan) {
 	e.T.Helper()
-	if p.OrgRateLimit == 0 {
-		p.OrgRateLimit = -1
+	for _, n := range []*int{&p.OrgRateLimit, &p.APIRateLimitPerSecond, &p.APIRateLimitPerHour, &p.APIRateLimitPerDay} {
+		if *n == 0 {
+			*n = -1
+		}
 	}
 	if p.APIRequestsPerMonth == 0 {
 		p.APIRequestsPerMonth = -1

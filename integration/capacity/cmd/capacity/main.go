@@ -1,6 +1,6 @@
 // Command capacity is for benchmarks only: it measures how many key lookups PostgreSQL
 // and how many counts Redis serve per CPU-second, driving them through the gateway's
-// own batching code, for `make bench`'s capacity sections (scripts/capacity.sh,
+// own batching code, for `make bench`'s capacity sections (scripts/bench/capacity.sh,
 // docs/scaling.md):
 //
 //	capacity seed     -database-url URL [-keys 1000000] [-orgs 10000]

@@ -1,6 +1,7 @@
-// Command timingpair is a bench tool, used by scripts/bench.sh only: it runs
-// internal/testkit/timingpair against a gateway and prints the medians of two requests, the
-// share of pairs in which each was the slower, and whether the targets hold.
+// Command timingpair is a bench tool, used by make bench only
+// (scripts/bench/timing.sh): it runs internal/testkit/timingpair against a gateway and
+// prints the medians of two requests, the share of pairs in which each was the slower,
+// and whether the targets hold.
 //
 //	timingpair -url http://127.0.0.1:8080/v1/me -a KEY -b KEY [-pairs 2000]
 package main

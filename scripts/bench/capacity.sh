@@ -1,6 +1,7 @@
-# capacity.sh is `make bench`'s capacity section, sourced by bench.sh once its stack,
-# Caddy and upstream run (it uses bench.sh's variables and measure_cpu). It measures
-# each shared dependency on its own, as CPU per operation, for docs/scaling.md:
+# shellcheck shell=bash
+# bench/capacity.sh: `make bench`'s capacity section, run once the setup's stack, Caddy
+# and upstream run (it uses their variables and measure_cpu). It measures each shared
+# dependency on its own, as CPU per operation, for docs/scaling.md:
 #
 #   (p)  key lookups on PostgreSQL: integration/capacity's workers, CAP_PROCS processes
 #        each with a keystore.Batcher on a pool of its own, as a gateway process has,
@@ -15,8 +16,8 @@
 #        pipelining on a client of its own, counting random key ids
 #   (s2) the same on a 2-master Redis Cluster (scripts/stack.sh up-cluster2)
 #   (l)  last_used_at writes: one keystore.LastUsed flushing N distinct keys at a time
-#   (g)  the gateway: Caddy's CPU per request under (c) and (b), from bench.sh's rounds
-#        (measured here, ROUNDS times, when bench.sh ran none: BENCH_ONLY=capacity)
+#   (g)  the gateway: Caddy's CPU per request under (c) and (b), from the core's rounds
+#        (measured here, ROUNDS times, when the core ran none: BENCH_ONLY=capacity)
 #
 # capacity_main append adds the section to OUT; capacity_main replace (BENCH_ONLY=
 # capacity, `make bench-capacity`) replaces the section already in OUT, or adds it,
@@ -29,19 +30,6 @@
 
 # cap_header is the first line of the section; replace mode finds it in OUT by it.
 cap_header="capacity of each shared dependency"
-
-# with_database URL NAME prints URL with its database replaced by NAME.
-with_database() {
-	sed -E "s#^([a-z]+://[^/]*)/[^?]*#\1/$2#" <<<"$1"
-}
-
-# with_param URL PARAM prints URL with the query parameter PARAM (name=value) added.
-with_param() {
-	case $1 in
-	*\?*) echo "$1&$2" ;;
-	*) echo "$1?$2" ;;
-	esac
-}
 
 # capacity_gateway prints (g): Caddy's CPU per request of the gateway (c) and of the
 # plain proxy (b), the medians of c_runs and b_runs (measure_cpu's lines).
@@ -75,10 +63,9 @@ capacity_main() {
 	start=$(date +%s)
 	load=$(cut -d' ' -f1-3 /proc/loadavg)
 	tool="$stack/capacity"
-	go build -o "$tool" ./integration/capacity/cmd/capacity
+	capacity_tool
 	cap_db=$(with_database "$DATABASE_URL" keygate_capacity)
-	local common=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "${CAP_WARMUP:-2s}"
-		-duration "${CAP_DURATION:-5s}")
+	local common=("${capacity_flags[@]}")
 	local waiters=${CAP_WAITERS:-1,4,16,64,256}
 	local parts=()
 	echo "measuring (p) key lookups on PostgreSQL (seeding ${CAP_KEYS:-1000000} keys first)…" >&2
@@ -88,7 +75,7 @@ capacity_main() {
 		echo "measuring (pb) key lookups through PgBouncer…" >&2
 		[ -n "${PGBOUNCER_DATABASE_URL:-}" ] || {
 			scripts/stack.sh up-pgbouncer "$stack" >/dev/null
-			PGBOUNCER_DATABASE_URL=$(. "$stack/env" && echo "$PGBOUNCER_DATABASE_URL")
+			PGBOUNCER_DATABASE_URL=$(stack_env PGBOUNCER_DATABASE_URL)
 		}
 		parts+=("$("$tool" lookups -label "(pb)" -title "key lookups through PgBouncer (transaction pooling, exec mode)" \
 			"${common[@]}" -waiters 1,16,64 -orgs "${CAP_ORGS:-10000}" -probe-url "$cap_db" \
@@ -99,7 +86,7 @@ capacity_main() {
 		echo "measuring (pr) key lookups with one standby…" >&2
 		[ -n "${DATABASE_STANDBY_FAST_URL:-}" ] || {
 			scripts/stack.sh up-standbys "$stack" >/dev/null
-			DATABASE_STANDBY_FAST_URL=$(. "$stack/env" && echo "$DATABASE_STANDBY_FAST_URL")
+			DATABASE_STANDBY_FAST_URL=$(stack_env DATABASE_STANDBY_FAST_URL)
 			# A standby just made may still replay (p)'s database and its keys, which
 			# the measurement connects to.
 			wait_replayed "$DATABASE_STANDBY_FAST_URL" 600
@@ -115,7 +102,7 @@ capacity_main() {
 		echo "measuring (s2) counts on a 2-master Redis Cluster…" >&2
 		scripts/stack.sh up-cluster2 "$stack" >/dev/null
 		parts+=("$("$tool" counts -label "(s2)" -title "counts on a 2-master Redis Cluster" "${common[@]}" \
-			-waiters "$waiters" -redis-url "$(. "$stack/env" && echo "$REDIS_CLUSTER2_URL")" -cluster)")
+			-waiters "$waiters" -redis-url "$(stack_env REDIS_CLUSTER2_URL)" -cluster)")
 	fi
 	if [ "${CAP_LASTUSED:-1}" = 1 ]; then
 		echo "measuring (l) last_used_at writes…" >&2
@@ -147,6 +134,7 @@ capacity_main() {
 			"$OUT" >"$OUT.tmp"
 		mv "$OUT.tmp" "$OUT"
 	fi
+	# shellcheck disable=SC2094 # OUT is read before the report is appended
 	{
 		[ ! -s "$OUT" ] || echo
 		echo "$report"
