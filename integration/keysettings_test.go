@@ -73,7 +73,7 @@ func TestAKeysOwnLimitAndNetworksThroughTheDashboardAPI(t *testing.T) {
 		{"33 networks", owner, path, map[string]any{"allowed_cidrs": networks(33)}, 400,
 			`{"error":"invalid_request","message":"allowed_cidrs: must list at most 32 networks"}`},
 		{"an empty body", owner, path, map[string]any{}, 400,
-			`{"error":"invalid_request","message":"body: must set at least one of rate_limit, allowed_cidrs and scopes"}`},
+			`{"error":"invalid_request","message":"body: must set at least one of rate_limit, rate_limit_per_second, rate_limit_per_hour, rate_limit_per_day, allowed_cidrs and scopes"}`},
 		{"another org's key", owner, "/orgs/" + org.ID + "/api-keys/" + foreignID, map[string]any{"rate_limit": 5}, 404, `{"error":"not found"}`},
 		{"a revoked key", owner, "/orgs/" + org.ID + "/api-keys/" + revokedID, map[string]any{"rate_limit": 5}, 409,
 			`{"error":"conflict","message":"the key is revoked or expired and cannot be changed"}`},

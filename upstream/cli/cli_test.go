@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -480,12 +481,12 @@ func TestMigrateIsIdempotentAndServeRefusesAnUnmigratedDatabase(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": dbURL, "GATEWAY_SECRET": upstreamtest.GatewaySecret}
 
 	code, _, stderr := run(t, env, "", "serve", "--addr", "127.0.0.1:0")
-	if code != 1 || stderr != "upstream serve: the database schema is at version 0 and this program needs 10: run `upstream migrate` first (or serve --migrate)\n" {
+	if code != 1 || stderr != fmt.Sprintf("upstream serve: the database schema is at version 0 and this program needs %d: run `upstream migrate` first (or serve --migrate)\n", store.RequiredSchemaVersion) {
 		t.Errorf("serve on an empty database: exit %d, stderr %q", code, stderr)
 	}
 	for range 2 {
 		code, stdout, stderr := run(t, env, "", "migrate")
-		if code != 0 || stdout != `{"schema_version":10}`+"\n" || stderr != "" {
+		if code != 0 || stdout != fmt.Sprintf(`{"schema_version":%d}`+"\n", store.RequiredSchemaVersion) || stderr != "" {
 			t.Errorf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 		}
 	}

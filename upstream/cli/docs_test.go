@@ -46,7 +46,7 @@ func TestEveryCommandFlagAndVariableIsDocumented(t *testing.T) {
 	var usage bytes.Buffer
 	(&cli{}).printUsage(&usage, "")
 	_, env, _ := strings.Cut(usage.String(), "environment:")
-	for _, name := range append(regexp.MustCompile(`[A-Z][A-Z_]+`).FindAllString(env, -1), "LEAK_REPORT_TOKEN") {
+	for _, name := range append(regexp.MustCompile(`[A-Z][A-Z_]+`).FindAllString(env, -1), "LEAK_REPORT_TOKEN", "USAGE_EXPORT_SECRET", "USAGE_EXPORT_TOKEN") {
 		if !documented(name) {
 			t.Errorf("docs/configuration.md does not document the variable `%s`", name)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/keygate/keygate/upstream/httpapi"
 	"github.com/keygate/keygate/upstream/store"
 	"github.com/keygate/keygate/upstream/tracing"
+	"github.com/keygate/keygate/upstream/usageexport"
 	"github.com/keygate/keygate/upstream/webhook"
 )
 
@@ -37,7 +38,9 @@ type serveConfig struct {
 	rollupEvery time.Duration
 	// webhookPoll is how often the webhook dispatcher looks for due deliveries.
 	webhookPoll time.Duration
-	migrate     bool
+	// export is the usage export's configuration; its URL is "" when there is none.
+	export  usageexport.Config
+	migrate bool
 }
 
 // serve is `upstream serve`: parseServe, then runServe.
@@ -52,7 +55,7 @@ func (c *cli) serve(name string, args []string) error {
 // parseServe parses serve's flags and environment into a serveConfig. It makes every
 // check that needs no database. So a bad command line fails at once, with exit code 2.
 func (c *cli) parseServe(name string, args []string) (serveConfig, error) {
-	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--webhook-allow-http] [--webhook-allow-private] [--webhook-poll-interval DURATION] [--migrate]",
+	fs := c.flags(name, "[--addr HOST:PORT] [--session-ttl DURATION] [--key-prefix P] [--secure-cookies] [--trusted-proxies CIDRS] [--database-timeout DURATION] [--purge-interval DURATION] [--usage-rollup-interval DURATION] [--leak-report-token TOKEN] [--gateway-jwks URL|FILE] [--gateway-audience AUD] [--admin-addr HOST:PORT] [--login-window DURATION] [--login-failures-per-email N] [--login-failures-per-client N] [--webhook-allow-http] [--webhook-allow-private] [--webhook-poll-interval DURATION] [--usage-export-url URL] [--usage-export-secret SECRET] [--usage-export-token TOKEN] [--usage-export-delay DURATION] [--usage-export-interval DURATION] [--usage-export-batch-size N] [--usage-export-timeout DURATION] [--usage-export-backoff DURATION] [--usage-export-backoff-max DURATION] [--migrate]",
 		`Serves the upstream's HTTP interface: sessions, dashboard API keys and monitors.
 Requires DATABASE_URL, and GATEWAY_SECRET (the secret the gateway sends in
 X-Gateway-Secret) or --gateway-jwks (the gateway's signed identity); with both, /v1
@@ -76,9 +79,10 @@ or OTEL_TRACES_EXPORTER says so. Stops gracefully on SIGINT or SIGTERM.`)
 	fs.DurationVar(&throttle.Window, "login-window", store.DefaultLoginThrottle.Window, "sliding `window` in which failed logins are counted")
 	fs.IntVar(&throttle.PerEmail, "login-failures-per-email", store.DefaultLoginThrottle.PerEmail, "failed logins allowed per (email, client address) in a window before 429")
 	fs.IntVar(&throttle.PerClient, "login-failures-per-client", store.DefaultLoginThrottle.PerClient, "failed logins allowed per client address in a window, whatever the emails, before 429")
-	fs.BoolVar(&cfg.api.Webhooks.AllowHTTP, "webhook-allow-http", false, "accept http:// webhook URLs as well as https:// ones (for tests)")
-	fs.BoolVar(&cfg.api.Webhooks.AllowPrivate, "webhook-allow-private", false, "accept webhook destinations on loopback, private, link-local and multicast addresses (for tests and private networks)")
+	fs.BoolVar(&cfg.api.Webhooks.AllowHTTP, "webhook-allow-http", false, "accept http:// webhook URLs, and --usage-export-url, as well as https:// ones (for tests)")
+	fs.BoolVar(&cfg.api.Webhooks.AllowPrivate, "webhook-allow-private", false, "accept webhook and usage export destinations on loopback, private, link-local and multicast addresses (for tests and private networks)")
 	fs.DurationVar(&cfg.webhookPoll, "webhook-poll-interval", webhook.DefaultPoll, "how often the webhook dispatcher looks for deliveries that are due")
+	c.exportFlags(fs, &cfg.export)
 	fs.BoolVar(&cfg.migrate, "migrate", false, "apply the database schema before serving (as `upstream migrate` does)")
 	fs.StringVar(&cfg.api.LeakReportToken, "leak-report-token", c.getenv("LEAK_REPORT_TOKEN"), "bearer `token` of POST /security/leaked-keys, at least 32 characters (env LEAK_REPORT_TOKEN; default: the route is absent)")
 	jwks := fs.String("gateway-jwks", c.getenv("GATEWAY_JWKS"), "the gateway's public keys, to verify the signed identity of /v1 requests (X-Gateway-Identity): a JWKS `URL` (http:// or https://, the gateway's /.well-known/jwks.json) or a PEM file (env GATEWAY_JWKS; default: none, GATEWAY_SECRET alone)")
@@ -107,6 +111,9 @@ or OTEL_TRACES_EXPORTER says so. Stops gracefully on SIGINT or SIGTERM.`)
 	if cfg.api.Identity, err = identityVerifier(*jwks, *audience); err != nil {
 		return serveConfig{}, usageErrorf("--gateway-jwks: %v", err)
 	}
+	if err := c.checkExport(&cfg.export, cfg.api.Webhooks); err != nil {
+		return serveConfig{}, err
+	}
 	return cfg, nil
 }
 
@@ -132,7 +139,7 @@ func (cfg *serveConfig) checkBounds() error {
 	case cfg.api.LeakReportToken != "" && len(cfg.api.LeakReportToken) < httpapi.MinLeakReportToken:
 		return usageErrorf("--leak-report-token must be at least %d characters", httpapi.MinLeakReportToken)
 	}
-	return nil
+	return checkExportBounds(cfg.export)
 }
 
 // identityVerifier returns the verifier of the gateway's identity assertions. jwks, a
@@ -205,6 +212,14 @@ func (c *cli) runServe(cfg serveConfig) error {
 	dispatcher := webhook.NewDispatcher(store.New(pool), keystore.New(pool, cfg.api.KeyFormat), cfg.api.Webhooks, logger, cfg.api.Metrics)
 	dispatcher.Tracer = traces.Tracer(webhook.TracerName)
 	defer c.background(func(ctx context.Context) { dispatcher.Run(ctx, cfg.webhookPoll) })()
+	if cfg.export.URL != "" {
+		exporter := usageexport.New(store.New(pool), cfg.export, logger, cfg.api.Metrics)
+		exporter.Tracer = traces.Tracer(usageexport.TracerName)
+		cfg.api.Metrics.WatchUsageExport(exporter.Lag)
+		logger.Info("exporting usage", zap.String("host", exportHost(cfg.export.URL)),
+			zap.Duration("delay", cfg.export.Delay), zap.Bool("signed", cfg.export.Secret != ""))
+		defer c.background(exporter.Run)()
+	}
 	return c.listenAndServe(cfg, srv, logger)
 }
 

@@ -122,3 +122,48 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 		}
 	}
 }
+
+// TestServeChecksTheUsageExportAtStart runs serve with a usage export it must refuse:
+// it exits 2 naming the flag, before it connects to anything.
+func TestServeChecksTheUsageExportAtStart(t *testing.T) {
+	env := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none", "GATEWAY_SECRET": upstreamtest.GatewaySecret}
+	const open = "--webhook-allow-http"
+	// The refusal's own words, and what follows them, are package webhook's
+	// (CheckURL); serve names the flag.
+	const refusedAddress = "--usage-export-url: must not resolve to a loopback, private, link-local"
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		stderr string
+	}{
+		{"a loopback receiver", []string{open, "--usage-export-url", "http://127.0.0.1:9/events"},
+			refusedAddress},
+		{"a private receiver", []string{"--usage-export-url", "https://10.1.2.3/api/v1/events"},
+			refusedAddress},
+		{"a name of loopback", []string{"--usage-export-url", "https://localhost/api/v1/events"},
+			refusedAddress},
+		{"plain http", []string{"--usage-export-url", "http://openmeter.example.com/api/v1/events"},
+			"--usage-export-url: must be https"},
+		{"not a URL", []string{"--usage-export-url", "openmeter:8888"},
+			"--usage-export-url: must be an absolute URL"},
+		{"a secret without its prefix", []string{"--webhook-allow-private", "--usage-export-url", "https://127.0.0.1/e", "--usage-export-secret", "c2VjcmV0"},
+			"--usage-export-secret must be whsec_ and the base64 of at least 24 bytes"},
+		{"a short secret", []string{"--webhook-allow-private", "--usage-export-url", "https://127.0.0.1/e", "--usage-export-secret", "whsec_c2VjcmV0"},
+			"--usage-export-secret must be whsec_ and the base64 of at least 24 bytes"},
+		{"a batch of none", []string{"--usage-export-batch-size", "0"}, "--usage-export-batch-size must be from 1 to 1000"},
+		{"a batch too large", []string{"--usage-export-batch-size", "1001"}, "--usage-export-batch-size must be from 1 to 1000"},
+		{"a negative delay", []string{"--usage-export-delay", "-1s"}, "--usage-export-delay must not be negative"},
+		{"no interval", []string{"--usage-export-interval", "0s"}, "--usage-export-interval must be positive"},
+		{"no timeout", []string{"--usage-export-timeout", "0s"}, "--usage-export-timeout must be positive"},
+		{"no backoff", []string{"--usage-export-backoff", "0s"}, "--usage-export-backoff must be positive"},
+		{"a backoff longer than its most", []string{"--usage-export-backoff", "2m", "--usage-export-backoff-max", "1m"},
+			"--usage-export-backoff-max must be at least --usage-export-backoff"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := run(t, env, "", append([]string{"serve"}, tc.args...)...)
+			if want := "upstream serve: usage: " + tc.stderr; code != 2 || !strings.HasPrefix(stderr, want) || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("exit %d, stderr %q; want 2, %q", code, stderr, want)
+			}
+		})
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/keygate/keygate/upstream/store"
+	"github.com/keygate/keygate/upstream/usageexport"
 	"github.com/keygate/keygate/upstream/webhook"
 )
 
@@ -31,6 +32,7 @@ type Metrics struct {
 	duration *prometheus.HistogramVec
 	gates    *prometheus.CounterVec
 	webhooks *prometheus.CounterVec
+	exported *prometheus.CounterVec
 }
 
 // NewMetrics returns the upstream's metrics in a registry of their own, with the
@@ -55,12 +57,19 @@ func NewMetrics(pool *pgxpool.Pool) *Metrics {
 			Name: "keygate_upstream_webhook_deliveries_total",
 			Help: "Webhook delivery attempts, by result: delivered, retrying (failed, tried again later) or failed (the last attempt failed).",
 		}, []string{"result"}),
+		exported: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keygate_upstream_usage_export_events_total",
+			Help: "Usage events sent to the usage export's receiver, by result: delivered (a 2xx) or retrying (any other answer, or none; sent again later).",
+		}, []string{"result"}),
 	}
 	for _, r := range []string{webhook.ResultDelivered, webhook.ResultRetrying, webhook.ResultFailed} {
 		m.webhooks.WithLabelValues(r)
 	}
+	for _, r := range []string{usageexport.ResultDelivered, usageexport.ResultRetrying} {
+		m.exported.WithLabelValues(r)
+	}
 	m.registry.MustRegister(
-		m.requests, m.duration, m.gates, m.webhooks, outboxCollector{store.New(pool)},
+		m.requests, m.duration, m.gates, m.webhooks, m.exported, outboxCollector{store.New(pool)},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		poolCollector{pool},
@@ -106,6 +115,46 @@ func (m *Metrics) WebhookAttempt(result string) {
 		return
 	}
 	m.webhooks.WithLabelValues(result).Inc()
+}
+
+// UsageExportEvents counts n events of a usage export attempt by result
+// (usageexport.Observer).
+func (m *Metrics) UsageExportEvents(result string, n int) {
+	if m == nil {
+		return
+	}
+	m.exported.WithLabelValues(result).Add(float64(n))
+}
+
+// WatchUsageExport exports the age lag reports, read at every scrape: the usage
+// export's oldest settled minute not yet taken by its receiver. serve calls it when
+// it exports.
+func (m *Metrics) WatchUsageExport(lag func(context.Context) (time.Duration, error)) {
+	if m == nil {
+		return
+	}
+	m.registry.MustRegister(exportCollector{lag})
+}
+
+// exportCollector exports the usage export's lag, read from the database at every
+// scrape, so every exporting instance reports the one outbox alike.
+type exportCollector struct {
+	lag func(context.Context) (time.Duration, error)
+}
+
+var exportAge = prometheus.NewDesc("keygate_upstream_usage_export_oldest_age_seconds",
+	"Time since the oldest settled minute whose usage the export's receiver has not all taken settled; 0 when there is none.", nil, nil)
+
+func (c exportCollector) Describe(ch chan<- *prometheus.Desc) { ch <- exportAge }
+
+func (c exportCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	age, err := c.lag(ctx)
+	if err != nil {
+		return // absent while the database is, as the webhook outbox's age
+	}
+	ch <- prometheus.MustNewConstMetric(exportAge, prometheus.GaugeValue, age.Seconds())
 }
 
 // outboxCollector exports the age of the oldest webhook delivery not yet made, read

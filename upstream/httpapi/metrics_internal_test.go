@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"strings"
@@ -23,6 +24,8 @@ func TestGrafanaDashboardQueriesOnlyExportedUpstreamSeries(t *testing.T) {
 	m := NewMetrics(pool)
 	m.observe("GET /v1/monitors", http.StatusOK, time.Millisecond) // the vectors' series exist once they have a child
 	m.gateRejected("monitors")
+	// serve watches the usage export's age when it exports.
+	m.WatchUsageExport(func(context.Context) (time.Duration, error) { return 0, nil })
 	families, err := m.registry.Gather()
 	if err != nil {
 		t.Fatal(err)

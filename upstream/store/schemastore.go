@@ -10,7 +10,7 @@ import (
 
 // RequiredSchemaVersion is the newest migration of schema/ this code relies on. serve
 // refuses an older database, rather than fail on its first request.
-const RequiredSchemaVersion = 10
+const RequiredSchemaVersion = 11
 
 // SchemaVersion returns the version tern recorded, or 0 for a database never migrated.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {

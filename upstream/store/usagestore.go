@@ -262,31 +262,38 @@ func (s *Store) rollUpBatch(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
+// exportHeldSQL is true of a minute row the purge keeps for the usage export: not
+// exported in full, of a minute the export owes ($3 is the oldest last run of an
+// export that still counts, now - UsageExportHold).
+const exportHeldSQL = `((count > exported OR extra > extra_exported) AND EXISTS (
+	SELECT FROM usage_export p WHERE p.cut_at >= $3 AND usage_minutes.start >= p.since))`
+
 // PurgeUsage deletes, in batches, the minute rows older than UsageMinutesKept that
 // are rolled up in full, count and extra, and the hour rows older than UsageHoursKept, as of now, and
 // the write ids of the gateways older than a week. It returns how many rows of each it
 // deleted. A minute row a gateway adds to while it is deleted is kept, or written
-// anew afterwards, and rolled up by the next roll-up.
+// anew afterwards, and rolled up by the next roll-up. While the usage export runs, a
+// minute row it has not exported in full is kept too, however old (UsageExportHold).
 func (s *Store) PurgeUsage(ctx context.Context, now time.Time) (minutes, hours, flushes int64, err error) {
 	for _, p := range []struct {
-		sql string
-		arg any
-		n   *int64
+		sql  string
+		args []any
+		n    *int64
 	}{
 		// The outer conditions are checked again on a row a gateway changed meanwhile.
-		{`DELETE FROM usage_minutes WHERE start < $1 AND count = rolled AND extra = extra_rolled
+		{`DELETE FROM usage_minutes WHERE start < $1 AND count = rolled AND extra = extra_rolled AND NOT ` + exportHeldSQL + `
 			AND (org_id, start, key_id, outcome, status) IN (SELECT org_id, start, key_id, outcome, status
-			FROM usage_minutes WHERE start < $1 AND count = rolled AND extra = extra_rolled LIMIT $2)`,
-			now.Add(-UsageMinutesKept), &minutes},
+			FROM usage_minutes WHERE start < $1 AND count = rolled AND extra = extra_rolled AND NOT ` + exportHeldSQL + ` LIMIT $2)`,
+			[]any{now.Add(-UsageMinutesKept), purgeBatch, now.Add(-UsageExportHold)}, &minutes},
 		{`DELETE FROM usage_hours WHERE (org_id, start, key_id, outcome, status) IN
 			(SELECT org_id, start, key_id, outcome, status FROM usage_hours WHERE start < $1 LIMIT $2)`,
-			now.Add(-UsageHoursKept), &hours},
+			[]any{now.Add(-UsageHoursKept), purgeBatch}, &hours},
 		// A write id's time is the database's, and so is its age.
 		{`DELETE FROM usage_flushes WHERE id IN (SELECT id FROM usage_flushes WHERE at < now() - $1::interval LIMIT $2)`,
-			usageFlushesKept, &flushes},
+			[]any{usageFlushesKept, purgeBatch}, &flushes},
 	} {
 		for {
-			tag, err := s.pool.Exec(ctx, p.sql, p.arg, purgeBatch)
+			tag, err := s.pool.Exec(ctx, p.sql, p.args...)
 			if err != nil {
 				return minutes, hours, flushes, fmt.Errorf("purging usage: %w", err)
 			}
