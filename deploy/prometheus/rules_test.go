@@ -40,7 +40,8 @@ func TestSeriesNamesWhatTheRulesRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"keygate_dependency_up", "keygate_key_lookup_duration_seconds_bucket", "keygate_standby_up",
-		"keygate_upstream_webhook_outbox_oldest_age_seconds", "up"} {
+		"keygate_upstream_webhook_outbox_oldest_age_seconds", "keygate_upstream_usage_export_oldest_age_seconds",
+		"keygate_upstream_usage_export_events_total", "up"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("the rules do not read %s; they read %q", want, names)
 		}
