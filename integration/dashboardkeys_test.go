@@ -16,8 +16,9 @@ import (
 // keys of long names, one a word of 100 characters: each with an expiry, a limit of
 // its own, four networks (one a full IPv6 address), every scope, a last use, one of
 // them rolled (which makes a seventh). At 1,280, 1,400 and 1,920 px the page does not
-// scroll sideways, the table fits its container, and every key's Revoke button is
-// whole and inside it.
+// scroll sideways, the table fits its container, every key's Revoke button is whole
+// and inside it, nothing in a cell reaches out of it, and no two actions of a row
+// overlap.
 func TestTheKeysTableFitsWithSixLongKeys(t *testing.T) {
 	s := newStack(t)
 	base := s.URL(0)
@@ -71,8 +72,10 @@ func TestTheKeysTableFitsWithSixLongKeys(t *testing.T) {
 		t.Errorf("the rolled key says %q, want rolled", state)
 	}
 	// fit measures the page at the viewport's width: how far it and the table's
-	// container scroll sideways, and each Revoke button that is cut, clipped or
-	// outside the container.
+	// container scroll sideways; each Revoke button that is cut, clipped or outside
+	// the container; each element shown in a cell whose box reaches out of its cell
+	// (a closed Roll or Settings form is not shown); and each pair of a row's actions
+	// whose boxes overlap.
 	const fit = `(() => {
 		const box = document.querySelector('table.keys').parentElement.getBoundingClientRect();
 		const page = document.documentElement.scrollWidth - window.innerWidth;
@@ -81,11 +84,27 @@ func TestTheKeysTableFitsWithSixLongKeys(t *testing.T) {
 		const bad = buttons.filter(b => { const r = b.getBoundingClientRect();
 			return b.scrollWidth > b.clientWidth || r.left < box.left || r.right > box.right || r.right > window.innerWidth || b.textContent !== 'Revoke'; })
 			.map(b => b.closest('tr').dataset.keyId);
-		return {page, table, buttons: buttons.length, bad};
+		const name = e => (e.closest('tr').dataset.keyId || 'the head') + ' ' + (e.closest('td, th').dataset.label || e.closest('td, th').textContent.trim()) +
+			': ' + e.tagName.toLowerCase() + ' "' + e.textContent.trim().slice(0, 24) + '"';
+		const spill = [];
+		for (const c of document.querySelectorAll('table.keys td, table.keys th')) {
+			const b = c.getBoundingClientRect();
+			const out = [...c.querySelectorAll('*')].filter(e => e.checkVisibility() && e.getBoundingClientRect().width > 0).find(e => { const r = e.getBoundingClientRect();
+				return r.left < b.left - 0.5 || r.right > b.right + 0.5; });
+			if (out) spill.push(name(out));
+		}
+		const overlap = [];
+		for (const row of document.querySelectorAll('[data-testid="key-row"]')) {
+			const acts = [...row.querySelectorAll('summary, button')].filter(e => e.checkVisibility());
+			acts.forEach((a, i) => acts.slice(i + 1).forEach(b => { const p = a.getBoundingClientRect(), q = b.getBoundingClientRect();
+				if (p.left < q.right - 0.5 && q.left < p.right - 0.5 && p.top < q.bottom - 0.5 && q.top < p.bottom - 0.5)
+					overlap.push(name(a) + ' and ' + b.textContent.trim()); }));
+		}
+		return {page, table, buttons: buttons.length, bad, spill, overlap};
 	})()`
 	type measure struct {
 		Page, Table, Buttons int
-		Bad                  []string
+		Bad, Spill, Overlap  []string
 	}
 	for _, width := range []int64{1280, 1400, 1920} {
 		tb.do(fmt.Sprintf("at %d px", width), chromedp.EmulateViewport(width, 900), chromedp.Reload(), chromedp.WaitVisible(tid("key-row")))
@@ -93,6 +112,9 @@ func TestTheKeysTableFitsWithSixLongKeys(t *testing.T) {
 		if m.Page > 0 || m.Table > 0 || m.Buttons != 7 || len(m.Bad) > 0 {
 			t.Errorf("at %d px: the page scrolls %d px sideways, the table %d px; %d Revoke buttons, these cut or outside: %v",
 				width, m.Page, m.Table, m.Buttons, m.Bad)
+		}
+		if len(m.Spill) > 0 || len(m.Overlap) > 0 {
+			t.Errorf("at %d px: these reach out of their cells: %q; these actions overlap: %q", width, m.Spill, m.Overlap)
 		}
 		if width == 1400 {
 			tb.screenshot("keys-many")
