@@ -2,9 +2,11 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -242,6 +244,34 @@ func TestMakeRunShowsThePasswordOnlyToATerminal(t *testing.T) {
 		if err != nil || strings.TrimSpace(string(out)) != tc.want {
 			t.Errorf("DEMO_PASSWORD=%q, terminal %s: %v %q, want %q", tc.demoPassword, tc.terminal, err, out, tc.want)
 		}
+	}
+}
+
+// TestMakeRunRefusesAPortInUseBeforeBuilding: make run checks its ports before the
+// build of minutes, so a port in use fails at once and names the variables that move it.
+func TestMakeRunRefusesAPortInUseBeforeBuilding(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	port := busy.Addr().(*net.TCPAddr).Port
+	// Were the check gone, run.sh would build and start a demo: the deadline ends its
+	// process group, which run.sh stops its demo on.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(root(t), "scripts", "run.sh"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	cmd.Dir = root(t)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("GATEWAY_PORT=%d", freePort(t)), fmt.Sprintf("UPSTREAM_PORT=%d", port),
+		fmt.Sprintf("METRICS_PORT=%d", freePort(t)), fmt.Sprintf("UPSTREAM_ADMIN_PORT=%d", freePort(t)))
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	want := fmt.Sprintf("port %d is in use: set GATEWAY_PORT / UPSTREAM_PORT / METRICS_PORT / UPSTREAM_ADMIN_PORT to free ones\n", port)
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || string(out) != want {
+		t.Errorf("make run with UPSTREAM_PORT in use: %v, output %q, want exit 1 and %q alone", err, out, want)
 	}
 }
 
