@@ -1,5 +1,5 @@
 # keygate: the two commands are `make run` and `make test`.
-.PHONY: all build test run reload bench bench-capacity clean FORCE
+.PHONY: all build test run reload screenshots bench bench-capacity clean FORCE
 
 GO ?= go
 
@@ -47,6 +47,10 @@ run:
 ## another), without a restart and without losing the demo's data.
 reload:
 	scripts/run.sh reload
+
+## screenshots: docs/dashboard/*.png again, from the browser tests that take them.
+screenshots:
+	scripts/screenshots.sh
 
 ## bench: throughput and latency of the gateway against a plain reverse proxy.
 bench: build
