@@ -1,5 +1,5 @@
 # keygate: the two commands are `make run` and `make test`.
-.PHONY: all build test run bench bench-capacity clean FORCE
+.PHONY: all build test run reload screenshots bench bench-capacity clean FORCE
 
 GO ?= go
 
@@ -39,8 +39,18 @@ test: build
 	scripts/test.sh
 
 ## run: the whole stack with a demo org, user and key; prints curl commands to try.
-run: build
+## run.sh checks its ports first, then builds: a port in use fails at once.
+run:
 	scripts/run.sh
+
+## reload: the running demo's gateway loads its Caddyfile again (GATEWAY_CONFIG=FILE:
+## another), without a restart and without losing the demo's data.
+reload:
+	scripts/run.sh reload
+
+## screenshots: docs/dashboard/*.png again, from the browser tests that take them.
+screenshots:
+	scripts/screenshots.sh
 
 ## bench: throughput and latency of the gateway against a plain reverse proxy.
 bench: build

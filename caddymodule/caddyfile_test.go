@@ -303,6 +303,49 @@ func TestExampleCaddyfileTracing(t *testing.T) {
 	}
 }
 
+// TestExampleCaddyfileTLS adapts Caddyfile.example as docs/operations.md's TLS says:
+// a public name is Caddy's automatic HTTPS on :443; a test name with the commented
+// `tls internal` is the local CA's certificate on its own port. Both keep the admin
+// API on its unix socket.
+func TestExampleCaddyfileTLS(t *testing.T) {
+	input, err := os.ReadFile("../Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CADDY_ADMIN_SOCKET", "/run/keygate/caddy-admin.sock") // the default, whatever this shell has
+	internal := strings.Replace(string(input), "\t# tls internal\n", "\ttls internal\n", 1)
+	if internal == string(input) {
+		t.Fatal("Caddyfile.example no longer shows the commented `tls internal`")
+	}
+	for _, tc := range []struct {
+		addr, input string
+		want, not   []string
+	}{
+		{"api.example.com", string(input), []string{`"listen":[":443"]`, `"host":["api.example.com"]`}, []string{`"module":"internal"`}},
+		{"gateway.test:8443", internal, []string{`"listen":[":8443"]`, `"host":["gateway.test"]`,
+			`"policies":[{"subjects":["gateway.test"],"issuers":[{"module":"internal"}]}]`}, nil},
+	} {
+		t.Setenv("GATEWAY_ADDR", tc.addr)
+		out, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(tc.input), nil)
+		if err != nil {
+			t.Fatalf("adapting Caddyfile.example at %s: %v", tc.addr, err)
+		}
+		for _, w := range warnings {
+			t.Errorf("%s: warning: line %d: %s: %s", tc.addr, w.Line, w.Directive, w.Message)
+		}
+		for _, want := range append(tc.want, `"admin":{"listen":"unix//run/keygate/caddy-admin.sock"`) {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("%s: the JSON lacks %s:\n%s", tc.addr, want, out)
+			}
+		}
+		for _, not := range tc.not {
+			if strings.Contains(string(out), not) {
+				t.Errorf("%s: the JSON has %s", tc.addr, not)
+			}
+		}
+	}
+}
+
 // TestExampleCaddyfile checks that Caddyfile.example adapts, and that its JSON holds
 // the gateway as docs/configuration.md shows it. It checks that the JSON loads back
 // into a Handler equal to the one the Caddyfile describes: the two syntaxes say the
@@ -487,6 +530,14 @@ func TestExampleCaddyfileServes(t *testing.T) {
 	}
 	res, body = gw.do(t, "GET", "/v1/me", "", nil, "")
 	wantJSONError(t, res, body, http.StatusUnauthorized, wantUnauthenticated)
+	// The load balancer's health check needs no key.
+	testenv.Eventually(t, 10*time.Second, "GET /healthz answering 200", func() bool {
+		res, body = gw.do(t, "GET", "/healthz", "", nil, "")
+		return res.StatusCode == http.StatusOK
+	})
+	if string(body) != `{"status":"ok"}` || up.requests() != 1 { // /v1/monitors
+		t.Errorf("GET /healthz = %d %s; upstream saw %d requests", res.StatusCode, body, up.requests())
+	}
 	// A key in the query string does not authenticate, and is not logged.
 	res, body = gw.do(t, "GET", "/v1/me?api_key="+key+"&access_token="+key+"&token="+key, "", http.Header{"X-Api-Key": {key}}, "")
 	wantJSONError(t, res, body, http.StatusUnauthorized, wantUnauthenticated)

@@ -3,10 +3,12 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -20,15 +22,14 @@ import (
 
 // This file holds the request path's two dependencies, behind one wrapper:
 // PostgreSQL's key lookups (lookups, step 2) and Redis's counts (counts, step 4).
-// The wrapper, dependency, puts every call behind the dependency's circuit breaker,
-// keeps its keygate_dependency_up gauge, and times the request's wait. Provision
-// builds both here.
+// The wrapper, dependency, puts every call behind the dependency's circuit breaker
+// and times the request's wait. The breaker keeps keygate_dependency_up and answers
+// keygate_health (watch). Provision builds both here.
 
 // dependency is what the request path puts around every call to a dependency. Its
 // methods are called in this order: start, allow, done (if allowed), observe.
 type dependency struct {
 	breaker  *conns.Breaker       // nil: calls always go through (the in-process limiter)
-	up       *depGauge            // keygate_dependency_up; nil without metrics or without Redis
 	waited   prometheus.Histogram // the request's wait; nil without metrics
 	failures prometheus.Counter   // calls that failed; nil where they are not counted
 }
@@ -55,18 +56,15 @@ func (d *dependency) done(ctx context.Context, err error) {
 	}
 }
 
-// observe records a call begun at start that ended in err: the wait, the failure,
-// and the gauge. It does nothing without metrics.
-func (d *dependency) observe(ctx context.Context, start time.Time, err error) {
+// observe records a call begun at start that ended in err: the wait and the
+// failure. It does nothing without metrics.
+func (d *dependency) observe(start time.Time, err error) {
 	if d.waited == nil {
 		return
 	}
 	d.waited.Observe(time.Since(start).Seconds())
 	if err != nil && d.failures != nil {
 		d.failures.Inc()
-	}
-	if d.up != nil {
-		d.up.attempted(ctx, err)
 	}
 }
 
@@ -102,7 +100,7 @@ type Denier interface {
 func newLookups(v Verifier, b *conns.Breaker, m *metrics) lookups {
 	l := lookups{dep: dependency{breaker: b}, verifier: v}
 	if m != nil {
-		l.dep.up, l.dep.waited = &m.postgres, m.lookupDuration
+		l.dep.waited = m.lookupDuration
 	}
 	return l
 }
@@ -121,7 +119,7 @@ func (l *lookups) verify(ctx context.Context, keyID, secret string, from netip.A
 		wait.Served(false)
 	}
 	wait.End(err)
-	l.dep.observe(ctx, start, err)
+	l.dep.observe(start, err)
 	return key, ok, err
 }
 
@@ -152,7 +150,7 @@ type counts struct {
 func redisCounts(lim limiter.Limiter, b *conns.Breaker, w *conns.RedisWarmer, m *metrics) counts {
 	c := counts{dep: dependency{breaker: b}, lim: lim, warmer: w}
 	if m != nil {
-		c.dep.up, c.dep.waited, c.dep.failures = &m.redis, m.limiterDuration, m.limiterErrors
+		c.dep.waited, c.dep.failures = m.limiterDuration, m.limiterErrors
 	}
 	return c
 }
@@ -186,7 +184,7 @@ func (c *counts) allow(ctx context.Context, b limiter.Budgets) (res limiter.Resu
 		err = conns.ErrBreakerOpen
 	}
 	wait.End(err)
-	c.dep.observe(ctx, start, redisErr)
+	c.dep.observe(start, redisErr)
 	return res, err
 }
 
@@ -226,6 +224,7 @@ func (h *Handler) provisionLookups() (*pgxpool.Pool, string, error) {
 	probe := conns.PostgresProbe(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout))
 	pb := conns.NewBreaker(probe, h.breakerChanged("postgres"))
 	pb.Spacing = conns.BreakerSpacing(time.Duration(h.DatabaseTimeout))
+	h.watch("postgres", key, pb, conns.PostgresPing(pool, time.Duration(h.DatabaseDialTimeout+h.DatabaseTimeout)))
 	h.lookups = newLookups(v, pb, h.metrics)
 	h.lookups.standbys = len(h.readURLs) > 0
 	h.lookups.denials = keystore.NewDenials(store, time.Duration(h.DatabaseTimeout))
@@ -257,6 +256,7 @@ func (h *Handler) provisionCounts(seed limiter.MonthSeed) error {
 	budget := time.Duration(h.RedisDialTimeout + h.RedisTimeout)
 	b := conns.NewBreaker(conns.RedisProbe(rd.warmer, lim, budget), h.breakerChanged("redis"))
 	b.Spacing = conns.BreakerSpacing(time.Duration(h.RedisTimeout))
+	h.watch("redis", key, b, conns.RedisPing(rd.warmer, budget))
 	h.counts = redisCounts(lim, b, rd.warmer, h.metrics)
 	if h.failMode == failLocal {
 		h.fallback = limiter.NewLocal(limiter.WithMonthSeed(seed), limiter.WithClock(clock))
@@ -295,9 +295,21 @@ func (s storeWithin) VerifyParsed(ctx context.Context, keyID, secret string, fro
 	return s.store.VerifyParsed(ctx, keyID, secret, from)
 }
 
-// breakerChanged returns the hook of a dependency's breaker. It logs the breaker
-// opening and closing. It sets the dependency's keygate_dependency_up: 0 when the
-// breaker opens, 1 when its probe closes it.
+// watch has b, the breaker of dependency, keep its keygate_dependency_up and answer
+// keygate_health for this process (conns.Watch) until h is cleaned up. poolKey is
+// the key of its connections in pools; ping is b's Ping.
+func (h *Handler) watch(dependency, poolKey string, b *conns.Breaker, ping func() bool) {
+	b.Ping = ping
+	if h.metrics != nil {
+		b.OnUp = h.metrics.dependency(dependency).setUp
+	}
+	key := fmt.Sprintf("watch\x00%p", b)
+	_, _, _ = pools.LoadOrNew(key, func() (caddy.Destructor, error) { return conns.Watch(dependency, poolKey, b), nil })
+	h.poolKeys = append(h.poolKeys, key)
+}
+
+// breakerChanged returns the hook of a dependency's breaker, which logs the breaker
+// opening and closing.
 func (h *Handler) breakerChanged(dependency string) func(from, to conns.BreakerState) {
 	return func(from, to conns.BreakerState) {
 		switch {
@@ -307,15 +319,6 @@ func (h *Handler) breakerChanged(dependency string) func(from, to conns.BreakerS
 		case to == conns.BreakerClosed:
 			h.logger.Info("circuit breaker closed: the dependency answers again",
 				zap.String("dependency", dependency))
-		}
-		if h.metrics == nil {
-			return
-		}
-		switch to {
-		case conns.BreakerOpen:
-			h.metrics.dependency(dependency).Set(0)
-		case conns.BreakerClosed:
-			h.metrics.dependency(dependency).Set(1)
 		}
 	}
 }

@@ -21,8 +21,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/keygate/keygate/caddymodule/conns"
-	// v1_gateway_jwks and keygate_redact come with v1_gateway: a Caddy built with
-	// this package has them.
+	// v1_gateway_jwks, keygate_health and keygate_redact come with v1_gateway: a
+	// Caddy built with this package has them.
+	_ "github.com/keygate/keygate/caddymodule/health"
 	_ "github.com/keygate/keygate/caddymodule/jwks"
 	"github.com/keygate/keygate/caddymodule/placement"
 	_ "github.com/keygate/keygate/caddymodule/redact"

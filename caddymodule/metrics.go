@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,7 +13,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/caddymodule/spans"
 	"github.com/keygate/keygate/keystore"
 )
@@ -31,6 +29,7 @@ const (
 	metricLimiterDuration = "keygate_limiter_duration_seconds"
 	metricLimiterErrors   = "keygate_limiter_errors_total"
 	metricDependencyUp    = "keygate_dependency_up"
+	metricStandbyUp       = "keygate_standby_up"
 	metricLastUsedDropped = "keygate_last_used_dropped_total"
 	metricLastUsedErrors  = "keygate_last_used_flush_errors_total"
 	metricUsageDropped    = "keygate_usage_dropped_total"
@@ -57,6 +56,7 @@ type metrics struct {
 	limiterDuration prometheus.Histogram
 	limiterErrors   prometheus.Counter
 	dependencyUp    *prometheus.GaugeVec
+	standbyUp       *prometheus.GaugeVec // with database_read_urls
 
 	lastUsedDropped     prometheus.Counter
 	lastUsedFlushErrors prometheus.Counter
@@ -85,19 +85,14 @@ func (d *depGauge) Set(v float64) {
 	d.g.Set(v)
 }
 
-// attempted sets the gauge from a request's call, made under ctx, that ended in err.
-// Two calls say nothing of the dependency and leave it alone. One is a call
-// abandoned because the client went away. The other is a call the breaker refused:
-// the failures that opened it set 0, and its probe sets 1 when it closes (see
-// breakerChanged).
-func (d *depGauge) attempted(ctx context.Context, err error) {
-	switch {
-	case err == nil:
-		d.Set(1)
-	case errors.Is(err, conns.ErrBreakerOpen) || ctx.Err() != nil:
-	default:
-		d.Set(0)
+// setUp is the OnUp of the dependency's breaker (conns.Breaker.Up): 1 while the
+// dependency answers, 0 once it failed.
+func (d *depGauge) setUp(up bool) {
+	v := 0.0
+	if up {
+		v = 1
 	}
+	d.Set(v)
 }
 
 // dependency returns the gauge of the dependency named name ("postgres" or "redis").
@@ -128,6 +123,8 @@ func newMetrics() *metrics {
 			"Rate-limit counts that could not be made (Redis unreachable or slower than redis_timeout)."),
 		dependencyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricDependencyUp,
 			Help: "1 while the last attempt to use the dependency succeeded (a request's, or the probe that closed its circuit breaker), else 0."}, []string{"dependency"}),
+		standbyUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: metricStandbyUp,
+			Help: "With database_read_urls: 1 while the standby takes key lookups, 0 while it is left out."}, []string{"standby"}),
 		lastUsedDropped: newCounter(metricLastUsedDropped,
 			"Uses of keys not noted for last_used_at because last_used_interval's cap of noted keys was reached."),
 		lastUsedFlushErrors: newCounter(metricLastUsedErrors,
@@ -159,7 +156,7 @@ func newHistogram(name, help string, buckets []float64) prometheus.Histogram {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.lookups, m.fenceWait, m.replayWait, m.limiterDuration, m.limiterErrors, m.dependencyUp,
+	return []prometheus.Collector{m.requests, m.lookupDuration, m.batchSize, m.lookups, m.fenceWait, m.replayWait, m.limiterDuration, m.limiterErrors, m.dependencyUp, m.standbyUp,
 		m.lastUsedDropped, m.lastUsedFlushErrors, m.usageDropped, m.usageFlushErrors}
 }
 
@@ -313,6 +310,14 @@ func (m *metrics) observeLookupServer(standby bool) {
 		m.byServer[1].Inc()
 	} else {
 		m.byServer[0].Inc()
+	}
+}
+
+// standbyIn sets keygate_standby_up of the standby at host: 1 in, 0 out. It does
+// nothing with m nil (disable_metrics).
+func (m *metrics) standbyIn(host string, in bool) {
+	if m != nil {
+		m.standbyUp.WithLabelValues(host).Set(map[bool]float64{true: 1}[in])
 	}
 }
 

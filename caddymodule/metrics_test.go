@@ -17,6 +17,7 @@ import (
 
 	"github.com/keygate/keygate/caddymodule/conns"
 	"github.com/keygate/keygate/deploy/grafana"
+	alertrules "github.com/keygate/keygate/deploy/prometheus"
 	"github.com/keygate/keygate/internal/testkit/latencyproxy"
 	"github.com/keygate/keygate/internal/testkit/promtest"
 	"github.com/keygate/keygate/internal/testkit/testenv"
@@ -177,8 +178,12 @@ func TestMetricsCountEveryOutcome(t *testing.T) {
 			t.Errorf("outcome %s before any request: %v (present: %v), want 0", name, v, ok)
 		}
 	}
-	if _, ok := before[`keygate_dependency_up{dependency="postgres"}`]; ok {
-		t.Errorf("dependency_up of postgres before any lookup; want no series until one is tried")
+	// Before any request, each dependency is pinged once (conns.Watch): the gauge is
+	// absent until the answer, never a false 0.
+	for _, dep := range []string{"postgres", "redis"} {
+		if v, ok := before[`keygate_dependency_up{dependency="`+dep+`"}`]; ok && v != 1 {
+			t.Errorf("dependency_up of %s before any request: %v, want 1 or no series", dep, v)
+		}
 	}
 
 	o.run(t)
@@ -457,6 +462,37 @@ func TestGrafanaDashboardQueriesOnlyExportedGatewaySeries(t *testing.T) {
 	}
 }
 
+// TestAlertRulesReadOnlyExportedGatewaySeries: every keygate_ series of the gateway
+// that deploy/prometheus/keygate.rules.yml reads is one this package exports. (The
+// upstream's are checked in upstream.)
+func TestAlertRulesReadOnlyExportedGatewaySeries(t *testing.T) {
+	m := newMetrics()
+	m.postgres.Set(1) // the vectors' series exist once they have a child
+	m.standbyIn("standby", true)
+	reg := prometheus.NewPedanticRegistry()
+	if err := m.register(reg); err != nil {
+		t.Fatal(err)
+	}
+	exported := exportedSeries(t, reg)
+	read, err := alertrules.Series()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateway := 0
+	for _, name := range read {
+		if !strings.HasPrefix(name, "keygate_") || strings.HasPrefix(name, "keygate_upstream_") {
+			continue
+		}
+		gateway++
+		if !exported[name] {
+			t.Errorf("the alert rules read %s, which the gateway does not export", name)
+		}
+	}
+	if gateway == 0 {
+		t.Errorf("the alert rules read no series of the gateway: %q", read)
+	}
+}
+
 // BenchmarkMetricsBookkeeping is what metrics add to one proxied request: the lookup
 // and count timings, their histograms, the gauges and the outcome counter. Compare
 // with the CPU time of a request through the gateway (make bench, (m)).
@@ -470,13 +506,12 @@ func BenchmarkMetricsBookkeeping(b *testing.B) {
 			lookups := newLookups(nil, nil, h.metrics)
 			counts := redisCounts(nil, nil, nil, h.metrics)
 			r := httptest.NewRequest(http.MethodGet, "/v1/monitors", nil)
-			ctx := r.Context()
 			key := keystore.Key{ID: "AAAAAAAAAAAAAAAAAAAAAA", OrgID: "o"}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					lookups.dep.observe(ctx, lookups.dep.start(), nil)
-					counts.dep.observe(ctx, counts.dep.start(), nil)
+					lookups.dep.observe(lookups.dep.start(), nil)
+					counts.dep.observe(counts.dep.start(), nil)
 					h.record(r, keystore.OutcomeProxied, &key)
 				}
 			})

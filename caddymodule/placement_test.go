@@ -41,32 +41,40 @@ func validateLog(t *testing.T, caddyfile string) string {
 	return string(logged)
 }
 
-func TestProvisionWarnsOfAJWKSUnderNoPathMatcher(t *testing.T) {
+// TestProvisionWarnsOfAHandlerUnderNoPathMatcher: v1_gateway_jwks and keygate_health
+// answer every request that reaches them, so each warns where no path matcher is
+// above it.
+func TestProvisionWarnsOfAHandlerUnderNoPathMatcher(t *testing.T) {
 	_, keyFile := gatewayauthtest.NewKey(t)
-	const warning = "v1_gateway_jwks is under no path matcher"
-	for _, tc := range []struct {
-		name string
-		site string // the site block's body
-		warn bool
-	}{
-		{"at the site's top level", "v1_gateway_jwks KEY\nrespond 404", true},
-		{"in a route without a matcher", "route {\n\tv1_gateway_jwks KEY\n}", true},
-		{"in a handle without a matcher", "handle {\n\tv1_gateway_jwks KEY\n}", true},
-		{"under a method matcher", "@get method GET\nhandle @get {\n\tv1_gateway_jwks KEY\n}", true},
-		{"in handle /.well-known/jwks.json", "handle /.well-known/jwks.json {\n\tv1_gateway_jwks KEY\n}", false},
-		{"under a named path matcher", "@jwks path /.well-known/jwks.json\nhandle @jwks {\n\tv1_gateway_jwks KEY\n}", false},
-		{"in a route nested in a handle with a path", "handle /.well-known/* {\n\troute {\n\t\tv1_gateway_jwks KEY\n\t}\n}", false},
-		{"in a route with a path", "route /jwks {\n\tv1_gateway_jwks KEY\n}", false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for _, site := range []string{"http://:" + freePortString(t), "http://localhost:" + freePortString(t)} {
-				caddyfile := "{\n\tadmin off\n}\n\n" + site + " {\n" + strings.ReplaceAll(tc.site, "KEY", keyFile) + "\n}\n"
-				logged := validateLog(t, caddyfile)
-				if got := strings.Contains(logged, warning); got != tc.warn {
-					t.Errorf("site %s: warned %v, want %v; log:\n%s", site, got, tc.warn, logged)
+	for _, handler := range []string{"v1_gateway_jwks " + keyFile, "keygate_health"} {
+		name, _, _ := strings.Cut(handler, " ")
+		warning := name + " is under no path matcher"
+		for _, tc := range []struct {
+			name string
+			site string // the site block's body
+			warn bool
+		}{
+			{"at the site's top level", "HANDLER\nrespond 404", true},
+			{"in a route without a matcher", "route {\n\tHANDLER\n}", true},
+			{"in a handle without a matcher", "handle {\n\tHANDLER\n}", true},
+			{"under a method matcher", "@get method GET\nhandle @get {\n\tHANDLER\n}", true},
+			{"in handle /PATH", "handle /PATH {\n\tHANDLER\n}", false},
+			{"under a named path matcher", "@it path /PATH\nhandle @it {\n\tHANDLER\n}", false},
+			{"in a route nested in a handle with a path", "handle /PATH* {\n\troute {\n\t\tHANDLER\n\t}\n}", false},
+			{"in a route with a path", "route /PATH {\n\tHANDLER\n}", false},
+		} {
+			t.Run(name+" "+tc.name, func(t *testing.T) {
+				body := strings.NewReplacer("HANDLER", handler, "PATH", map[string]string{
+					"v1_gateway_jwks": ".well-known/jwks.json", "keygate_health": "healthz"}[name]).Replace(tc.site)
+				for _, site := range []string{"http://:" + freePortString(t), "http://localhost:" + freePortString(t)} {
+					caddyfile := "{\n\tadmin off\n}\n\n" + site + " {\n" + body + "\n}\n"
+					logged := validateLog(t, caddyfile)
+					if got := strings.Contains(logged, warning); got != tc.warn {
+						t.Errorf("site %s: warned %v, want %v; log:\n%s", site, got, tc.warn, logged)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

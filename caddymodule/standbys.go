@@ -43,11 +43,20 @@ func (h *Handler) validateReads() error {
 
 // readerEntry is a shared keystore.Reader in pools. Its standbys' health carries
 // across config reloads, so a reload does not send every lookup to the primary
-// until the probes have run.
-type readerEntry struct{ r *keystore.Reader }
+// until the probes have run. Its standbys' keygate_standby_up go with it.
+type readerEntry struct {
+	r     *keystore.Reader
+	hosts []string
+	m     *metrics
+}
 
 func (e readerEntry) Destruct() error {
 	e.r.Close()
+	for _, host := range e.hosts {
+		if e.m != nil {
+			e.m.standbyUp.DeleteLabelValues(host)
+		}
+	}
 	return nil
 }
 
@@ -86,9 +95,11 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 	}
 	readerKey := strings.Join(key, "\x01")
 	logger := h.logger
+	hosts := make([]string, len(h.readURLs))
 	logs := make([]*flaplog.Log, len(h.readURLs))
 	for i, u := range h.readURLs {
-		logs[i] = standbyLog(logger, standbyHost(u))
+		hosts[i] = standbyHost(u)
+		logs[i] = standbyLog(logger, hosts[i])
 	}
 	m := h.metrics
 	v, _, err := pools.LoadOrNew(readerKey, func() (caddy.Destructor, error) {
@@ -96,7 +107,10 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 			Batcher:      opts,
 			MaxLag:       time.Duration(h.DatabaseReadMaxLag),
 			ProbeTimeout: time.Duration(h.DatabaseDialTimeout + h.DatabaseTimeout),
-			OnStandby:    func(i int, in bool) { logs[i].Change(in) },
+			OnStandby: func(i int, in bool) {
+				m.standbyIn(hosts[i], in)
+				logs[i].Change(in)
+			},
 		}
 		ro.OnLookup = spans.LookupServer
 		if m != nil {
@@ -107,7 +121,10 @@ func (h *Handler) provisionReads(primary *keystore.Batcher, primaryPool *pgxpool
 			ro.OnFenceWait = m.observeFenceWait
 			ro.OnReplayWait = m.observeReplayWait
 		}
-		return readerEntry{keystore.NewReader(primary, primaryPool, standbys, ro)}, nil
+		for _, host := range hosts {
+			m.standbyIn(host, false) // out until its first probe
+		}
+		return readerEntry{keystore.NewReader(primary, primaryPool, standbys, ro), hosts, m}, nil
 	})
 	if err != nil {
 		return nil, err

@@ -159,3 +159,49 @@ func TestStandbyLogTellsAFlappingStandbyOnceAMinute(t *testing.T) {
 			e.Level, e.Message, e.ContextMap())
 	}
 }
+
+// TestStandbyUpFollowsTheStandby: keygate_standby_up is 1 while the standby takes
+// lookups, 0 once it hangs and is left out, 1 again once it answers, and gone with
+// the config that named it.
+func TestStandbyUpFollowsTheStandby(t *testing.T) {
+	d, key, _ := newDBWithKey(t)
+	standby, err := url.Parse(testenv.GetenvOrSkip(t, "DATABASE_STANDBY_FAST_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary, _ := url.Parse(d.url)
+	standby.Path = primary.Path
+	standby.RawQuery = "application_name=" + randomName(t)
+	proxy := newLatencyProxy(t, standby.Host)
+	t.Cleanup(proxy.Resume)
+	standby.Host = proxy.Addr()
+	up := newUpstream(t)
+	dbURL := d.ownURL(t)
+	reads := gatewayConfig{metrics: true, upstream: up.addr(), handler: gatewayOptions(dbURL, map[string]any{
+		"database_read_urls": []string{standby.String()}, "database_timeout": "500ms", "database_dial_timeout": "500ms"})}
+	gw := startGateway(t, reads)
+	series := `keygate_standby_up{standby="` + proxy.Addr() + `"}`
+	wantUp := func(what string, want float64) {
+		t.Helper()
+		var got map[string]float64
+		testenv.Eventually(t, 20*time.Second, series+" "+what, func() bool {
+			got = gw.scrape(t)
+			v, ok := got[series]
+			return ok && v == want
+		})
+	}
+	wantUp("once its probe found it caught up", 1)
+	proxy.Hang()
+	wantUp("while it hangs", 0)
+	if res, body := gw.get(t, "/v1/me", key); res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/me with the standby left out: %d %s", res.StatusCode, body)
+	}
+	proxy.Resume()
+	wantUp("once it answers again", 1)
+
+	listen := strings.TrimPrefix(gw.base, "http://")
+	gw.reload(t, caddyConfig(listen, gw.logPath, gatewayConfig{metrics: true, handler: gatewayOptions(dbURL, nil), upstream: up.addr()}))
+	if v, ok := gw.scrape(t)[series]; ok {
+		t.Errorf("%s = %v after a reload without database_read_urls, want no series", series, v)
+	}
+}

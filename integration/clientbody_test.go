@@ -25,7 +25,7 @@ func (s *Stack) startExample() (addr string, p *proc) {
 	env := append(os.Environ(), "DATABASE_URL="+s.dbURL, "REDIS_URL="+s.redisURL,
 		"GATEWAY_SECRET="+gatewaySecret, "IDENTITY_KEY="+identityKey,
 		"GATEWAY_ADDR=http://"+addr, "UPSTREAM_ADDR="+s.upAddr,
-		fmt.Sprintf("METRICS_PORT=%d", freePort(s.t)),
+		fmt.Sprintf("METRICS_PORT=%d", freePort(s.t)), "CADDY_ADMIN_SOCKET="+filepath.Join(dir, "admin.sock"),
 		"HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
 	p = s.start("Caddyfile.example", env, filepath.Join(s.bin, "caddy"), "run",
 		"--config", filepath.Join(root(s.t), "Caddyfile.example"), "--adapter", "caddyfile")

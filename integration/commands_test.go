@@ -2,14 +2,19 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -160,16 +165,28 @@ func TestTheOpenAPICheckPrintsNoNodeNotice(t *testing.T) {
 	}
 }
 
-// TestMakeRunPrintsWorkingCurl runs scripts/run.sh (what `make run` runs after building)
-// in its checking mode: it must bring the stack up from Caddyfile.example, create the
-// demo org and key, and the curl commands it prints must work.
+// TestMakeRunPrintsWorkingCurl runs scripts/run.sh (what `make run` runs) in its
+// checking mode: it must bring the stack up from Caddyfile.example, create the demo
+// org and key, and the curl commands it prints must work; `make reload` must keep the
+// demo's data and counters. With UPSTREAM_FLAGS allowing http and loopback, the
+// upstream takes a webhook endpoint on loopback, and delivers its test event there.
 func TestMakeRunPrintsWorkingCurl(t *testing.T) {
 	binaries(t)
 	top := root(t)
+	var hooks atomic.Int64
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("webhook-id") != "" && r.Header.Get("webhook-signature") != "" {
+			hooks.Add(1)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer receiver.Close()
 	cmd := exec.Command(filepath.Join(top, "scripts", "run.sh"))
 	cmd.Dir = top
 	cmd.Env = append(os.Environ(),
 		"RUN_CHECK=1",
+		"UPSTREAM_FLAGS=--webhook-allow-http --webhook-allow-private",
+		"RUN_CHECK_WEBHOOK_URL="+receiver.URL+"/hook",
 		"DATABASE_URL="+schematest.NewDatabase(t),
 		fmt.Sprintf("GATEWAY_PORT=%d", freePort(t)),
 		fmt.Sprintf("UPSTREAM_PORT=%d", freePort(t)),
@@ -192,7 +209,8 @@ func TestMakeRunPrintsWorkingCurl(t *testing.T) {
 	}
 	for _, want := range []string{"export KEY='mon_live_", "curl -s http://127.0.0.1:", "/v1/me", "Ctrl-C", "run check passed",
 		"source " + filepath.Join(top, ".stack", "run", "env") + "\n", "bin/upstream plan list\n", "make run: built in ",
-		"<the password: printed only to a terminal; set DEMO_PASSWORD to choose it>"} {
+		"<the password: printed only to a terminal; set DEMO_PASSWORD to choose it>", "GATEWAY_CONFIG=my.Caddyfile make reload",
+		"(serve --webhook-allow-http --webhook-allow-private)", "make reload: the gateway runs " + filepath.Join(top, "Caddyfile.example")} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("run.sh output lacks %q:\n%s", want, out)
 		}
@@ -201,6 +219,59 @@ func TestMakeRunPrintsWorkingCurl(t *testing.T) {
 	// no file it wrote has it, and that it listens on loopback only).
 	if bytes.Contains(out, []byte("demo-password-")) {
 		t.Errorf("run.sh printed the demo password into output that is no terminal:\n%s", out)
+	}
+	if hooks.Load() == 0 {
+		t.Errorf("the receiver on loopback got no signed webhook delivery")
+	}
+}
+
+// TestMakeRunShowsThePasswordOnlyToATerminal holds lib.sh's shown_password, which
+// make run prints the demo owner's password through: the password on a terminal;
+// elsewhere the DEMO_PASSWORD that was set, or how to set one, never the password.
+func TestMakeRunShowsThePasswordOnlyToATerminal(t *testing.T) {
+	for _, tc := range []struct {
+		demoPassword, terminal, want string
+	}{
+		{"", "1", "a-password-of-14"},
+		{"a-password-of-14", "1", "a-password-of-14"},
+		{"", "0", "<the password: printed only to a terminal; set DEMO_PASSWORD to choose it>"},
+		{"a-password-of-14", "0", "<the DEMO_PASSWORD you set>"},
+	} {
+		cmd := exec.Command("bash", "-c", `set -euo pipefail; source scripts/lib.sh; shown_password a-password-of-14 "$1"`, "bash", tc.terminal)
+		cmd.Dir = root(t)
+		cmd.Env = append(os.Environ(), "DEMO_PASSWORD="+tc.demoPassword)
+		out, err := cmd.Output()
+		if err != nil || strings.TrimSpace(string(out)) != tc.want {
+			t.Errorf("DEMO_PASSWORD=%q, terminal %s: %v %q, want %q", tc.demoPassword, tc.terminal, err, out, tc.want)
+		}
+	}
+}
+
+// TestMakeRunRefusesAPortInUseBeforeBuilding: make run checks its ports before the
+// build of minutes, so a port in use fails at once and names the variables that move it.
+func TestMakeRunRefusesAPortInUseBeforeBuilding(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	port := busy.Addr().(*net.TCPAddr).Port
+	// Were the check gone, run.sh would build and start a demo: the deadline ends its
+	// process group, which run.sh stops its demo on.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(root(t), "scripts", "run.sh"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	cmd.Dir = root(t)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("GATEWAY_PORT=%d", freePort(t)), fmt.Sprintf("UPSTREAM_PORT=%d", port),
+		fmt.Sprintf("METRICS_PORT=%d", freePort(t)), fmt.Sprintf("UPSTREAM_ADMIN_PORT=%d", freePort(t)))
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	want := fmt.Sprintf("port %d is in use: set GATEWAY_PORT / UPSTREAM_PORT / METRICS_PORT / UPSTREAM_ADMIN_PORT to free ones\n", port)
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || string(out) != want {
+		t.Errorf("make run with UPSTREAM_PORT in use: %v, output %q, want exit 1 and %q alone", err, out, want)
 	}
 }
 

@@ -50,7 +50,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 800),
+		chromedp.WindowSize(1400, 900), // the docs' screenshots are 1,400 px wide
 	)
 	ctx, cancel := chromedp.NewContext(alloc)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
@@ -315,6 +315,12 @@ func TestDashboardInABrowser(t *testing.T) {
 	rolledRow := chromedp.CSS(`tr[data-key-id="` + strings.TrimPrefix(strings.SplitN(rolled, ".", 2)[0], "mon_live_") + `"] `)
 	s.wantSettings(owner, rolledRow, "40", "3 a second", "127.0.0.1/32 ::1/128")
 	owner.screenshot("rolled")
+	if state := get(owner, "the old key's state", chromedp.Text(row+tid("key-state"))); state != "rolled" {
+		t.Errorf("the rolled key's row says %q, want rolled", state)
+	}
+	if ends := strings.Join(strings.Fields(get(owner, "the old key's end", chromedp.Text(row+tid("key-ends")))), " "); !regexp.MustCompile(`^rolled expires \d{4}-\d\d-\d\d \d\d:\d\d$`).MatchString(ends) {
+		t.Errorf("the rolled key's row ends %q, want rolled expires <day> <minute>", ends)
+	}
 	if rolled == key || bearer(t, base, "/v1/me", rolled) != 200 || bearer(t, base, "/v1/me", key) != 200 {
 		t.Fatalf("after the roll with grace: new %d, old %d", bearer(t, base, "/v1/me", rolled), bearer(t, base, "/v1/me", key))
 	}
@@ -366,6 +372,17 @@ func TestDashboardInABrowser(t *testing.T) {
 		}
 	}
 	owner.screenshot("audit")
+	// Its filter: only the revocation.
+	owner.do("filter the audit trail", chromedp.SetValue(tid("audit-filter-action"), "key.revoked"),
+		clickThrough(tid("audit-filter-submit"), tid("audit-row")))
+	if n := len(get(owner, "audit rows", chromedp.Nodes(all(tid("audit-row"))))); n != 1 {
+		t.Errorf("the audit trail of key.revoked: %d events, want 1", n)
+	}
+	if href := get(owner, "the export", chromedp.Evaluate[string](`document.querySelector('[data-testid="audit-export-json"]').getAttribute('href')`)); href != "/dashboard/orgs/"+o.ID+"/audit/export?action=key.revoked&format=json" {
+		t.Errorf("the filtered trail's JSON export is %q", href)
+	}
+	owner.screenshot("audit-filtered")
+	owner.do("the whole trail", chromedp.Navigate(base+"/dashboard/orgs/"+o.ID+"/audit"), chromedp.WaitVisible(tid("audit-row")))
 	owner.do("audit at 390 px", chromedp.EmulateViewport(390, 800), chromedp.Reload(), chromedp.WaitVisible(tid("audit-row")))
 	if w := get(owner, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 390 {
 		t.Errorf("at 390 px the audit page is %d px wide", w)
@@ -385,7 +402,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Errorf("at 320 px the page, a settings form open, is %d px wide", w)
 	}
 	owner.screenshot("keys-320px")
-	owner.do("wide again", chromedp.EmulateViewport(1280, 800))
+	owner.do("wide again", chromedp.EmulateViewport(1400, 900))
 
 	// A member of two organisations chooses one.
 	second := s.cli("", "org", "create", "--name", "Second org", "--plan", "pro")["id"].(string)
@@ -445,7 +462,7 @@ func wantCompactRow(tb *tab, keyID string) {
 		tb.t.Errorf("the actions' tops are %v, want them side by side", tops)
 	}
 	if over := get(tb, "the table's overflow", chromedp.Evaluate[int](`(s => s.scrollWidth - s.clientWidth)(document.querySelector('table.keys').parentElement)`)); over > 0 {
-		tb.t.Errorf("at 1280 px the keys table is %d px wider than the page", over)
+		tb.t.Errorf("the keys table is %d px wider than the page", over)
 	}
 	if h := get(tb, "the row's height", chromedp.Evaluate[float64](row+`.getBoundingClientRect().height`)); h > 120 {
 		tb.t.Errorf("the key's row is %.0f px high, want at most 120 (a few lines)", h)
@@ -559,18 +576,26 @@ func (s *Stack) checkUsagePage(tb *tab, o Org, oldID, rolledID string, oldServed
 	if !regexp.MustCompile(`^\d+ of 100000 requests in \d{4}-\d{2} \(UTC\), \d+ %\. It starts afresh on `).MatchString(month) {
 		s.t.Errorf("the usage page says of the month: %q", month)
 	}
+	wantMaskedOnOneLine := func(width string) {
+		s.t.Helper()
+		if n := get(tb, "the masked keys' lines", chromedp.Evaluate[[]int](`[...document.querySelectorAll('table.usage-keys code')].map(c => c.getClientRects().length)`)); len(n) != 2 || n[0] != 1 || n[1] != 1 {
+			s.t.Errorf("at %s the usage page's masked keys take %v lines, want 1 each", width, n)
+		}
+	}
+	wantMaskedOnOneLine("1,400 px")
 	tb.screenshot("usage")
 	tb.do("at 390 px", chromedp.EmulateViewport(390, 800), chromedp.Reload(), chromedp.WaitVisible(tid("usage-chart")))
 	if w := get(tb, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 390 {
 		s.t.Errorf("at 390 px the usage page is %d px wide", w)
 	}
+	wantMaskedOnOneLine("390 px")
 	tb.screenshot("usage-390px")
 	tb.do("narrow", chromedp.EmulateViewport(320, 640), chromedp.Reload(), chromedp.WaitVisible(tid("usage-chart")))
 	if w := get(tb, "page width", chromedp.Evaluate[int](`document.documentElement.scrollWidth`)); w > 320 {
 		s.t.Errorf("at 320 px the usage page is %d px wide", w)
 	}
 	tb.screenshot("usage-320px")
-	tb.do("wide again", chromedp.EmulateViewport(1280, 800))
+	tb.do("wide again", chromedp.EmulateViewport(1400, 900))
 	tb.do("30 days", clickThrough(tid("usage-range-30d"), tid("usage-chart")))
 	checkUsage("day", 30)
 }

@@ -29,8 +29,49 @@ import (
 )
 
 // testVersion is the version the file proxies of these tests publish the working
-// tree as: the one the README's commands name.
-const testVersion = "v0.1.0"
+// tree as: the latest release, CHANGELOG.md's first versioned section, which the
+// README's commands and go.mod's requirement of gatewayauth name
+// (TestTheLatestReleaseIsNamedAlike).
+var testVersion = latestRelease()
+
+// latestRelease reads the latest release's version from CHANGELOG.md.
+func latestRelease() string {
+	b, err := os.ReadFile("../CHANGELOG.md")
+	if err != nil {
+		panic(err)
+	}
+	m := regexp.MustCompile(`(?m)^## \[(\d+\.\d+\.\d+)\] - `).FindSubmatch(b)
+	if m == nil {
+		panic("CHANGELOG.md names no release")
+	}
+	return "v" + string(m[1])
+}
+
+// TestTheLatestReleaseIsNamedAlike: the README's commands for a published version and
+// go.mod's requirement of gatewayauth name CHANGELOG.md's latest release, as
+// scripts/release.sh leaves them.
+func TestTheLatestReleaseIsNamedAlike(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(root(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := regexp.MustCompile(`github\.com/keygate/keygate/[a-z/]*@(v[0-9.]+)\b`).FindAllSubmatch(readme, -1)
+	if len(published) != 2 {
+		t.Errorf("the README names a published version in %d commands, want 2", len(published))
+	}
+	for _, m := range published {
+		if string(m[1]) != testVersion {
+			t.Errorf("the README names %s, CHANGELOG.md's latest release is %s", m[0], testVersion)
+		}
+	}
+	gomod, err := os.ReadFile(filepath.Join(root(t), "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(gomod), "\tgithub.com/keygate/keygate/gatewayauth "+testVersion+"\n") {
+		t.Errorf("go.mod does not require gatewayauth at %s, CHANGELOG.md's latest release", testVersion)
+	}
+}
 
 // serviceMain is the throwaway service: gatewayauth's Middleware in front of a handler.
 const serviceMain = `package main

@@ -340,6 +340,9 @@ http://{{.Addr}} {
 		}
 		reverse_proxy {{.Upstream}}
 	}
+	handle /healthz {
+		keygate_health
+	}
 	{{with .IdentityKey}}handle /.well-known/jwks.json {
 		v1_gateway_jwks {{.}}
 	}{{end}}

@@ -46,6 +46,13 @@ func TestOnlyWritesThatTakeAccessAwayWaitForTheSynchronousStandby(t *testing.T) 
 	rolled, _ := key(nil, nil)
 	_, leaked := key(nil, nil)
 	used, _ := key(nil, nil)
+	replayed, _ := key(nil, nil)
+	replay := func(dryRun bool) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := s.Replay(ctx, []keystore.Event{{OrgID: org, Action: keystore.ActionRevoked, KeyID: replayed.ID, At: time.Now()}}, dryRun)
+			return err
+		}
+	}
 	lastUsed := keystore.NewLastUsed(pool, keystore.LastUsedOptions{})
 	usage := keystore.NewUsage(pool, keystore.UsageOptions{})
 	limit := 10
@@ -66,11 +73,13 @@ func TestOnlyWritesThatTakeAccessAwayWaitForTheSynchronousStandby(t *testing.T) 
 			_, _, err := s.Roll(ctx, org, rolled.ID, time.Hour, actor)
 			return err
 		}},
+		{"replay a revocation after a restore", true, replay(false)},
 		{"narrow a key's networks", true, update(net10, nil, keystore.Update{SetAllowedCIDRs: true, AllowedCIDRs: net10a})},
 		{"give a key networks", true, update(nil, nil, keystore.Update{SetAllowedCIDRs: true, AllowedCIDRs: net10})},
 		{"narrow a key's scopes", true, update(nil, []string{keystore.ScopeMonitorsRead, keystore.ScopeMonitorsWrite},
 			keystore.Update{SetScopes: true, Scopes: []string{keystore.ScopeMonitorsRead}})},
 		{"give a key scopes", true, update(nil, nil, keystore.Update{SetScopes: true, Scopes: []string{keystore.ScopeMonitorsRead}})},
+		{"replay a revocation as a dry run", false, replay(true)},
 		{"create a key", false, func(ctx context.Context) error {
 			_, _, err := s.Create(ctx, keystore.NewKey{OrgID: org, Name: "new", Role: keystore.RoleViewer})
 			return err

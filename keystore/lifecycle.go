@@ -25,6 +25,10 @@ const (
 // ActorLeakReport is the actor of the key.leaked events: a leak report, not a person.
 const ActorLeakReport = "leak-report"
 
+// ActorReplay is the actor of an event Replay writes again when its source named
+// none (a webhook's body does not).
+const ActorReplay = "replay"
+
 // MaxGrace is the longest a rolled key may keep working.
 const MaxGrace = 24 * time.Hour
 
@@ -55,6 +59,9 @@ type Event struct {
 	// (org.plan_changed).
 	Changes *Changes
 	At      time.Time
+	// ExpiresAt is the old key's expiry a roll set (ActionRolled, read by Revocations
+	// only; nil where it is not known).
+	ExpiresAt *time.Time
 }
 
 // audit appends e to the audit trail within tx. The changes travel as JSON text cast in
@@ -284,10 +291,24 @@ RETURNING key_id`, ids, urls, ActionLeaked, ActorLeakReport)
 // Events returns up to limit events of orgID's audit trail, newest first. When
 // before > 0, it returns those with an id below before.
 func (s *Store) Events(ctx context.Context, orgID string, before int64, limit int) ([]Event, error) {
+	return s.EventsOf(ctx, orgID, EventFilter{}, before, limit)
+}
+
+// EventFilter narrows an audit trail. Its zero value keeps every event.
+type EventFilter struct {
+	Action string // only events of this action; "": every one
+	// KeyID keeps only the events of this key: its own, and the roll that made it.
+	// "": every key's, and the webhooks'.
+	KeyID string
+}
+
+// EventsOf is Events of the events f keeps.
+func (s *Store) EventsOf(ctx context.Context, orgID string, f EventFilter, before int64, limit int) ([]Event, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, org_id::text, action, COALESCE(key_id, ''), COALESCE(webhook_id::text, ''), actor, COALESCE(new_key_id, ''), COALESCE(url, ''), changes, at
 FROM audit_events
 WHERE org_id = $1 AND ($2::bigint = 0 OR id < $2::bigint)
-ORDER BY id DESC LIMIT $3`, orgID, before, limit)
+  AND ($4::text = '' OR action = $4::text) AND ($5::text = '' OR key_id = $5::text OR new_key_id = $5::text)
+ORDER BY id DESC LIMIT $3`, orgID, before, limit, f.Action, f.KeyID)
 	if err != nil {
 		return nil, fmt.Errorf("listing audit events: %w", err)
 	}
@@ -300,4 +321,21 @@ ORDER BY id DESC LIMIT $3`, orgID, before, limit)
 		return nil, fmt.Errorf("listing audit events: %w", err)
 	}
 	return events, nil
+}
+
+// Rolled returns the keys of orgID that a roll replaced, as a set of key ids.
+func (s *Store) Rolled(ctx context.Context, orgID string) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT key_id FROM audit_events WHERE org_id = $1 AND action = $2`, orgID, ActionRolled)
+	if err != nil {
+		return nil, fmt.Errorf("listing rolled keys: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing rolled keys: %w", err)
+	}
+	rolled := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		rolled[id] = true
+	}
+	return rolled, nil
 }

@@ -112,6 +112,19 @@ json_field() {
 	sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" | head -n1
 }
 
+# shown_password PASSWORD TERMINAL prints how make run shows the demo owner's
+# password: itself when its output is a terminal (TERMINAL 1); otherwise, in a file, a
+# pipe or a CI log, how to know it: the DEMO_PASSWORD that was set, or how to set one.
+shown_password() {
+	if [ "$2" = 1 ]; then
+		printf '%s\n' "$1"
+	elif [ -n "${DEMO_PASSWORD:-}" ]; then
+		echo "<the DEMO_PASSWORD you set>"
+	else
+		echo "<the password: printed only to a terminal; set DEMO_PASSWORD to choose it>"
+	fi
+}
+
 # stage NAME COMMAND... runs COMMAND as a stage of a long script (make test): it says
 # when the stage starts and, when it ends, how long it took and how long the script
 # has run, so that minutes of go vet or of compiling are never silent. It returns

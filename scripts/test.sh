@@ -15,6 +15,10 @@ source scripts/lib.sh
 [ -x /usr/bin/chromium ] || apt_install chromium
 # The shell verifier of docs/security.md, which a test runs, needs jq.
 command -v jq >/dev/null || apt_install jq
+# deploy/'s tests check the alert rules with promtool (Debian's prometheus package,
+# installed for its promtool) and the systemd units with systemd-analyze.
+command -v promtool >/dev/null || apt_install prometheus
+command -v systemd-analyze >/dev/null || apt_install systemd
 
 stack=$(mktemp -d "${TMPDIR:-/tmp}/keygate-test.XXXXXX")
 trap 'scripts/stack.sh down "$stack"' EXIT

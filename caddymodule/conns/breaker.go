@@ -70,13 +70,36 @@ type Breaker struct {
 	// reports whether it did. It runs on a goroutine of its own, never with mu held.
 	// Nil answers yes at once.
 	probe func() bool
+	// Ping asks the dependency once whether it answers, on a budget of its own, for
+	// Check: a probe without the probe's retries. Nil: the probe. Set it before the
+	// first call.
+	Ping func() bool
+	// OnUp, when not nil, hears the dependency found up or down (Up), with mu held: it
+	// must not call back. Set it before the first call.
+	OnUp func(up bool)
 
-	mu       sync.Mutex
-	state    BreakerState // guarded by mu
-	failures int          // consecutive failures while closed; guarded by mu
-	failedAt time.Time    // when the first of those failures came; guarded by mu
-	openedAt time.Time    // guarded by mu
+	mu           sync.Mutex
+	state        BreakerState // guarded by mu
+	failures     int          // consecutive failures while closed; guarded by mu
+	failedAt     time.Time    // when the first of those failures came; guarded by mu
+	openedAt     time.Time    // guarded by mu
+	up           upState      // guarded by mu
+	calls        uint64       // calls done, whatever they came to; guarded by mu
+	checkedAt    time.Time    // Check's last look at an idle dependency; guarded by mu
+	checkedCalls uint64       // calls at that look; guarded by mu
+	pinging      bool         // a Ping runs; guarded by mu
+	watched      *watchedDep  // where Up is reported for the process (Watch); guarded by mu
 }
+
+// upState is what a breaker last heard of its dependency: from a call, its probe or a
+// ping.
+type upState int32
+
+const (
+	upUnknown upState = iota // nothing yet
+	upYes                    // it answered
+	upNo                     // it failed
+)
 
 // BreakerSpacing is the spacing of a breaker whose calls time out after timeout: a
 // fifth of it. A round waits at most a tenth of it for more calls before it goes out,
@@ -103,12 +126,18 @@ func (b *Breaker) Allow() bool {
 	case BreakerClosed:
 		return true
 	case BreakerOpen:
-		if b.now().Sub(b.openedAt) >= b.cooldown {
-			b.set(BreakerHalfOpen)
-			go b.runProbe()
-		}
+		b.probeIfDue(b.now())
 	}
 	return false
+}
+
+// probeIfDue starts the probe of an open breaker whose cooldown is over at now. It
+// must be called with mu held.
+func (b *Breaker) probeIfDue(now time.Time) {
+	if b.state == BreakerOpen && now.Sub(b.openedAt) >= b.cooldown {
+		b.set(BreakerHalfOpen)
+		go b.runProbe()
+	}
 }
 
 // runProbe runs the probe and closes or reopens the breaker by its answer.
@@ -116,6 +145,7 @@ func (b *Breaker) runProbe() {
 	ok := b.probe == nil || b.probe()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.setUp(ok)
 	if ok {
 		b.failures = 0
 		b.set(BreakerClosed)
@@ -133,8 +163,12 @@ func (b *Breaker) Done(o CallResult) {
 	case b.state != BreakerClosed:
 		// A call from before the breaker opened: the probe decides.
 	case o == CallSucceeded:
+		b.calls++
 		b.failures = 0
+		b.setUp(true)
 	case o == CallFailed:
+		b.calls++
+		b.setUp(false)
 		now := b.now()
 		if b.failures == 0 {
 			b.failedAt = now
@@ -154,6 +188,70 @@ func (b *Breaker) Closed() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.state == BreakerClosed
+}
+
+// Up reports whether the dependency answers, as far as b knows: b is closed, and the
+// last call, probe or ping it heard of was answered. It is false while b knows
+// nothing yet.
+func (b *Breaker) Up() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state == BreakerClosed && b.up == upYes
+}
+
+// Check reports Up, and has b learn more in the background where it is due, so that
+// a gateway without traffic still knows its dependencies (keygate_health). An open
+// breaker past its cooldown starts its probe, as a refused call would. A closed one
+// pings its dependency (Ping) when it knows nothing yet, or when no call was done
+// since its look at least every ago. Nothing waits on either.
+func (b *Breaker) Check(every time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	b.probeIfDue(now)
+	if b.state == BreakerClosed && !b.pinging && (b.up == upUnknown || now.Sub(b.checkedAt) >= every) {
+		if b.up == upUnknown || b.calls == b.checkedCalls {
+			b.pinging = true
+			go b.runPing(b.calls)
+		}
+		b.checkedAt, b.checkedCalls = now, b.calls
+	}
+	return b.state == BreakerClosed && b.up == upYes
+}
+
+// runPing pings the dependency and records its answer, unless a call done
+// meanwhile, of which there were calls before, told b something newer.
+func (b *Breaker) runPing(calls uint64) {
+	ping := b.Ping
+	if ping == nil {
+		ping = b.probe
+	}
+	ok := ping == nil || ping()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pinging = false
+	if b.state == BreakerClosed && b.calls == calls {
+		b.setUp(ok)
+	}
+}
+
+// setUp records what b heard of its dependency: OnUp and the process's view (Watch)
+// hear of a change. It must be called with mu held.
+func (b *Breaker) setUp(up bool) {
+	s := upNo
+	if up {
+		s = upYes
+	}
+	if b.up == s {
+		return
+	}
+	b.up = s
+	if b.watched != nil {
+		b.watched.last.Store(int32(s))
+	}
+	if b.OnUp != nil {
+		b.OnUp(up)
+	}
 }
 
 // set moves to state s. It must be called with mu held.

@@ -50,7 +50,7 @@ func (w *RedisWarmer) run() {
 	kicked := false
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), w.budget)
-		w.warm(ctx, kicked)
+		w.warm(ctx, w.floor, kicked)
 		cancel()
 		select {
 		case <-w.stop:
@@ -81,18 +81,18 @@ func (w *RedisWarmer) Close() {
 
 // warm opens connections until each pool holds floor of them, or ctx ends. With
 // always, it sends floor PINGs to each pool even when it holds enough: a probe
-// (RedisProbe) wants an answer, not a count. It reports whether every PING was
-// answered.
-func (w *RedisWarmer) warm(ctx context.Context, always bool) bool {
+// (RedisProbe) or a ping (RedisPing) wants an answer, not a count. It reports whether
+// every PING was answered.
+func (w *RedisWarmer) warm(ctx context.Context, floor int, always bool) bool {
 	if c, ok := w.client.(*redis.ClusterClient); ok {
 		return c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
-			if !warmPool(ctx, shard, w.floor, always) {
+			if !warmPool(ctx, shard, floor, always) {
 				return context.DeadlineExceeded
 			}
 			return nil
 		}) == nil
 	}
-	return warmPool(ctx, w.client, w.floor, always)
+	return warmPool(ctx, w.client, floor, always)
 }
 
 // warmPool sends floor PINGs at once through c, unless c's pool already holds floor
@@ -133,7 +133,17 @@ func RedisProbe(w *RedisWarmer, lim preparer, budget time.Duration) func() bool 
 	return func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		defer cancel()
-		return w.warm(ctx, true) && lim.Prepare(ctx) == nil
+		return w.warm(ctx, w.floor, true) && lim.Prepare(ctx) == nil
+	}
+}
+
+// RedisPing is the Ping of Redis's breaker: one PING through each pool (each
+// primary's on a Cluster), on dial_timeout plus redis_timeout.
+func RedisPing(w *RedisWarmer, budget time.Duration) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		return w.warm(ctx, 1, true)
 	}
 }
 
@@ -160,6 +170,17 @@ func PostgresProbe(pool *pgxpool.Pool, budget time.Duration) func() bool {
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
+	}
+}
+
+// PostgresPing is the Ping of PostgreSQL's breaker: one connection of the pool,
+// opened if none is idle, pinged once on dial_timeout plus database_timeout. A dead
+// connection that a restart left in the pool fails it once, and is thrown away.
+func PostgresPing(pool *pgxpool.Pool, budget time.Duration) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		return pingConns(ctx, pool, 1)
 	}
 }
 

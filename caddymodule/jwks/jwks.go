@@ -55,7 +55,7 @@ func (j *JWKS) Provision(ctx caddy.Context) error {
 	if len(j.Files) == 0 {
 		return fmt.Errorf("v1_gateway_jwks: at least one key file is required")
 	}
-	placement.WarnUnmatchedJWKS(ctx)
+	placement.WarnUnmatched(ctx, "v1_gateway_jwks", "handle /.well-known/jwks.json { … }")
 	repl := caddy.NewReplacer()
 	files := make([]string, len(j.Files))
 	for i, f := range j.Files {

@@ -66,9 +66,10 @@ func provisioning(routes caddyhttp.RouteList) int {
 	return -1
 }
 
-// WarnUnmatchedJWKS warns when v1_gateway_jwks is under no path matcher. It would
-// answer every request that reaches it with the key set: the dashboard's, /v1's.
-func WarnUnmatchedJWKS(ctx caddy.Context) {
+// WarnUnmatched warns when the handler named handler is under no path matcher. It
+// would answer every request that reaches it, the dashboard's and /v1's, with its
+// own answer. where is the block to place it in.
+func WarnUnmatched(ctx caddy.Context, handler, where string) {
 	levels, ok := placement(ctx)
 	if !ok {
 		return
@@ -78,8 +79,8 @@ func WarnUnmatchedJWKS(ctx caddy.Context) {
 			return
 		}
 	}
-	ctx.Logger().Warn("v1_gateway_jwks is under no path matcher, so it answers every request that reaches it with the key set; " +
-		"place it in `handle /.well-known/jwks.json { … }`")
+	ctx.Logger().Warn(handler + " is under no path matcher, so it answers every request that reaches it; " +
+		"place it in `" + where + "`")
 }
 
 // matchesPath reports whether every matcher set of r constrains the path.

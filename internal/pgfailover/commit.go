@@ -29,8 +29,9 @@ const (
 	// Synced commits with synchronous_commit = on: with a synchronous standby, once
 	// the standby has flushed the write as well, and every write committed before it.
 	// For writes that take access away: a key revoked, reported leaked or rolled (its
-	// end of grace), a plan or an organisation left without API access, a key's
-	// scopes or networks narrowed. It waits even when it changes nothing (beginSQL).
+	// end of grace), revocations replayed after a restore, a plan or an organisation
+	// left without API access, a key's scopes or networks narrowed. It waits even
+	// when it changes nothing (beginSQL).
 	Synced
 )
 

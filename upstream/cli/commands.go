@@ -48,6 +48,7 @@ var commands = []command{
 	{"scope put", "add a scope keys may carry, or change its description", (*cli).scopePut},
 	{"scope delete", "remove a scope no live key holds", (*cli).scopeDelete},
 	{"audit list", "print the operators' audit: changes to plans and scopes", (*cli).auditList},
+	{"key replay-revocations", "after a restore, end again the keys the audit trail ended since the backup", (*cli).keyReplayRevocations},
 }
 
 // withPool runs op on a store on a small pool of DATABASE_URL. store.DefaultDatabaseTimeout

@@ -48,6 +48,10 @@ func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) erro
 	if err != nil {
 		return err
 	}
+	rolled, err := s.keys.Rolled(ctx, p.orgID)
+	if err != nil {
+		return err
+	}
 	budgets, err := s.store.PlanBudgets(ctx, p.orgID)
 	if err != nil {
 		return err
@@ -60,6 +64,9 @@ func (s *Server) listKeys(ctx context.Context, p principal, data *pageData) erro
 	for _, rec := range recs {
 		kv := s.keyView(rec, now)
 		kv.Requests = requests[rec.ID]
+		if kv.Live && rolled[rec.ID] {
+			kv.State = "rolled"
+		}
 		if e := data.Edit; e != nil && e.ID == rec.ID {
 			kv.LimitValue, kv.WindowValues, kv.CIDRsText, kv.ScopesChecked, kv.EditOpen = e.RateLimit, e.Windows, e.CIDRs, e.Scopes, true
 		}
@@ -115,10 +122,15 @@ func (s *Server) keyView(rec keystore.Record, now time.Time) keyView {
 	kv := keyView{
 		ID: rec.ID, Name: rec.Name, Role: string(rec.Role), Masked: s.format.Mask(rec.ID),
 		Created:  pageTime(&rec.CreatedAt, ""),
-		Expires:  pageTime(rec.ExpiresAt, "never"),
 		LastUsed: pageTime(rec.LastUsedAt, "never"),
-		Revoked:  pageTime(rec.RevokedAt, "no"),
+		Ends:     pageTime(rec.ExpiresAt, "never"),
 		Live:     rec.RevokedAt == nil && (rec.ExpiresAt == nil || rec.ExpiresAt.After(now)),
+	}
+	switch {
+	case rec.RevokedAt != nil:
+		kv.State, kv.Ends = "revoked", pageTime(rec.RevokedAt, "")
+	case !kv.Live:
+		kv.State = "expired"
 	}
 	if rec.RateLimit != nil {
 		kv.RateLimit = strconv.Itoa(*rec.RateLimit)

@@ -69,7 +69,7 @@ func TestDashboardCreatesAKeyWithItsOwnLimitAndNetworks(t *testing.T) {
 	}
 	id := list.Data[0].ID
 	limit, cidrs := settingsCells(t, r.Body, id)
-	if limit != "20" || cidrs != "<code>192.0.2.0/24</code><br><code>2001:db8::/32</code><br><code>198.51.100.7/32</code>" {
+	if limit != "20" || cidrs != "<code>192.0.2.0/24</code><br><code>2001:<wbr>db8:<wbr>:<wbr>/32</code><br><code>198.51.100.7/32</code>" {
 		t.Errorf("the row shows limit %q, networks %q", limit, cidrs)
 	}
 	// The settings form shows the stored values.

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,8 +29,15 @@ var webFiles embed.FS
 // "revoke", "audit", "usage", "error"). Each page shares "head" and "foot". "foot"
 // names the version the upstream runs, through the function version. A page asks
 // "has" whether a list holds a value, to check a form's checkboxes.
-var pages = template.Must(template.New("").Funcs(template.FuncMap{"version": version.String, "has": slices.Contains[[]string, string]}).
-	ParseFS(webFiles, "web/*.html"))
+var pages = template.Must(template.New("").Funcs(template.FuncMap{"version": version.String, "has": slices.Contains[[]string, string],
+	"network": network}).ParseFS(webFiles, "web/*.html"))
+
+// network is a network's text (2001:db8::/32) with a chance to break the line after
+// each colon: an IPv6 network breaks between its groups rather than anywhere, and an
+// IPv4 one not at all.
+func network(s string) template.HTML {
+	return template.HTML(strings.ReplaceAll(template.HTMLEscapeString(s), ":", ":<wbr>"))
+}
 
 // staticFiles are the stylesheet, script and icon the pages load.
 var staticFiles = func() fs.FS {
@@ -49,20 +57,20 @@ type pageData struct {
 	Org       *store.OrgMembership
 	CanManage bool // the user may manage the org's keys (api_key:manage)
 
-	Email      string // login: the address typed, kept after an error
-	Orgs       []store.OrgMembership
-	Keys       []keyView
-	Key        keyView // revoke: the key to confirm
-	NewKey     *newKeyView
-	Form       keyForm
-	Roles      []string
-	Scopes     []keystore.Scope // keys: the scopes a key may carry, the vocabulary
-	Events     []eventView
-	NextCursor string
-	Usage      *usageView
-	Plan       *planView // keys: the plan's budgets
-	Edit       *keyEdit  // keys: a settings form sent back with an error
-	Webhooks   *webhookPage
+	Email    string // login: the address typed, kept after an error
+	Orgs     []store.OrgMembership
+	Keys     []keyView
+	Key      keyView // revoke: the key to confirm
+	NewKey   *newKeyView
+	Form     keyForm
+	Roles    []string
+	Scopes   []keystore.Scope // keys: the scopes a key may carry, the vocabulary
+	Events   []eventView
+	Audit    *auditView // audit: its filter, next page and exports
+	Usage    *usageView
+	Plan     *planView // keys: the plan's budgets
+	Edit     *keyEdit  // keys: a settings form sent back with an error
+	Webhooks *webhookPage
 }
 
 // planView is what the keys page says of the plan's budgets.
@@ -93,10 +101,14 @@ type keyEdit struct {
 
 // keyView is a key's row: masked, times in words.
 type keyView struct {
-	ID, Name, Role, Masked              string
-	Created, Expires, LastUsed, Revoked string
-	Live                                bool
-	Requests                            int64 // in the last 24 hours (keys page)
+	ID, Name, Role, Masked string
+	Created, LastUsed      string
+	// State is how the key ends, or ended: "revoked", "expired", "rolled" (a roll
+	// replaced it, and it expires at Ends), or "" (it expires at Ends, "never" for no
+	// expiry).
+	State, Ends string
+	Live        bool
+	Requests    int64 // in the last 24 hours (keys page)
 	// RateLimit is the key's own limit, "" for the plan's; CIDRs its networks, none
 	// for anywhere. LimitValue and CIDRsText are the values of its settings form.
 	RateLimit  string
@@ -137,6 +149,15 @@ type eventView struct {
 	Key                             *auditKey
 	NewKey                          *auditKey // the key a roll created
 	Webhook                         *auditWebhook
+}
+
+// auditView is the audit page's filter, as chosen, and its links, each keeping it.
+type auditView struct {
+	Action, KeyID         string // the filter: "" for every action, every key
+	Actions               []string
+	Keys                  []auditKey // every key the organisation lists, by name
+	Next                  string     // the next page's path, "" on the last page
+	ExportJSON, ExportCSV string     // the exports' paths
 }
 
 // auditKey is a key as the audit page names it.

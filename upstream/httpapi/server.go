@@ -229,6 +229,7 @@ func (s *Server) routes() http.Handler {
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/roll", s.page(s.pageRoll)},
 		{"POST /dashboard/orgs/{orgId}/keys/{id}/settings", s.page(s.pageUpdateKey)},
 		{"GET /dashboard/orgs/{orgId}/audit", s.page(s.pageAudit)},
+		{"GET /dashboard/orgs/{orgId}/audit/export", s.page(s.pageAuditExport)},
 		{"GET /dashboard/orgs/{orgId}/usage", s.page(s.pageUsage)},
 		{"GET /dashboard/orgs/{orgId}/webhooks", s.page(s.pageWebhooks)},
 		{"POST /dashboard/orgs/{orgId}/webhooks", s.page(s.pageCreateWebhook)},
