@@ -12,7 +12,7 @@ endif
 export VERSION
 
 # Sources of each binary: a binary is rebuilt only when one of them is newer.
-LIB_SRC      := $(shell find keystore limiter fieldstrip internal/gather internal/version internal/clientip gatewayauth -name '*.go' -not -name '*_test.go') go.mod go.sum gatewayauth/go.mod
+LIB_SRC      := $(shell find keystore limiter fieldstrip internal/gather internal/pgfailover internal/version internal/clientip gatewayauth -name '*.go' -not -name '*_test.go') go.mod go.sum gatewayauth/go.mod
 CADDY_SRC    := $(LIB_SRC) $(shell find caddymodule -name '*.go' -not -name '*_test.go') xcaddy.sh
 UPSTREAM_SRC := $(LIB_SRC) $(shell find upstream schema -name '*.go' -not -name '*_test.go' -o -name '*.sql' -o -path '*/web/*' -type f) \
                 openapi/openapi.go $(wildcard openapi/*.yaml)

@@ -20,6 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/caddymodule/conns"
 	// v1_gateway_jwks, keygate_health and keygate_redact come with v1_gateway: a
 	// Caddy built with this package has them.
 	_ "github.com/keygate/keygate/caddymodule/health"
@@ -284,6 +285,7 @@ type Handler struct {
 	lastUsed    recorder          // nil with last_used_interval off
 	usage       usageRecorder     // nil with usage off
 	poolKeys    []string          // what to give back to pools in Cleanup
+	inflight    *conns.Inflight   // the requests being answered, which keep the pools
 	logger      *zap.Logger       // from ctx.Logger()
 	floodLog    *zap.Logger       // logger, at most one entry a second per message, for failures that come in floods
 	refusedLog  *zap.Logger       // logger of an upstream refusing the gateway's credentials (upstreamRefusedLog)
@@ -319,6 +321,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // takes the PostgreSQL pool and the Redis client, or the in-process limiter, from
 // the pools shared across config reloads (pools.go).
 func (h *Handler) Provision(ctx caddy.Context) error {
+	h.inflight = new(conns.Inflight)
 	if err := h.configure(ctx.Logger()); err != nil {
 		return err
 	}
@@ -358,20 +361,36 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // Cleanup gives back the pools Provision took, in reverse order: the last-used
 // flusher before the PostgreSQL pool it writes through. The last handler using a
-// pool closes it. Cleanup tolerates a Provision that stopped half-way.
+// pool closes it. Requests still being answered keep them: the last to finish gives
+// them back (conns.Inflight). Cleanup tolerates a Provision that stopped half-way.
 func (h *Handler) Cleanup() error {
-	var errs []error
-	for _, key := range slices.Backward(h.poolKeys) {
-		if _, err := pools.Delete(key); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	keys, now := h.poolKeys, make(chan error, 1)
 	h.poolKeys = nil
-	return errors.Join(errs...)
+	h.inflight.Close(func(later bool) {
+		var errs []error
+		for _, key := range slices.Backward(keys) {
+			if _, err := pools.Delete(key); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := errors.Join(errs...); !later {
+			now <- err
+		} else if err != nil {
+			h.logger.Error("giving back the pools of an unloaded config", zap.Error(err))
+		}
+	})
+	select {
+	case err := <-now:
+		return err
+	default:
+		return nil // the last request still being answered gives them back
+	}
 }
 
 // ServeHTTP decides in the order README.md gives; see Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.inflight.Enter()
+	defer h.inflight.Leave()
 	// 0. The path: one the route table and the upstream read alike, so that the path
 	// decided is the path sent.
 	if problem := routetable.CheckTarget(r.URL); problem != "" {

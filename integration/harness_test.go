@@ -354,6 +354,17 @@ http://{{.Addr}} {
 }
 `))
 
+// caddyfile is the Caddyfile of gateway g, with extra as its v1_gateway's more lines.
+func (s *Stack) caddyfile(g *gateway, extra string) []byte {
+	var cfg bytes.Buffer
+	caddyfileTmpl.Execute(&cfg, map[string]any{
+		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": g.mode, "Upstream": s.upAddr,
+		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": extra, "IdentityKey": s.identityKey,
+		"Global": s.globalOptions, "Site": s.siteOptions,
+	})
+	return cfg.Bytes()
+}
+
 // startGateway starts one more Caddy with the module.
 func (s *Stack) startGateway(mode string) *gateway {
 	s.t.Helper()
@@ -365,15 +376,9 @@ func (s *Stack) startGateway(mode string) *gateway {
 	if len(s.gateways) > 0 || g.addr == "" {
 		g.addr = fmt.Sprintf("127.0.0.1:%d", freePort(s.t))
 	}
-	var cfg bytes.Buffer
-	caddyfileTmpl.Execute(&cfg, map[string]any{
-		"Admin": g.adminAt, "Addr": g.addr, "Prefix": s.keyPrefix, "Mode": mode, "Upstream": s.upAddr,
-		"RedisMode": s.redisMode, "RedisTLSCA": s.redisTLSCA, "Extra": s.gwOptions, "IdentityKey": s.identityKey,
-		"Global": s.globalOptions, "Site": s.siteOptions,
-	})
 	dir := s.t.TempDir()
 	g.config = filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(g.config, cfg.Bytes(), 0o600); err != nil {
+	if err := os.WriteFile(g.config, s.caddyfile(g, s.gwOptions), 0o600); err != nil {
 		s.t.Fatal(err)
 	}
 	env := append(os.Environ(), "DATABASE_URL="+s.dbURL, "REDIS_URL="+s.redisURL,

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // Defaults of LastUsedOptions.
@@ -118,7 +120,7 @@ func (l *LastUsed) Flush(ctx context.Context) error {
 	for id := range batch {
 		ids = append(ids, id)
 	}
-	_, err := l.pool.Exec(ctx, lastUsedSQL, ids)
+	_, err := pgfailover.Exec(ctx, l.pool, pgfailover.Local, lastUsedSQL, ids)
 	if err != nil {
 		err = fmt.Errorf("writing last_used_at: %w", err)
 		l.requeue(ids)

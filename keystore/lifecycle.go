@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // The actions of the audit trail, the values of audit_events.action.
@@ -90,7 +92,8 @@ VALUES ($1, $2, $3, $4, NULLIF($5, ''), NULLIF($6, ''), $7::text::jsonb)`, e.Org
 //
 // The old key's row is locked first, so concurrent rolls of one key run one after the
 // other: the second finds the key expired (grace 0) or rolls it again, which can only
-// bring its expiry closer.
+// bring its expiry closer. A roll commits Synced, as a revocation does: it sets the
+// old key's end.
 func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Duration, actor string) (Record, string, error) {
 	if grace < 0 || grace > MaxGrace {
 		return Record{}, "", fmt.Errorf("grace %v is not within 0..%v", grace, MaxGrace)
@@ -98,7 +101,7 @@ func (s *Store) Roll(ctx context.Context, orgID, keyID string, grace time.Durati
 	if !ValidKeyID(keyID) {
 		return Record{}, "", ErrNotFound
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Synced)
 	if err != nil {
 		return Record{}, "", fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -230,28 +233,9 @@ FROM api_keys WHERE key_id = ANY($1)`, ids)
 		}
 	}
 
-	revoked := make(map[string]bool, len(liveIDs))
-	if len(liveIDs) > 0 {
-		// A key revoked since the lookup is neither updated nor audited. It is answered
-		// as already revoked.
-		rows, err := s.pool.Query(ctx, `WITH r AS (
-	UPDATE api_keys k SET revoked_at = now()
-	FROM unnest($1::text[], $2::text[]) AS u (key_id, url)
-	WHERE k.key_id = u.key_id AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())
-	RETURNING k.org_id, k.key_id, u.url
-)
-INSERT INTO audit_events (org_id, action, key_id, actor, url)
-SELECT org_id, $3, key_id, $4, url FROM r
-RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
-		if err != nil {
-			return nil, fmt.Errorf("revoking leaked keys: %w", err)
-		}
-		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
-			revoked[id] = true
-			return nil
-		}); err != nil {
-			return nil, fmt.Errorf("revoking leaked keys: %w", err)
-		}
+	revoked, err := s.revokeLeaked(ctx, liveIDs, liveURLs)
+	if err != nil {
+		return nil, err
 	}
 	for i, k := range keys {
 		switch {
@@ -263,6 +247,45 @@ RETURNING key_id`, liveIDs, liveURLs, ActionLeaked, ActorLeakReport)
 		}
 	}
 	return outcomes, nil
+}
+
+// revokeLeaked revokes the live keys among ids, auditing each as key.leaked with the
+// url of the same index, and returns those it revoked. A key revoked since the
+// lookup is neither updated nor audited. It is answered as already revoked. The
+// revocation commits Synced.
+func (s *Store) revokeLeaked(ctx context.Context, ids, urls []string) (map[string]bool, error) {
+	revoked := make(map[string]bool, len(ids))
+	if len(ids) == 0 {
+		return revoked, nil
+	}
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Synced)
+	if err != nil {
+		return nil, fmt.Errorf("revoking leaked keys: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	rows, err := tx.Query(ctx, `WITH r AS (
+	UPDATE api_keys k SET revoked_at = now()
+	FROM unnest($1::text[], $2::text[]) AS u (key_id, url)
+	WHERE k.key_id = u.key_id AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())
+	RETURNING k.org_id, k.key_id, u.url
+)
+INSERT INTO audit_events (org_id, action, key_id, actor, url)
+SELECT org_id, $3, key_id, $4, url FROM r
+RETURNING key_id`, ids, urls, ActionLeaked, ActorLeakReport)
+	if err != nil {
+		return nil, fmt.Errorf("revoking leaked keys: %w", err)
+	}
+	var id string
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+		revoked[id] = true
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("revoking leaked keys: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("revoking leaked keys: %w", err)
+	}
+	return revoked, nil
 }
 
 // Events returns up to limit events of orgID's audit trail, newest first. When

@@ -12,8 +12,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // Store is the PostgreSQL-backed key store. It is safe for concurrent use.
@@ -271,81 +272,6 @@ func (s *Store) VerifyParsed(ctx context.Context, keyID, secret string, from net
 	return k, ok, nil
 }
 
-// lookup runs l, once more if the first attempt fails (see retryable). It returns the
-// live keys it found, by key id: those whose digest it presented. On a standby's
-// Store it also returns the position the standby had replayed before the lookup's
-// snapshot was taken (replayedBefore); on the primary's, 0.
-func (s *Store) lookup(ctx context.Context, l lookup) (map[string]row, LSN, error) {
-	out, replayed, err := s.lookupOnce(ctx, l)
-	if retryable(ctx, err) {
-		out, replayed, err = s.lookupOnce(ctx, l)
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("looking up keys: %w", err)
-	}
-	return out, replayed, nil
-}
-
-func (s *Store) lookupOnce(ctx context.Context, l lookup) (map[string]row, LSN, error) {
-	if s.standby {
-		return s.lookupReplayed(ctx, l)
-	}
-	rows, err := s.pool.Query(ctx, l.sql, l.args...)
-	if err != nil {
-		return nil, 0, err
-	}
-	out, err := scanLookup(rows, l.ids)
-	return out, 0, err
-}
-
-// scanLookup reads the rows of a lookup of ids key ids.
-func scanLookup(rows pgx.Rows, ids int) (map[string]row, error) {
-	out := make(map[string]row, ids)
-	// d holds every column of a row: one allocation for all of them, where separate
-	// variables, each escaping through the scan's arguments, would be one each.
-	var d struct {
-		id, org, role   string
-		hash            []byte
-		limit, orgLimit int
-		windows         [NumWindows]int
-		quota           int64
-		cidrs           []netip.Prefix
-		scopes          pgtype.Text
-	}
-	_, err := pgx.ForEachRow(rows, []any{&d.id, &d.org, &d.role, &d.hash, &d.limit,
-		&d.windows[PerSecond], &d.windows[PerHour], &d.windows[PerDay], &d.orgLimit, &d.quota, &d.cidrs, &d.scopes}, func() error {
-		out[d.id] = row{orgID: d.org, role: Role(d.role), hash: d.hash, rateLimit: d.limit, windows: d.windows, orgRateLimit: d.orgLimit,
-			monthlyQuota: d.quota, cidrs: d.cidrs, scopes: splitScopes(d.scopes)}
-		d.cidrs = nil // the next row's scan makes its own
-		return nil
-	})
-	return out, err
-}
-
-// splitScopes returns the scopes of a lookup's row, which sends them separated by
-// spaces, and nil for NULL: a key without scopes. Scanning the list as text rather than
-// as an array spares every lookup the planning of an array scan, a few allocations, and
-// costs a key without scopes nothing. A scope never holds a space (ValidScopeName).
-func splitScopes(t pgtype.Text) []string {
-	if !t.Valid {
-		return nil
-	}
-	return strings.Fields(t.String)
-}
-
-// row is what a lookup finds of a live key.
-type row struct {
-	orgID        string
-	role         Role
-	hash         []byte
-	rateLimit    int
-	windows      [NumWindows]int
-	orgRateLimit int
-	monthlyQuota int64
-	cidrs        []netip.Prefix
-	scopes       []string
-}
-
 // check compares a presented secret's digest with what the lookup found, in constant
 // time. It compares against dummyHash when the lookup found no live key.
 func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
@@ -358,14 +284,6 @@ func check(keyID string, sum [32]byte, r row, found bool) (Key, bool) {
 	}
 	return Key{ID: keyID, OrgID: r.orgID, Role: r.role, RateLimit: r.rateLimit, Windows: r.windows,
 		OrgRateLimit: r.orgRateLimit, MonthlyQuota: r.monthlyQuota, AllowedCIDRs: r.cidrs, Scopes: r.scopes}, true
-}
-
-// retryable reports whether a failed lookup should be tried once more. The lookup is a
-// read, so trying again is always safe. After a PostgreSQL restart, the pool's idle
-// connections are dead and fail their first query. A lookup whose context has ended
-// is not tried again.
-func retryable(ctx context.Context, err error) bool {
-	return err != nil && ctx.Err() == nil
 }
 
 // Create makes a new key and returns its record and the full key, which is never
@@ -381,7 +299,7 @@ func (s *Store) Create(ctx context.Context, nk NewKey) (Record, string, error) {
 	if nk.Scopes, err = ParseScopes(nk.Scopes); err != nil {
 		return Record{}, "", err
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Record{}, "", fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -476,7 +394,8 @@ func scanRecord(row pgx.Row) (Record, error) {
 // Revoke revokes the key keyID of organisation orgID from now on. In the same
 // statement, it audits it as key.revoked by actor. Revoking a revoked key succeeds,
 // keeps its first revocation time and audits nothing. found is false when the
-// organisation has no key keyID.
+// organisation has no key keyID. The revocation commits Synced: acknowledged, it
+// survives a failover to a synchronous standby.
 func (s *Store) Revoke(ctx context.Context, orgID, keyID, actor string) (found bool, err error) {
 	if !ValidKeyID(keyID) {
 		return false, nil
@@ -484,7 +403,7 @@ func (s *Store) Revoke(ctx context.Context, orgID, keyID, actor string) (found b
 	// The UPDATE waits for a concurrent revocation of the same key, then finds it
 	// revoked. So exactly one of them is audited.
 	var revoked int
-	err = s.pool.QueryRow(ctx, `WITH r AS (
+	err = pgfailover.QueryRow(ctx, s.pool, pgfailover.Synced, `WITH r AS (
 	UPDATE api_keys SET revoked_at = now()
 	WHERE org_id = $1 AND key_id = $2 AND revoked_at IS NULL
 	RETURNING org_id, key_id

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // This file holds the replay of revocations onto a database restored from a backup
@@ -59,10 +61,10 @@ type ReplayReport struct {
 // actor and time. A key already revoked, or expiring no later, is left as it is and
 // nothing is audited, so a replay repeated changes nothing. Events of other actions
 // are an error. With dryRun the transaction is rolled back: the report says what
-// Replay would do.
+// Replay would do. Otherwise it commits Synced, as a revocation does.
 func (s *Store) Replay(ctx context.Context, events []Event, dryRun bool) (ReplayReport, error) {
 	var rep ReplayReport
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Synced)
 	if err != nil {
 		return rep, fmt.Errorf("beginning transaction: %w", err)
 	}

@@ -9,6 +9,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // A key's own settings, which narrow what its plan allows: its rate limits and the
@@ -241,7 +243,9 @@ var ErrNoChange = errors.New("keystore: the update sets no setting")
 // vocabulary at this moment, then answers
 // ErrNotFound for a key id the organisation does not have and ErrNotLive for a revoked
 // or expired key. The settings that change are audited as one key.updated by actor,
-// with what changed; an Update that changes nothing audits nothing.
+// with what changed; an Update that changes nothing audits nothing. An Update that
+// narrows the key's scopes or networks commits Synced, as a revocation does; any
+// other commits Local.
 func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor string) (Record, error) {
 	if u.Empty() {
 		return Record{}, ErrNoChange
@@ -255,7 +259,7 @@ func (s *Store) Update(ctx context.Context, orgID, keyID string, u Update, actor
 	if u.SetAllowedCIDRs && u.AllowedCIDRs == nil {
 		u.AllowedCIDRs = []netip.Prefix{}
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Record{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -333,6 +337,9 @@ WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs), 
 		if err == nil {
 			err = audit(ctx, tx, Event{OrgID: orgID, Action: ActionUpdated, KeyID: keyID, Actor: actor, Changes: &ch})
 		}
+		if err == nil && ch.narrows() {
+			err = pgfailover.Sync(ctx, tx)
+		}
 	}
 	if err != nil {
 		return Record{}, fmt.Errorf("updating key: %w", err)
@@ -341,6 +348,52 @@ WHERE key_id = $1 RETURNING `+recordColumns, keyID, newLimit, nonNil(newCIDRs), 
 		return Record{}, fmt.Errorf("committing key update: %w", err)
 	}
 	return rec, nil
+}
+
+// narrows reports whether the changes take access away: scopes or networks that no
+// longer allow every request the old ones allowed. A rate limit takes no access away:
+// it only counts.
+func (ch *Changes) narrows() bool {
+	return (ch.Scopes != nil && !coversScopes(ch.Scopes.To, ch.Scopes.From)) ||
+		(ch.AllowedCIDRs != nil && !coversCIDRs(ch.AllowedCIDRs.To, ch.AllowedCIDRs.From))
+}
+
+// coversScopes reports whether the scopes to allow all that from allowed: nil (what
+// the role allows) covers everything, and a list covers each scope it holds.
+func coversScopes(to, from []string) bool {
+	if to == nil {
+		return true
+	}
+	if from == nil {
+		return false
+	}
+	for _, s := range from {
+		if !slices.Contains(to, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// coversCIDRs reports whether the networks to hold every address from held: empty
+// is anywhere, and a list holds each network within one of its own.
+func coversCIDRs(to, from []netip.Prefix) bool {
+	if len(to) == 0 {
+		return true
+	}
+	if len(from) == 0 {
+		return false
+	}
+next:
+	for _, p := range from {
+		for _, q := range to {
+			if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+				continue next
+			}
+		}
+		return false
+	}
+	return true
 }
 
 // Empty reports whether u sets no setting.

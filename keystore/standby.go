@@ -2,13 +2,13 @@ package keystore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keygate/keygate/internal/gather"
@@ -34,9 +34,11 @@ import (
 //
 // Each standby has its own pool, Batcher and health. A standby is left out while its
 // lookups have failed standbyFailures times in a row, or while it has not replayed a
-// reading of the primary taken within MaxLag. Its probe, on its own goroutine, brings
-// it back when it answers and has caught up. With no standby in, the primary answers
-// every lookup.
+// reading of the primary taken within MaxLag. A server out of recovery, a standby
+// promoted in a failover, fails every lookup and probe: it is left out until it is a
+// standby again. Its probe, on its own goroutine, brings it back when it answers and
+// has caught up, on the primary's timeline of the moment. With no standby in, the
+// primary answers every lookup.
 type Reader struct {
 	primary  *Batcher
 	fence    *Fence
@@ -98,6 +100,7 @@ type standby struct {
 	replayed atomic.Uint64 // the furthest position it is known to have replayed
 	in       atomic.Bool   // last reported to OnStandby
 	polling  bool          // its catch-up poll runs; guarded by Reader.progress
+	promoted bool          // its last probe found it out of recovery; only its probe uses it
 }
 
 // catchUpPoll is how often each standby in is asked its replay position while
@@ -412,6 +415,12 @@ func (r *Reader) probeOnce(s *standby, readings []fenceReading) []fenceReading {
 		readings = readings[1:]
 	}
 	replayed, err := replayedLSN(ctx, s.pool)
+	if errors.Is(err, errNotStandby) && !s.promoted {
+		// Its connections stay open through a promotion. Closed, they open again
+		// on a host of the URL that target_session_attrs accepts, if it names one.
+		s.pool.Reset()
+	}
+	s.promoted = errors.Is(err, errNotStandby)
 	if err != nil {
 		s.failures.Store(standbyFailures)
 		return readings
@@ -444,48 +453,4 @@ func (r *Reader) report(s *standby, now time.Time) {
 			}
 		}
 	}
-}
-
-// replayedSQL reads how far a standby has replayed, in bytes. On a server that is not
-// a standby it is NULL.
-const replayedSQL = `SELECT (pg_last_wal_replay_lsn() - '0/0')::int8`
-
-// replayedLSN reads how far the standby of pool has replayed. A server that is not a
-// standby is an error: its position cannot be compared with the primary's.
-func replayedLSN(ctx context.Context, pool *pgxpool.Pool) (LSN, error) {
-	var replayed *int64
-	if err := pool.QueryRow(ctx, replayedSQL).Scan(&replayed); err != nil {
-		return 0, err
-	}
-	if replayed == nil {
-		return 0, fmt.Errorf("not a standby: pg_last_wal_replay_lsn() is NULL")
-	}
-	return LSN(*replayed), nil
-}
-
-// lookupReplayed is lookupOnce on a standby. It sends the read of the replayed
-// position and the lookup in one pipeline, the read first. So the lookup's snapshot
-// is taken after that position was replayed and reflects every commit up to it.
-func (s *Store) lookupReplayed(ctx context.Context, l lookup) (map[string]row, LSN, error) {
-	b := &pgx.Batch{}
-	b.Queue(replayedSQL)
-	b.Queue(l.sql, l.args...)
-	res := s.pool.SendBatch(ctx, b)
-	defer res.Close()
-	var replayed *int64
-	if err := res.QueryRow().Scan(&replayed); err != nil {
-		return nil, 0, err
-	}
-	rows, err := res.Query()
-	if err != nil {
-		return nil, 0, err
-	}
-	out, err := scanLookup(rows, l.ids)
-	if err != nil {
-		return nil, 0, err
-	}
-	if replayed == nil {
-		return out, 0, nil // not a standby: never past a target, so never used
-	}
-	return out, LSN(*replayed), res.Close()
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // Usage's flushes: how the counts Record makes reach usage_minutes, each request
@@ -89,7 +91,7 @@ func newFlushID() string {
 
 // write sends b.
 func (u *Usage) write(ctx context.Context, b *usageBatch) error {
-	_, err := u.pool.Exec(ctx, usageFlushSQL, b.id, b.orgs, b.keys, b.starts, b.outcomes, b.statuses, b.counts, b.extras)
+	_, err := pgfailover.Exec(ctx, u.pool, pgfailover.Local, usageFlushSQL, b.id, b.orgs, b.keys, b.starts, b.outcomes, b.statuses, b.counts, b.extras)
 	if err != nil {
 		return fmt.Errorf("writing usage: %w", err)
 	}

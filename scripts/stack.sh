@@ -23,8 +23,17 @@
 #                                  DATABASE_STANDBY_SLOW_URL; once made, starts those stopped
 #   scripts/stack.sh down-standbys DIR  stops and removes both standbys, their replication
 #                                  slots and their lines of DIR/env; up-standbys makes new ones
+#   scripts/stack.sh up-failover DIR  a stack of its own, without Redis, for failover tests:
+#                                  a PostgreSQL committing with synchronous_commit on and
+#                                  standby 1, its synchronous standby; writes DIR/env with
+#                                  DATABASE_URL, DATABASE_STANDBY_URL and
+#                                  DATABASE_FAILOVER_URL (both hosts, target_session_attrs)
 #   scripts/stack.sh stop-pg DIR | start-pg DIR | stop-redis DIR | start-redis DIR
 #                                  stop or restart one server on the same port (fault tests)
+#   scripts/stack.sh kill-pg DIR      stop the PostgreSQL at once (pg_ctl stop -m immediate)
+#   scripts/stack.sh promote-standby DIR N  promote standby N (pg_ctl promote)
+#   scripts/stack.sh add-standby DIR N      one more standby N, streaming asynchronously
+#   scripts/stack.sh follow-standby DIR N M standby N streams from standby M, promoted
 #   scripts/stack.sh stop-standby DIR N | start-standby DIR N
 #                                  the same for standby N (1 fast, 2 slow)
 #
@@ -129,31 +138,7 @@ up() {
 	if [ -n "${DATABASE_URL:-}" ]; then
 		echo "export DATABASE_URL='$DATABASE_URL'" >>"$dir/env"
 	else
-		local bindir port
-		bindir=$(pg_bindir)
-		port=$(free_port)
-		echo "$bindir" >"$dir/pg.bindir"
-		echo "$port" >"$dir/pg.port"
-		mkdir -p "$dir/pg"
-		[ "$(id -u)" = 0 ] && chown postgres "$dir" "$dir/pg"
-		chmod 700 "$dir/pg"
-		as_pg "$bindir/initdb" -D "$dir/pg" -U keygate --auth=trust -E UTF8 --no-locale >"$dir/initdb.log" 2>&1 ||
-			{ cat "$dir/initdb.log" >&2; die "initdb failed"; }
-		cat >>"$dir/pg/postgresql.conf" <<-EOF
-			fsync = off
-			synchronous_commit = off
-			full_page_writes = off
-			max_connections = 300
-			shared_buffers = ${PG_SHARED_BUFFERS:-128MB}
-		EOF
-		local huge=off
-		if [ "${PG_HUGE_PAGES:-off}" = on ] && reserve_huge_pages; then
-			huge=on
-		fi
-		echo "huge_pages = $huge" | as_pg tee -a "$dir/pg/postgresql.conf" >/dev/null
-		start_pg
-		pg_admin "CREATE DATABASE keygate"
-		echo "export DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
+		up_pg "synchronous_commit = off"
 	fi
 	if [ -n "${REDIS_URL:-}" ]; then
 		echo "export REDIS_URL='$REDIS_URL'" >>"$dir/env"
@@ -167,6 +152,34 @@ up() {
 		echo "export REDIS_URL='redis://127.0.0.1:$port/0'" >>"$dir/env"
 	fi
 	cat "$dir/env"
+}
+
+# up_pg SETTING... makes and starts the stack's PostgreSQL under DIR/pg with the test
+# tuning and each SETTING (a postgresql.conf line), creates its keygate database and
+# appends DATABASE_URL to DIR/env.
+up_pg() {
+	local bindir port
+	bindir=$(pg_bindir)
+	port=$(free_port)
+	echo "$bindir" >"$dir/pg.bindir"
+	echo "$port" >"$dir/pg.port"
+	mkdir -p "$dir/pg"
+	[ "$(id -u)" = 0 ] && chown postgres "$dir" "$dir/pg"
+	chmod 700 "$dir/pg"
+	as_pg "$bindir/initdb" -D "$dir/pg" -U keygate --auth=trust -E UTF8 --no-locale --no-sync >"$dir/initdb.log" 2>&1 ||
+		{ cat "$dir/initdb.log" >&2; die "initdb failed"; }
+	{
+		printf '%s\n' "fsync = off" "full_page_writes = off" "max_connections = 300" "shared_buffers = ${PG_SHARED_BUFFERS:-128MB}"
+		printf '%s\n' "$@"
+	} >>"$dir/pg/postgresql.conf"
+	local huge=off
+	if [ "${PG_HUGE_PAGES:-off}" = on ] && reserve_huge_pages; then
+		huge=on
+	fi
+	echo "huge_pages = $huge" | as_pg tee -a "$dir/pg/postgresql.conf" >/dev/null
+	start_pg
+	pg_admin "CREATE DATABASE keygate"
+	echo "export DATABASE_URL='postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable'" >>"$dir/env"
 }
 
 # reserve_huge_pages adds to the kernel's pool of huge pages as many as the stack's
@@ -429,31 +442,81 @@ up_standbys() {
 		start_standby 2
 		return 0
 	fi
-	local bindir pgport n port urls=()
-	bindir=$(cat "$dir/pg.bindir")
-	pgport=$(cat "$dir/pg.port")
 	pg_admin "ALTER SYSTEM SET wal_writer_delay = '10ms'" "SELECT pg_reload_conf()"
-	for n in 1 2; do
-		port=$(free_port)
-		echo "$port" >"$dir/standby$n.port"
-		as_pg "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pgport" -U keygate -D "$dir/standby$n" \
-			-R -X stream -C -S "standby$n" -c fast >"$dir/standby$n.log" 2>&1 ||
-			{ cat "$dir/standby$n.log" >&2; die "pg_basebackup of standby $n failed"; }
-		chmod 700 "$dir/standby$n"
-		# The primary's huge pages are its own (reserve_huge_pages): a standby takes
-		# what the kernel has to spare.
-		echo "huge_pages = try" | as_pg tee -a "$dir/standby$n/postgresql.conf" >/dev/null
-		if [ "$n" = 2 ]; then
-			echo "recovery_min_apply_delay = '3s'" | as_pg tee -a "$dir/standby$n/postgresql.conf" >/dev/null
-		fi
-		start_standby "$n"
-		urls+=("postgres://keygate@127.0.0.1:$port/keygate?sslmode=disable")
-	done
+	make_standby 1
+	make_standby 2 "recovery_min_apply_delay = '3s'"
 	cat >>"$dir/env" <<-EOF
-		export DATABASE_READ_URLS='${urls[0]} ${urls[1]}'
-		export DATABASE_STANDBY_FAST_URL='${urls[0]}'
-		export DATABASE_STANDBY_SLOW_URL='${urls[1]}'
+		export DATABASE_READ_URLS='$(standby_url 1) $(standby_url 2)'
+		export DATABASE_STANDBY_FAST_URL='$(standby_url 1)'
+		export DATABASE_STANDBY_SLOW_URL='$(standby_url 2)'
 	EOF
+}
+
+# make_standby N SETTING... makes standby N of the stack's PostgreSQL under
+# DIR/standbyN with pg_basebackup -R and its own replication slot, adds each SETTING
+# to its postgresql.conf, and starts it. Its cluster_name is standbyN, which its WAL
+# receiver gives the primary as its application_name.
+make_standby() {
+	local n=$1 port
+	shift
+	port=$(free_port)
+	echo "$port" >"$dir/standby$n.port"
+	as_pg "$(cat "$dir/pg.bindir")/pg_basebackup" -h 127.0.0.1 -p "$(cat "$dir/pg.port")" -U keygate \
+		-D "$dir/standby$n" -R -X stream -C -S "standby$n" -c fast --no-sync >"$dir/standby$n.log" 2>&1 ||
+		{ cat "$dir/standby$n.log" >&2; die "pg_basebackup of standby $n failed"; }
+	chmod 700 "$dir/standby$n"
+	# The primary's huge pages are its own (reserve_huge_pages): a standby takes what
+	# the kernel has to spare.
+	printf '%s\n' "cluster_name = 'standby$n'" "huge_pages = try" "$@" | as_pg tee -a "$dir/standby$n/postgresql.conf" >/dev/null
+	start_standby "$n"
+}
+
+# standby_url N prints the URL of standby N's keygate database.
+standby_url() { echo "postgres://keygate@127.0.0.1:$(cat "$dir/standby$1.port")/keygate?sslmode=disable"; }
+
+# up_failover makes a stack of its own in DIR for the failover tests, without Redis: a
+# PostgreSQL that commits with synchronous_commit on, and standby 1, its synchronous
+# standby (synchronous_standby_names). A commit that waits for it waits for its WAL
+# receiver to flush the commit's record; with the standby stopped, it waits until the
+# standby is back. The standby is named synchronous only once it streams, since
+# CREATE DATABASE would otherwise wait for it.
+up_failover() {
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	: >"$dir/env"
+	up_pg "synchronous_commit = on" "wal_writer_delay = 10ms"
+	make_standby 1
+	pg_admin "ALTER SYSTEM SET synchronous_standby_names = 'standby1'" "SELECT pg_reload_conf()"
+	local p s
+	p=$(cat "$dir/pg.port")
+	s=$(cat "$dir/standby1.port")
+	cat >>"$dir/env" <<-EOF
+		export DATABASE_STANDBY_URL='$(standby_url 1)'
+		export DATABASE_FAILOVER_URL='postgres://keygate@127.0.0.1:$p,127.0.0.1:$s/keygate?sslmode=disable&target_session_attrs=read-write'
+	EOF
+	cat "$dir/env"
+}
+
+# kill_pg stops the stack's PostgreSQL at once, as a crash would: no shutdown
+# checkpoint, and the standbys hear nothing more.
+kill_pg() {
+	as_pg "$(cat "$dir/pg.bindir")/pg_ctl" -D "$dir/pg" -m immediate -w stop >/dev/null
+}
+
+# promote_standby N promotes standby N to a primary and waits until it takes writes.
+promote_standby() {
+	as_pg "$(cat "$dir/pg.bindir")/pg_ctl" -D "$dir/standby$1" -w -t 30 promote >/dev/null
+}
+
+# follow_standby N M points standby N at standby M, promoted, as a failover tool does:
+# primary_conninfo names M, without a replication slot (M has none of N's), and a
+# reload restarts the WAL receiver. recovery_target_timeline 'latest', the default,
+# has N follow M's new timeline.
+follow_standby() {
+	local n=$1 m=$2
+	as_pg "$(cat "$dir/pg.bindir")/psql" -h 127.0.0.1 -p "$(cat "$dir/standby$n.port")" -U keygate -d postgres -qAt \
+		-c "ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=$(cat "$dir/standby$m.port") user=keygate application_name=standby$n'" \
+		-c "ALTER SYSTEM SET primary_slot_name = ''" -c "SELECT pg_reload_conf()" >/dev/null
 }
 
 # down_standbys stops and removes the standbys of up_standbys, drops their replication
@@ -501,6 +564,11 @@ up-tls) up_tls ;;
 up-pgbouncer) up_pgbouncer ;;
 up-sentinel) up_sentinel ;;
 up-standbys) up_standbys ;;
+up-failover) up_failover ;;
+kill-pg) kill_pg ;;
+promote-standby) promote_standby "${3:?promote-standby DIR N}" ;;
+add-standby) dir=$(cd "$dir" && pwd) && make_standby "${3:?add-standby DIR N}" ;;
+follow-standby) follow_standby "${3:?follow-standby DIR N M}" "${4:?follow-standby DIR N M}" ;;
 down-standbys) down_standbys ;;
 stop-standby) stop_standby "${3:?stop-standby DIR N}" ;;
 start-standby) start_standby "${3:?start-standby DIR N}" ;;

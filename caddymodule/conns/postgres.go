@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -88,8 +89,10 @@ func OpenPostgres(url, option string, pingTimeout time.Duration, setup Setup, lo
 // pgxpool pings a connection idle for more than a second before handing it out. That
 // is a second round trip on nearly every lookup of a quiet gateway. A database
 // answering in over half of database_timeout cannot fit it. So only connections idle
-// for a minute are pinged. A dead connection (after a PostgreSQL restart) fails its
-// lookup at once instead, and the key store retries that once on another connection.
+// for a minute are pinged. A connection whose server closed it (a restart, a
+// failover) is thrown away as it is handed out, without a round trip
+// (pgfailover.Follow). One that dies under its query fails its lookup, and the key
+// store retries that once on another connection.
 //
 // A lookup whose context ends mid-query would, by pgx's default, break its
 // connection. Instead PostgreSQL is asked to cancel the query (lookupCancel). The
@@ -110,6 +113,7 @@ func TunePostgres(cfg *pgxpool.Config, timeout time.Duration, setup Setup) {
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 		return p.IdleDuration > time.Minute
 	}
+	pgfailover.Follow(cfg)
 	grace := max(timeout/4, 50*time.Millisecond)
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &lookupCancel{

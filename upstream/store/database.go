@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // DefaultDatabaseTimeout bounds each wait on PostgreSQL: a pool acquire, a statement, a
@@ -28,7 +30,8 @@ const defaultMinConns = 4
 
 // PoolConfig parses databaseURL into a pool configuration. timeout bounds its every
 // wait on the database (timeoutTracer). A positive maxConns sets the pool size.
-// Otherwise the URL's pool_max_conns does, or else DefaultMaxConns.
+// Otherwise the URL's pool_max_conns does, or else DefaultMaxConns. The pool follows
+// a failover (pgfailover.Follow): it never hands out a connection its server closed.
 func PoolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
@@ -43,6 +46,7 @@ func PoolConfig(databaseURL string, maxConns int32, timeout time.Duration) (*pgx
 	if !strings.Contains(databaseURL, "pool_min_conns") {
 		cfg.MinConns = min(defaultMinConns, cfg.MaxConns)
 	}
+	pgfailover.Follow(cfg)
 	if timeout > 0 {
 		if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > timeout {
 			cfg.ConnConfig.ConnectTimeout = timeout

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -47,7 +48,7 @@ func scanMonitor(row pgx.Row, extra ...any) (Monitor, error) {
 // max_monitors - 1 cannot both succeed. The lock is FOR NO KEY UPDATE, which leaves
 // other tables' foreign-key checks alone.
 func (s *Store) CreateMonitor(ctx context.Context, orgID string, w MonitorWrite) (Monitor, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Monitor{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -94,7 +95,7 @@ RETURNING `+monitorColumns,
 // compared as jsonb, so key order and white space do not count. A w that sets nothing
 // changes nothing, updated_at included.
 func (s *Store) PatchMonitor(ctx context.Context, orgID, id string, w MonitorWrite) (Monitor, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Monitor{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -170,7 +171,7 @@ FROM monitors m WHERE m.id = $1 AND m.org_id = $2 AND m.deleted_at IS NULL`, id,
 // DeleteMonitor marks the live monitor id of orgID deleted. It is not found again.
 // A monitor not found is apperr.ErrMonitorNotFound.
 func (s *Store) DeleteMonitor(ctx context.Context, orgID, id string) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE monitors SET deleted_at = now(), updated_at = now()
+	tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `UPDATE monitors SET deleted_at = now(), updated_at = now()
 WHERE id = $1 AND org_id = $2 AND deleted_at IS NULL`, id, orgID)
 	if err != nil {
 		return fmt.Errorf("deleting monitor: %w", err)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/upstream/apperr"
 	"github.com/keygate/keygate/upstream/password"
 )
@@ -61,9 +62,10 @@ type Member struct {
 }
 
 // PutPlan creates the plan p.Name or replaces its limits, audited in the operators'
-// audit as plan.created or plan.updated with the plan before and after.
+// audit as plan.created or plan.updated with the plan before and after. A plan left
+// without API access commits Synced (planCommit).
 func (s *Store) PutPlan(ctx context.Context, p Plan) (Plan, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, planCommit(p.APIRateLimit))
 	if err != nil {
 		return Plan{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -104,6 +106,16 @@ ON CONFLICT (name) DO UPDATE SET
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}
 	return p, nil
+}
+
+// planCommit is how a write that leaves a plan, or an organisation's plan, with
+// apiRateLimit commits: Synced without API access, which takes every key of the
+// plan's organisations off the API, and Local otherwise.
+func planCommit(apiRateLimit int) pgfailover.Commit {
+	if apiRateLimit == 0 {
+		return pgfailover.Synced
+	}
+	return pgfailover.Local
 }
 
 // planColumns are the columns of a Plan in the order scanPlan reads them.
@@ -147,9 +159,9 @@ func (s *Store) Plan(ctx context.Context, name string) (Plan, error) {
 // alters those it is given, and may refuse the result with an error. The read and the
 // write are one transaction with the row locked, so two updates of different limits
 // both hold. It is audited in the operators' audit as plan.updated, with the plan
-// before and after. An unknown plan is apperr.ENOTFOUND.
+// before and after. An unknown plan is apperr.ENOTFOUND. It commits as PutPlan does.
 func (s *Store) UpdatePlan(ctx context.Context, name string, change func(*Plan) error) (Plan, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Plan{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -177,6 +189,11 @@ WHERE name = $1`,
 	if err := auditOperator(ctx, tx, ActionPlanUpdated, name, before, p); err != nil {
 		return Plan{}, err
 	}
+	if planCommit(p.APIRateLimit) == pgfailover.Synced {
+		if err := pgfailover.Sync(ctx, tx); err != nil {
+			return Plan{}, fmt.Errorf("writing plan: %w", err)
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return Plan{}, fmt.Errorf("writing plan: %w", err)
 	}
@@ -186,7 +203,7 @@ WHERE name = $1`,
 // CreateOrg creates an organisation on an existing plan.
 func (s *Store) CreateOrg(ctx context.Context, name, planName string) (Org, error) {
 	o := Org{Name: name, Plan: planName}
-	err := s.pool.QueryRow(ctx, `INSERT INTO orgs (name, plan) SELECT $1, name FROM plans WHERE name = $2 RETURNING id::text`,
+	err := pgfailover.QueryRow(ctx, s.pool, pgfailover.Local, `INSERT INTO orgs (name, plan) SELECT $1, name FROM plans WHERE name = $2 RETURNING id::text`,
 		name, planName).Scan(&o.ID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Org{}, apperr.Errorf(apperr.ENOTFOUND, "unknown plan %q", planName)
@@ -200,19 +217,21 @@ func (s *Store) CreateOrg(ctx context.Context, name, planName string) (Org, erro
 // SetOrgPlan moves the organisation orgID, a UUID, to another existing plan. A move to
 // another plan is audited in the organisation's audit trail as org.plan_changed by
 // ActorOperator, with the plans before and after; a move to the plan it is on changes
-// nothing and audits nothing.
+// nothing and audits nothing. A move to a plan without API access commits Synced
+// (planCommit), even to the plan it is on.
 func (s *Store) SetOrgPlan(ctx context.Context, orgID, planName string) (Org, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Org{}, fmt.Errorf("beginning transaction: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM plans WHERE name = $1)`, planName).Scan(&exists); err != nil {
-		return Org{}, fmt.Errorf("looking up plan: %w", err)
-	}
-	if !exists {
+	var apiRateLimit int
+	err = tx.QueryRow(ctx, `SELECT api_rate_limit FROM plans WHERE name = $1`, planName).Scan(&apiRateLimit)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return Org{}, apperr.Errorf(apperr.ENOTFOUND, "unknown plan %q", planName)
+	}
+	if err != nil {
+		return Org{}, fmt.Errorf("looking up plan: %w", err)
 	}
 	o := Org{Plan: planName}
 	var from string
@@ -223,15 +242,23 @@ func (s *Store) SetOrgPlan(ctx context.Context, orgID, planName string) (Org, er
 	if err != nil {
 		return Org{}, fmt.Errorf("setting plan: %w", err)
 	}
-	if from == planName {
+	commit := planCommit(apiRateLimit)
+	if from == planName && commit == pgfailover.Local {
 		return o, nil
 	}
-	_, err = tx.Exec(ctx, `WITH o AS (UPDATE orgs SET plan = $2 WHERE id = $1)
+	if commit == pgfailover.Synced {
+		if err := pgfailover.Sync(ctx, tx); err != nil {
+			return Org{}, fmt.Errorf("setting plan: %w", err)
+		}
+	}
+	if from != planName {
+		_, err = tx.Exec(ctx, `WITH o AS (UPDATE orgs SET plan = $2 WHERE id = $1)
 INSERT INTO audit_events (org_id, action, actor, changes)
 VALUES ($1, $3, $4, jsonb_build_object('plan', jsonb_build_object('from', $5::text, 'to', $2::text)))`,
-		orgID, planName, ActionOrgPlanChanged, ActorOperator, from)
-	if err != nil {
-		return Org{}, fmt.Errorf("setting plan: %w", err)
+			orgID, planName, ActionOrgPlanChanged, ActorOperator, from)
+		if err != nil {
+			return Org{}, fmt.Errorf("setting plan: %w", err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return Org{}, fmt.Errorf("setting plan: %w", err)
@@ -283,7 +310,7 @@ func (s *Store) CreateUser(ctx context.Context, hasher *password.Hasher, email, 
 		return User{}, fmt.Errorf("hashing password: %w", err)
 	}
 	u := User{Email: email}
-	err = s.pool.QueryRow(ctx, `INSERT INTO users (email, password_hash) VALUES ($1, $2) RETURNING id::text`,
+	err = pgfailover.QueryRow(ctx, s.pool, pgfailover.Local, `INSERT INTO users (email, password_hash) VALUES ($1, $2) RETURNING id::text`,
 		email, encoded).Scan(&u.ID)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -298,7 +325,7 @@ func (s *Store) CreateUser(ctx context.Context, hasher *password.Hasher, email, 
 // AddMember makes the user with email a member of orgID with role. A user who is
 // already a member gets the new role.
 func (s *Store) AddMember(ctx context.Context, orgID, email, role string) (Member, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Member{}, fmt.Errorf("beginning transaction: %w", err)
 	}

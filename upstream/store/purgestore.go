@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // purgeBatch is the most rows one purge statement deletes. So a purge after a long
@@ -25,7 +27,7 @@ func (s *Store) PurgeExpired(ctx context.Context, now time.Time, window time.Dur
 			(SELECT id FROM login_attempts WHERE at <= $1 LIMIT $2)`, []any{now.Add(-window), purgeBatch}, &attempts},
 	} {
 		for {
-			tag, err := s.pool.Exec(ctx, p.sql, p.args...)
+			tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, p.sql, p.args...)
 			if err != nil {
 				return sessions, attempts, fmt.Errorf("purging: %w", err)
 			}

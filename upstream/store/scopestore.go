@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/keystore"
 	"github.com/keygate/keygate/upstream/apperr"
 )
@@ -18,7 +19,7 @@ import (
 // PutScope adds sc to the vocabulary, after the others, or replaces the description
 // of the scope of that name. It reports whether it created it.
 func (s *Store) PutScope(ctx context.Context, sc keystore.Scope) (created bool, err error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return false, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -59,7 +60,7 @@ func (s *Store) PutScope(ctx context.Context, sc keystore.Scope) (created bool, 
 // written until this ends. The keys are read after the lock, by a statement of their
 // own, so they include those just written.
 func (s *Store) DeleteScope(ctx context.Context, name string) (keystore.Scope, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return keystore.Scope{}, fmt.Errorf("beginning transaction: %w", err)
 	}

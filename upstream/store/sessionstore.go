@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -44,7 +45,7 @@ func (s *Store) CreateSession(ctx context.Context, userID string, ttl time.Durat
 	}
 	token := base64.RawURLEncoding.EncodeToString(raw[:])
 	sum := sha256.Sum256([]byte(token))
-	batch := &pgx.Batch{}
+	batch := pgfailover.NewBatch(pgfailover.Local)
 	batch.Queue(`DELETE FROM sessions WHERE user_id = $1 AND expires_at <= now()`, userID)
 	batch.Queue(`INSERT INTO sessions (token_hash, user_id, expires_at) VALUES ($1, $2, now() + $3::interval)`,
 		sum[:], userID, ttl)
@@ -71,7 +72,7 @@ func (s *Store) SessionUser(ctx context.Context, sum [sha256.Size]byte) (string,
 
 // DeleteSession deletes the session whose token hashes to sum, if there is one.
 func (s *Store) DeleteSession(ctx context.Context, sum [sha256.Size]byte) error {
-	if _, err := s.pool.Exec(ctx, `DELETE FROM sessions WHERE token_hash = $1`, sum[:]); err != nil {
+	if _, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `DELETE FROM sessions WHERE token_hash = $1`, sum[:]); err != nil {
 		return fmt.Errorf("deleting session: %w", err)
 	}
 	return nil

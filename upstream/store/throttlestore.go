@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // LoginThrottle is how many logins may fail in a sliding window. Past it, more are
@@ -45,7 +47,7 @@ func EmailKey(email string) []byte {
 // email is an EmailKey. When the failures in t's window already reach one of t's
 // limits, it records nothing. It returns how long the caller must wait instead.
 func (s *Store) ReserveLogin(ctx context.Context, t LoginThrottle, client string, email []byte, now time.Time) (int64, time.Duration, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return 0, 0, fmt.Errorf("reserving login attempt: %w", err)
 	}
@@ -101,7 +103,7 @@ func (t LoginThrottle) wait(ats []time.Time, limit int, now time.Time) time.Dura
 
 // ReleaseLogin deletes the attempt id, which turned out not to be a failure.
 func (s *Store) ReleaseLogin(ctx context.Context, id int64) error {
-	if _, err := s.pool.Exec(ctx, `DELETE FROM login_attempts WHERE id = $1`, id); err != nil {
+	if _, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `DELETE FROM login_attempts WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("releasing login attempt: %w", err)
 	}
 	return nil
@@ -109,7 +111,7 @@ func (s *Store) ReleaseLogin(ctx context.Context, id int64) error {
 
 // ForgetLogins deletes the attempts of (client, email) after a successful login.
 func (s *Store) ForgetLogins(ctx context.Context, client string, email []byte) error {
-	if _, err := s.pool.Exec(ctx, `DELETE FROM login_attempts WHERE client = $1 AND email_hash = $2`, client, email); err != nil {
+	if _, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `DELETE FROM login_attempts WHERE client = $1 AND email_hash = $2`, client, email); err != nil {
 		return fmt.Errorf("forgetting login attempts: %w", err)
 	}
 	return nil

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // The usage export's ledger (docs/operations.md, Usage export). Each minute row
@@ -82,7 +84,7 @@ type CutResult struct {
 // StartUsageExport makes the export's position, if no upstream has yet: the export
 // begins with now's minute.
 func (s *Store) StartUsageExport(ctx context.Context, now time.Time) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO usage_export (since, cut_at) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+	_, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `INSERT INTO usage_export (since, cut_at) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
 		now.Truncate(time.Minute), now)
 	if err != nil {
 		return fmt.Errorf("starting the usage export: %w", err)
@@ -135,7 +137,7 @@ FOR UPDATE`
 
 // cutOnce runs one cut transaction and returns how many minute rows it exported.
 func (s *Store) cutOnce(ctx context.Context, c UsageCut, res *CutResult) (int, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return 0, err
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // The usage export's outbox: the events CutUsage wrote, until the receiver takes them.
@@ -21,7 +23,7 @@ import (
 // SKIP LOCKED). It returns the claim's lease and its events, ordered by minute and id.
 // An exporter that dies leaves its claims to be taken again when their lease ends.
 func (s *Store) ClaimExportEvents(ctx context.Context, now time.Time, lease time.Duration, limit int) (string, []ExportEvent, error) {
-	rows, err := s.pool.Query(ctx, `WITH c AS (
+	rows, err := pgfailover.Query(ctx, s.pool, pgfailover.Local, `WITH c AS (
 	SELECT id FROM usage_export_events WHERE next_attempt_at <= $1
 	ORDER BY next_attempt_at, minute, id LIMIT $3
 	FOR UPDATE SKIP LOCKED
@@ -52,7 +54,7 @@ RETURNING e.lease::text, e.id, e.minute, e.body, e.attempts`, now, now.Add(lease
 // ExportDelivered deletes the events of lease, which the receiver took, if the lease
 // still holds. It returns how many it deleted.
 func (s *Store) ExportDelivered(ctx context.Context, lease string) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM usage_export_events WHERE lease = $1`, lease)
+	tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `DELETE FROM usage_export_events WHERE lease = $1`, lease)
 	if err != nil {
 		return 0, fmt.Errorf("recording usage events delivered: %w", err)
 	}
@@ -63,7 +65,7 @@ func (s *Store) ExportDelivered(ctx context.Context, lease string) (int64, error
 // still holds, with why. An event that has failed n times is due again after
 // backoff × 2^(n-1), at most max.
 func (s *Store) ExportFailed(ctx context.Context, lease string, now time.Time, backoff, max time.Duration, why string) error {
-	_, err := s.pool.Exec(ctx, `UPDATE usage_export_events SET attempts = attempts + 1, lease = NULL, last_error = $5,
+	_, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `UPDATE usage_export_events SET attempts = attempts + 1, lease = NULL, last_error = $5,
 	next_attempt_at = $2::timestamptz + least($4::interval, $3::interval * power(2, least(attempts, 40)))
 WHERE lease = $1`, lease, now, backoff, max, why)
 	if err != nil {
@@ -75,7 +77,7 @@ WHERE lease = $1`, lease, now, backoff, max, why)
 // ReleaseExportEvents gives the events of lease back unattempted, due at now, if the
 // lease still holds: an exporter that stops gives back what it has not delivered.
 func (s *Store) ReleaseExportEvents(ctx context.Context, lease string, now time.Time) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE usage_export_events SET lease = NULL, next_attempt_at = $2 WHERE lease = $1`,
+	if _, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `UPDATE usage_export_events SET lease = NULL, next_attempt_at = $2 WHERE lease = $1`,
 		lease, now); err != nil {
 		return fmt.Errorf("releasing usage events: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -221,7 +222,7 @@ func (s *Store) RollUpUsage(ctx context.Context) (rolled int64, err error) {
 
 // rollUpBatch rolls up at most rollUpBatch minute rows, and returns how many.
 func (s *Store) rollUpBatch(ctx context.Context) (int64, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return 0, err
 	}
@@ -293,7 +294,7 @@ func (s *Store) PurgeUsage(ctx context.Context, now time.Time) (minutes, hours, 
 			[]any{usageFlushesKept, purgeBatch}, &flushes},
 	} {
 		for {
-			tag, err := s.pool.Exec(ctx, p.sql, p.args...)
+			tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, p.sql, p.args...)
 			if err != nil {
 				return minutes, hours, flushes, fmt.Errorf("purging usage: %w", err)
 			}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/keygate/keygate/internal/pgfailover"
 )
 
 // The states of a delivery.
@@ -91,7 +93,7 @@ func (s *Store) RetryDelivery(ctx context.Context, orgID, webhookID string, id i
 	if !ValidUUID(webhookID) {
 		return ErrDeliveryNotFound
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE webhook_deliveries d SET
+	tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `UPDATE webhook_deliveries d SET
 	next_attempt_at = $4,
 	attempts = CASE WHEN d.state = 'pending' THEN d.attempts ELSE GREATEST(d.attempts, $5) END,
 	state = 'pending', lease = NULL, finished_at = NULL
@@ -150,7 +152,7 @@ func (s *Store) ClaimDeliveries(ctx context.Context, now time.Time, lease time.D
 	if sh.Slots < 1 || sh.PerOrg < 1 || sh.PerEndpoint < 1 {
 		return nil, nil
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return nil, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -243,7 +245,7 @@ type Outcome struct {
 // webhook.disabled. It reports whether the endpoint was disabled. A lease that ended (another dispatcher took the delivery)
 // records nothing.
 func (s *Store) RecordAttempt(ctx context.Context, c Claim, o Outcome) (disabled bool, err error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return false, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -322,7 +324,7 @@ func failing(ctx context.Context, tx pgx.Tx, id string, o Outcome) (bool, error)
 // ReleaseClaim gives c back unattempted, due at now, if its lease still holds: a
 // dispatcher that stops gives back what it has not delivered.
 func (s *Store) ReleaseClaim(ctx context.Context, c Claim, now time.Time) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE webhook_deliveries SET lease = NULL, next_attempt_at = $3 WHERE id = $1 AND lease = $2`,
+	if _, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `UPDATE webhook_deliveries SET lease = NULL, next_attempt_at = $3 WHERE id = $1 AND lease = $2`,
 		c.DeliveryID, c.Lease, now); err != nil {
 		return fmt.Errorf("releasing delivery: %w", err)
 	}

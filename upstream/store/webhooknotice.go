@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/keystore"
 )
 
@@ -17,7 +18,7 @@ import (
 // notices are news, not history. It returns the events written.
 func (s *Store) ExpiryNotices(ctx context.Context, now time.Time) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `WITH due AS (
+	err := pgfailover.QueryRow(ctx, s.pool, pgfailover.Local, `WITH due AS (
 	SELECT k.org_id, k.key_id, k.name, k.role, k.expires_at,
 		CASE WHEN k.expires_at <= $1 THEN 'key.expired'
 		     WHEN k.expires_at <= $1 + interval '1 day' THEN 'key.expiring.1d'
@@ -89,7 +90,7 @@ func (s *Store) QuotaNotices(ctx context.Context, org QuotaOrg, used int64, now 
 			continue
 		}
 		var n int
-		err := s.pool.QueryRow(ctx, `WITH fresh AS (
+		err := pgfailover.QueryRow(ctx, s.pool, pgfailover.Local, `WITH fresh AS (
 	INSERT INTO webhook_notices (org_id, kind, subject, at) VALUES ($1, $2, $3, $4)
 	ON CONFLICT DO NOTHING RETURNING org_id
 )
@@ -113,12 +114,12 @@ const WebhookRetention = 30 * 24 * time.Hour
 // older than twice that, whose subjects can no longer fire. It returns the events
 // deleted.
 func (s *Store) PurgeWebhooks(ctx context.Context, now time.Time) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM webhook_events ev WHERE ev.created_at < $1
+	tag, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `DELETE FROM webhook_events ev WHERE ev.created_at < $1
 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id AND d.state = 'pending')`, now.Add(-WebhookRetention))
 	if err != nil {
 		return 0, fmt.Errorf("purging webhook events: %w", err)
 	}
-	if _, err := s.pool.Exec(ctx, `DELETE FROM webhook_notices WHERE at < $1`, now.Add(-2*WebhookRetention)); err != nil {
+	if _, err := pgfailover.Exec(ctx, s.pool, pgfailover.Local, `DELETE FROM webhook_notices WHERE at < $1`, now.Add(-2*WebhookRetention)); err != nil {
 		return 0, fmt.Errorf("purging webhook notices: %w", err)
 	}
 	return tag.RowsAffected(), nil

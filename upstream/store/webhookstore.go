@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keygate/keygate/internal/pgfailover"
 	"github.com/keygate/keygate/upstream/apperr"
 )
 
@@ -104,7 +105,7 @@ func (s *Store) changeWebhook(ctx context.Context, orgID, id, actor, action, doi
 	if !ValidUUID(id) {
 		return Webhook{}, ErrWebhookNotFound
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Webhook{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -126,7 +127,7 @@ func (s *Store) changeWebhook(ctx context.Context, orgID, id, actor, action, doi
 // actor. w's URL and events must have been checked. The org's row is locked, so that
 // concurrent creations count one at a time: the eleventh is ErrTooManyWebhooks.
 func (s *Store) CreateWebhook(ctx context.Context, orgID, actor string, w WebhookWrite, secret string) (Webhook, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return Webhook{}, fmt.Errorf("beginning transaction: %w", err)
 	}
@@ -237,7 +238,7 @@ func (s *Store) TestWebhook(ctx context.Context, orgID, id string, now time.Time
 	if !ValidUUID(id) {
 		return "", ErrWebhookNotFound
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgfailover.Begin(ctx, s.pool, pgfailover.Local)
 	if err != nil {
 		return "", fmt.Errorf("beginning transaction: %w", err)
 	}
