@@ -475,18 +475,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.proxy(w, r, next, key, count, cost)
 }
 
-// setIdentityPlaceholders makes the key's identity available to the rest of the
-// config, and to Caddy's access log (user_id). It never sets the key itself.
-func setIdentityPlaceholders(r *http.Request, key keystore.Key) {
-	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if !ok {
-		return
-	}
-	repl.Set("http.auth.user.id", key.ID)
-	repl.Set("http.auth.user.org_id", key.OrgID)
-	repl.Set("http.auth.user.role", string(key.Role))
-}
-
 // readOnlyMethod reports whether a Viewer key may use method.
 func readOnlyMethod(method string) bool {
 	return method == http.MethodGet || method == http.MethodHead || method == http.MethodOptions

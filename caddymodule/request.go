@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -137,4 +138,16 @@ func namesOwnField(v string) bool {
 		}
 	}
 	return false
+}
+
+// setIdentityPlaceholders makes the key's identity available to the rest of the
+// config, and to Caddy's access log (user_id). It never sets the key itself.
+func setIdentityPlaceholders(r *http.Request, key keystore.Key) {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return
+	}
+	repl.Set("http.auth.user.id", key.ID)
+	repl.Set("http.auth.user.org_id", key.OrgID)
+	repl.Set("http.auth.user.role", string(key.Role))
 }
