@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"net/http"
 	"os"
@@ -44,7 +43,7 @@ func startSentinelSet(t *testing.T) sentinelSet {
 	if out, err := exec.Command(script, "up-sentinel", dir).CombinedOutput(); err != nil {
 		t.Fatalf("stack.sh up-sentinel: %v\n%s", err, out)
 	}
-	env := readEnvFile(t, filepath.Join(dir, "env"))
+	env := testenv.StackEnv(t, filepath.Join(dir, "env"))
 	set := sentinelSet{url: env["REDIS_SENTINEL_URL"], pidfile: env["REDIS_SENTINEL_PRIMARY_PIDFILE"]}
 	if set.url == "" || set.pidfile == "" {
 		t.Fatalf("stack.sh up-sentinel wrote %v", env)
@@ -53,25 +52,6 @@ func startSentinelSet(t *testing.T) sentinelSet {
 		t.Fatal(err)
 	}
 	return set
-}
-
-// readEnvFile reads the `export NAME='value'` lines scripts/stack.sh writes.
-func readEnvFile(t *testing.T, path string) map[string]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
-		if ok {
-			env[name] = strings.Trim(value, "'")
-		}
-	}
-	return env
 }
 
 // waitReady waits until every Sentinel knows the replica, with its link to the primary

@@ -1,10 +1,8 @@
 package httpapi
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/csv"
 	"encoding/json"
 	"net/http"
 	"net/netip"
@@ -169,30 +167,19 @@ func nonNilEvents(events []eventJSON) []eventJSON {
 	return events
 }
 
-// writeAuditCSV answers with events as CSV (RFC 4180: a header line, CRLF line
-// ends), to be saved as name. changes is the JSON of a key.updated's changes.
+// writeAuditCSV answers with events as CSV, to be saved as name. changes is the JSON
+// of a key.updated's changes.
 func writeAuditCSV(w http.ResponseWriter, name string, events []eventJSON) {
-	var buf bytes.Buffer
-	cw := csv.NewWriter(&buf)
-	cw.UseCRLF = true
-	_ = cw.Write([]string{"id", "at", "action", "key_id", "new_key_id", "webhook_id", "actor", "url", "changes"}) // a bytes.Buffer takes every write
+	records := [][]string{{"id", "at", "action", "key_id", "new_key_id", "webhook_id", "actor", "url", "changes"}}
 	for _, e := range events {
 		changes := ""
 		if e.Changes != nil {
 			b, _ := json.Marshal(e.Changes)
 			changes = string(b)
 		}
-		_ = cw.Write([]string{e.ID, e.At, e.Action, e.KeyID, e.NewKeyID, e.WebhookID, e.Actor, e.URL, changes})
+		records = append(records, []string{e.ID, e.At, e.Action, e.KeyID, e.NewKeyID, e.WebhookID, e.Actor, e.URL, changes})
 	}
-	cw.Flush()
-	h := w.Header()
-	h.Set("Content-Type", "text/csv; charset=utf-8")
-	h.Set("Content-Disposition", `attachment; filename="`+name+`"`)
-	h.Set("Content-Length", strconv.Itoa(buf.Len()))
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(buf.Bytes())
+	writeCSV(w, name, records)
 }
 
 // auditNamer names what the audit page shows of events, where the JSON API gives ids:

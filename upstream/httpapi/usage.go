@@ -68,18 +68,23 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request, p principal
 	return nil
 }
 
-// writeUsageCSV answers with rows as CSV (RFC 4180: a header line, CRLF line ends),
-// to be saved as name.
+// writeUsageCSV answers with rows as CSV, to be saved as name.
 func writeUsageCSV(w http.ResponseWriter, name string, rows []store.UsageRow) {
+	records := [][]string{{"key_id", "start", "outcome", "status", "count", "units"}}
+	for _, u := range rows {
+		records = append(records, []string{u.KeyID, timeJSON(u.Start), u.Outcome, strconv.Itoa(u.Status),
+			strconv.FormatInt(u.Count, 10), strconv.FormatInt(u.Units, 10)})
+	}
+	writeCSV(w, name, records)
+}
+
+// writeCSV answers with records, its header line first, as CSV (RFC 4180: CRLF line
+// ends), a download to be saved as name.
+func writeCSV(w http.ResponseWriter, name string, records [][]string) {
 	var buf bytes.Buffer
 	cw := csv.NewWriter(&buf)
 	cw.UseCRLF = true
-	_ = cw.Write([]string{"key_id", "start", "outcome", "status", "count", "units"}) // a bytes.Buffer takes every write
-	for _, u := range rows {
-		_ = cw.Write([]string{u.KeyID, timeJSON(u.Start), u.Outcome, strconv.Itoa(u.Status),
-			strconv.FormatInt(u.Count, 10), strconv.FormatInt(u.Units, 10)})
-	}
-	cw.Flush()
+	_ = cw.WriteAll(records) // a bytes.Buffer takes every write
 	h := w.Header()
 	h.Set("Content-Type", "text/csv; charset=utf-8")
 	h.Set("Content-Disposition", `attachment; filename="`+name+`"`)

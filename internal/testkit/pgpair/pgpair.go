@@ -6,7 +6,6 @@
 package pgpair
 
 import (
-	"bufio"
 	"net/url"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/keygate/keygate/internal/testkit/testenv"
 )
 
 // Pair is a primary and its synchronous standby, standby 1 of scripts/stack.sh. The
@@ -49,7 +50,7 @@ func Start(t testing.TB) *Pair {
 	if out, err := p.command("up-failover"); err != nil {
 		t.Fatalf("stack.sh up-failover: %v\n%s", err, out)
 	}
-	env := readEnv(t, filepath.Join(dir, "env"))
+	env := testenv.StackEnv(t, filepath.Join(dir, "env"))
 	p.PrimaryURL, p.StandbyURL, p.FailoverURL = env["DATABASE_URL"], env["DATABASE_STANDBY_URL"], env["DATABASE_FAILOVER_URL"]
 	return p
 }
@@ -120,26 +121,4 @@ func stackScript() (string, error) {
 		}
 		dir = up
 	}
-}
-
-// readEnv reads the lines `export NAME='value'` of stack.sh's env file.
-func readEnv(t testing.TB, path string) map[string]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
-		if ok {
-			env[name] = strings.Trim(value, "'")
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return env
 }

@@ -6,10 +6,12 @@
 package testenv
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,4 +99,27 @@ func Within(timeout time.Duration, cond func() bool) bool {
 		time.Sleep(every)
 	}
 	return true
+}
+
+// StackEnv reads the lines `export NAME='value'` of the env file scripts/stack.sh
+// writes in its directory (path), for the servers a test starts of its own.
+func StackEnv(tb testing.TB, path string) map[string]string {
+	tb.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	env := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
+		if ok {
+			env[name] = strings.Trim(value, "'")
+		}
+	}
+	if err := sc.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return env
 }
