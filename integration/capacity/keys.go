@@ -98,8 +98,8 @@ func Seed(ctx context.Context, databaseURL string, keys, orgs int) (Seeded, erro
 	defer conn.Close(ctx)
 	// Vacuum marks a page all-visible, which the lookup's index-only scans need, only
 	// once the commits of its rows are flushed to the WAL. A server with
-	// synchronous_commit off (scripts/stack.sh's) flushes them later: this session's
-	// commits wait for it.
+	// synchronous_commit off (scripts/stack.sh's) flushes them later: the seeding
+	// connection's commits wait for the flush.
 	if _, err := conn.Exec(ctx, `SET synchronous_commit = on`); err != nil {
 		return Seeded{}, fmt.Errorf("seeding: %w", err)
 	}
