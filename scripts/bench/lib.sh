@@ -210,8 +210,10 @@ only_run() {
 	local -n _only=$1
 	local prefix=$2
 	_only+=$'\n'"    run alone (BENCH_ONLY=$BENCH_ONLY), $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown),"
-	_only+=" $(nproc) cores, load average $bench_start_load at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end;"
-	_only+=$'\n'"    $(pg_settings)"
+	_only+=" $(nproc) cores, load average $bench_start_load at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+	local pg
+	pg=$(pg_settings)
+	[ -z "$pg" ] || _only+=$';\n'"    $pg"
 	echo "$_only"
 	printf '%s\n' "$_only" | sed '/./,$!d' >"$OUT.block"
 	if [ -f "$OUT" ] && grep -qF "$prefix" "$OUT"; then
@@ -248,8 +250,10 @@ capacity_flags=(-keys "${CAP_KEYS:-1000000}" -procs "${CAP_PROCS:-4}" -warmup "$
 
 # pg_settings prints the settings of the bench's PostgreSQL that docs/scaling.md's
 # lookups depend on, for the report: its shared_buffers and whether huge pages back
-# them (BENCH_SHARED_BUFFERS and BENCH_HUGE_PAGES, bench/setup.sh).
+# them (BENCH_SHARED_BUFFERS and BENCH_HUGE_PAGES, bench/setup.sh); nothing for a
+# section that starts no PostgreSQL, such as (fs).
 pg_settings() {
+	[ -f "$stack/pg.bindir" ] || return 0
 	local huge="huge pages off"
 	[ ! -f "$stack/pg.hugepages" ] || huge="huge pages on ($(cat "$stack/pg.hugepages") of 2 MB)"
 	echo "PostgreSQL shared_buffers $("$(cat "$stack/pg.bindir")/psql" "$DATABASE_URL" -qAtc 'SHOW shared_buffers'), $huge"
