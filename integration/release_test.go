@@ -74,6 +74,17 @@ func checkout(t *testing.T) string {
 // TestTheBinariesReportTheCheckoutsVersion checks that bin/caddy shows it.)
 func TestAReleaseBuildNamesItsTag(t *testing.T) {
 	dir := checkout(t)
+	// The release needs a change to name: the copy's [Unreleased] gets one, whether the
+	// tree's is empty (just after a release) or not.
+	changelog, err := os.ReadFile(filepath.Join(dir, "CHANGELOG.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unreleased := strings.Replace(string(changelog), "## [Unreleased]\n", "## [Unreleased]\n\n### Fixed\n\n- A change to release.\n", 1)
+	if err := os.WriteFile(filepath.Join(dir, "CHANGELOG.md"), []byte(unreleased), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inDir(t, dir, "git commit -q -am 'a change to release'")
 	before := inDir(t, dir, "scripts/version.sh")
 	if !regexp.MustCompile(`^v\d+\.\d+\.\d+-(0\.)?\d{14}-[0-9a-f]{12}$`).MatchString(before) {
 		t.Errorf("before the release, version.sh prints %q, want a pseudo-version", before)
@@ -85,7 +96,7 @@ func TestAReleaseBuildNamesItsTag(t *testing.T) {
 	if tags := inDir(t, dir, "git tag --points-at HEAD | sort | tr '\\n' ' '"); tags != "gatewayauth/v0.98.7 v0.98.7" {
 		t.Errorf("tags at the release's commit: %q", tags)
 	}
-	changelog, err := os.ReadFile(filepath.Join(dir, "CHANGELOG.md"))
+	changelog, err = os.ReadFile(filepath.Join(dir, "CHANGELOG.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
