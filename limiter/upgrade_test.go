@@ -77,14 +77,24 @@ func TestTheLastReleaseAndThisOneShareAnOrgsBudgets(t *testing.T) {
 	w := now.Unix() / 60
 	l := limiter.NewRedis(rdb, limiter.WithPrefix(prefix), limiter.WithClock(func() time.Time { return now }))
 	old := lastReleaseScript(t, "last-release-budgets.lua")
-	ctx := context.Background()
 	keys := []string{
 		orgCounter(prefix, "o", w), monthCounter(prefix, "o", now),
 		keyCounter(prefix, "o", "k", w),
 	}
-	const keyLimit, orgLimit, monthLimit = 100, 7, 1000
 	// The month starts at zero (seed 0) in both releases' first count.
-	b := limiter.Budgets{Key: "k", KeyLimit: keyLimit, Org: "o", OrgLimit: orgLimit, MonthLimit: monthLimit}
+	shareOrgBudgets(t, rdb, l, old, keys, limiter.Budgets{Key: "k", Org: "o"})
+}
+
+// shareOrgBudgets sends ten requests of key k of org o through the last release's
+// script (old, on keys: the org's minute, its month and the key's minute) and l in
+// turn, with a key limit of 100, an org ceiling of 7 and a month of 1,000 set on b. It
+// requires one exact budget: each side counts the other's requests, exactly the org's
+// 7 pass, and the month holds them.
+func shareOrgBudgets(t *testing.T, rdb *redis.Client, l *limiter.Redis, old *redis.Script, keys []string, b limiter.Budgets) {
+	t.Helper()
+	ctx := context.Background()
+	const keyLimit, orgLimit, monthLimit = 100, 7, 1000
+	b.KeyLimit, b.OrgLimit, b.MonthLimit = keyLimit, orgLimit, monthLimit
 	allowed := 0
 	for i := 1; i <= 10; i++ {
 		if i%2 == 1 {
@@ -171,40 +181,7 @@ func TestTheLastReleaseIgnoresAKeysOtherWindowsAndSharesItsMinute(t *testing.T) 
 	t.Run("an org's budgets", func(t *testing.T) {
 		old := lastReleaseScript(t, "last-release-budgets.lua")
 		keys := []string{orgCounter(prefix, "o", w), monthCounter(prefix, "o", now), keyCounter(prefix, "o", "k", w)}
-		const keyLimit, orgLimit, monthLimit = 100, 7, 1000
-		b := limiter.Budgets{Key: "k", KeyLimit: keyLimit, KeyPerSecond: 50, KeyPerHour: 50, Org: "o", OrgLimit: orgLimit, MonthLimit: monthLimit}
-		allowed := 0
-		for i := 1; i <= 10; i++ {
-			if i%2 == 1 {
-				v, err := old.Run(ctx, rdb, keys, 120000, 86400000, 0, orgLimit, monthLimit, keyLimit, 3, 0).Int64Slice()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if v[0] != 0 || v[4] != int64(i-1) {
-					t.Fatalf("request %d: the last release answered %v", i, v)
-				}
-				if v[2] < orgLimit {
-					allowed++
-				}
-				continue
-			}
-			r, err := l.Allow(ctx, b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Key.Remaining != keyLimit-i || r.Allowed != (allowed < orgLimit) {
-				t.Fatalf("request %d: this release's %+v, with %d allowed before it", i, r, allowed)
-			}
-			if r.Allowed {
-				allowed++
-			}
-		}
-		if allowed != orgLimit {
-			t.Errorf("%d of 10 allowed, want the org's %d", allowed, orgLimit)
-		}
-		if used, err := rdb.Get(ctx, keys[1]).Int64(); err != nil || used != orgLimit {
-			t.Errorf("the month holds %d (%v), want the %d allowed", used, err, orgLimit)
-		}
+		shareOrgBudgets(t, rdb, l, old, keys, limiter.Budgets{Key: "k", KeyPerSecond: 50, KeyPerHour: 50, Org: "o"})
 		// This release's five all passed the key's windows; the hour counts them.
 		if n, err := rdb.Get(ctx, windowCounter(prefix, "o", "k", limiter.Hour, now)).Int64(); err != nil || n != 5 {
 			t.Errorf("the hour holds %d (%v), want this release's 5", n, err)
