@@ -42,8 +42,20 @@ func (h *Handler) limitBody(w http.ResponseWriter, r *http.Request, key *keystor
 // readBody reads r's body, up to limit bytes, and puts it back in full, with its
 // length, so that the request goes on only once its body has arrived whole. A body
 // over limit is a *http.MaxBytesError; any other error is the client's reading's.
+//
+// A request that declares an empty body (no Transfer-Encoding and a length of 0:
+// every GET and HEAD a client sends without one) is not read: net/http and HTTP/2
+// have already made its body empty, and reading through Caddy's wrappers would set a
+// read deadline on the connection for nothing, a cost every such request paid.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) error {
 	if r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	if r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
+		r.Body = http.NoBody
+		if _, ok := r.Header["Expect"]; ok {
+			delete(r.Header, "Expect")
+		}
 		return nil
 	}
 	var buf bytes.Buffer

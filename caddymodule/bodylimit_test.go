@@ -1,10 +1,13 @@
 package caddymodule
 
 import (
+	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/keygate/keygate/internal/testkit/testenv"
 	"github.com/keygate/keygate/keystore"
@@ -69,5 +72,29 @@ func TestMaxRequestBodyIsTheOption(t *testing.T) {
 	res, body = gw.do(t, http.MethodPost, "/v1/upload", "Bearer "+key, nil, `{"a":"b"}`)
 	if res.StatusCode != http.StatusOK || string(body) != `{"read":9}` {
 		t.Errorf("a body under the limit: %d %s", res.StatusCode, body)
+	}
+}
+
+// TestADeclaredEmptyBodyIsNotRead: a request whose length is 0 and that has no
+// Transfer-Encoding goes on with an empty body and without Expect, and its body is not
+// read (the reader here fails if it is). A chunked one is read.
+func TestADeclaredEmptyBodyIsNotRead(t *testing.T) {
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodGet, "/v1/monitors", nil)
+	r.Body = io.NopCloser(iotest.ErrReader(errors.New("read")))
+	r.ContentLength = 0
+	r.Header.Set("Expect", "100-continue")
+	if err := readBody(rec, r, 1<<20); err != nil {
+		t.Fatalf("readBody of a declared empty body: %v", err)
+	}
+	if r.Body != http.NoBody || r.ContentLength != 0 || r.Header.Get("Expect") != "" {
+		t.Errorf("after readBody: body %T, length %d, Expect %q; want http.NoBody, 0, none", r.Body, r.ContentLength, r.Header.Get("Expect"))
+	}
+
+	r = httptest.NewRequest(http.MethodPost, "/v1/monitors", nil)
+	r.Body = io.NopCloser(iotest.ErrReader(errors.New("read")))
+	r.ContentLength, r.TransferEncoding = 0, []string{"chunked"}
+	if err := readBody(rec, r, 1<<20); err == nil || err.Error() != "read" {
+		t.Errorf("readBody of a chunked body: %v, want the reader's error", err)
 	}
 }

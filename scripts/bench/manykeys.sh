@@ -3,8 +3,8 @@
 # (integration/capacity), every 500th moved to the bench org, so that 2,000 keys read
 # the bench's monitor; PAIR_ROUNDS rounds of three runs, their order rotating
 # (rotate_runs): plain Caddy, the gateway with the bench key alone, and the gateway with
-# the 2,000 keys (one wrk Lua script for both gateway runs, round robin over its keys in
-# each thread). Medians of the rounds: the 2,000 keys' throughput over plain's (target
+# the 2,000 keys (one wrk Lua script for all three runs, round robin over its lines of
+# header fields in each thread). Medians of the rounds: the 2,000 keys' throughput over plain's (target
 # 0.80), the bench key's beside it, CPU per request by process, and the distinct key ids
 # and requests per lookup query (the gateway's /metrics). It leaves the 1,000,000 keys
 # in the database, so it runs after the other pairs. BENCH_MANYKEYS=0 skips it,
@@ -41,8 +41,8 @@ with_batches() {
 # 10,000 organisations on the "pro" plan into the bench's database. One UPDATE moves
 # every 500th of them, 2,000 spread over the whole range of ids, to the bench org,
 # whose plan refuses nothing here, so that they read the bench's monitor as the bench
-# key does. Both gateway runs send their keys through one wrk Lua script, so that wrk
-# costs the same in both; each of its threads takes the keys of its file in turn (round
+# key does. All three runs send their fields through one wrk Lua script, so that wrk
+# costs the same in each; each of its threads takes the lines of its file in turn (round
 # robin), from a start of its own. The 1,000,000 keys stay: later runs look keys up in
 # the larger table.
 bench_manykeys() {
@@ -61,13 +61,21 @@ bench_manykeys() {
 	SQL
 	)
 	[ "$moved" = "$n" ] || { echo "bench: (mk) moved $moved keys to the bench org, not $n" >&2; exit 1; }
-	"$stack/capacity" keys -count "$n" -every "$every" >"$stack/manykeys.txt"
-	echo "$key" >"$stack/onekey.txt"
-	# keys_script FILE prints the Lua script that sends FILE's keys.
+	# One request's header fields a line, tab-separated: the 2,000 keys, the bench key,
+	# and plain's identity fields. All three runs send theirs through the same Lua
+	# script, so that wrk, on the same two cores, costs each run the same: a script
+	# costs wrk more than fixed -H fields do, and would otherwise slow the gateway's runs
+	# alone.
+	"$stack/capacity" keys -count "$n" -every "$every" | sed 's/^/Authorization: Bearer /' >"$stack/manykeys.txt"
+	echo "Authorization: Bearer $key" >"$stack/onekey.txt"
+	printf 'X-Gateway-Org-Id: %s\tX-Gateway-Key-Id: %s\tX-Gateway-Key-Role: Admin\tX-Gateway-Secret: %s\n' \
+		"$org" "$key_id" "$GATEWAY_SECRET" >"$stack/plain.txt"
+	# keys_script FILE prints the Lua script that sends FILE's lines of fields.
 	keys_script() {
 		sed "s#@FILE@#$1#" <<-'EOF'
-		-- Each request carries the next key of @FILE@, in turn. setup numbers the
-		-- threads; thread t starts at key t * 997, so that the threads are not in step.
+		-- Each request carries the next line of @FILE@'s header fields, in turn. setup
+		-- numbers the threads; thread t starts at line t * 997, so that the threads are
+		-- not in step.
 		local threads = 0
 		function setup(thread)
 			threads = threads + 1
@@ -76,7 +84,12 @@ bench_manykeys() {
 		function init()
 			reqs = {}
 			for line in io.lines("@FILE@") do
-				reqs[#reqs + 1] = wrk.format(nil, nil, {["Authorization"] = "Bearer " .. line})
+				local headers = {}
+				for field in line:gmatch("[^\t]+") do
+					local name, value = field:match("^([^:]+): (.*)$")
+					headers[name] = value
+				end
+				reqs[#reqs + 1] = wrk.format(nil, nil, headers)
 			end
 			i = (number * 997) % #reqs
 		end
@@ -88,11 +101,12 @@ bench_manykeys() {
 	}
 	keys_script "$stack/onekey.txt" >"$stack/onekey.lua"
 	keys_script "$stack/manykeys.txt" >"$stack/manykeys.lua"
+	keys_script "$stack/plain.txt" >"$stack/plain.lua"
 	local code url="http://$gw/v1/monitors/$monitor"
-	code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $(tail -n1 "$stack/manykeys.txt")" "$url")
+	code=$(curl -s -o /dev/null -w '%{http_code}' -H "$(tail -n1 "$stack/manykeys.txt")" "$url")
 	[ "$code" = 200 ] || { echo "bench: (mk) the last of the 2,000 keys answered $code, not 200" >&2; exit 1; }
 	# shellcheck disable=SC2034 # rotate_runs runs mkp_cmd, mk1_cmd and mkn_cmd
-	local mkp_cmd=(with_batches measure_cpu ok "http://$plain/v1/monitors/$monitor" "${ident[@]}")
+	local mkp_cmd=(with_batches measure_cpu ok "http://$plain/v1/monitors/$monitor" -s "$stack/plain.lua")
 	local mk1_cmd=(with_batches measure_cpu ok "$url" -s "$stack/onekey.lua")
 	local mkn_cmd=(with_batches measure_cpu ok "$url" -s "$stack/manykeys.lua")
 	local mkp_runs=() mk1_runs=() mkn_runs=() load_start
@@ -110,7 +124,7 @@ bench_manykeys() {
 	# shellcheck disable=SC2086 # one figure a word
 	ratio_n=$(median 1 $rounds_n) ratio_1=$(median 1 $rounds_1)
 	manykeys_report=$'\n\n'"(mk) many keys: GET /v1/monitors/{id} with $n keys among $rows rows, every ${every}th, medians of $PAIR_ROUNDS rounds"
-	manykeys_report+=$'\n'"    of three runs, their order rotating; wrk -t$THREADS -c$CONNS -d$DURATION, one Lua script for both gateway runs (round robin per thread)"
+	manykeys_report+=$'\n'"    of three runs, their order rotating; wrk -t$THREADS -c$CONNS -d$DURATION, one Lua script for all three runs (round robin per thread)"
 	manykeys_report+=$'\n'"$seeded"
 	manykeys_report+=$'\n'"$(cpu_header "" | awk 'NR == 1 {printf "%s %9s %9s\n", $0, "ids", "requests"; next}
 		{printf "%s %9s %9s\n", $0, "/query", "/query"}')"
