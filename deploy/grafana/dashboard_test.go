@@ -1,6 +1,7 @@
 package grafana_test
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 
@@ -33,6 +34,40 @@ func TestDashboardHasQueries(t *testing.T) {
 	for _, want := range []string{"keygate_requests_total", "keygate_dependency_up", "keygate_upstream_http_requests_total"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("the dashboard does not query %s; it queries %q", want, names)
+		}
+	}
+}
+
+// TestPanelsHaveOwnIDsAndPlaces: Grafana keys a panel by its id, and draws panels
+// where gridPos says. Two panels with one id, or two on one place, show as one.
+func TestPanelsHaveOwnIDsAndPlaces(t *testing.T) {
+	var doc struct {
+		Panels []struct {
+			ID      int    `json:"id"`
+			Title   string `json:"title"`
+			GridPos struct {
+				H, W, X, Y int
+			} `json:"gridPos"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(grafana.Dashboard, &doc); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[int]string{}
+	for i, p := range doc.Panels {
+		if other, ok := ids[p.ID]; ok {
+			t.Errorf("panels %q and %q share the id %d", other, p.Title, p.ID)
+		}
+		ids[p.ID] = p.Title
+		a := p.GridPos
+		if a.W <= 0 || a.H <= 0 || a.X < 0 || a.X+a.W > 24 {
+			t.Errorf("panel %q: gridPos %+v is not within the 24 columns", p.Title, a)
+		}
+		for _, q := range doc.Panels[:i] {
+			b := q.GridPos
+			if a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H {
+				t.Errorf("panels %q %+v and %q %+v overlap", q.Title, b, p.Title, a)
+			}
 		}
 	}
 }
