@@ -6,11 +6,11 @@
 # the 2,000 keys (one wrk Lua script for all three runs, round robin over its lines of
 # header fields in each thread). Medians of the rounds: the 2,000 keys' throughput over
 # plain's (target 0.80), the bench key's beside it, CPU per request by process, and the
-# distinct key ids and requests per lookup query (the gateway's /metrics). It leaves the 1,000,000 keys
-# in the database, so it runs after the other pairs. BENCH_MANYKEYS=0 skips it,
-# BENCH_ONLY=manykeys runs it alone and replaces it in OUT. With PROFILE=DIR it also
-# writes DIR/manykeys.cpu.pprof, DIR/manykeys.top.txt and DIR/manykeys.run.txt for one
-# more run of the 2,000 keys, and DIR/onekey.* for one more run of the one key.
+# distinct key ids and requests per lookup query (the gateway's /metrics). It leaves the
+# 1,000,000 keys in the database, so it runs after the other pairs. BENCH_MANYKEYS=0
+# skips it, BENCH_ONLY=manykeys runs it alone and replaces it in OUT. With PROFILE=DIR
+# it also writes DIR/manykeys.cpu.pprof, DIR/manykeys.top.txt and DIR/manykeys.run.txt
+# for one more run of the 2,000 keys, and DIR/onekey.* for one more run of the one key.
 paragraph[manykeys]="(mk) many keys"
 
 # lookup_batches prints the gateway's lookup queries so far, the distinct key ids they
