@@ -68,8 +68,9 @@ bench_manykeys() {
 	# alone.
 	"$stack/capacity" keys -count "$n" -every "$every" | sed 's/^/Authorization: Bearer /' >"$stack/manykeys.txt"
 	echo "Authorization: Bearer $key" >"$stack/onekey.txt"
-	printf 'X-Gateway-Org-Id: %s\tX-Gateway-Key-Id: %s\tX-Gateway-Key-Role: Admin\tX-Gateway-Secret: %s\n' \
-		"$org" "$key_id" "$GATEWAY_SECRET" >"$stack/plain.txt"
+	local field fields=()
+	for field in "${ident[@]}"; do [ "$field" = -H ] || fields+=("$field"); done
+	(IFS=$'\t' && echo "${fields[*]}") >"$stack/plain.txt" # ident's fields, as (b) sends them
 	# keys_script FILE prints the Lua script that sends FILE's lines of fields.
 	keys_script() {
 		sed "s#@FILE@#$1#" <<-'EOF'
