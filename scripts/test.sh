@@ -53,6 +53,24 @@ stack_env() {
 }
 stack_env "$stack"
 
+# The integration suite runs beside everything up to the fuzz targets, on its own
+# servers: the tests spend most of their time waiting (on timeouts, restarts,
+# replays), not on the CPU. Its output is printed after the other packages', its own
+# lines together. A stage that fails before then stops it (the trap below).
+integration() { (stack_env "$istack" && go test -count=1 -timeout 30m "$@" ./integration); }
+integration_pid=
+if [ "$istack" != "$stack" ]; then
+	stage "integration (beside the stages below; its output after every package's)" integration "$@" >"$istack/integration.log" 2>&1 &
+	integration_pid=$!
+fi
+# kill_tree PID stops PID and every process it started.
+kill_tree() {
+	local child
+	for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+	kill "$1" 2>/dev/null || true
+}
+trap '[ -z "$integration_pid" ] || kill_tree "$integration_pid"; [ "$istack" = "$stack" ] || scripts/stack.sh down "$istack"; scripts/stack.sh down "$stack"' EXIT
+
 # Each stage says when it starts and how long it took (README.md gives the whole's
 # time on two cores).
 stage "go vet ./..." go vet ./...
@@ -65,21 +83,16 @@ stage "OpenAPI documents: lint and TypeScript client" scripts/openapi-check.sh
 # The key lookups through PgBouncer in transaction pooling, with the exec mode
 # docs/operations.md recommends (pgx's default statement cache fails there).
 stage "keystore through PgBouncer" env DATABASE_URL="$PGBOUNCER_DATABASE_URL&default_query_exec_mode=exec" go test -count=1 ./keystore
-# The integration suite runs beside the other packages, on its own servers: the tests
-# spend most of their time waiting (on timeouts, restarts, replays), not on the CPU.
-# Its output is printed when both are done, its own lines together.
-integration() { (stack_env "$istack" && go test -count=1 -timeout 30m "$@" ./integration); }
 packages() { go test -count=1 -timeout 20m "$@" $(go list ./... | grep -v '/integration$'); }
-if [ "$istack" = "$stack" ]; then
+if [ -z "$integration_pid" ]; then
 	stage "every package but integration" packages "$@"
 	stage "integration" integration "$@"
 else
-	stage "integration (beside the packages below; its output after them)" integration "$@" >"$istack/integration.log" 2>&1 &
-	integration_pid=$!
 	rc=0
 	stage "every package but integration" packages "$@" || rc=$?
 	irc=0
 	wait "$integration_pid" || irc=$?
+	integration_pid=
 	cat "$istack/integration.log"
 	if [ "$rc" != 0 ] || [ "$irc" != 0 ]; then exit 1; fi
 fi
