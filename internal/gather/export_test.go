@@ -1,7 +1,9 @@
 package gather
 
 import (
+	"bytes"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -54,4 +56,36 @@ func Pending[Req, Resp any](g *Gatherer[Req, Resp], n int) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.pending != nil && len(g.pending.reqs) == n
+}
+
+// WaitWorkersWaiting waits until n worker goroutines (of any Gatherer) wait for a
+// batch, in the select of worker. A lane freed is not yet a worker waiting there: a
+// batch dispatched in between goes to a new worker.
+func WaitWorkersWaiting(tb testing.TB, n int) {
+	tb.Helper()
+	testenv.Eventually(tb, 10*time.Second, fmt.Sprintf("%d workers waiting for a batch", n), func() bool {
+		return workersWaiting() == n
+	})
+}
+
+// workersWaiting counts the goroutines blocked in worker's select, from a dump of
+// every goroutine's stack.
+func workersWaiting() int {
+	buf := make([]byte, 1<<20)
+	for {
+		k := runtime.Stack(buf, true)
+		if k < len(buf) {
+			buf = buf[:k]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	n := 0
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		if bytes.Contains(g, []byte(" [select")) && bytes.Contains(g, []byte("gather.(*Gatherer[")) &&
+			bytes.Contains(g, []byte("]).worker(")) {
+			n++
+		}
+	}
+	return n
 }

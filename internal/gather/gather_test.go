@@ -502,19 +502,22 @@ func TestBatchesRunOnAWorkerThatOutlivesThemAndEndsWhenIdle(t *testing.T) {
 		return slices.Clone(reqs), nil
 	}
 	g := gather.New(flush, gather.Options{MaxWait: time.Hour})
-	gather.SetWorkerIdle(g, 100*time.Millisecond)
+	// Long enough that no pause of this goroutine on a loaded machine (make test runs
+	// packages beside each other) ends the worker between two batches.
+	gather.SetWorkerIdle(g, 2*time.Second)
 	for i := range 20 {
 		if resp, err := g.Do(context.Background(), i); resp != i || err != nil {
 			t.Fatalf("call %d: %d, %v", i, resp, err)
 		}
-		gather.WaitFree(t, g, 1) // the worker goes back to wait for the next
+		gather.WaitFree(t, g, 1)
+		gather.WaitWorkersWaiting(t, 1) // the worker goes back to wait for the next
 	}
 	mu.Lock()
 	if len(ran) != 1 {
 		t.Errorf("20 batches one after another ran on %d goroutines (%v), want 1", len(ran), ran)
 	}
 	mu.Unlock()
-	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("the idle worker ending (%d goroutines before the first batch)", before),
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("the idle worker ending (%d goroutines before the first batch)", before),
 		func() bool { return runtime.NumGoroutine() <= before })
 }
 
