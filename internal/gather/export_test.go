@@ -1,9 +1,7 @@
 package gather
 
 import (
-	"bytes"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
@@ -64,28 +62,6 @@ func Pending[Req, Resp any](g *Gatherer[Req, Resp], n int) bool {
 func WaitWorkersWaiting(tb testing.TB, n int) {
 	tb.Helper()
 	testenv.Eventually(tb, 10*time.Second, fmt.Sprintf("%d workers waiting for a batch", n), func() bool {
-		return workersWaiting() == n
+		return testenv.Goroutines(" [select", "gather.(*Gatherer[", "]).worker(") == n
 	})
-}
-
-// workersWaiting counts the goroutines blocked in worker's select, from a dump of
-// every goroutine's stack.
-func workersWaiting() int {
-	buf := make([]byte, 1<<20)
-	for {
-		k := runtime.Stack(buf, true)
-		if k < len(buf) {
-			buf = buf[:k]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	n := 0
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		if bytes.Contains(g, []byte(" [select")) && bytes.Contains(g, []byte("gather.(*Gatherer[")) &&
-			bytes.Contains(g, []byte("]).worker(")) {
-			n++
-		}
-	}
-	return n
 }

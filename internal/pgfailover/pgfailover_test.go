@@ -1,11 +1,9 @@
 package pgfailover
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
-	"runtime"
 	"testing"
 	"time"
 
@@ -140,13 +138,7 @@ func TestPeekTellsIdleFromWaitingFromClosed(t *testing.T) {
 		read <- b[0]
 	}()
 	testenv.Eventually(t, 10*time.Second, "the Read blocked", func() bool {
-		buf := make([]byte, 1<<20)
-		for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
-			if bytes.Contains(g, []byte("TestPeekTellsIdleFromWaitingFromClosed.func")) && bytes.Contains(g, []byte("waitRead")) {
-				return true
-			}
-		}
-		return false
+		return testenv.Goroutines("TestPeekTellsIdleFromWaitingFromClosed.func", "waitRead") > 0
 	})
 	peeked := make(chan peekResult)
 	go func() { peeked <- peek(client) }()

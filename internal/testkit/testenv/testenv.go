@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -99,6 +100,31 @@ func Within(timeout time.Duration, cond func() bool) bool {
 		time.Sleep(every)
 	}
 	return true
+}
+
+// Goroutines counts the goroutines whose stack, as runtime.Stack prints it (its first
+// line says what it waits on, as in "[select]"), holds every one of parts.
+func Goroutines(parts ...string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		k := runtime.Stack(buf, true)
+		if k < len(buf) {
+			buf = buf[:k]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	n := 0
+next:
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		for _, p := range parts {
+			if !bytes.Contains(g, []byte(p)) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
 }
 
 // StackEnv reads the lines `export NAME='value'` of the env file scripts/stack.sh
