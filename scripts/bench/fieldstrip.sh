@@ -8,18 +8,32 @@
 # BENCH_FIELDSTRIP=0 skips it.
 paragraph[fieldstrip]="(fs) the field stripper"
 
-bench_fieldstrip() {
-	local runs=${FIELDSTRIP_RUNS:-5} lines load_start mbs ns bytes allocs
-	echo "measuring (fs) the field stripper in process…" >&2
+# filter_runs RUNS [BENCHTIME] runs BenchmarkJSONFilter RUNS times on one core (each
+# for BENCHTIME, 1s by default) and prints one line a run: "MB/s ns/op B/op allocs/op".
+filter_runs() {
 	[ -x "$stack/fieldstrip.test" ] || go test -c -o "$stack/fieldstrip.test" ./fieldstrip
-	load_start=$(cut -d' ' -f1 /proc/loadavg)
-	# One line a run: "MB/s ns/op B/op allocs/op".
-	lines=$("$stack/fieldstrip.test" -test.run '^$' -test.bench '^BenchmarkJSONFilter$' -test.cpu 1 -test.count "$runs" |
+	"$stack/fieldstrip.test" -test.run '^$' -test.bench '^BenchmarkJSONFilter$' -test.cpu 1 -test.count "$1" -test.benchtime "${2:-1s}" |
 		awk '$1 == "BenchmarkJSONFilter" {
 			split("", v)
 			for (i = 3; i <= NF; i++) v[$i] = $(i - 1)
 			print v["MB/s"], v["ns/op"], v["B/op"], v["allocs/op"]
-		}')
+		}'
+}
+
+# vm_speed prints the median MB/s of three 1 s runs of BenchmarkJSONFilter: pure
+# computation on one core, to tell the VM's speed at the time of a section run alone
+# (only_run) against the (fs) of other reports. The VM's speed varies from day to day.
+vm_speed() {
+	local lines
+	mapfile -t lines < <(filter_runs 3)
+	[ "${#lines[@]}" = 3 ] && median 1 "${lines[@]}"
+}
+
+bench_fieldstrip() {
+	local runs=${FIELDSTRIP_RUNS:-5} lines load_start mbs ns bytes allocs
+	echo "measuring (fs) the field stripper in process…" >&2
+	load_start=$(cut -d' ' -f1 /proc/loadavg)
+	lines=$(filter_runs "$runs")
 	if [ "$(grep -c . <<<"$lines")" != "$runs" ]; then
 		echo "bench: (fs) BenchmarkJSONFilter reported $(grep -c . <<<"$lines") runs of $runs" >&2
 		exit 1
