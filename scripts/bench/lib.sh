@@ -213,8 +213,7 @@ only_run() {
 	_only+=" $(nproc) cores, load average $bench_start_load at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 	local speed
 	if [ "$BENCH_ONLY" != fieldstrip ] && speed=$(vm_speed); then
-		_only+=$';
-'"    the VM's speed then: BenchmarkJSONFilter at $(printf %.1f "$speed") MB/s on one core, median of 3 runs of 1 s (compare (fs))"
+		_only+=$';\n'"    the VM's speed then: BenchmarkJSONFilter at $(printf %.1f "$speed") MB/s on one core, median of 3 runs of 1 s (compare (fs))"
 	fi
 	local pg
 	pg=$(pg_settings)
