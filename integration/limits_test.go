@@ -133,6 +133,9 @@ func TestRateLimitIsOneBudgetAcrossGatewaysAndPerKey(t *testing.T) {
 }
 
 func TestRetryAfterIsTheTimeLeftInTheWindow(t *testing.T) {
+	// Most of its time is waiting for the window to end: it waits beside the other
+	// waiting tests (see the package doc).
+	t.Parallel()
 	s := newStack(t)
 	s.cli("", "plan", "put", "--name", "one", "--api-rate-limit", "1", "--max-monitors", "10",
 		"--min-interval", "60", "--locations", "us-east", "--check-types", "http")

@@ -172,6 +172,9 @@ func editAndDeleteInABrowser(t *testing.T, owner *tab, api *Client, base string,
 // receiver holds its attempt, starts it again, and sees the event delivered with the
 // same webhook-id once the dead process's lease has ended.
 func TestAnUpstreamKilledMidDeliveryLosesNothing(t *testing.T) {
+	// Most of its time is waiting for the dead process's lease to end: it waits beside
+	// the other waiting tests (see the package doc).
+	t.Parallel()
 	s := newStackWith(t, stackOptions{upstreamArgs: []string{"--webhook-allow-http", "--webhook-allow-private"}})
 	o, owner := s.newOwner("pro")
 	arrived, release := make(chan string, 4), make(chan struct{})
