@@ -8,11 +8,11 @@
 # BENCH_FIELDSTRIP=0 skips it.
 paragraph[fieldstrip]="(fs) the field stripper"
 
-# filter_runs RUNS [BENCHTIME] runs BenchmarkJSONFilter RUNS times on one core (each
-# for BENCHTIME, 1s by default) and prints one line a run: "MB/s ns/op B/op allocs/op".
+# filter_runs RUNS runs BenchmarkJSONFilter RUNS times on one core, for Go's 1 s each,
+# and prints one line a run: "MB/s ns/op B/op allocs/op".
 filter_runs() {
 	[ -x "$stack/fieldstrip.test" ] || go test -c -o "$stack/fieldstrip.test" ./fieldstrip
-	"$stack/fieldstrip.test" -test.run '^$' -test.bench '^BenchmarkJSONFilter$' -test.cpu 1 -test.count "$1" -test.benchtime "${2:-1s}" |
+	"$stack/fieldstrip.test" -test.run '^$' -test.bench '^BenchmarkJSONFilter$' -test.cpu 1 -test.count "$1" |
 		awk '$1 == "BenchmarkJSONFilter" {
 			split("", v)
 			for (i = 3; i <= NF; i++) v[$i] = $(i - 1)
